@@ -1,0 +1,354 @@
+"""convlab: compile, run, check and time the course's CUDA kernels, on a GPU (PyCUDA) or, with
+no GPU, on a CPU emulator that runs the very same .cu files.
+
+    import convlab as cl
+    mod = cl.load("kernels/02_naive/conv2d_naive.cu")
+    conv = mod.kernel("conv2d_naive")
+    x, w = cl.randn(2, 3, 32, 32), cl.randn(8, 3, 5, 5)
+    y = cl.empty(2, 8, 28, 28)                       # NaN until written
+    conv(x, w, y, 2, 3, 8, 32, 32, 5, grid=..., block=...)
+    cl.check(y, cl.ref.conv2d(x, w))
+
+docs/convlab-api.md lists everything.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from . import _args, _source
+from ._errors import (ArgumentError, BackendUnavailable, BarrierError, CheckError, CompileError, ConvlabError,
+                      KernelFault, KernelTimeout, LaunchError, OutOfBoundsError)
+from ._source import KERNELS_DIR, REPO_ROOT
+from . import ref
+from .bench import Timing, bench
+from .check import CheckResult, check
+
+__all__ = ["device", "backend", "load", "load_source", "load_cpu", "randn", "empty", "zeros", "to_device",
+           "seed", "out_size", "check", "bench", "sync", "ref", "thread_order", "set_timeout", "find_race",
+           "Timing", "CheckResult", "ConvlabError", "CompileError", "LaunchError", "ArgumentError",
+           "KernelFault", "BarrierError", "OutOfBoundsError", "KernelTimeout", "CheckError",
+           "BackendUnavailable", "REPO_ROOT", "KERNELS_DIR"]
+
+_backend = None
+_lock = threading.Lock()
+_settings = threading.local()
+DEFAULT_TIMEOUT = 60.0
+
+
+def _get_backend():
+    global _backend
+    with _lock:
+        if _backend is None:
+            want = os.environ.get("CONVLAB_BACKEND", "").strip().lower()
+            if want not in ("", "emu", "cuda"):
+                raise BackendUnavailable(f"CONVLAB_BACKEND={want!r}: use 'emu' or 'cuda' (or leave it unset)")
+            if want == "cuda":
+                from .backend_cuda import CudaBackend
+                _backend = CudaBackend()          # raises with the reason when it cannot work
+            elif want == "emu":
+                from .emu import EmuBackend
+                _backend = EmuBackend()
+            else:
+                from .backend_cuda import _why_not
+                if _why_not() is None and torch.cuda.is_available():
+                    from .backend_cuda import CudaBackend
+                    _backend = CudaBackend()
+                else:
+                    from .emu import EmuBackend
+                    _backend = EmuBackend()
+        return _backend
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    backend: str            # "cuda" or "emu"
+    name: str               # the GPU's name, or "CPU emulator"
+    cc: tuple | None        # compute capability on a GPU
+    threads: int            # SMs on a GPU, OS threads on the emulator
+    torch_device: str       # where cl.randn & co put tensors: "cuda" or "cpu"
+
+    def __str__(self):
+        if self.backend == "cuda":
+            return f"cuda: {self.name} (compute capability {self.cc[0]}.{self.cc[1]}, {self.threads} SMs)"
+        return f"emu: CPU emulator, {self.threads} threads (timings here are not GPU timings)"
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.backend == "cuda"
+
+
+def device() -> DeviceInfo:
+    """Which backend runs the kernels, and on what."""
+    b = _get_backend()
+    if b.name == "cuda":
+        return DeviceInfo("cuda", b.gpu_name, b.cc, b.threads, "cuda")
+    return DeviceInfo("emu", "CPU emulator", None, b.threads, "cpu")
+
+
+def backend() -> str:
+    return _get_backend().name
+
+
+# ---------------------------------------------------------------------------------------------
+# Modules and kernels
+
+def _resolve(path) -> Path:
+    p = Path(path)
+    if not p.is_absolute():
+        for base in (Path.cwd(), REPO_ROOT):
+            if (base / p).exists():
+                return (base / p).resolve()
+        raise FileNotFoundError(f"no kernel file {path} (looked in {Path.cwd()} and {REPO_ROOT})")
+    if not p.exists():
+        raise FileNotFoundError(f"no kernel file {p}")
+    return p
+
+
+_modules: dict = {}
+
+
+def load(path, defines: dict | None = None, options: list | None = None) -> "Module":
+    """Compile a .cu file on the active backend (cached by content) and return its Module."""
+    p = _resolve(path)
+    return _load_text(p.read_text(), p, defines, options)
+
+
+def load_source(text: str, name: str = "cell", defines: dict | None = None, options: list | None = None,
+                directory=None) -> "Module":
+    """Compile CUDA source given as a string (the %%cuda magic uses this). Messages name `name`."""
+    directory = Path(directory) if directory else Path.cwd()
+    p = directory / (name if name.endswith(".cu") else f"{name}.cu")
+    return _load_text(text, p, defines, options)
+
+
+def _load_text(text, p: Path, defines, options) -> "Module":
+    defines = dict(defines or {})
+    options = list(options or [])
+    b = _get_backend()
+    key = (b.name, str(p), text, tuple(sorted((k, str(v)) for k, v in defines.items())), tuple(options))
+    m = _modules.get(key)
+    if m is None:
+        src = _source.parse(text, p, [KERNELS_DIR])
+        m = Module(b.compile(src, defines, options), src, defines)
+        _modules[key] = m
+    return m
+
+
+class Module:
+    """A compiled kernel file: its kernels by name and its __constant__ memory."""
+
+    def __init__(self, impl, src, defines):
+        self._impl, self.src, self.defines = impl, src, defines
+        self.path = src.path
+
+    @property
+    def kernels(self) -> list[str]:
+        return list(self.src.kernels)
+
+    def kernel(self, name: str) -> "Kernel":
+        if name not in self.src.kernels:
+            have = ", ".join(self.src.kernels) or "none"
+            raise ArgumentError(f"{self.path.name} has no __global__ function `{name}` (it has: {have})")
+        return Kernel(self, name)
+
+    def __getattr__(self, name):
+        if name.startswith("_") or name not in self.__dict__.get("src").kernels:
+            raise AttributeError(name)
+        return self.kernel(name)
+
+    def set_constant(self, name: str, value):
+        """Fill a __constant__ array (a tensor or numpy array on any device) by name."""
+        if name not in self.src.constants:
+            have = ", ".join(self.src.constants) or "none"
+            raise ArgumentError(f"{self.path.name} has no __constant__ `{name}` (it has: {have})")
+        want = self.src.constants[name]
+        t = value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
+        t = t.detach().contiguous().cpu()
+        need = _args.TYPES.get(_source._TYPE_ALIASES.get(want, want))
+        if need is not None and need.dtypes and t.dtype not in need.dtypes:
+            raise ArgumentError(f"__constant__ {want} {name} needs {need.dtypes[0]} values, got {t.dtype}")
+        self._impl.set_constant(name, t.numpy().tobytes())
+
+    def __repr__(self):
+        return f"<convlab.Module {self.path.name}: {', '.join(self.kernels)} on {backend()}>"
+
+
+def _setting(name, default):
+    return getattr(_settings, name, default)
+
+
+@contextlib.contextmanager
+def thread_order(order: str):
+    """Run the threads of each block in another order on the emulator: 'forward', 'reverse' or
+    'shuffled'. A kernel whose result changes with the order has a race. No effect on a GPU."""
+    if order not in ("forward", "reverse", "shuffled"):
+        raise ValueError("order must be 'forward', 'reverse' or 'shuffled'")
+    old = _setting("order", "forward")
+    _settings.order = order
+    try:
+        yield
+    finally:
+        _settings.order = old
+
+
+def set_timeout(seconds: float):
+    """How long an emulator launch may run before it is stopped (default 60 s)."""
+    global DEFAULT_TIMEOUT
+    DEFAULT_TIMEOUT = float(seconds)
+
+
+class Kernel:
+    """A __global__ function: call it with its arguments and grid=, block=, shared=."""
+
+    def __init__(self, module: Module, name: str):
+        self.module, self.name = module, name
+        self.params = module.src.kernels[name].params
+
+    @property
+    def signature(self) -> str:
+        return f"{self.name}(" + ", ".join(str(p) for p in self.params) + ")"
+
+    def __repr__(self):
+        return f"<convlab.Kernel {self.signature}>"
+
+    def __call__(self, *args, grid, block, shared: int = 0, max_shared: int | None = None,
+                 order: str | None = None, timeout: float | None = None, seed: int = 0):
+        b = _get_backend()
+        checked = _args.check_args(self.name, self.params, args, b.device_type)
+        impl = self.module._impl
+        limits = impl.limits(self.name, checked) if hasattr(impl, "limits") else {}
+        registers = limits.pop("registers", None)
+        limit_shared = max_shared if max_shared is not None else 48 * 1024
+        try:
+            g, bl = _args.check_launch(self.name, grid, block, int(shared), max_shared=limit_shared, **limits)
+        except LaunchError as e:
+            if "threads" in str(e) and limits.get("max_threads", 1024) < 1024:
+                raise LaunchError(f"{e} (this kernel uses {registers} registers per thread, so "
+                                  f"at most {limits['max_threads']} threads fit in a block)") from None
+            raise
+        if b.name == "emu":
+            impl.launch(self.name, checked, g, bl, int(shared), order=order or _setting("order", "forward"),
+                        timeout=timeout or DEFAULT_TIMEOUT, seed=seed)
+        else:
+            impl.launch(self.name, checked, g, bl, int(shared), max_shared=max_shared)
+
+
+def load_cpu(path, defines: dict | None = None, options: list | None = None) -> "CpuModule":
+    """Compile plain C++ (extern "C" functions) with g++ for the CPU; call its functions with CPU
+    tensors. A crash or an endless loop inside becomes an error, not a dead notebook."""
+    from .emu import EmuBackend
+    p = _resolve(path)
+    text = p.read_text()
+    defines = dict(defines or {})
+    key = ("cpu", str(p), text, tuple(sorted((k, str(v)) for k, v in defines.items())), tuple(options or []))
+    m = _modules.get(key)
+    if m is None:
+        src = _source.parse(text, p, [KERNELS_DIR])
+        functions = _source.parse_extern_c(text, p)
+        m = CpuModule(EmuBackend().compile_cpu(src, functions, defines, list(options or [])), functions, p)
+        _modules[key] = m
+    return m
+
+
+class CpuModule:
+    def __init__(self, impl, functions, path):
+        self._impl, self.functions, self.path = impl, functions, path
+
+    def function(self, name: str) -> "CpuFunction":
+        if name not in self.functions:
+            raise ArgumentError(f"{self.path.name} has no extern \"C\" function `{name}` "
+                                f"(it has: {', '.join(self.functions) or 'none'})")
+        return CpuFunction(self, name)
+
+
+class CpuFunction:
+    def __init__(self, module, name):
+        self.module, self.name, self.params = module, name, module.functions[name]
+
+    def __call__(self, *args, timeout: float | None = None):
+        checked = _args.check_args(self.name, self.params, args, "cpu")
+        self.module._impl.launch(self.name, checked, (1, 1, 1), (1, 1, 1), 0,
+                                 timeout=timeout or DEFAULT_TIMEOUT, fibers=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# Tensors on the backend's device
+
+_gen = torch.Generator().manual_seed(20261121)
+
+
+def seed(n: int):
+    """Make the next cl.randn calls repeat (they are fresh random numbers otherwise)."""
+    _gen.manual_seed(int(n))
+
+
+def _dev():
+    return device().torch_device
+
+
+def _shape(shape):
+    return tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list, torch.Size)) else shape
+
+
+def randn(*shape, dtype=torch.float32) -> torch.Tensor:
+    """Standard normal values (never zeros), made on the CPU so both backends see the same numbers."""
+    return torch.randn(_shape(shape), generator=_gen, dtype=torch.float64).to(dtype).to(_dev())
+
+
+def empty(*shape, dtype=torch.float32) -> torch.Tensor:
+    """An output buffer poisoned with NaN (or -1 for integers): anything never written shows."""
+    if dtype.is_floating_point:
+        return torch.full(_shape(shape), float("nan"), dtype=dtype, device=_dev())
+    return torch.full(_shape(shape), -1, dtype=dtype, device=_dev())
+
+
+def zeros(*shape, dtype=torch.float32) -> torch.Tensor:
+    return torch.zeros(_shape(shape), dtype=dtype, device=_dev())
+
+
+def to_device(t) -> torch.Tensor:
+    t = t if isinstance(t, torch.Tensor) else torch.as_tensor(t)
+    return t.to(_dev()).contiguous()
+
+
+def sync():
+    if _get_backend().name == "cuda":
+        torch.cuda.synchronize()
+
+
+def out_size(n: int, k: int, stride: int = 1, padding: int = 0) -> int:
+    """Output extent of a convolution along one axis: (n + 2p - k) // s + 1."""
+    return (n + 2 * padding - k) // stride + 1
+
+
+def find_race(launch, outputs, orders=("forward", "reverse", "shuffled")) -> str | None:
+    """Run `launch()` with the threads of each block in several orders (emulator) and compare the
+    tensors in `outputs`. Returns None when they agree, else a message naming the difference."""
+    outputs = [outputs] if isinstance(outputs, torch.Tensor) else list(outputs)
+    results = {}
+    for order in orders:
+        for o in outputs:
+            o.fill_(float("nan") if o.dtype.is_floating_point else -1)
+        with thread_order(order):
+            launch()
+        sync()
+        results[order] = [o.detach().cpu().clone() for o in outputs]
+    base = orders[0]
+    for order in orders[1:]:
+        for i, (a, b) in enumerate(zip(results[base], results[order])):
+            same = (a == b) | (torch.isnan(a) & torch.isnan(b)) if a.dtype.is_floating_point else a == b
+            if not bool(same.all()):
+                bad = (~same).nonzero()
+                idx = tuple(int(v) for v in bad[0])
+                return (f"output {i} differs between thread orders '{base}' and '{order}' at {bad.shape[0]} "
+                        f"elements (first at {idx}: {a[idx].item()} vs {b[idx].item()}): a race. Some thread "
+                        f"reads shared memory that another thread writes, with no __syncthreads() between the "
+                        f"write and the read (or reads a value before it is written).")
+    return None

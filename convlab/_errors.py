@@ -1,0 +1,42 @@
+"""Errors a student meets. Each message says what went wrong and what to change; the Python
+process (a notebook's kernel) always survives them."""
+
+
+class ConvlabError(Exception):
+    """Base class of every error convlab raises on purpose."""
+
+
+class CompileError(ConvlabError):
+    """The compiler rejected a kernel file; the message gives the .cu file and line."""
+
+
+class LaunchError(ConvlabError):
+    """A launch configuration a GPU would refuse (block or grid over the limits, too much shared memory)."""
+
+
+class ArgumentError(ConvlabError):
+    """An argument that does not match the kernel's parameter (dtype, kind, device, count)."""
+
+
+class KernelFault(ConvlabError):
+    """A fault while the kernel ran (emulator)."""
+
+
+class BarrierError(KernelFault):
+    """__syncthreads() reached by only part of a block, or by threads at different places."""
+
+
+class OutOfBoundsError(KernelFault):
+    """A kernel read or wrote outside a buffer argument."""
+
+
+class KernelTimeout(KernelFault):
+    """A kernel that did not finish within the time limit."""
+
+
+class CheckError(ConvlabError, AssertionError):
+    """A kernel's output does not match the reference."""
+
+
+class BackendUnavailable(ConvlabError):
+    """The backend that was asked for cannot run here; the message says why."""

@@ -1,0 +1,281 @@
+"""Reading a .cu file: its kernels' signatures, its __constant__ arrays, and the rewrites each
+backend needs. Both backends parse the same way, so argument checks agree on CPU and GPU."""
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ._errors import CompileError
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+KERNELS_DIR = REPO_ROOT / "kernels"
+
+
+@dataclass(frozen=True)
+class Param:
+    ctype: str        # as written, e.g. "const float* __restrict__"
+    name: str
+    base: str         # the element or scalar type, e.g. "float", "unsigned int", "half2"
+    pointer: bool
+    const: bool       # pointee is const
+
+    def __str__(self):
+        return f"{self.ctype} {self.name}".replace(" *", "*")
+
+
+@dataclass
+class KernelDecl:
+    name: str
+    params: list[Param]
+    line: int                       # 1-based line of the name in the file
+    param_spans: list[tuple[int, int]] = field(default_factory=list)  # char spans in the source
+
+
+@dataclass
+class Source:
+    path: Path                      # the file name reported in messages
+    text: str                       # original text
+    kernels: dict[str, KernelDecl]
+    constants: dict[str, str]       # name -> type
+    includes: list[Path]            # resolved quoted includes, recursively
+
+    def digest(self, *extra: str) -> str:
+        h = hashlib.sha256(self.text.encode())
+        for p in self.includes:
+            h.update(p.read_bytes())
+        for e in extra:
+            h.update(e.encode())
+        return h.hexdigest()[:24]
+
+    def all_text(self) -> str:
+        return self.text + "".join(p.read_text(errors="replace") for p in self.includes)
+
+
+def strip_comments(text: str) -> str:
+    """Blank out comments and string literals, keeping every offset and newline in place."""
+    out = []
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if text.startswith("//", i):
+            j = text.find("\n", i)
+            j = n if j < 0 else j
+            out.append(" " * (j - i))
+            i = j
+        elif text.startswith("/*", i):
+            j = text.find("*/", i + 2)
+            j = n if j < 0 else j + 2
+            out.append("".join(ch if ch == "\n" else " " for ch in text[i:j]))
+            i = j
+        elif c == '"':
+            j = i + 1
+            while j < n and text[j] != '"' and text[j] != "\n":
+                j += 2 if text[j] == "\\" else 1
+            j = min(j + 1, n)
+            out.append('"' + " " * (j - i - 2) + '"' if j - i >= 2 else text[i:j])
+            i = j
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+
+_QUALIFIERS = {"const", "volatile", "__restrict__", "__restrict", "restrict", "struct", "unsigned", "signed"}
+_TYPE_ALIASES = {
+    "unsigned": "unsigned int", "signed": "int", "signed int": "int", "uint": "unsigned int",
+    "__half": "half", "__half2": "half2", "long int": "long", "long long int": "long long",
+    "unsigned long int": "unsigned long", "unsigned long long int": "unsigned long long",
+    "short int": "short", "unsigned short int": "unsigned short",
+}
+
+
+def _parse_param(text: str, typedefs: dict[str, str]) -> Param:
+    t = " ".join(text.replace("*", " * ").replace("&", " & ").split())
+    m = re.match(r"^(.*?)([A-Za-z_]\w*)\s*(\[\s*\])?$", t)
+    if not m or not m.group(1).strip():
+        raise ValueError(f"cannot read the parameter `{text.strip()}`")
+    type_part, name, array = m.group(1).strip(), m.group(2), m.group(3)
+    pointer = "*" in type_part or bool(array)
+    if type_part.count("*") > 1:
+        base = "pointer"
+    words = type_part.replace("*", " ").split()
+    const = pointer and "const" in type_part.split("*")[0].split()
+    core = [w for w in words if w not in ("const", "volatile", "__restrict__", "__restrict", "restrict", "struct")]
+    base = " ".join(core)
+    base = typedefs.get(base, base)
+    base = _TYPE_ALIASES.get(base, base)
+    if type_part.count("*") > 1:
+        base = "pointer"
+    return Param(type_part, name, base, pointer, const)
+
+
+def _matching_paren(text: str, open_idx: int) -> int:
+    depth = 0
+    for i in range(open_idx, len(text)):
+        if text[i] == "(":
+            depth += 1
+        elif text[i] == ")":
+            depth -= 1
+            if depth == 0:
+                return i
+    return -1
+
+
+def _split_top(text: str, start: int, end: int) -> list[tuple[int, int]]:
+    spans, depth, s = [], 0, start
+    for i in range(start, end):
+        ch = text[i]
+        if ch in "(<[":
+            depth += 1
+        elif ch in ")>]":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            spans.append((s, i))
+            s = i + 1
+    if text[s:end].strip():
+        spans.append((s, end))
+    return spans
+
+
+_GLOBAL_RE = re.compile(r"__global__\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?(?:static\s+)?void\s+"
+                        r"(?:__launch_bounds__\s*\([^)]*\)\s*)?([A-Za-z_]\w*)\s*\(")
+_CONST_RE = re.compile(r"__constant__\s+([^;=]*?)\b([A-Za-z_]\w*)\s*((?:\[[^\]]*\]\s*)*)(?:=|;)")
+
+
+def parse(text: str, path: Path | str, include_dirs: list[Path]) -> Source:
+    path = Path(path)
+    clean = strip_comments(text)
+    typedefs = {}
+    for m in re.finditer(r"typedef\s+([\w\s]+?)\s+(\w+)\s*;", clean):
+        typedefs[m.group(2)] = " ".join(m.group(1).split())
+    for m in re.finditer(r"using\s+(\w+)\s*=\s*([\w\s]+?)\s*;", clean):
+        typedefs[m.group(1)] = " ".join(m.group(2).split())
+    for m in re.finditer(r"^\s*#\s*define\s+(\w+)\s+(float|double|half|__half|int|unsigned int)\s*$", clean, re.M):
+        typedefs[m.group(1)] = m.group(2)
+    kernels = {}
+    for m in _GLOBAL_RE.finditer(clean):
+        name = m.group(1)
+        open_idx = m.end() - 1
+        close = _matching_paren(clean, open_idx)
+        if close < 0:
+            continue
+        line = clean.count("\n", 0, m.start(1)) + 1
+        spans = _split_top(clean, open_idx + 1, close)
+        params = []
+        for s, e in spans:
+            ptxt = clean[s:e]
+            if ptxt.strip() in ("", "void"):
+                continue
+            try:
+                params.append(_parse_param(ptxt, typedefs))
+            except ValueError as exc:
+                raise CompileError(f"{path}:{clean.count(chr(10), 0, s) + 1}: {exc}") from None
+        spans = [sp for sp in spans if clean[sp[0]:sp[1]].strip() not in ("", "void")]
+        kernels[name] = KernelDecl(name, params, line, spans)
+    constants = {}
+    for m in _CONST_RE.finditer(clean):
+        constants[m.group(2)] = " ".join(m.group(1).split())
+    includes = _resolve_includes(clean, path, include_dirs, set())
+    return Source(path, text, kernels, constants, includes)
+
+
+def _resolve_includes(clean: str, path: Path, include_dirs: list[Path], seen: set) -> list[Path]:
+    found = []
+    for m in re.finditer(r'^\s*#\s*include\s*"([^"]+)"', clean, re.M):
+        for d in [path.parent, *include_dirs]:
+            p = (d / m.group(1)).resolve()
+            if p.is_file():
+                if p not in seen:
+                    seen.add(p)
+                    found.append(p)
+                    found += _resolve_includes(strip_comments(p.read_text(errors="replace")), p, include_dirs, seen)
+                break
+    return found
+
+
+# ---------------------------------------------------------------------------------------------
+# Rewrites. Each keeps every line where it was, so compiler messages point at the .cu line.
+
+_EXTERN_SHARED_RE = re.compile(
+    r"extern\s+__shared__\s+((?:__align__\s*\(\s*\d+\s*\)\s*)?)([^;\[]*?)\s*([A-Za-z_]\w*)\s*\[\s*\]\s*;")
+
+
+def rewrite_for_emulator(src: Source) -> str:
+    """Pointer parameters of kernels become bounds-checked clemu::ptr<T>; `extern __shared__`
+    arrays become the block's NaN-filled dynamic buffer; `#pragma unroll` is dropped (g++ has
+    its own unroller and rejects non-constant counts)."""
+    text = src.text
+    clean = strip_comments(text)
+    edits = []   # (start, end, replacement)
+    for k in src.kernels.values():
+        for (s, e), p in zip(k.param_spans, k.params):
+            if p.pointer and p.base != "pointer":
+                elem = p.ctype.split("*")[0]
+                elem = " ".join(w for w in elem.split() if w not in ("__restrict__", "__restrict", "restrict"))
+                newlines = text[s:e].count("\n")
+                edits.append((s, e, f" ::clemu::ptr<{elem}> {p.name}" + "\n" * newlines))
+    for m in _EXTERN_SHARED_RE.finditer(clean):
+        elem = " ".join(m.group(2).split())
+        name = m.group(3)
+        edits.append((m.start(), m.end(), f"static const ::clemu::dyn_shared<{elem}> {name}{{}};"))
+    for m in _CONST_RE.finditer(clean):
+        # an accessor right after the declaration, on the same line, so it lives in the same #if branch
+        name, depth, i = m.group(2), 0, m.end() - 1
+        while i < len(clean) and not (clean[i] == ";" and depth == 0):
+            depth += clean[i] == "{"
+            depth -= clean[i] == "}"
+            i += 1
+        edits.append((i + 1, i + 1, f' extern "C" void* __clemu_const_{name}(long long* n) '
+                                    f'{{ *n = sizeof({name}); return (void*)&{name}; }}'))
+    for m in re.finditer(r"^[ \t]*#[ \t]*pragma[ \t]+unroll\b[^\n]*", clean, re.M):
+        edits.append((m.start(), m.end(), ""))
+    out = text
+    for s, e, r in sorted(edits, reverse=True):
+        out = out[:s] + r + out[e:]
+    return out
+
+
+def rewrite_for_nvcc(src: Source) -> str:
+    """Kernels get C linkage, so the names to look up are the names in the file."""
+    clean = strip_comments(src.text)
+    out, last = [], 0
+    for m in re.finditer(r"__global__", clean):
+        before = clean[max(0, m.start() - 12):m.start()]
+        out.append(src.text[last:m.start()])
+        out.append("__global__" if 'extern "C"' in before else 'extern "C" __global__')
+        last = m.end()
+    out.append(src.text[last:])
+    return "".join(out)
+
+
+def map_compiler_output(output: str, limit: int = 25) -> str:
+    """Keep the lines a student needs: errors and the notes that locate them."""
+    keep = []
+    for line in output.splitlines():
+        if not line.strip():
+            continue
+        if "In file included from" in line and "cuda_emu.h" in line:
+            continue
+        keep.append(line)
+    if len(keep) > limit:
+        keep = keep[:limit] + [f"... ({len(keep) - limit} more lines)"]
+    return "\n".join(keep)
+
+
+_EXTERN_C_RE = re.compile(r'extern\s+"C"\s+(?:(?:static|inline)\s+)*void\s+([A-Za-z_]\w*)\s*\(')
+
+
+def parse_extern_c(text: str, path: Path) -> dict[str, list[Param]]:
+    """The `extern "C" void f(...)` functions of a plain C++ file (chapter 1's CPU code)."""
+    clean = strip_comments(text)
+    out = {}
+    for m in _EXTERN_C_RE.finditer(clean):
+        close = _matching_paren(clean, m.end() - 1)
+        params = []
+        for s, e in _split_top(clean, m.end(), close):
+            if clean[s:e].strip() not in ("", "void"):
+                params.append(_parse_param(clean[s:e], {}))
+        out[m.group(1)] = params
+    return out

@@ -1,0 +1,77 @@
+"""cl.bench: time a launch the way the course asks. On a GPU: CUDA events around each call, a
+warm-up, the L2 cache flushed before each timed call (so a small layer is not timed hot), the
+median of many and the spread. On the emulator: wall time, labelled as such, never a GPU time."""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class Timing:
+    ms: float                 # median
+    p25: float
+    p75: float
+    min: float
+    max: float
+    samples: list = field(repr=False)
+    is_gpu: bool
+    device: str
+
+    def gflops(self, flops: float) -> float:
+        return flops / (self.ms * 1e-3) / 1e9
+
+    def gbs(self, nbytes: float) -> float:
+        return nbytes / (self.ms * 1e-3) / 1e9
+
+    def __str__(self):
+        if self.is_gpu:
+            return (f"{self.ms:.4g} ms (median of {len(self.samples)}, IQR {self.p25:.4g}-{self.p75:.4g}) "
+                    f"on {self.device}")
+        return f"{self.ms:.4g} ms emulator wall time (CPU, not a GPU timing)"
+
+
+_flush_buf = None
+
+
+def _l2_flush():
+    global _flush_buf
+    if _flush_buf is None:
+        l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 64 << 20)
+        _flush_buf = torch.empty(max(2 * l2, 64 << 20), dtype=torch.uint8, device="cuda")
+    _flush_buf.zero_()
+
+
+def bench(fn, reps: int | None = None, warmup: int | None = None, flush_l2: bool = True) -> Timing:
+    from . import backend, device
+    if backend() == "cuda":
+        reps, warmup = reps or 20, 3 if warmup is None else warmup
+        for _ in range(warmup):
+            fn()
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        for s, e in zip(starts, ends):
+            if flush_l2:
+                _l2_flush()
+            s.record()
+            fn()
+            e.record()
+        torch.cuda.synchronize()
+        samples = [s.elapsed_time(e) for s, e in zip(starts, ends)]
+        name = device().name
+    else:
+        reps, warmup = reps or 3, 1 if warmup is None else warmup
+        for _ in range(warmup):
+            fn()
+        samples = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            samples.append((time.perf_counter() - t0) * 1e3)
+        name = "CPU emulator"
+    q = statistics.quantiles(samples, n=4) if len(samples) > 1 else [samples[0]] * 3
+    return Timing(statistics.median(samples), q[0], q[2], min(samples), max(samples), samples,
+                  backend() == "cuda", name)

@@ -1,0 +1,2 @@
+// cuda.h for convlab's emulator: everything lives in cuda_emu.h (force-included).
+#pragma once

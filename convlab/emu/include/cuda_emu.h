@@ -1,0 +1,251 @@
+// cuda_emu.h — gives CUDA C's names a CPU meaning, so a .cu file compiles with g++ and runs in
+// convlab's emulator. Force-included (g++ -include) before the kernel source. Faithful where
+// students learn from it, strict where a GPU would silently misbehave.
+#pragma once
+#include <cmath>
+#include <cfloat>
+#include <climits>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <type_traits>
+#include "clemu_abi.h"
+
+// ---- qualifiers --------------------------------------------------------------------------
+#define __global__
+#define __device__
+#define __host__
+#define __noinline__ __attribute__((noinline))
+#define __forceinline__ inline __attribute__((always_inline))
+#define __restrict__ __restrict
+#define __launch_bounds__(...)
+#define __align__(n) __attribute__((aligned(n)))
+#define __shared__ static thread_local      // one copy per OS thread = per running block
+#define __constant__                         // plain globals, set by name from Python
+#define __managed__
+#define __CUDA_ARCH__ 900
+#define __CUDACC__ 1
+#define CONVLAB_EMULATOR 1
+
+// ---- built-in variables -----------------------------------------------------------------
+#define threadIdx (clemu_cur->idx)
+#define blockIdx (clemu_cur->blk->idx)
+#define blockDim (clemu_cur->blk->dim)
+#define gridDim (clemu_cur->blk->grid)
+#define warpSize 32
+
+// ---- vector types ------------------------------------------------------------------------
+#define CLEMU_VEC2(T, N, A) struct __align__(A) N##2 { T x, y; }; \
+    static inline N##2 make_##N##2(T x, T y) { return N##2{x, y}; }
+#define CLEMU_VEC3(T, N) struct N##3 { T x, y, z; }; \
+    static inline N##3 make_##N##3(T x, T y, T z) { return N##3{x, y, z}; }
+#define CLEMU_VEC4(T, N, A) struct __align__(A) N##4 { T x, y, z, w; }; \
+    static inline N##4 make_##N##4(T x, T y, T z, T w) { return N##4{x, y, z, w}; }
+CLEMU_VEC2(float, float, 8) CLEMU_VEC3(float, float) CLEMU_VEC4(float, float, 16)
+CLEMU_VEC2(double, double, 16) CLEMU_VEC3(double, double) CLEMU_VEC4(double, double, 16)
+CLEMU_VEC2(int, int, 8) CLEMU_VEC3(int, int) CLEMU_VEC4(int, int, 16)
+CLEMU_VEC2(unsigned int, uint, 8) CLEMU_VEC4(unsigned int, uint, 16)
+CLEMU_VEC2(unsigned char, uchar, 2) CLEMU_VEC3(unsigned char, uchar) CLEMU_VEC4(unsigned char, uchar, 4)
+CLEMU_VEC2(char, char, 2) CLEMU_VEC4(char, char, 4)
+CLEMU_VEC2(long long, longlong, 16)
+static inline uint3 make_uint3(unsigned x, unsigned y, unsigned z) { return uint3{x, y, z}; }
+
+// ---- min/max as CUDA overloads them ------------------------------------------------------
+template <class A, class B> static inline typename std::common_type<A, B>::type min(A a, B b) {
+    typedef typename std::common_type<A, B>::type T; return (T)b < (T)a ? (T)b : (T)a; }
+template <class A, class B> static inline typename std::common_type<A, B>::type max(A a, B b) {
+    typedef typename std::common_type<A, B>::type T; return (T)a < (T)b ? (T)b : (T)a; }
+
+// ---- math intrinsics (no fast-math: results as IEEE on the CPU) --------------------------
+// (__expf, __logf, __sinf, __cosf, __tanf, __log2f, __powf come from glibc's math.h)
+static inline float __fdividef(float a, float b) { return a / b; }
+static inline float __frcp_rn(float a) { return 1.0f / a; }
+static inline float __fsqrt_rn(float a) { return sqrtf(a); }
+static inline float rsqrtf(float a) { return 1.0f / sqrtf(a); }
+static inline double rsqrt(double a) { return 1.0 / sqrt(a); }
+static inline float __saturatef(float a) { return a < 0.f ? 0.f : a > 1.f ? 1.f : a; }
+static inline float __fmaf_rn(float a, float b, float c) { return fmaf(a, b, c); }
+static inline float __fadd_rn(float a, float b) { return a + b; }
+static inline float __fmul_rn(float a, float b) { return a * b; }
+static inline float __fsub_rn(float a, float b) { return a - b; }
+static inline float __fdiv_rn(float a, float b) { return a / b; }
+static inline double __fma_rn(double a, double b, double c) { return fma(a, b, c); }
+static inline int __float2int_rn(float a) { return (int)nearbyintf(a); }
+static inline int __float2int_rz(float a) { return (int)a; }
+static inline int __float2int_rd(float a) { return (int)floorf(a); }
+static inline int __float2int_ru(float a) { return (int)ceilf(a); }
+static inline float __int2float_rn(int a) { return (float)a; }
+static inline int __float_as_int(float a) { int r; memcpy(&r, &a, 4); return r; }
+static inline float __int_as_float(int a) { float r; memcpy(&r, &a, 4); return r; }
+static inline unsigned __float_as_uint(float a) { unsigned r; memcpy(&r, &a, 4); return r; }
+static inline float __uint_as_float(unsigned a) { float r; memcpy(&r, &a, 4); return r; }
+static inline long long __double_as_longlong(double a) { long long r; memcpy(&r, &a, 8); return r; }
+static inline double __longlong_as_double(long long a) { double r; memcpy(&r, &a, 8); return r; }
+static inline int __clz(int x) { return x ? __builtin_clz((unsigned)x) : 32; }
+static inline int __clzll(long long x) { return x ? __builtin_clzll((unsigned long long)x) : 64; }
+static inline int __popc(unsigned x) { return __builtin_popcount(x); }
+static inline int __popcll(unsigned long long x) { return __builtin_popcountll(x); }
+static inline int __ffs(int x) { return __builtin_ffs(x); }
+static inline int __ffsll(long long x) { return __builtin_ffsll(x); }
+static inline unsigned __brev(unsigned x) {
+    x = ((x >> 1) & 0x55555555u) | ((x & 0x55555555u) << 1); x = ((x >> 2) & 0x33333333u) | ((x & 0x33333333u) << 2);
+    x = ((x >> 4) & 0x0F0F0F0Fu) | ((x & 0x0F0F0F0Fu) << 4); x = ((x >> 8) & 0x00FF00FFu) | ((x & 0x00FF00FFu) << 8);
+    return (x >> 16) | (x << 16); }
+static inline int __mul24(int a, int b) { return (int)((long long)(a << 8 >> 8) * (b << 8 >> 8)); }
+static inline unsigned __umul24(unsigned a, unsigned b) { return (a & 0xffffffu) * (b & 0xffffffu); }
+static inline int __mulhi(int a, int b) { return (int)(((long long)a * b) >> 32); }
+static inline unsigned __umulhi(unsigned a, unsigned b) { return (unsigned)(((unsigned long long)a * b) >> 32); }
+static inline long long clock64() { return (long long)__builtin_ia32_rdtsc(); }
+static inline int clock() { return (int)__builtin_ia32_rdtsc(); }
+
+// ---- synchronisation ---------------------------------------------------------------------
+#define __syncthreads() clemu_syncthreads(__FILE__, __LINE__)
+#define __syncthreads_count(p) clemu_syncthreads_reduce((p), 0, __FILE__, __LINE__)
+#define __syncthreads_and(p) clemu_syncthreads_reduce((p), 1, __FILE__, __LINE__)
+#define __syncthreads_or(p) clemu_syncthreads_reduce((p), 2, __FILE__, __LINE__)
+static inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+static inline void __threadfence_block() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+static inline void __threadfence_system() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+
+// ---- warp operations: every lane deposits a value, meets the others, reads what it needs ---
+namespace clemu {
+template <class T> static inline unsigned long long to_bits(T v) {
+    static_assert(sizeof(T) <= 8, "warp shuffles move at most 8 bytes");
+    unsigned long long b = 0; memcpy(&b, &v, sizeof(T)); return b; }
+template <class T> static inline T from_bits(unsigned long long b) { T v; memcpy(&v, &b, sizeof(T)); return v; }
+static inline int lane() { return clemu_cur->linear & 31; }
+}
+#define CLEMU_XCHG(mask, v) clemu_warp_exchange((mask), clemu::to_bits(v), __FILE__, __LINE__)
+#define __syncwarp(...) ((void)CLEMU_XCHG(clemu_syncwarp_mask(__VA_ARGS__), 0))
+static inline unsigned clemu_syncwarp_mask(unsigned m = 0xffffffffu) { return m; }
+#define __shfl_sync(mask, v, src, ...) clemu::shfl_idx(CLEMU_XCHG(mask, v), v, (int)(src), clemu::width(__VA_ARGS__))
+#define __shfl_down_sync(mask, v, d, ...) clemu::shfl_down(CLEMU_XCHG(mask, v), v, (int)(d), clemu::width(__VA_ARGS__))
+#define __shfl_up_sync(mask, v, d, ...) clemu::shfl_up(CLEMU_XCHG(mask, v), v, (int)(d), clemu::width(__VA_ARGS__))
+#define __shfl_xor_sync(mask, v, m, ...) clemu::shfl_xor(CLEMU_XCHG(mask, v), v, (int)(m), clemu::width(__VA_ARGS__))
+#define __ballot_sync(mask, p) clemu::ballot(CLEMU_XCHG(mask, (int)((p) != 0)), (mask))
+#define __any_sync(mask, p) (clemu::ballot(CLEMU_XCHG(mask, (int)((p) != 0)), (mask)) != 0)
+#define __all_sync(mask, p) (clemu::ballot(CLEMU_XCHG(mask, (int)((p) != 0)), (mask)) == ((mask) & clemu_activemask()))
+#define __activemask() clemu_activemask()
+namespace clemu {
+static inline int width(int w = 32) { return w; }
+template <class T> static inline T shfl_idx(unsigned long long* s, T, int src, int w) {
+    int base = lane() & ~(w - 1); return from_bits<T>(s[base + (src & (w - 1))]); }
+template <class T> static inline T shfl_down(unsigned long long* s, T v, int d, int w) {
+    int l = lane(), base = l & ~(w - 1); return (l - base) + d < w ? from_bits<T>(s[l + d]) : v; }
+template <class T> static inline T shfl_up(unsigned long long* s, T v, int d, int w) {
+    int l = lane(), base = l & ~(w - 1); return (l - base) - d >= 0 ? from_bits<T>(s[l - d]) : v; }
+template <class T> static inline T shfl_xor(unsigned long long* s, T v, int m, int w) {
+    int l = lane(), t = l ^ m; return (t & ~(w - 1)) == (l & ~(w - 1)) ? from_bits<T>(s[t]) : v; }
+static inline unsigned ballot(unsigned long long* s, unsigned mask) {
+    unsigned r = 0;
+    for (int l = 0; l < 32; l++) if (((mask >> l) & 1u) && s[l]) r |= 1u << l;
+    return r; }
+}
+
+// ---- atomics -----------------------------------------------------------------------------
+// The value parameter is a non-deduced context (as CUDA's overloads behave): atomicAdd(&u, 1)
+// with an unsigned u works.
+namespace clemu { template <class T> using nd = typename std::common_type<T>::type; }
+template <class T> static inline T atomicAdd(T* a, clemu::nd<T> v) { return __atomic_fetch_add(a, v, __ATOMIC_RELAXED); }
+template <class T, class B> static inline T clemu_atomic_float(T* a, T v, B) {
+    B o = __atomic_load_n((B*)a, __ATOMIC_RELAXED), n;
+    T old, want;
+    do { memcpy(&old, &o, sizeof(T)); want = old + v; memcpy(&n, &want, sizeof(T)); }
+    while (!__atomic_compare_exchange_n((B*)a, &o, n, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+    return old; }
+static inline float atomicAdd(float* a, float v) { return clemu_atomic_float(a, v, 0u); }
+static inline double atomicAdd(double* a, double v) { return clemu_atomic_float(a, v, 0ull); }
+template <class T> static inline T atomicSub(T* a, clemu::nd<T> v) { return __atomic_fetch_sub(a, v, __ATOMIC_RELAXED); }
+template <class T> static inline T atomicExch(T* a, clemu::nd<T> v) { return __atomic_exchange_n(a, v, __ATOMIC_RELAXED); }
+static inline float atomicExch(float* a, float v) {
+    unsigned n; memcpy(&n, &v, 4); unsigned o = __atomic_exchange_n((unsigned*)a, n, __ATOMIC_RELAXED);
+    float r; memcpy(&r, &o, 4); return r; }
+template <class T> static inline T atomicCAS(T* a, clemu::nd<T> cmp, clemu::nd<T> v) {
+    __atomic_compare_exchange_n(a, &cmp, v, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED); return cmp; }
+template <class T> static inline T atomicMax(T* a, clemu::nd<T> v) {
+    T o = __atomic_load_n(a, __ATOMIC_RELAXED);
+    while (o < v && !__atomic_compare_exchange_n(a, &o, v, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {}
+    return o; }
+template <class T> static inline T atomicMin(T* a, clemu::nd<T> v) {
+    T o = __atomic_load_n(a, __ATOMIC_RELAXED);
+    while (v < o && !__atomic_compare_exchange_n(a, &o, v, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {}
+    return o; }
+template <class T> static inline T atomicAnd(T* a, clemu::nd<T> v) { return __atomic_fetch_and(a, v, __ATOMIC_RELAXED); }
+template <class T> static inline T atomicOr(T* a, clemu::nd<T> v) { return __atomic_fetch_or(a, v, __ATOMIC_RELAXED); }
+template <class T> static inline T atomicXor(T* a, clemu::nd<T> v) { return __atomic_fetch_xor(a, v, __ATOMIC_RELAXED); }
+static inline unsigned atomicInc(unsigned* a, unsigned lim) {
+    unsigned o = __atomic_load_n(a, __ATOMIC_RELAXED), n;
+    do { n = o >= lim ? 0 : o + 1; } while (!__atomic_compare_exchange_n(a, &o, n, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+    return o; }
+#define atomicAdd_block atomicAdd
+#define atomicAdd_system atomicAdd
+
+// ---- printf, assert, trap ----------------------------------------------------------------
+#define printf(...) clemu_printf(__VA_ARGS__)
+#undef assert
+#define assert(c) ((c) ? (void)0 : clemu_fault(CLEMU_ASSERT, "assertion `%s` failed at %s:%d", #c, __FILE__, __LINE__))
+#define __trap() clemu_fault(CLEMU_ASSERT, "__trap() at %s:%d", __FILE__, __LINE__)
+#define __brkpt() ((void)0)
+
+// ---- dynamic shared memory -----------------------------------------------------------------
+static inline void* clemu_dyn_shared() { return clemu_cur->blk->dyn_shared; }
+namespace clemu {
+// `extern __shared__ T name[];` becomes `static const clemu::dyn_shared<T> name{};`: it reads
+// the running block's buffer (filled with NaN bytes at the block's start) at each use.
+template <class T> struct dyn_shared {
+    operator T*() const { return (T*)clemu_dyn_shared(); }
+    template <class U> explicit operator U*() const { return (U*)clemu_dyn_shared(); }
+    template <class I> T& operator[](I i) const { return ((T*)clemu_dyn_shared())[i]; }
+};
+}
+
+// ---- bounds-checked kernel pointer parameters ----------------------------------------------
+// The emulator rewrites each pointer parameter of a __global__ function, T* x, into
+// clemu::ptr<T> x: x[i], *x and x->f check that the element lies inside the buffer the
+// launch passed. It converts to T* wherever a plain pointer is needed (e.g. a __device__
+// function's parameter); accesses through that plain pointer are no longer checked.
+namespace clemu {
+template <class T> struct ptr {
+    T* p; T* lo; T* hi; int arg;
+    ptr() : p(nullptr), lo(nullptr), hi(nullptr), arg(-1) {}
+    ptr(T* p_, T* lo_, T* hi_, int a) : p(p_), lo(lo_), hi(hi_), arg(a) {}
+    ptr(std::nullptr_t) : ptr() {}
+    template <class U, class = typename std::enable_if<std::is_convertible<U*, T*>::value>::type>
+    ptr(const ptr<U>& o) : p(o.p), lo(o.lo), hi(o.hi), arg(o.arg) {}
+    static ptr make(void* slot, int arg) {
+        clemu_buf* b = (clemu_buf*)slot;
+        T* base = (T*)b->p;
+        return ptr(base, base, base + b->nbytes / (long long)elem_size(), arg);
+    }
+    static constexpr long long elem_size() { return (long long)sizeof(typename std::conditional<std::is_void<T>::value, char, T>::type); }
+    inline void check(const T* q) const {
+        if (__builtin_expect(q < lo || q >= hi, 0) && lo)
+            clemu_fault_oob(arg, (long long)(q - lo), (long long)(hi - lo), elem_size());
+    }
+    operator T*() const { return p; }
+    template <class U> explicit operator U*() const { return (U*)p; }
+    template <class I, class = typename std::enable_if<std::is_integral<I>::value || std::is_enum<I>::value>::type>
+    T& operator[](I i) const { check(p + (long long)i); return p[(long long)i]; }
+    T& operator*() const { check(p); return *p; }
+    T* operator->() const { check(p); return p; }
+    template <class I> ptr operator+(I i) const { return ptr(p + (long long)i, lo, hi, arg); }
+    template <class I> ptr operator-(I i) const { return ptr(p - (long long)i, lo, hi, arg); }
+    long long operator-(const ptr& o) const { return p - o.p; }
+    long long operator-(const T* o) const { return p - o; }
+    template <class I> ptr& operator+=(I i) { p += (long long)i; return *this; }
+    template <class I> ptr& operator-=(I i) { p -= (long long)i; return *this; }
+    ptr& operator++() { ++p; return *this; }
+    ptr operator++(int) { ptr r = *this; ++p; return r; }
+    ptr& operator--() { --p; return *this; }
+    ptr operator--(int) { ptr r = *this; --p; return r; }
+};
+template <class I, class T> static inline ptr<T> operator+(I i, const ptr<T>& q) { return q + i; }
+}
+template <class T> static inline T __ldg(const T* p) { return *p; }
+template <class T> static inline T __ldg(const clemu::ptr<T>& p) { return *p; }
+template <class T> static inline T __ldg(const clemu::ptr<const T>& p) { return *p; }
+template <class T> static inline T __ldcs(const T* p) { return *p; }
+template <class T> static inline T __ldcg(const T* p) { return *p; }
+template <class T> static inline void __stcs(T* p, T v) { *p = v; }
+template <class T> static inline void __stcg(T* p, T v) { *p = v; }

@@ -1,0 +1,2 @@
+// cuda_runtime.h for convlab's emulator: everything lives in cuda_emu.h (force-included).
+#pragma once

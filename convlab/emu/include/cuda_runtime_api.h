@@ -1,0 +1,2 @@
+// cuda_runtime_api.h for convlab's emulator: everything lives in cuda_emu.h (force-included).
+#pragma once
