@@ -242,9 +242,9 @@ def rewrite_for_nvcc(src: Source) -> str:
     clean = strip_comments(src.text)
     out, last = [], 0
     for m in re.finditer(r"__global__", clean):
-        before = clean[max(0, m.start() - 12):m.start()]
+        before = clean[max(0, m.start() - 16):m.start()]
         out.append(src.text[last:m.start()])
-        out.append("__global__" if 'extern "C"' in before else 'extern "C" __global__')
+        out.append("__global__" if re.search(r'extern\s+"', before) else 'extern "C" __global__')
         last = m.end()
     out.append(src.text[last:])
     return "".join(out)
@@ -264,7 +264,7 @@ def map_compiler_output(output: str, limit: int = 25) -> str:
     return "\n".join(keep)
 
 
-_EXTERN_C_RE = re.compile(r'extern\s+"C"\s+(?:(?:static|inline)\s+)*void\s+([A-Za-z_]\w*)\s*\(')
+_EXTERN_C_RE = re.compile(r'extern\s+"[^"\n]*"\s+(?:(?:static|inline)\s+)*void\s+([A-Za-z_]\w*)\s*\(')
 
 
 def parse_extern_c(text: str, path: Path) -> dict[str, list[Param]]:

@@ -178,7 +178,10 @@ static thread_local worker* W = nullptr;
 // ----------------------------------------------------------------------------------------
 // The pool and the current launch
 static std::mutex pool_mu;
-static std::condition_variable pool_cv, done_cv;
+// Never destroyed: at exit the workers still wait on them, and destroying a condition
+// variable that threads wait on blocks forever in glibc.
+static std::condition_variable& pool_cv = *new std::condition_variable;
+static std::condition_variable& done_cv = *new std::condition_variable;
 static std::vector<worker*> pool;
 static unsigned long long launch_gen = 0;
 static int workers_done = 0;
@@ -712,7 +715,7 @@ extern "C" int clemu_run(clemu_launch* launch) {
         if (failed.compare_exchange_strong(expected, 1)) {
             launch->status = CLEMU_TIMEOUT;
             snprintf(launch->message, sizeof launch->message,
-                     "the kernel did not finish within %.0f s and was stopped (%s was still running). "
+                     "the kernel did not finish within %.3g s and was stopped (%s was still running). "
                      "Look for a loop whose end condition never becomes true, e.g. a grid-stride loop that "
                      "does not advance, or raise the limit with timeout=.",
                      launch->timeout_s, at.empty() ? "no thread identified" : at.c_str());

@@ -241,6 +241,9 @@ template <class T> struct ptr {
     ptr operator--(int) { ptr r = *this; --p; return r; }
 };
 template <class I, class T> static inline ptr<T> operator+(I i, const ptr<T>& q) { return q + i; }
+// a plain pointer from a pointer or a checked pointer (the checked one checks its first element)
+template <class T> static inline T* raw(T* p) { return p; }
+template <class T> static inline T* raw(const ptr<T>& p) { p.check(p.p); return p.p; }
 }
 template <class T> static inline T __ldg(const T* p) { return *p; }
 template <class T> static inline T __ldg(const clemu::ptr<T>& p) { return *p; }
@@ -249,3 +252,11 @@ template <class T> static inline T __ldcs(const T* p) { return *p; }
 template <class T> static inline T __ldcg(const T* p) { return *p; }
 template <class T> static inline void __stcs(T* p, T v) { *p = v; }
 template <class T> static inline void __stcg(T* p, T v) { *p = v; }
+
+// Atomics on a kernel's pointer parameter itself (atomicAdd(sum, v)): check, then as usual.
+#define CLEMU_ATOMIC_PTR(F) \
+    template <class T, class... A> static inline auto F(const clemu::ptr<T>& a, A... v) -> decltype(F((T*)a.p, v...)) { \
+        a.check(a.p); return F((T*)a.p, v...); }
+CLEMU_ATOMIC_PTR(atomicAdd) CLEMU_ATOMIC_PTR(atomicSub) CLEMU_ATOMIC_PTR(atomicExch) CLEMU_ATOMIC_PTR(atomicCAS)
+CLEMU_ATOMIC_PTR(atomicMax) CLEMU_ATOMIC_PTR(atomicMin) CLEMU_ATOMIC_PTR(atomicAnd) CLEMU_ATOMIC_PTR(atomicOr)
+CLEMU_ATOMIC_PTR(atomicXor) CLEMU_ATOMIC_PTR(atomicInc)

@@ -41,22 +41,27 @@ template <class T, class S> static inline void fill_fragment(fragment<accumulato
 template <class Use, class T, class L, class S> static inline void fill_fragment(fragment<Use, 16, 16, 16, T, L>& a, S v) {
     for (int i = 0; i < 256; i++) a.x[i] = T(v); }
 
-template <class Use, class T, class P>
-static inline void load_matrix_sync(fragment<Use, 16, 16, 16, T, row_major>& a, const P* p, unsigned ldm) {
-    detail::check_ptr(p, ldm, sizeof(P), "load_matrix_sync");
+template <class Use, class T, class Ptr>
+static inline void load_matrix_sync(fragment<Use, 16, 16, 16, T, row_major>& a, const Ptr& pp, unsigned ldm) {
+    auto* p = clemu::raw(pp);
+    detail::check_ptr(p, ldm, sizeof(*p), "load_matrix_sync");
     for (int r = 0; r < 16; r++) for (int c = 0; c < 16; c++) a.x[r * 16 + c] = p[(size_t)r * ldm + c]; }
-template <class Use, class T, class P>
-static inline void load_matrix_sync(fragment<Use, 16, 16, 16, T, col_major>& a, const P* p, unsigned ldm) {
-    detail::check_ptr(p, ldm, sizeof(P), "load_matrix_sync");
+template <class Use, class T, class Ptr>
+static inline void load_matrix_sync(fragment<Use, 16, 16, 16, T, col_major>& a, const Ptr& pp, unsigned ldm) {
+    auto* p = clemu::raw(pp);
+    detail::check_ptr(p, ldm, sizeof(*p), "load_matrix_sync");
     for (int r = 0; r < 16; r++) for (int c = 0; c < 16; c++) a.x[r * 16 + c] = p[(size_t)c * ldm + r]; }
-template <class T, class P>
-static inline void load_matrix_sync(fragment<accumulator, 16, 16, 16, T>& a, const P* p, unsigned ldm, layout_t l) {
-    detail::check_ptr(p, ldm, sizeof(P), "load_matrix_sync");
+template <class T, class Ptr>
+static inline void load_matrix_sync(fragment<accumulator, 16, 16, 16, T>& a, const Ptr& pp, unsigned ldm, layout_t l) {
+    auto* p = clemu::raw(pp);
+    detail::check_ptr(p, ldm, sizeof(*p), "load_matrix_sync");
     for (int r = 0; r < 16; r++) for (int c = 0; c < 16; c++)
         a.x[r * 16 + c] = l == mem_row_major ? p[(size_t)r * ldm + c] : p[(size_t)c * ldm + r]; }
-template <class T, class P>
-static inline void store_matrix_sync(P* p, const fragment<accumulator, 16, 16, 16, T>& a, unsigned ldm, layout_t l) {
-    detail::check_ptr(p, ldm, sizeof(P), "store_matrix_sync");
+template <class T, class Ptr>
+static inline void store_matrix_sync(const Ptr& pp, const fragment<accumulator, 16, 16, 16, T>& a, unsigned ldm, layout_t l) {
+    auto* p = clemu::raw(pp);
+    typedef typename std::remove_pointer<decltype(p)>::type P;
+    detail::check_ptr(p, ldm, sizeof(*p), "store_matrix_sync");
     for (int r = 0; r < 16; r++) for (int c = 0; c < 16; c++) {
         P& d = l == mem_row_major ? p[(size_t)r * ldm + c] : p[(size_t)c * ldm + r];
         d = P(a.x[r * 16 + c]); } }
