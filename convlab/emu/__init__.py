@@ -50,7 +50,7 @@ class _Launch(ctypes.Structure):
                 ("status", ctypes.c_int), ("message", ctypes.c_char * 4096)]
 
 
-def _compile(cpp_text: str, key: str, flags: list[str], display: str) -> Path:
+def _compile(cpp_text: str, key: str, flags: list[str], display: str, libs: list[str] = ()) -> Path:
     """Compile once per content hash; concurrent processes race harmlessly (atomic rename)."""
     out = cache_dir() / f"{key}.so"
     if out.exists():
@@ -59,7 +59,7 @@ def _compile(cpp_text: str, key: str, flags: list[str], display: str) -> Path:
         src = Path(tmp) / "module.cpp"
         src.write_text(cpp_text)
         so = Path(tmp) / "module.so"
-        r = subprocess.run([CXX, *CXXFLAGS, *flags, str(src), "-o", str(so)], capture_output=True, text=True)
+        r = subprocess.run([CXX, *CXXFLAGS, *flags, str(src), *libs, "-o", str(so)], capture_output=True, text=True)
         msg = (r.stderr or "") + (r.stdout or "")
         if "stack usage" in msg and r.returncode == 0:
             lines = [l for l in msg.splitlines() if "stack usage" in l]
@@ -76,6 +76,7 @@ def _compile(cpp_text: str, key: str, flags: list[str], display: str) -> Path:
 class _Runtime:
     _lock = threading.Lock()
     _lib = None
+    path = None
 
     @classmethod
     def get(cls):
@@ -83,8 +84,11 @@ class _Runtime:
             if cls._lib is None:
                 text = RUNTIME_SRC.read_text() + (INCLUDE / "clemu_abi.h").read_text()
                 key = "runtime-" + hashlib.sha256((text + " ".join(CXXFLAGS)).encode()).hexdigest()[:20]
-                so = _compile(RUNTIME_SRC.read_text(), key, ["-I", str(INCLUDE), "-pthread"], "emulator runtime")
-                lib = ctypes.CDLL(str(so), mode=ctypes.RTLD_GLOBAL)
+                so = _compile(RUNTIME_SRC.read_text(), key, ["-I", str(INCLUDE), "-pthread", "-fvisibility=hidden",
+                                                             "-fvisibility-inlines-hidden"], "emulator runtime")
+                # RTLD_LOCAL: kernel modules link against this file by path instead (see compile)
+                lib = ctypes.CDLL(str(so), mode=ctypes.RTLD_LOCAL)
+                cls.path = so
                 lib.clemu_run.argtypes = [ctypes.POINTER(_Launch)]
                 lib.clemu_run.restype = ctypes.c_int
                 lib.clemu_take_output.argtypes = [ctypes.c_char_p, ctypes.c_longlong]
@@ -139,14 +143,15 @@ class EmuBackend:
             launchers.append(f'extern "C" void __clemu_body_{k.name}(void** a) {{ {k.name}({", ".join(args)}); }}')
         text = (f'#line 1 "{src.path}"\n{body}\n#line 1 "<convlab launchers>"\n' + "\n".join(launchers) + "\n")
         flags = ["-I", str(INCLUDE), "-include", "cuda_emu.h", f"-Wstack-usage={STACK_BYTES - 16 * 1024}"]
+        libs = ["-Wl,--no-as-needed", str(_Runtime.path)]
         from .._source import KERNELS_DIR
         flags += ["-I", str(src.path.parent), "-I", str(KERNELS_DIR)]
         flags += [f"-D{k}" if v is None else f"-D{k}={v}" for k, v in defines.items()] + list(options)
         header = "".join(p.read_text() for p in sorted(INCLUDE.iterdir()))
         key = src.path.stem + "-" + hashlib.sha256(
-            (text + header + " ".join(flags + CXXFLAGS) + "".join(p.read_text() for p in src.includes)).encode()
+            (text + header + " ".join(flags + libs + CXXFLAGS) + "".join(p.read_text() for p in src.includes)).encode()
         ).hexdigest()[:20]
-        so = _compile(text, key, flags, str(src.path))
+        so = _compile(text, key, flags, str(src.path), libs)
         lib = ctypes.CDLL(str(so))
         uses_barriers = bool(_BARRIER_RE.search(src.all_text()))
         return EmuModule(self, rt, lib, src, uses_barriers)

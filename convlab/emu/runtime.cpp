@@ -679,7 +679,7 @@ static void grow_pool(int n) {
 
 static std::mutex launch_mu;   // one launch at a time
 
-extern "C" int clemu_run(clemu_launch* launch) {
+extern "C" __attribute__((visibility("default"))) int clemu_run(clemu_launch* launch) {
     std::lock_guard<std::mutex> one(launch_mu);
     launch->status = CLEMU_OK;
     launch->message[0] = 0;
@@ -732,7 +732,7 @@ extern "C" int clemu_run(clemu_launch* launch) {
     return launch->status;
 }
 
-extern "C" long long clemu_take_output(char* dst, long long cap) {
+extern "C" __attribute__((visibility("default"))) long long clemu_take_output(char* dst, long long cap) {
     std::lock_guard<std::mutex> g(out_mu);
     if (out_truncated) { out_buf += "\n[printf output truncated at 4 MB]\n"; out_truncated = false; }
     long long n = (long long)out_buf.size();
@@ -743,4 +743,4 @@ extern "C" long long clemu_take_output(char* dst, long long cap) {
     return n;
 }
 
-extern "C" int clemu_abi_version() { return 1; }
+extern "C" __attribute__((visibility("default"))) int clemu_abi_version() { return 1; }

@@ -26,6 +26,9 @@ struct clemu_thread {          // one CUDA thread of the running block
 // A buffer argument as the launcher passes it: base pointer and size in bytes.
 struct clemu_buf { void* p; long long nbytes; };
 
+// The runtime is built with hidden symbols and loaded RTLD_LOCAL (its C++ internals must not
+// interpose on other libraries, e.g. pybind11 in matplotlib); what kernels call is exported here.
+#pragma GCC visibility push(default)
 extern thread_local clemu_thread* clemu_cur;
 
 extern "C" {
@@ -37,6 +40,7 @@ unsigned clemu_activemask();
 [[noreturn]] void clemu_fault(int kind, const char* fmt, ...);
 void clemu_printf(const char* fmt, ...);
 }
+#pragma GCC visibility pop
 
 enum clemu_status {
     CLEMU_OK = 0, CLEMU_FAULT = 1, CLEMU_BARRIER = 2, CLEMU_OOB = 3, CLEMU_TIMEOUT = 4,
