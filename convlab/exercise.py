@@ -1,0 +1,234 @@
+"""Checks for the exercise notebooks: they print a verdict a student can act on and never raise.
+
+    import convlab.exercise as ex
+    ex.check_kernel(launch)          # launch(x, w, y, stride, pad) runs your kernel into y
+    ex.check_function(conv2d_numpy)  # conv2d_numpy(x, w, stride, pad) returns y (numpy)
+    ex.check_value("FLOPs", flops, expected)
+
+Verdicts: "correct"; "wrong at (b,m,h,w): expected … got …"; "N outputs never written";
+the emulator's fault messages (cl.ConvlabError subclasses) as they are; "not done yet" for an
+unfinished exercise (nothing written, or a function that returns None).
+Every check returns a Verdict, true when right, so a notebook (or a test) can go on either way;
+it shows nothing itself in a notebook, the printed line says it all.
+"""
+from __future__ import annotations
+
+import math
+import traceback
+from dataclasses import dataclass
+
+import numpy as np
+
+from .ops import out_size
+
+
+class Verdict:
+    """The outcome of a check: true when right. Prints nothing as a cell's last value."""
+
+    def __init__(self, ok: bool, text: str = ""):
+        self.ok, self.text = bool(ok), text
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+    def __repr__(self) -> str:
+        return f"<Verdict {'correct' if self.ok else 'not correct'}>"
+
+    def _ipython_display_(self) -> None:
+        pass  # the check already printed its verdict
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One convolution to check: input (B, C, H, W), mask (M, C, K, K), stride, padding."""
+
+    B: int
+    C: int
+    M: int
+    H: int
+    W: int
+    K: int
+    stride: int = 1
+    pad: int = 0
+    why: str = ""
+
+    @property
+    def Ho(self) -> int:
+        return out_size(self.H, self.K, self.stride, self.pad)
+
+    @property
+    def Wo(self) -> int:
+        return out_size(self.W, self.K, self.stride, self.pad)
+
+    def __str__(self) -> str:
+        s = f"B={self.B} C={self.C} M={self.M} {self.H}×{self.W} K={self.K}"
+        if self.stride != 1:
+            s += f" stride={self.stride}"
+        if self.pad:
+            s += f" pad={self.pad}"
+        return s
+
+
+#: Shapes that catch the usual mistakes: sizes no multiple of a block, C=1, B=1, odd and even K,
+#: stride 2, padding. Small enough for the emulator.
+AWKWARD_SHAPES = [
+    Shape(1, 1, 1, 5, 5, 3, why="the smallest: B=1, C=1, M=1"),
+    Shape(2, 3, 4, 17, 19, 5, why="not a multiple of a 16×16 block, H≠W, odd K"),
+    Shape(3, 2, 5, 20, 13, 4, why="even K"),
+    Shape(2, 1, 3, 23, 18, 3, stride=2, why="stride 2, C=1"),
+    Shape(1, 4, 2, 16, 16, 3, pad=1, why="same padding, B=1"),
+    Shape(2, 2, 3, 21, 15, 5, stride=2, pad=2, why="stride 2 and padding"),
+]
+
+#: The shapes without padding (chapter 1's loop nest takes a stride but no padding).
+VALID_SHAPES = [s for s in AWKWARD_SHAPES if s.pad == 0]
+
+
+def _fmt(v: float) -> str:
+    return "NaN (never written)" if math.isnan(v) else f"{v:.6g}"
+
+
+def verdict(y, ref, *, rtol: float = 1e-4, atol: float | None = None, labels: str = "bmhw") -> tuple[bool, str]:
+    """Compare an output with the fp64 reference: (ok, a one-line verdict). Like cl.check, atol
+    defaults to 1e-4 of the reference's RMS (fp32 sums of many products)."""
+    got = _as_numpy(y).astype(np.float64)
+    want = _as_numpy(ref).astype(np.float64)
+    if atol is None:
+        atol = 1e-4 * max(float(np.sqrt(np.mean(want ** 2))) if want.size else 0.0, 1e-30)
+    if got.shape != want.shape:
+        return False, f"wrong shape: your output is {tuple(got.shape)}, expected {tuple(want.shape)}"
+    never = np.isnan(got)
+    n_never = int(never.sum())
+    if n_never == got.size:
+        return False, (f"not done yet: none of the {got.size} outputs was written "
+                       f"(is the code still a TODO?)")
+    bad = never | ~np.isfinite(got) | (np.abs(got - want) > atol + rtol * np.abs(want))
+    n_bad = int(bad.sum())
+    if n_bad == 0:
+        return True, "correct"
+    first = tuple(int(i) for i in np.argwhere(bad)[0])
+    where = "(" + ",".join(f"{n}={i}" for n, i in zip(labels, first)) + ")"
+    if n_never:
+        first_never = tuple(int(i) for i in np.argwhere(never)[0])
+        where_never = "(" + ",".join(f"{n}={i}" for n, i in zip(labels, first_never)) + ")"
+        return False, (f"{n_never} of {got.size} outputs never written, the first at {where_never}: "
+                       f"does every output get a thread?")
+    return False, (f"wrong at {where}: expected {_fmt(want[first])} got {_fmt(got[first])} "
+                   f"({n_bad} of {got.size} outputs wrong)")
+
+
+def _as_numpy(a) -> np.ndarray:
+    try:
+        import torch
+
+        if isinstance(a, torch.Tensor):
+            return a.detach().cpu().numpy()
+    except ImportError:
+        pass
+    return np.asarray(a)
+
+
+def describe_error(e: BaseException) -> str:
+    """A fault as a student should read it: convlab's own messages whole, other errors in one line
+    with the line of the notebook cell where they happened."""
+    import convlab as cl
+
+    if isinstance(e, cl.ConvlabError):
+        return f"{type(e).__name__}: {e}"
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if f.filename.startswith("<ipython-input")
+              or "ipykernel" in f.filename]
+    where = f" (cell line {frames[-1].lineno})" if frames else ""
+    return f"your code raised {type(e).__name__}: {e}{where}"
+
+
+def attempt(fn, *args, **kwargs):
+    """Run fn; print a fault instead of raising it. Returns fn's result, or None after a fault."""
+    try:
+        return fn(*args, **kwargs)
+    except Exception as e:  # noqa: BLE001 (a check must never stop the notebook)
+        print(describe_error(e))
+        return None
+
+
+def _run_one(run, shape: Shape, *, on_device: bool):
+    """Make fresh inputs, run the student's code once; (output or None, reference, error text or None)."""
+    import torch
+
+    import convlab as cl
+
+    x = cl.randn(shape.B, shape.C, shape.H, shape.W)
+    w = cl.randn(shape.M, shape.C, shape.K, shape.K)
+    ref = cl.ref.conv2d(x, w, stride=shape.stride, padding=shape.pad)
+    try:
+        if on_device:
+            y = cl.empty(shape.B, shape.M, shape.Ho, shape.Wo)
+            out = run(x, w, y, shape.stride, shape.pad)
+            cl.sync()  # a GPU launch is asynchronous: its faults show here
+            if isinstance(out, torch.Tensor):
+                y = out
+        else:
+            y = run(x.cpu().numpy(), w.cpu().numpy(), shape.stride, shape.pad)
+    except Exception as e:  # noqa: BLE001
+        return None, ref, describe_error(e)
+    return y, ref, None
+
+
+def _say(ok: bool, text: str) -> Verdict:
+    print(text)
+    return Verdict(ok, text)
+
+
+def _check(run, shapes, *, on_device: bool, name: str) -> Verdict:
+    shapes = list(AWKWARD_SHAPES if shapes is None else shapes)
+    for i, shape in enumerate(shapes):
+        y, ref, error = _run_one(run, shape, on_device=on_device)
+        if error is not None:
+            return _say(False, f"✗ {shape}: {error}")
+        if y is None:
+            return _say(False, f"not done yet: {name} returned None for {shape}")
+        ok, text = verdict(y, ref)
+        if not ok and text.startswith("not done yet"):
+            return _say(False, text)
+        if not ok:
+            before = f"\n  ({i} shape{'s' if i > 1 else ''} before it passed)" if i else ""
+            return _say(False, f"✗ {shape} ({shape.why}): {text}{before}")
+    return _say(True, f"✓ correct: {name} matches the fp64 reference on all {len(shapes)} shapes "
+                      f"(awkward sizes, C=1, B=1, odd and even K, stride 2, padding)")
+
+
+def check_kernel(launch, shapes=None, *, name: str = "your kernel") -> Verdict:
+    """launch(x, w, y, stride, pad) runs a kernel on fresh random x, w (on the backend's device)
+    into y, which starts poisoned with NaN. Prints a verdict; True when right on every shape."""
+    return _check(launch, shapes, on_device=True, name=name)
+
+
+def check_function(fn, shapes=None, *, name: str = "your function") -> Verdict:
+    """fn(x, w, stride, pad) takes numpy float32 arrays and returns y. Prints a verdict."""
+    return _check(fn, shapes, on_device=False, name=name)
+
+
+def check_value(name: str, got, expected, *, rel: float = 1e-9) -> Verdict:
+    """A number (or a collection of them) against the expected one; says how far off, not the answer."""
+    if got is None:
+        return _say(False, f"not done yet: {name} is None")
+    if isinstance(expected, (set, frozenset, list, tuple)):
+        if isinstance(got, (str, bytes)) or not hasattr(got, "__iter__"):
+            return _say(False, f"✗ {name}: expected a list, got {type(got).__name__}")
+        got_items, want_items = set(map(str, got)), set(map(str, expected))
+        if got_items == want_items:
+            return _say(True, f"✓ correct: {name}")
+        hints = []
+        if want_items - got_items:
+            hints.append(f"{len(want_items - got_items)} missing")
+        if got_items - want_items:
+            hints.append(f"{len(got_items - want_items)} that should not be there")
+        return _say(False, f"✗ {name}: {', '.join(hints)}")
+    try:
+        g, e = float(got), float(expected)
+    except (TypeError, ValueError):
+        return _say(False, f"✗ {name}: expected a number, got {type(got).__name__}")
+    if math.isclose(g, e, rel_tol=rel, abs_tol=0.0):
+        return _say(True, f"✓ correct: {name} = {got:,}" if isinstance(got, int) else f"✓ correct: {name} = {g:.6g}")
+    ratio = g / e if e else math.inf
+    return _say(False, f"✗ {name} = {g:,.6g} is off by a factor of {ratio:.3g}: "
+                       f"recount (which factor is missing or extra?)")

@@ -1,0 +1,152 @@
+#!/usr/bin/env python3
+"""Generate exercises/ from solutions/, the single source of the exercises.
+
+In code cells, a solution region is replaced by a TODO that says how long the answer is:
+    ### BEGIN SOLUTION [hint]          (Python)       ->  # TODO: hint (about N lines)  + pass
+    ### END SOLUTION
+    // BEGIN SOLUTION [hint]           (CUDA, in a %%cuda cell)  ->  // TODO: hint (about N lines)
+    // END SOLUTION
+In markdown cells, <!-- BEGIN SOLUTION --> … <!-- END SOLUTION --> becomes "*Your answer here.*"
+(for written answers). A leading "# Solution N" heading becomes "# Exercise N". Outputs and
+execution counts are cleared, and "# NBVAL_CHECK_OUTPUT" markers dropped (there is no output to
+compare with). Cell ids are kept, so the output is the same every time.
+
+    python scripts/make_exercises.py          # write exercises/
+    python scripts/make_exercises.py --check  # exit 1 when exercises/ differs from what it would write
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+import nbformat
+
+ROOT = Path(__file__).resolve().parent.parent
+SOLUTIONS = ROOT / "solutions"
+EXERCISES = ROOT / "exercises"
+
+CODE_REGION = re.compile(
+    r"^(?P<indent>[ \t]*)(?P<marker>###|//)[ \t]*BEGIN SOLUTION[ \t]*(?P<hint>[^\n]*)\n"
+    r"(?P<body>.*?)"
+    r"^[ \t]*(?P=marker)[ \t]*END SOLUTION[ \t]*(?:\n|$)",
+    re.MULTILINE | re.DOTALL,
+)
+MARKDOWN_REGION = re.compile(r"<!--\s*BEGIN SOLUTION\s*-->.*?<!--\s*END SOLUTION\s*-->", re.DOTALL)
+CHECK_MARKER = re.compile(r"^[ \t]*# NBVAL_CHECK_OUTPUT[ \t]*\n?", re.MULTILINE)
+TITLE = re.compile(r"\A(#\s+)Solution(\s+\d+)")
+
+
+class SolutionMarkerError(ValueError):
+    pass
+
+
+def _todo(match: re.Match) -> str:
+    indent, marker = match["indent"], match["marker"]
+    hint = match["hint"].strip() or "your code here"
+    lines = [ln for ln in match["body"].splitlines() if ln.strip()]
+    size = f"about {len(lines)} line{'s' if len(lines) != 1 else ''}"
+    if marker == "//":
+        return f"{indent}// TODO: {hint} ({size})\n"
+    # Python: `pass` keeps a block that held only the solution valid, so the cell still runs.
+    return f"{indent}# TODO: {hint} ({size})\n{indent}pass\n"
+
+
+def strip_code(source: str, where: str) -> str:
+    out = CODE_REGION.sub(_todo, source)
+    if re.search(r"(###|//)[ \t]*(BEGIN|END) SOLUTION", out):
+        raise SolutionMarkerError(f"{where}: a BEGIN/END SOLUTION marker without its partner")
+    return CHECK_MARKER.sub("", out)
+
+
+def strip_markdown(source: str, where: str) -> str:
+    out = MARKDOWN_REGION.sub("*Your answer here.*", source)
+    if re.search(r"<!--\s*(BEGIN|END) SOLUTION", out):
+        raise SolutionMarkerError(f"{where}: a BEGIN/END SOLUTION comment without its partner")
+    return TITLE.sub(r"\1Exercise\2", out)
+
+
+def make_exercise(solution: nbformat.NotebookNode, name: str) -> nbformat.NotebookNode:
+    nb = nbformat.v4.new_notebook()
+    # Fixed metadata: the solution's language_info records the Python that last executed it,
+    # which would make the exercises drift after every GPU run.
+    nb.metadata = {
+        "kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"},
+        "language_info": {"name": "python"},
+    }
+    nb.metadata["convlab"] = {"generated_from": f"solutions/{name}", "by": "scripts/make_exercises.py"}
+    for i, cell in enumerate(solution.cells):
+        where = f"solutions/{name}, cell {i}"
+        if cell.cell_type == "code":
+            new = nbformat.v4.new_code_cell(strip_code(cell.source, where))
+        elif cell.cell_type == "markdown":
+            new = nbformat.v4.new_markdown_cell(strip_markdown(cell.source, where))
+        else:
+            new = nbformat.v4.new_raw_cell(cell.source)
+        if "id" in cell:
+            new.id = cell.id
+        tags = cell.get("metadata", {}).get("tags")
+        if tags:
+            new.metadata["tags"] = list(tags)
+        nb.cells.append(new)
+    return nb
+
+
+def render(nb: nbformat.NotebookNode) -> str:
+    nbformat.validate(nb)
+    return nbformat.writes(nb) + "\n"
+
+
+def expected_exercises() -> dict[str, str]:
+    """exercises/<name> -> the text it should have."""
+    out = {}
+    for path in sorted(SOLUTIONS.glob("*.ipynb")):
+        solution = nbformat.read(path, as_version=4)
+        out[path.name] = render(make_exercise(solution, path.name))
+    return out
+
+
+def drift() -> list[str]:
+    """What differs between exercises/ and solutions/ (empty when in sync)."""
+    problems = []
+    expected = expected_exercises()
+    for name, text in expected.items():
+        target = EXERCISES / name
+        if not target.is_file():
+            problems.append(f"exercises/{name} is missing")
+        elif target.read_text() != text:
+            problems.append(f"exercises/{name} differs from what solutions/{name} generates")
+    for target in sorted(EXERCISES.glob("*.ipynb")):
+        if target.name not in expected:
+            problems.append(f"exercises/{target.name} has no solutions/{target.name}")
+    return problems
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--check", action="store_true", help="only report drift; exit 1 if any")
+    args = parser.parse_args()
+    if args.check:
+        problems = drift()
+        for p in problems:
+            print(p)
+        if problems:
+            print("run `make exercises` to regenerate exercises/ from solutions/")
+            return 1
+        print(f"exercises/ is in sync with solutions/ ({len(expected_exercises())} notebooks)")
+        return 0
+    EXERCISES.mkdir(exist_ok=True)
+    expected = expected_exercises()
+    for name, text in expected.items():
+        (EXERCISES / name).write_text(text)
+        print(f"wrote exercises/{name}")
+    for stale in sorted(EXERCISES.glob("*.ipynb")):
+        if stale.name not in expected:
+            stale.unlink()
+            print(f"removed exercises/{stale.name} (no solution)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,205 @@
+"""What a student sees: the exercise checks' verdicts, the %%cuda magic, and the figures' labels."""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import convlab as cl
+import convlab.exercise as ex
+from convlab import plots, results, workloads
+
+GOOD_KERNEL = r"""
+__global__ void conv2d_flat(const float* x, const float* k, float* y,
+                            int B, int C, int M, int H, int W, int K, int stride, int pad)
+{
+    const int Ho = (H + 2 * pad - K) / stride + 1, Wo = (W + 2 * pad - K) / stride + 1;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < B * M * Ho * Wo; i += gridDim.x * blockDim.x) {
+        const int w = i % Wo, h = (i / Wo) % Ho, m = (i / (Wo * Ho)) % M, b = i / (Wo * Ho * M);
+        float acc = 0.0f;
+        for (int c = 0; c < C; ++c)
+            for (int p = 0; p < K; ++p)
+                for (int q = 0; q < K; ++q) {
+                    const int ih = h * stride + p - pad, iw = w * stride + q - pad;
+                    if (ih >= 0 && ih < H && iw >= 0 && iw < W)
+                        acc += x[((b * C + c) * H + ih) * W + iw] * k[((m * C + c) * K + p) * K + q];
+                }
+        y[i] = acc BUG;
+    }
+}
+"""
+
+
+def _launcher(source, blocks=None):
+    module = cl.load_source(source, name="student")
+
+    def launch(x, w, y, stride, pad):
+        B, C, H, W = x.shape
+        M, _, K, _ = w.shape
+        n = B * M * cl.out_size(H, K, stride, pad) * cl.out_size(W, K, stride, pad)
+        module.kernel("conv2d_flat")(x, w, y, B, C, M, H, W, K, stride, pad,
+                                     grid=blocks or (n + 127) // 128, block=128)
+    return launch
+
+
+def test_correct_kernel(capsys):
+    assert ex.check_kernel(_launcher(GOOD_KERNEL.replace("BUG", "")))
+    assert capsys.readouterr().out.startswith("✓ correct")
+
+
+def test_wrong_values_name_the_first_bad_output(capsys):
+    assert not ex.check_kernel(_launcher(GOOD_KERNEL.replace("BUG", "+ (h == 2 ? 1.0f : 0.0f)")))
+    out = capsys.readouterr().out
+    assert "wrong at (b=0,m=0,h=2,w=0): expected" in out and " got " in out
+
+
+def test_outputs_never_written(capsys):
+    # without the grid-stride loop, 1 block of 128 threads leaves most outputs untouched
+    no_loop = GOOD_KERNEL.replace("BUG", "").replace("i += gridDim.x * blockDim.x", "i += 1 << 30")
+    assert not ex.check_kernel(_launcher(no_loop, blocks=1), shapes=[ex.AWKWARD_SHAPES[1]])
+    assert "outputs never written, the first at (b=" in capsys.readouterr().out
+
+
+def test_unfinished_kernel_is_not_done_yet(capsys):
+    empty = "__global__ void conv2d_flat(const float* x, const float* k, float* y, int B, int C, int M, " \
+            "int H, int W, int K, int stride, int pad) {\n    // TODO: (about 20 lines)\n}"
+    assert not ex.check_kernel(_launcher(empty))
+    assert capsys.readouterr().out.startswith("not done yet: none of the")
+
+
+def test_fault_messages_are_printed_not_raised(capsys):
+    past_the_end = GOOD_KERNEL.replace("BUG", "").replace("y[i] = acc", "y[i + 1] = acc")
+    assert not ex.check_kernel(_launcher(past_the_end))
+    out = capsys.readouterr().out
+    if cl.device().backend == "emu":
+        assert "OutOfBoundsError" in out
+    assert out.startswith("✗")
+
+
+def test_python_errors_are_printed_not_raised(capsys):
+    def broken(x, w, stride, pad):
+        return x @ w  # wrong shapes: numpy raises
+    assert not ex.check_function(broken)
+    assert "your code raised ValueError" in capsys.readouterr().out
+
+
+def test_check_function_and_values(capsys):
+    assert not ex.check_function(lambda x, w, stride, pad: None)
+    assert "not done yet" in capsys.readouterr().out
+
+    def reference(x, w, stride, pad):
+        return cl.ref.conv2d(torch.from_numpy(x), torch.from_numpy(w), stride=stride, padding=pad).numpy()
+    assert ex.check_function(reference)
+
+    assert ex.check_value("FLOPs", 100, 100)
+    assert not ex.check_value("FLOPs", 50, 100)
+    assert "off by a factor of 0.5" in capsys.readouterr().out.splitlines()[-1]
+    assert not ex.check_value("FLOPs", None, 100)
+    assert ex.check_value("names", ["b", "a"], ("a", "b"))
+    assert not ex.check_value("names", ["a"], ("a", "b"))
+    assert "1 missing" in capsys.readouterr().out.splitlines()[-1]
+
+
+def test_verdict_wrong_shape():
+    ok, text = ex.verdict(np.zeros((1, 1, 2, 2)), np.zeros((1, 1, 3, 3)))
+    assert not ok and text.startswith("wrong shape")
+
+
+# ---- the %%cuda magic ---------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def shell():
+    from IPython.core.interactiveshell import InteractiveShell
+
+    ip = InteractiveShell.instance()
+    ip.run_line_magic("load_ext", "convlab.magic")
+    return ip
+
+
+def test_magic_binds_the_module(shell, capsys):
+    shell.run_cell_magic("cuda", "good -D SCALE=2", "__global__ void k(float* y) { y[threadIdx.x] = SCALE; }")
+    assert "good: compiled, kernels k" in capsys.readouterr().out
+    y = cl.empty(4)
+    shell.user_ns["good"].kernel("k")(y, grid=1, block=4)
+    cl.sync()
+    assert torch.all(y.cpu() == 2)
+
+
+def test_magic_prints_compile_errors_at_the_cell_line(shell, capsys):
+    shell.run_cell_magic("cuda", "bad", "__global__ void k(float* y)\n{\n    y[0] = undefined_name;\n}")
+    out = capsys.readouterr().out
+    assert "did not compile" in out and "cell bad, line 3" in out
+    bad = shell.user_ns["bad"]
+    from convlab.magic import CellNotCompiled
+    with pytest.raises(CellNotCompiled, match="did not compile"):
+        bad.kernel("k")(cl.empty(1), grid=1, block=1)
+    # the checks report it like any other fault
+    assert not ex.check_kernel(lambda x, w, y, s, p: bad.kernel("k")(y, grid=1, block=1))
+    assert "CellNotCompiled" in capsys.readouterr().out
+
+
+def test_magic_usage_errors(shell, capsys):
+    shell.run_cell_magic("cuda", "", "__global__ void k() {}")
+    assert "usage" in capsys.readouterr().out
+
+
+# ---- figures and the README table ---------------------------------------------------------------
+
+def _rows(gpu="NVIDIA H200"):
+    class T:
+        def __init__(self, ms):
+            self.ms, self.p25, self.p75 = ms, ms * 0.9, ms * 1.1
+
+    from convlab import roofline
+    return [results.row(wl, impl, T(ms), roof=roofline.REFERENCE_H200, device=gpu)
+            for wl in workloads.WORKLOADS_2D for impl, ms in (("naive", 5.0), ("torch default", 0.5))]
+
+
+def test_figure_says_what_it_was_measured_on():
+    import matplotlib
+    matplotlib.use("Agg")
+    fig = plots.plot_times(results.frame(_rows()), title="t")
+    texts = " ".join(t.get_text() for t in fig.texts)
+    assert "NVIDIA H200" in texts and "TF32 off" in texts and "fp32" in texts and "cuDNN" in texts
+    assert fig.axes[0].get_yscale() == "log"  # 5 ms vs floors of 0.01-0.5 ms
+
+
+def test_figure_refuses_to_mix_devices():
+    with pytest.raises(ValueError, match="several devices"):
+        plots.plot_times(results.frame(_rows("A") + _rows("B")))
+
+
+def test_results_round_trip_and_readme_table(tmp_path, monkeypatch):
+    import importlib.util
+    from pathlib import Path
+
+    monkeypatch.setenv("CONVLAB_ROOT", str(tmp_path))
+    (tmp_path / "book" / "data").mkdir(parents=True)
+    assert results.load("02_naive") is None
+    results.save(results.frame(_rows()), "02_naive", force=True)
+    df = results.load("02_naive")
+    assert list(df.columns) == results.COLUMNS and len(df) == 10
+
+    root = Path(__file__).resolve().parent.parent
+    spec = importlib.util.spec_from_file_location("results_table", root / "scripts" / "results_table.py")
+    table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(table)
+    readme = tmp_path / "README.md"
+    readme.write_text("# x\n\n## Results\n\n<!-- results:begin -->\nold\n<!-- results:end -->\n\nafter\n")
+    assert table.rewrite(readme, table.section(tmp_path / "book" / "data"))
+    text = readme.read_text()
+    assert "old" not in text and text.endswith("<!-- results:end -->\n\nafter\n")
+    assert "| workload | shape | naive | torch default | roofline floor |" in text
+    assert "| lenet_c1 | B=10000, C=1→M=4, 86×86, K=7×7 | 5 | 0.5 | 0.492 |" in text
+    assert "NVIDIA H200" in text
+
+
+def test_save_refuses_on_the_emulator(tmp_path, monkeypatch, capsys):
+    if cl.device().backend != "emu":
+        pytest.skip("emulator only")
+    monkeypatch.setenv("CONVLAB_ROOT", str(tmp_path))
+    monkeypatch.delenv("CONVLAB_SAVE_RESULTS", raising=False)
+    assert results.save(_rows(), "02_naive") is None
+    assert not (tmp_path / "book" / "data" / "02_naive.csv").exists()
+    assert "not a GPU run" in capsys.readouterr().out
+    assert math.isfinite(_rows()[0]["floor_frac"])

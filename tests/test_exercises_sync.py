@@ -1,0 +1,75 @@
+"""exercises/ is generated from solutions/ by scripts/make_exercises.py and must not drift."""
+import importlib.util
+import json
+from pathlib import Path
+
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+spec = importlib.util.spec_from_file_location("make_exercises", ROOT / "scripts" / "make_exercises.py")
+make_exercises = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(make_exercises)
+
+
+def test_exercises_are_in_sync_with_solutions():
+    problems = make_exercises.drift()
+    assert not problems, "\n".join(problems) + "\nrun `make exercises`"
+
+
+def test_every_solution_has_an_exercise_in_the_toc():
+    toc = (ROOT / "_toc.yml").read_text()
+    for path in sorted((ROOT / "solutions").glob("*.ipynb")):
+        assert f"solutions/{path.stem}" in toc and f"exercises/{path.stem}" in toc, path.name
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "exercises").glob("*.ipynb")), ids=lambda p: p.name)
+def test_exercises_hold_no_solution_and_no_output(path):
+    nb = nbformat.read(path, as_version=4)
+    text = json.dumps(nb)
+    assert "BEGIN SOLUTION" not in text and "END SOLUTION" not in text
+    assert "NBVAL_CHECK_OUTPUT" not in text
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            assert cell.outputs == [] and cell.execution_count is None
+    assert nb.cells[0].source.startswith("# Exercise")
+
+
+def _solution(*cells):
+    nb = nbformat.v4.new_notebook()
+    nb.cells = list(cells)
+    for i, c in enumerate(nb.cells):
+        c.id = f"c{i}"
+    return nb
+
+
+def test_python_regions_become_a_todo_that_still_runs():
+    cell = nbformat.v4.new_code_cell(
+        "# NBVAL_CHECK_OUTPUT\ndef f(x):\n    y = None\n    ### BEGIN SOLUTION square it\n"
+        "    y = x * x\n    y += 0\n    ### END SOLUTION\n    return y\nprint(f(3))")
+    cell.outputs = [nbformat.v4.new_output("stream", text="9\n")]
+    cell.execution_count = 4
+    ex = make_exercises.make_exercise(_solution(nbformat.v4.new_markdown_cell("# Solution 3: x"), cell), "x.ipynb")
+    title, code = ex.cells
+    assert title.source == "# Exercise 3: x"
+    assert code.source == ("def f(x):\n    y = None\n    # TODO: square it (about 2 lines)\n    pass\n"
+                           "    return y\nprint(f(3))")
+    assert code.outputs == [] and code.execution_count is None and code.id == "c1"
+    namespace = {}
+    exec(code.source.replace("print", "result = "), namespace)  # the unfinished cell runs
+    assert namespace["result"] is None
+
+
+def test_cuda_and_markdown_regions():
+    cuda = nbformat.v4.new_code_cell("%%cuda m\n__global__ void k(float* y) {\n    // BEGIN SOLUTION\n"
+                                     "    y[0] = 1;\n    // END SOLUTION\n}")
+    answer = nbformat.v4.new_markdown_cell("Why?\n\n<!-- BEGIN SOLUTION -->\nBecause.\n<!-- END SOLUTION -->")
+    ex = make_exercises.make_exercise(_solution(cuda, answer), "x.ipynb")
+    assert ex.cells[0].source == "%%cuda m\n__global__ void k(float* y) {\n    // TODO: your code here (about 1 line)\n}"
+    assert ex.cells[1].source == "Why?\n\n*Your answer here.*"
+
+
+def test_an_unpaired_marker_is_an_error():
+    cell = nbformat.v4.new_code_cell("### BEGIN SOLUTION\nx = 1\n")
+    with pytest.raises(make_exercises.SolutionMarkerError):
+        make_exercises.make_exercise(_solution(cell), "x.ipynb")

@@ -1,0 +1,102 @@
+"""The napkin math every chapter quotes: FLOPs, bytes, floors, result rows."""
+import math
+
+import pytest
+
+from convlab import roofline, workloads
+from convlab.workloads import WORKLOADS, WORKLOADS_2D, Workload
+
+
+def test_the_design_table():
+    assert [w.name for w in WORKLOADS_2D] == ["lenet_c1", "lenet_c3", "fa17", "days100", "resnet"]
+    assert set(WORKLOADS) == {"lenet_c1", "lenet_c3", "fa17", "days100", "resnet", "conv3d"}
+    fa17 = workloads.get("fa17")
+    assert fa17.B * fa17.M == 500_000  # the one that breaks blockIdx.z over B·M
+
+
+@pytest.mark.parametrize("name, y_shape, flops, nbytes", [
+    # 2·B·M·Ho·Wo·C·K², and 4·(input + weights + output), worked out by hand
+    ("lenet_c1", (10000, 4, 80, 80), 2 * 10000 * 4 * 80 * 80 * 1 * 49,
+     4 * (10000 * 1 * 86 * 86 + 4 * 1 * 49 + 10000 * 4 * 80 * 80)),
+    ("lenet_c3", (10000, 16, 34, 34), 2 * 10000 * 16 * 34 * 34 * 4 * 49,
+     4 * (10000 * 4 * 40 * 40 + 16 * 4 * 49 + 10000 * 16 * 34 * 34)),
+    ("fa17", (10000, 50, 24, 24), 2 * 10000 * 50 * 24 * 24 * 1 * 25,
+     4 * (10000 * 28 * 28 + 50 * 25 + 10000 * 50 * 24 * 24)),
+    ("days100", (1, 128, 256, 256), 2 * 128 * 256 * 256 * 32 * 9,
+     4 * (32 * 256 * 256 + 128 * 32 * 9 + 128 * 256 * 256)),
+    ("resnet", (64, 64, 56, 56), 2 * 64 * 64 * 56 * 56 * 64 * 9,
+     4 * (64 * 64 * 56 * 56 + 64 * 64 * 9 + 64 * 64 * 56 * 56)),
+    ("conv3d", (1, 1, 252, 124, 124), 2 * 252 * 124 * 124 * 125,
+     4 * (256 * 128 * 128 + 125 + 252 * 124 * 124)),
+])
+def test_flops_and_bytes(name, y_shape, flops, nbytes):
+    w = workloads.get(name)
+    assert w.y_shape == y_shape
+    assert w.flops == flops == 2 * w.macs
+    assert w.bytes == nbytes
+    assert w.intensity == pytest.approx(flops / nbytes)
+
+
+def test_the_numbers_quoted_in_chapter_1():
+    w = workloads.get("lenet_c1")
+    assert w.macs == 12_544_000_000  # "12.5 G multiply-adds, 25 GFLOP"
+    assert round(w.flops / 1e9, 1) == 25.1
+
+
+def test_stride_and_padding():
+    w = Workload("t", B=1, C=1, M=1, H=23, W=18, K=3, stride=2, pad=1)
+    assert (w.Ho, w.Wo) == ((23 + 2 - 3) // 2 + 1, (18 + 2 - 3) // 2 + 1) == (12, 9)
+
+
+@pytest.mark.parametrize("name", list(WORKLOADS))
+def test_small_twins_keep_the_character(name):
+    full = workloads.get(name)
+    small = full.small()
+    assert small.B <= 2 and small.dims == full.dims
+    assert (small.K, small.stride, small.pad) == (full.K, full.stride, full.pad)
+    assert small.Ho >= 1 and small.Wo >= 1 and small.Ho <= 20 and small.Wo <= 20
+    assert small.flops < full.flops and small.flops < 1e8  # emulator-sized
+    assert small.name.startswith(full.name)
+
+
+@pytest.mark.parametrize("name", [w.name for w in WORKLOADS_2D])
+def test_cpu_sized_twins(name):
+    full = workloads.get(name)
+    cut = full.scaled_to(2e8)
+    assert 0.5e8 < cut.flops <= 1.5 * 2e8
+    assert (cut.C, cut.M, cut.K, cut.pad) == (full.C, full.M, full.K, full.pad)
+
+
+def test_roofline_floor():
+    roof = roofline.Roofline("test GPU", bandwidth=1e12, flop_rate=10e12)
+    assert roof.ridge == 10
+    assert roof.floor_ms(flops=1e9, nbytes=1e9) == pytest.approx(1.0)  # memory: 1 GB at 1 TB/s
+    assert roof.floor_ms(flops=1e11, nbytes=1e9) == pytest.approx(10.0)  # compute: 100 GFLOP at 10 TFLOP/s
+    assert roof.bound(1e9, 1e9) == "memory" and roof.bound(1e11, 1e9) == "compute"
+
+
+def test_reference_floor_of_lenet_c1():
+    w = workloads.get("lenet_c1")
+    floor = roofline.REFERENCE_H200.floor_ms(w.flops, w.bytes)
+    assert floor == pytest.approx(w.flops / 51e12 * 1e3)  # compute-bound on the H200
+    assert 0.45 < floor < 0.5
+
+
+def test_result_rows():
+    from convlab import results
+
+    class Timing:
+        ms, p25, p75 = 2.0, 1.9, 2.2
+
+    w = workloads.get("resnet")
+    roof = roofline.Roofline("test GPU", bandwidth=1e12, flop_rate=10e12)
+    row = results.row(w, "naive", Timing(), roof=roof, device="test GPU")
+    assert set(row) == set(results.COLUMNS)
+    assert row["gflops"] == pytest.approx(w.flops / 2e-3 / 1e9)
+    assert row["gbs"] == pytest.approx(w.bytes / 2e-3 / 1e9)
+    assert row["floor_frac"] == pytest.approx(roof.floor_ms(w.flops, w.bytes) / 2.0)
+    assert row["gpu"] == "test GPU" and row["tf32"] == "TF32 off"
+    cpu_row = results.row(w, "C++", Timing(), device="CPU: x", cudnn="n/a (CPU)")
+    assert math.isnan(cpu_row["floor_frac"]) and cpu_row["cudnn"] == "n/a (CPU)"
+    with pytest.raises(KeyError):
+        results.row(w, "C++", Timing(), device="CPU: x", no_such_column=1)
