@@ -68,7 +68,7 @@ def test_wmma_tile(features):
     a, b = cl.randn(16, 16, dtype=torch.float16), cl.randn(16, 16, dtype=torch.float16)
     c, d = cl.randn(16, 16), cl.empty(16, 16)
     mod.wmma_16x16x16(a, b.t().contiguous(), c, d, grid=1, block=32)   # b stored column-major
-    cl.check(d, 2 * (cl.ref.matmul(a, b) + c.double()), rtol=1e-5)
+    cl.check(d, 2 * (cl.ref.matmul(a, b) + c.cpu().double()), rtol=1e-5)
 
 
 def test_atomics(features):
