@@ -218,6 +218,19 @@ class Kernel:
     def __repr__(self):
         return f"<convlab.Kernel {self.signature}>"
 
+    @property
+    def attributes(self) -> dict:
+        """What the GPU's driver reports for the compiled kernel: registers per thread, static
+        shared memory in bytes, the most threads a block of it may have. None on the emulator,
+        which has no registers to count."""
+        impl = self.module._impl
+        if not hasattr(impl, "limits"):
+            return {"registers": None, "static_shared": None, "max_threads": None}
+        checked = [(p, _args.ctype_of(p, self.name), None) for p in self.params]
+        lim = impl.limits(self.name, checked)
+        return {"registers": lim["registers"], "static_shared": lim["static_shared"],
+                "max_threads": lim["max_threads"]}
+
     def __call__(self, *args, grid, block, shared: int = 0, max_shared: int | None = None,
                  order: str | None = None, timeout: float | None = None, seed: int = 0):
         b = _get_backend()

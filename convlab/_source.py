@@ -219,7 +219,7 @@ def rewrite_for_emulator(src: Source) -> str:
     for m in _EXTERN_SHARED_RE.finditer(clean):
         elem = " ".join(m.group(2).split())
         name = m.group(3)
-        edits.append((m.start(), m.end(), f"static const ::clemu::dyn_shared<{elem}> {name}{{}};"))
+        edits.append((m.start(), m.end(), f'static const ::clemu::dyn_shared<{elem}> {name}{{"{name}"}};'))
     for m in _CONST_RE.finditer(clean):
         # an accessor right after the declaration, on the same line, so it lives in the same #if branch
         name, depth, i = m.group(2), 0, m.end() - 1

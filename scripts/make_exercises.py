@@ -73,7 +73,7 @@ def make_exercise(solution: nbformat.NotebookNode, name: str) -> nbformat.Notebo
     # which would make the exercises drift after every GPU run.
     nb.metadata = {
         "kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"},
-        "language_info": {"name": "python"},
+        "language_info": {"name": "python", "pygments_lexer": "ipython3"},
     }
     nb.metadata["convlab"] = {"generated_from": f"solutions/{name}", "by": "scripts/make_exercises.py"}
     for i, cell in enumerate(solution.cells):

@@ -110,3 +110,12 @@ def test_failed_assert(faults, features):
     assert "x[i] >= 0.0f" in str(e.value) and "assert_fails.cu:5" in str(e.value)
     assert "thread (17,0,0)" in str(e.value)
     good_launch_still_works(features)
+
+
+def test_shared_memory_smaller_than_the_launch_needs(faults, features):
+    mod = cl.load(faults / "out_of_range.cu")
+    with pytest.raises(cl.OutOfBoundsError) as e:
+        mod.shared_too_small(cl.randn(64), cl.empty(64), 64, grid=1, block=64, shared=63 * 4)
+    msg = str(e.value)
+    assert "extern __shared__ tile[63]" in msg and "shared=252 bytes" in msg and "thread (63,0,0)" in msg
+    good_launch_still_works(features)

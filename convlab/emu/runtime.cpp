@@ -238,6 +238,15 @@ extern "C" [[noreturn]] void clemu_fault_oob(int arg, long long elem, long long 
     throw clemu_fault_exc();
 }
 
+extern "C" [[noreturn]] void clemu_fault_shared(const char* name, long long elem, long long n, long long esize) {
+    set_failure(CLEMU_OOB,
+        "out-of-range access: extern __shared__ %s[%lld] by %s, but the launch gave shared=%lld bytes, "
+        "%lld elements of %lld bytes (valid indices 0..%lld): pass a larger shared= (e.g. the tile's "
+        "(TILE+K-1)^2 elements times sizeof(float)), or check the index",
+        name, elem, where(clemu_cur).c_str(), n * esize, n, esize, n - 1);
+    throw clemu_fault_exc();
+}
+
 extern "C" [[noreturn]] void clemu_fault(int kind, const char* fmt, ...) {
     char msg[2048];
     va_list ap;
@@ -636,6 +645,7 @@ static void* worker_main(void* arg) {
         w->blk.dim = dim3(L->block[0], L->block[1], L->block[2]);
         w->blk.grid = dim3(L->grid[0], L->grid[1], L->grid[2]);
         w->blk.dyn_shared = w->dyn_shared;
+        w->blk.dyn_bytes = L->shared_bytes;
         if (L->use_fibers) {
             ensure_stacks(w, n, L->stack_bytes);
             if (!w->stacks) set_failure(CLEMU_LAUNCH, "could not allocate %d fiber stacks", n);

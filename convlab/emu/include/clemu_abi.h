@@ -15,6 +15,7 @@ struct clemu_block {           // the block a worker runs now
     uint3 idx;
     dim3 dim, grid;
     unsigned char* dyn_shared;
+    long long dyn_bytes;       // the launch's shared= bytes
 };
 
 struct clemu_thread {          // one CUDA thread of the running block
@@ -38,6 +39,7 @@ unsigned long long* clemu_warp_exchange(unsigned mask, unsigned long long value,
 unsigned clemu_activemask();
 [[noreturn]] void clemu_fault_oob(int arg, long long elem, long long n_elems, long long elem_size);
 [[noreturn]] void clemu_fault(int kind, const char* fmt, ...);
+[[noreturn]] void clemu_fault_shared(const char* name, long long elem, long long n_elems, long long elem_size);
 void clemu_printf(const char* fmt, ...);
 }
 #pragma GCC visibility pop

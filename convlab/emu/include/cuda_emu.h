@@ -194,9 +194,14 @@ namespace clemu {
 // `extern __shared__ T name[];` becomes `static const clemu::dyn_shared<T> name{};`: it reads
 // the running block's buffer (filled with NaN bytes at the block's start) at each use.
 template <class T> struct dyn_shared {
+    const char* name;
     operator T*() const { return (T*)clemu_dyn_shared(); }
     template <class U> explicit operator U*() const { return (U*)clemu_dyn_shared(); }
-    template <class I> T& operator[](I i) const { return ((T*)clemu_dyn_shared())[i]; }
+    template <class I> T& operator[](I i) const {
+        long long n = clemu_cur->blk->dyn_bytes / (long long)sizeof(T);
+        if (__builtin_expect((long long)i < 0 || (long long)i >= n, 0))
+            clemu_fault_shared(name, (long long)i, n, (long long)sizeof(T));
+        return ((T*)clemu_dyn_shared())[i]; }
 };
 }
 
