@@ -33,10 +33,10 @@ def chapter_table(df: pd.DataFrame) -> str:
             cells.append(str(sub["shape"].iloc[0]))
         for impl in impls:
             ms = sub.loc[sub["impl"] == impl, "ms"]
-            cells.append(f"{ms.iloc[0]:.3g}" if len(ms) else "—")
+            cells.append(fmt(ms.iloc[0]) if len(ms) else "—")
         if has_floor:
             floor = sub["floor_ms"].dropna()
-            cells.append(f"{floor.iloc[0]:.3g}" if len(floor) else "—")
+            cells.append(fmt(floor.iloc[0]) if len(floor) else "—")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -52,11 +52,51 @@ def provenance(df: pd.DataFrame) -> str:
             f"measured {one('date')}")
 
 
+def fmt(ms) -> str:
+    return f"{ms:.3g}" if pd.notna(ms) else "—"
+
+
+# Rows that time one step of a convolution, not a whole one: never "the best kernel".
+PARTIAL_STEPS = {"unroll only (no GEMM)"}
+
+
+def best_table(frames: dict) -> str:
+    """The fastest course kernel per workload over all chapters, beside torch, per GPU and dtype
+    (timings are compared only within one GPU's runs)."""
+    rows = []
+    for stem, df in frames.items():
+        if "torch tuned" not in set(df["impl"]) or df["gpu"].astype(str).str.contains("CPU").any():
+            continue
+        rows.append(df.assign(chapter=stem))
+    if not rows:
+        return ""
+    all_rows = pd.concat(rows, ignore_index=True)
+    out = []
+    for (gpu, dtype), g in all_rows.groupby(["gpu", "dtype"], sort=False):
+        lines = [f"**Best kernel per workload** — {gpu}, {dtype}, strict (TF32 off); speedup = torch tuned / best",
+                 "", "| workload | best course kernel (chapter) | ms | torch default | torch tuned | speedup | "
+                 "fraction of roofline floor |", "|---|---|---|---|---|---|---|"]
+        for wl, w in g.groupby("workload", sort=False):
+            ours = w[~w["impl"].str.startswith("torch") & ~w["impl"].isin(PARTIAL_STEPS)]
+            if not len(ours):
+                continue
+            b = ours.loc[ours["ms"].idxmin()]
+            t_def = w.loc[w["impl"] == "torch default", "ms"].min()
+            t_tun = w.loc[w["impl"] == "torch tuned", "ms"].min()
+            frac = b["floor_ms"] / b["ms"] if "floor_ms" in b and pd.notna(b["floor_ms"]) else float("nan")
+            lines.append(f"| {wl} | {b['impl']} ({b['chapter']}) | {fmt(b['ms'])} | {fmt(t_def)} | {fmt(t_tun)} | "
+                         f"{t_tun / b['ms']:.2f}× | {frac:.0%} |")
+        out.append("\n".join(lines))
+    return "\n\n".join(out)
+
+
 def section(data_dir: Path) -> str:
     files = sorted(data_dir.glob("*.csv"))
-    parts = []
+    frames = {p.stem: pd.read_csv(p) for p in files}
+    best = best_table(frames)
+    parts = [best] if best else []
     for path in files:
-        df = pd.read_csv(path)
+        df = frames[path.stem]
         if not len(df):
             continue
         parts.append(f"**{path.stem}** — median ms per layer; {provenance(df)} "
