@@ -138,3 +138,19 @@ def test_unloaded_shared_memory_reads_nan(tmp_path):
     y = cl.zeros(32)
     mod.read_unloaded(y, grid=1, block=32, shared=32 * 4)
     assert torch.all(y[:16] == 1) and torch.all(torch.isnan(y[16:]))
+
+
+def test_hfma_rounds_once(fp16):
+    # a*b + c = -4.6074..., between two halves: rounding through float first gave 0xc49c
+    bits = lambda *v: cl.to_device(torch.tensor(v, dtype=torch.int16).view(torch.float16))  # noqa: E731
+    a, b = bits(0xb648 - 0x10000), bits(0x3287)
+    c = bits(0xc487 - 0x10000)
+    y = cl.empty(1, dtype=torch.float16)
+    src = """
+    #include <cuda_fp16.h>
+    __global__ void fma1(const half* a, const half* b, const half* c, half* y) { y[0] = __hfma(a[0], b[0], c[0]); }"""
+    from pathlib import Path
+    import tempfile
+    mod = cl.load_source(src, "fma1", directory=Path(tempfile.gettempdir()))
+    mod.fma1(a, b, c, y, grid=1, block=1)
+    assert int(y.cpu().view(torch.int16).item()) & 0xFFFF == 0xc49b

@@ -630,7 +630,7 @@ static void* worker_main(void* arg) {
     w->altstack = (char*)malloc(1 << 16);
     ss.ss_sp = w->altstack; ss.ss_size = 1 << 16; ss.ss_flags = 0;
     sigaltstack(&ss, nullptr);
-    w->dyn_shared = (unsigned char*)malloc(MAX_DYN_SHARED);
+    w->dyn_shared = (unsigned char*)aligned_alloc(1024, MAX_DYN_SHARED);   // as aligned as a GPU's (WMMA needs 32 B)
     unsigned long long seen = 0;
     for (;;) {
         {

@@ -4,6 +4,7 @@
 // (float's 24 bits >= 2*11+2), which is what the GPU computes.
 #pragma once
 #include <cstdint>
+#include <cmath>
 #include <cstring>
 
 namespace clemu {
@@ -34,6 +35,28 @@ static inline float h2f(uint16_t h) {
     u |= (uint32_t)(h & 0x8000) << 16;
     memcpy(&f, &u, 4);
     return f;
+}
+}
+
+namespace clemu {
+// double -> half with one rounding (to nearest, ties to even). Going through float would round
+// twice, which is wrong for an fma's exact result about once in 20,000.
+// `tail` is what rounding to double lost (the exact value is d + tail): it breaks a false tie.
+static inline uint16_t d2h(double d, double tail = 0.0) {
+    if (d != d) return 0x7e00;
+    uint16_t sign = std::signbit(d) ? 0x8000 : 0;
+    double m = std::fabs(d), tail_m = sign ? -tail : tail;
+    if (m >= 65520.0) return sign | 0x7c00;
+    uint16_t h = f2h((float)m), best = h;          // within one unit of the answer
+    double err = std::fabs((double)h2f(h) - m);
+    for (int dh = -1; dh <= 1; dh += 2) {
+        int c = (int)h + dh;
+        if (c < 0 || c > 0x7bff) continue;
+        double e = std::fabs((double)h2f((uint16_t)c) - m);
+        bool wins_tie = tail_m != 0.0 ? (tail_m > 0) == (c > (int)best) : (c & 1) == 0;
+        if (e < err || (e == err && wins_tie)) { best = (uint16_t)c; err = e; }
+    }
+    return sign | best;
 }
 }
 
@@ -93,7 +116,10 @@ static inline __half __hmul(__half a, __half b) { return a * b; }
 static inline __half __hdiv(__half a, __half b) { return a / b; }
 static inline __half __hneg(__half a) { return -a; }
 static inline __half __habs(__half a) { return clemu_hbits((uint16_t)(a.__x & 0x7fff)); }
-static inline __half __hfma(__half a, __half b, __half c) { return __half((float)fma((double)(float)a, (double)(float)b, (double)(float)c)); }
+static inline __half __hfma(__half a, __half b, __half c) {   // a*b exact in double; one rounding
+    double p = (double)(float)a * (double)(float)b, q = (double)(float)c, s = p + q;
+    double t = std::fabs(p) >= std::fabs(q) ? (p - s) + q : (q - s) + p;   // Fast2Sum: the exact error
+    return clemu_hbits(clemu::d2h(s, t)); }
 static inline __half __hmax(__half a, __half b) { return (float)a < (float)b ? b : a; }
 static inline __half __hmin(__half a, __half b) { return (float)b < (float)a ? b : a; }
 static inline bool __heq(__half a, __half b) { return a == b; }
