@@ -1,0 +1,196 @@
+"""Chapter 7 launchers: single-channel 3D convolution (kernels/07_conv3d/), and a dispatcher.
+
+The LeetGPU 3D challenge: x (D, H, W) float32, a mask (KD, KH, KW), a valid cross-correlation,
+y (D-KD+1, H-KH+1, W-KW+1). The launchers also take the 5-D torch shapes (1, 1, D, H, W) and
+(1, 1, KD, KH, KW) and then return (1, 1, Do, Ho, Wo).
+
+- conv3d_naive: one thread per output, mask from global memory; sizes at run time.
+- conv3d_tiled: a 3D shared-memory tile with halo per block (TX×TY×TZ outputs), the mask in
+  __constant__ memory, one output per thread.
+- conv3d_coarse: warp-wide rows along x, TX×TY outputs per thread, each block walking ZC output
+  planes down z with a rolling window of KZ accumulators per output; one input plane (with its x/y
+  halo) in shared memory at a time, double-buffered; the mask in registers (MASK_REGS=1) or in
+  __constant__ memory (MASK_REGS=0).
+- pick(workload) / conv3d_best: the coarsened kernel with coarse_config's tunables.
+"""
+from __future__ import annotations
+
+from . import ceil_div, check_output
+from ._kernels import module, set_mask
+
+NAIVE_FILE = "kernels/07_conv3d/conv3d_naive.cu"
+TILED_FILE = "kernels/07_conv3d/conv3d_tiled.cu"
+COARSE_FILE = "kernels/07_conv3d/conv3d_coarse.cu"
+
+CONSTANT_FLOATS = 16384   # 64 KB of __constant__ memory
+MAX_SHARED = 48 * 1024
+GRID_YZ = 65_535
+
+
+def conv3d_shapes(x, w):
+    """(D, H, W, KD, KH, KW, Do, Ho, Wo, five_d) for x (D,H,W) or (1,1,D,H,W) and a matching mask."""
+    five_d = x.dim() == 5
+    if five_d:
+        if tuple(x.shape[:2]) != (1, 1) or w.dim() != 5 or tuple(w.shape[:2]) != (1, 1):
+            raise ValueError(f"one channel in, one out: expected x (1,1,D,H,W) and w (1,1,KD,KH,KW), got "
+                             f"{tuple(x.shape)} and {tuple(w.shape)}")
+    elif x.dim() != 3 or w.dim() != 3:
+        raise ValueError(f"expected x (D,H,W) and w (KD,KH,KW), got {tuple(x.shape)} and {tuple(w.shape)}")
+    D, H, W = (int(s) for s in x.shape[-3:])
+    KD, KH, KW = (int(s) for s in w.shape[-3:])
+    Do, Ho, Wo = D - KD + 1, H - KH + 1, W - KW + 1
+    if min(Do, Ho, Wo) < 1:
+        raise ValueError(f"no output: input {D}×{H}×{W}, mask {KD}×{KH}×{KW} (valid convolution)")
+    if D * H * W > 2**31 - 1:
+        raise ValueError(f"x has {D * H * W:,} elements: too many for int indices")
+    for name, t in (("x", x), ("w", w)):
+        if not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous")
+    return D, H, W, KD, KH, KW, Do, Ho, Wo, five_d
+
+
+def _output(y, Do, Ho, Wo, five_d):
+    import convlab as cl
+
+    shape = (1, 1, Do, Ho, Wo) if five_d else (Do, Ho, Wo)
+    if y is None:
+        return cl.empty(*shape)
+    check_output(y, shape)
+    return y
+
+
+def _aligned16(t) -> bool:
+    return t.device.type == "meta" or t.data_ptr() % 16 == 0
+
+
+def _flat(t):
+    """The 3-D view the kernels index (no copy)."""
+    return t.view(t.shape[-3:]) if t.dim() == 5 else t
+
+
+# ---- step 1: one thread per output ------------------------------------------------------------------
+
+def conv3d_naive(x, w, y=None, *, BX: int = 32, BY: int = 4, BZ: int = 2):
+    D, H, W, KD, KH, KW, Do, Ho, Wo, five = conv3d_shapes(x, w)
+    y = _output(y, Do, Ho, Wo, five)
+    grid = (ceil_div(Wo, BX), ceil_div(Ho, BY), ceil_div(Do, BZ))
+    if grid[1] > GRID_YZ or grid[2] > GRID_YZ:
+        raise ValueError(f"grid {grid} over the limits")
+    kern = module(NAIVE_FILE, {"BX": BX, "BY": BY, "BZ": BZ}).kernel("conv3d_naive")
+    kern(_flat(x), _flat(w), _flat(y), D, H, W, KD, KH, KW, grid=grid, block=(BX, BY, BZ))
+    return y
+
+
+# ---- step 2: 3D shared tile with halo, mask in constant memory ---------------------------------------
+
+def tiled_shared(TX: int, TY: int, TZ: int, KD: int, KH: int, KW: int) -> int:
+    return 4 * (TX + KW - 1) * (TY + KH - 1) * (TZ + KD - 1)
+
+
+def conv3d_tiled(x, w, y=None, *, TX: int = 32, TY: int = 4, TZ: int = 4):
+    D, H, W, KD, KH, KW, Do, Ho, Wo, five = conv3d_shapes(x, w)
+    if KD * KH * KW > CONSTANT_FLOATS:
+        raise ValueError(f"the mask has {KD * KH * KW:,} values, over the {CONSTANT_FLOATS:,} of constant memory")
+    if TX * TY * TZ > 1024:
+        raise ValueError(f"a {TX}x{TY}x{TZ} block has over 1024 threads")
+    if tiled_shared(TX, TY, TZ, KD, KH, KW) > MAX_SHARED:
+        raise ValueError(f"the input box of a {TX}x{TY}x{TZ} tile with a {KD}x{KH}x{KW} halo is over 48 KB")
+    y = _output(y, Do, Ho, Wo, five)
+    grid = (ceil_div(Wo, TX), ceil_div(Ho, TY), ceil_div(Do, TZ))
+    if grid[1] > GRID_YZ or grid[2] > GRID_YZ:
+        raise ValueError(f"grid {grid} over the limits")
+    mod = module(TILED_FILE, {"TX": TX, "TY": TY, "TZ": TZ, "KZ": KD, "KY": KH, "KX": KW})
+    set_mask(mod, w)
+    mod.kernel("conv3d_tiled")(_flat(x), _flat(y), D, H, W, grid=grid, block=(TX, TY, TZ))
+    return y
+
+
+# ---- step 3: z coarsening, warp-wide rows, rolling window ------------------------------------------
+
+def coarse_config(D: int, H: int, W: int, KD: int, KH: int, KW: int) -> dict:
+    """Default tunables for conv3d_coarse, from the napkin math of the challenge shape (an H100/H200
+    has 132 SMs; see the kernel's comment): TX=4 outputs per thread when the output rows are wider
+    than 64 (a warp covers 128 columns: Wo=124 wastes 3%), else 2 or 1; TY=1; BY=4 warps (8 tile rows
+    for 4 output rows); ZC=32 output planes per block: (KZ-1)/ZC = 12.5% of the FMAs wasted on the
+    planes below z0, and 1 × 31 × 8 = 248 blocks of ~195 registers per thread: all resident at once
+    (two 128-thread blocks per SM). MASK_REGS=1: the mask in registers, when it and the accumulators
+    stay within 200 values per thread (5×5×5: 125 + 20); larger masks from constant memory."""
+    Do, Ho, Wo = D - KD + 1, H - KH + 1, W - KW + 1
+    TX = 4 if Wo > 64 else (2 if Wo > 32 else 1)
+    regs = int(KD * KH * KW + KD * TX <= 200)      # larger masks: constant memory
+    return {"TX": TX, "TY": 1, "BY": 4, "ZC": max(1, min(32, Do)), "MASK_REGS": regs}
+
+
+def coarse_shared(TX: int, TY: int, BY: int, KH: int, KW: int) -> int:
+    vec = 4 if TX % 4 == 0 else (2 if TX % 2 == 0 else 1)
+    winv = ceil_div(TX + KW - 1, vec) * vec
+    pitch = ceil_div(32 * TX + winv - TX, 4) * 4
+    return 2 * (BY * TY + KH - 1) * pitch * 4
+
+
+def check_coarse_tunables(TX: int, TY: int, BY: int, ZC: int, KD: int, KH: int, KW: int, MASK_REGS: int = 1):
+    if TX not in (1, 2, 4, 8) or TY < 1 or BY < 1 or ZC < 1:
+        raise ValueError(f"TX must be 1, 2, 4 or 8 and TY, BY, ZC positive; got TX={TX} TY={TY} BY={BY} ZC={ZC}")
+    if 32 * BY > 1024:
+        raise ValueError(f"BY={BY} warps: over 1024 threads per block")
+    smem = coarse_shared(TX, TY, BY, KH, KW)
+    if smem > MAX_SHARED:
+        raise ValueError(f"two plane tiles of {BY * TY + KH - 1} rows need {smem:,} bytes of shared memory, over 48 KB")
+    taps = KD * KH * KW
+    if not MASK_REGS and taps > CONSTANT_FLOATS:
+        raise ValueError(f"the mask has {taps:,} values, over the {CONSTANT_FLOATS:,} of constant memory")
+    if MASK_REGS and taps + KD * TX * TY > 200:
+        raise ValueError(f"MASK_REGS=1 keeps {taps} mask values and {KD * TX * TY} accumulators per thread in "
+                         "registers: over 200, use MASK_REGS=0 or fewer outputs per thread")
+
+
+def conv3d_coarse(x, w, y=None, *, TX: int | None = None, TY: int | None = None, BY: int | None = None,
+                  ZC: int | None = None, MASK_REGS: int | None = None):
+    D, H, W, KD, KH, KW, Do, Ho, Wo, five = conv3d_shapes(x, w)
+    cfg = coarse_config(D, H, W, KD, KH, KW)
+    TX, TY, BY = int(TX or cfg["TX"]), int(TY or cfg["TY"]), int(BY or cfg["BY"])
+    ZC = int(ZC or cfg["ZC"])
+    MASK_REGS = int(cfg["MASK_REGS"] if MASK_REGS is None else MASK_REGS)
+    check_coarse_tunables(TX, TY, BY, ZC, KD, KH, KW, MASK_REGS)
+    y = _output(y, Do, Ho, Wo, five)
+    grid = (ceil_div(Wo, 32 * TX), ceil_div(Ho, BY * TY), ceil_div(Do, ZC))
+    if grid[1] > GRID_YZ or grid[2] > GRID_YZ:
+        raise ValueError(f"grid {grid} over the limits")
+    defines = {"TX": TX, "TY": TY, "BY": BY, "ZC": ZC, "MASK_REGS": MASK_REGS, "KZ": KD, "KY": KH, "KX": KW,
+               "VEC_LOAD": int(W % 4 == 0 and _aligned16(x)), "VEC_STORE": int(Wo % 4 == 0 and _aligned16(y))}
+    mod = module(COARSE_FILE, defines)
+    if not MASK_REGS:
+        set_mask(mod, w)
+    mod.kernel("conv3d_coarse")(_flat(x), _flat(w), _flat(y), D, H, W, grid=grid, block=(32, BY, 1))
+    return y
+
+
+# ---- the dispatcher -----------------------------------------------------------------------------------
+
+def _shape_of(workload):
+    """(D, H, W, K) from a convlab.workloads.Workload (3D), a name, or a dict."""
+    if isinstance(workload, str):
+        from convlab import workloads
+        workload = workloads.get(workload)
+    get = (lambda k: workload[k]) if isinstance(workload, dict) else (lambda k: getattr(workload, k))
+    return int(get("D")), int(get("H")), int(get("W")), int(get("K"))
+
+
+def pick(workload) -> tuple:
+    """(name, launcher, tunables) for a single-channel 3D layer: always the coarsened kernel, with
+    coarse_config's tunables (the other two are the steps towards it)."""
+    D, H, W, K = _shape_of(workload)
+    return "coarsened along z (rolling window)", conv3d_coarse, coarse_config(D, H, W, K, K, K)
+
+
+def conv3d_best(x, w, y=None):
+    D, H, W, KD, KH, KW, *_ = conv3d_shapes(x, w)
+    return conv3d_coarse(x, w, y, **coarse_config(D, H, W, KD, KH, KW))
+
+
+#: The chapter's implementations by the name the figures use.
+IMPLEMENTATIONS = {
+    "naive (one thread per output)": conv3d_naive,
+    "shared tile with halo, const mask": conv3d_tiled,
+    "coarsened along z (rolling window)": conv3d_coarse,
+}
