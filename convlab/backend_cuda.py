@@ -3,6 +3,7 @@ and torch tensors reach kernels without copies."""
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 from ._errors import BackendUnavailable, CompileError, LaunchError
@@ -37,6 +38,9 @@ class CudaBackend:
         import pycuda.driver as drv
         self.drv = drv
         self.dev = apc.device
+        self.ctx = apc.context
+        self._threads = threading.local()
+        self._threads.has_context = True      # autoprimaryctx pushed it on this thread
         self.cc = self.dev.compute_capability()
         self.gpu_name = self.dev.name()
         attr = drv.device_attribute
@@ -45,11 +49,20 @@ class CudaBackend:
         self.max_shared_optin = self.dev.get_attribute(attr.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
         self.threads = self.dev.get_attribute(attr.MULTIPROCESSOR_COUNT)
 
+    def ensure_context(self):
+        """Make the primary context current in this thread. torch runs autograd's backward on a
+        thread of its own, where PyCUDA would otherwise find no context."""
+        if not getattr(self._threads, "has_context", False):
+            if self.drv.Context.get_current() is None:
+                self.ctx.push()
+            self._threads.has_context = True
+
     def describe(self) -> str:
         return f"{self.gpu_name} (compute capability {self.cc[0]}.{self.cc[1]}, {self.threads} SMs)"
 
     def compile(self, src: Source, defines: dict, options: list[str]) -> "CudaModule":
         from pycuda.compiler import SourceModule
+        self.ensure_context()
         text = f'#line 1 "{src.path}"\n' + rewrite_for_nvcc(src)
         opts = ["-std=c++17", "-lineinfo"]
         opts += [f"-D{k}" if v is None else f"-D{k}={v}" for k, v in defines.items()] + list(options)
@@ -70,6 +83,7 @@ class CudaModule:
         self._funcs = {}
 
     def _func(self, name, checked):
+        self.backend.ensure_context()
         f = self._funcs.get(name)
         if f is None:
             f = self.mod.get_function(name)
@@ -78,6 +92,7 @@ class CudaModule:
         return f
 
     def set_constant(self, name: str, data: bytes):
+        self.backend.ensure_context()
         try:
             ptr, size = self.mod.get_global(name)
         except Exception:   # noqa: BLE001 - pycuda raises LogicError for a missing symbol

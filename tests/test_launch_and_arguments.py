@@ -88,3 +88,25 @@ def test_forcing_cuda_without_gpu_says_why(monkeypatch):
     with pytest.raises(cl.BackendUnavailable) as e:
         backend_cuda.CudaBackend()
     assert "cannot run here" in str(e.value)
+
+
+def test_launch_from_another_thread(features):
+    # torch runs autograd's backward on a thread of its own: a launch from there must work
+    import threading
+    mod = cl.load(features / "atomics_warp.cu")
+    x, y = cl.randn(64), cl.empty(64)
+    errors = []
+
+    def work():
+        try:
+            mod.set_constant("c_scale", torch.ones(4))
+            mod.scale_by_constant(x, y, 64, grid=1, block=64)
+            cl.sync()
+        except Exception as e:   # noqa: BLE001 - reported below
+            errors.append(e)
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    assert not errors, errors
+    cl.check(y, x)
