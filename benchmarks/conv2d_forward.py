@@ -24,7 +24,6 @@ import argparse
 import csv
 import datetime as dt
 import math
-import os
 import sys
 import time
 from pathlib import Path
@@ -36,76 +35,16 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 
 import convlab as cl  # noqa: E402
-from convlab.ops import fused, im2col, tiled  # noqa: E402
-
-try:
-    from convlab.ops import naive
-except ImportError:          # chapter 2 not there yet: time the rest
-    naive = None
-
-# ---- workloads, roofline, baselines: convlab's modules when present, else small local copies ------
-
-try:
-    from convlab.workloads import WORKLOADS_2D
-except ImportError:
-    from dataclasses import dataclass, replace
-
-    @dataclass(frozen=True)
-    class _W:
-        name: str
-        B: int
-        C: int
-        M: int
-        H: int
-        W: int
-        K: int
-        stride: int = 1
-        pad: int = 0
-
-        Ho = property(lambda s: (s.H + 2 * s.pad - s.K) // s.stride + 1)
-        Wo = property(lambda s: (s.W + 2 * s.pad - s.K) // s.stride + 1)
-        flops = property(lambda s: 2 * s.B * s.M * s.Ho * s.Wo * s.C * s.K * s.K)
-        bytes = property(lambda s: 4 * (s.B * s.C * s.H * s.W + s.M * s.C * s.K * s.K + s.B * s.M * s.Ho * s.Wo))
-
-        def small(self):
-            cut = min(self.H, 19 * self.stride + self.K - 2 * self.pad)
-            return replace(self, name=self.name + "_small", B=min(self.B, 2), C=min(self.C, 16),
-                           M=min(self.M, 16), H=cut, W=cut)
-
-    WORKLOADS_2D = [_W("lenet_c1", 10000, 1, 4, 86, 86, 7), _W("lenet_c3", 10000, 4, 16, 40, 40, 7),
-                    _W("fa17", 10000, 1, 50, 28, 28, 5), _W("days100", 1, 32, 128, 256, 256, 3, pad=1),
-                    _W("resnet", 64, 64, 64, 56, 56, 3, pad=1)]
-
-try:
-    from convlab import roofline as _roofline
-except ImportError:
-    _roofline = None
-
-try:
-    from convlab.baselines import strict_fp32, versions
-except ImportError:
-    import contextlib
-
-    @contextlib.contextmanager
-    def strict_fp32():
-        saved = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
-        torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
-        try:
-            yield
-        finally:
-            torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
-
-    def versions():
-        v = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
-        return {"torch": torch.__version__, "cudnn": f"{v // 10000}.{v % 10000 // 100}.{v % 100}" if v else "n/a"}
+from convlab.ops import fused, im2col, naive, tiled  # noqa: E402
+from convlab import roofline as _roofline  # noqa: E402
+from convlab.baselines import strict_fp32, versions  # noqa: E402
+from convlab.workloads import WORKLOADS_2D  # noqa: E402
 
 
 def roof():
     """(bandwidth B/s, fp32 FLOP/s, where the numbers come from)."""
-    if _roofline is not None:
-        r = _roofline.current()
-        return r.bandwidth, r.flop_rate, r.source
-    return 4.19e12, 51e12, "reference: H200, design.md"
+    r = _roofline.current()
+    return r.bandwidth, r.flop_rate, r.source
 
 
 # ---- the contenders ------------------------------------------------------------------------------
@@ -118,12 +57,10 @@ def kernels():
     """(chapter, name, launcher, tunables, applies(workload) -> reason or None)."""
     always = lambda wl: None  # noqa: E731
     const = lambda wl: None if _fits_constant(wl) else "mask over 64 KB of constant memory"  # noqa: E731
-    ks = []
-    if naive is not None:
-        ks.append((2, "naive (flat grid)", naive.conv2d_naive_flat, {}, always))
-        ks.append((2, "naive (B·M on grid z)", naive.conv2d_naive_z, {},
-                   lambda wl: None if wl.B * wl.M <= 65535 else "B·M over the grid z limit"))
-    ks += [
+    ks = [
+        (2, "naive (flat grid)", naive.conv2d_naive_flat, {}, always),
+        (2, "naive (B·M on grid z)", naive.conv2d_naive_z, {},
+         lambda wl: None if wl.B * wl.M <= 65535 else "B·M over the grid z limit"),
         (3, "tiled multi-pass, const mask", tiled.conv2d_tiled_halo_multi_pass, {"mask": "constant"}, const),
         (3, "tiled multi-pass, global mask", tiled.conv2d_tiled_halo_multi_pass, {"mask": "global"}, always),
         (3, "tiled input-block, const mask", tiled.conv2d_tiled_input_block, {"mask": "constant"}, const),
@@ -407,6 +344,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    code = main()
-    sys.stdout.flush()
-    os._exit(code)   # skip interpreter teardown (the emulator's worker pool can hang it)
+    sys.exit(main())

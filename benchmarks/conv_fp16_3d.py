@@ -36,7 +36,6 @@ import argparse
 import csv
 import datetime as dt
 import math
-import os
 import sys
 import time
 from pathlib import Path
@@ -463,6 +462,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    code = main()
-    sys.stdout.flush()
-    os._exit(code)   # skip interpreter teardown (the emulator's worker pool can hang it)
+    sys.exit(main())
