@@ -71,8 +71,8 @@ gpu-run: $(ENV_STAMP)
 kernels-check:
 	@test -n "$(NVCC)" || { echo "kernels-check: nvcc not found"; exit 1; }
 	@set -e; n=0; for f in $(KERNEL_SOURCES); do \
-	  $(NVCC) -ptx -arch=sm_90 -I kernels -o /dev/null "$$f"; n=$$((n+1)); \
-	done; echo "kernels-check: $$n kernel files compile with nvcc -ptx -arch=sm_90"
+	  $(NVCC) -ptx -arch=sm_90 -Werror all-warnings -I kernels -o /dev/null "$$f"; n=$$((n+1)); \
+	done; echo "kernels-check: $$n kernel files compile with nvcc -ptx -arch=sm_90, without a warning"
 
 exercises: $(ENV_STAMP)
 	$(PYTHON) scripts/make_exercises.py

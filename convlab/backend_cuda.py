@@ -3,7 +3,7 @@ and torch tensors reach kernels without copies."""
 from __future__ import annotations
 
 import os
-import threading
+import contextlib
 from pathlib import Path
 
 from ._errors import BackendUnavailable, CompileError, LaunchError
@@ -39,8 +39,6 @@ class CudaBackend:
         self.drv = drv
         self.dev = apc.device
         self.ctx = apc.context
-        self._threads = threading.local()
-        self._threads.has_context = True      # autoprimaryctx pushed it on this thread
         self.cc = self.dev.compute_capability()
         self.gpu_name = self.dev.name()
         attr = drv.device_attribute
@@ -49,28 +47,34 @@ class CudaBackend:
         self.max_shared_optin = self.dev.get_attribute(attr.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
         self.threads = self.dev.get_attribute(attr.MULTIPROCESSOR_COUNT)
 
-    def ensure_context(self):
-        """Make the primary context current in this thread. torch runs autograd's backward on a
-        thread of its own, where PyCUDA would otherwise find no context."""
-        if not getattr(self._threads, "has_context", False):
-            if self.drv.Context.get_current() is None:
-                self.ctx.push()
-            self._threads.has_context = True
+    @contextlib.contextmanager
+    def context(self):
+        """The primary context, current in this thread for the duration. torch runs autograd's
+        backward on a thread of its own, where PyCUDA finds no context; and a thread that ends
+        with a context still pushed aborts the process, so it is popped again."""
+        if self.drv.Context.get_current() is not None:
+            yield
+            return
+        self.ctx.push()
+        try:
+            yield
+        finally:
+            self.drv.Context.pop()
 
     def describe(self) -> str:
         return f"{self.gpu_name} (compute capability {self.cc[0]}.{self.cc[1]}, {self.threads} SMs)"
 
     def compile(self, src: Source, defines: dict, options: list[str]) -> "CudaModule":
         from pycuda.compiler import SourceModule
-        self.ensure_context()
         text = f'#line 1 "{src.path}"\n' + rewrite_for_nvcc(src)
         opts = ["-std=c++17", "-lineinfo"]
         opts += [f"-D{k}" if v is None else f"-D{k}={v}" for k, v in defines.items()] + list(options)
         cache = Path(os.environ.get("CONVLAB_CACHE") or Path.home() / ".cache" / "convlab") / "cuda"
         cache.mkdir(parents=True, exist_ok=True)
         try:
-            mod = SourceModule(text, options=opts, include_dirs=[str(src.path.parent), str(KERNELS_DIR)],
-                               no_extern_c=True, arch=f"sm_{self.cc[0]}{self.cc[1]}", cache_dir=str(cache))
+            with self.context():
+                mod = SourceModule(text, options=opts, include_dirs=[str(src.path.parent), str(KERNELS_DIR)],
+                                   no_extern_c=True, arch=f"sm_{self.cc[0]}{self.cc[1]}", cache_dir=str(cache))
         except Exception as e:   # pycuda.driver.CompileError carries nvcc's stderr
             err = getattr(e, "stderr", None) or str(e)
             raise CompileError(f"{src.path} does not compile (nvcc):\n" + map_compiler_output(err)) from None
@@ -83,7 +87,6 @@ class CudaModule:
         self._funcs = {}
 
     def _func(self, name, checked):
-        self.backend.ensure_context()
         f = self._funcs.get(name)
         if f is None:
             f = self.mod.get_function(name)
@@ -92,7 +95,10 @@ class CudaModule:
         return f
 
     def set_constant(self, name: str, data: bytes):
-        self.backend.ensure_context()
+        with self.backend.context():
+            self._set_constant(name, data)
+
+    def _set_constant(self, name: str, data: bytes):
         try:
             ptr, size = self.mod.get_global(name)
         except Exception:   # noqa: BLE001 - pycuda raises LogicError for a missing symbol
@@ -105,11 +111,16 @@ class CudaModule:
         self.backend.drv.memcpy_htod(ptr, data)
 
     def limits(self, name, checked):
-        f = self._func(name, checked)
-        return dict(static_shared=f.shared_size_bytes, max_threads=f.max_threads_per_block,
-                    registers=f.num_regs, max_grid=self.backend.max_grid)
+        with self.backend.context():
+            f = self._func(name, checked)
+            return dict(static_shared=f.shared_size_bytes, max_threads=f.max_threads_per_block,
+                        registers=f.num_regs, max_grid=self.backend.max_grid)
 
     def launch(self, name, checked, grid, block, shared, max_shared=None, **_emulator_only):
+        with self.backend.context():
+            self._launch(name, checked, grid, block, shared)
+
+    def _launch(self, name, checked, grid, block, shared):
         import numpy as np
         f = self._func(name, checked)
         if shared > 48 * 1024:

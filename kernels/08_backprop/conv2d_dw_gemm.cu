@@ -160,7 +160,9 @@ __global__ void conv2d_dw_gemm(const float* __restrict__ x, const float* __restr
     }
 
     // ---- epilogue: this block's partial sums of its BM x BN tile
-    const int zoff = FINAL_ATOMIC ? 0 : blockIdx.z * M * KD;   // this split's partial row
+#if !FINAL_ATOMIC
+    const int zoff = blockIdx.z * M * KD;   // this split's row of partial sums
+#endif
 #pragma unroll
     for (int i = 0; i < TM; ++i) {
         const int m = m0 + (i / 4) * (BM / TM) * 4 + tm * 4 + (i % 4);
