@@ -21,7 +21,6 @@ CSV says so in its `timing` column.
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime as dt
 import math
 import sys
@@ -35,6 +34,7 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 
 import convlab as cl  # noqa: E402
+from _harness import report_failures, save_rows  # noqa: E402
 from convlab.ops import fused, im2col, naive, tiled  # noqa: E402
 from convlab import roofline as _roofline  # noqa: E402
 from convlab.baselines import strict_fp32, versions  # noqa: E402
@@ -325,22 +325,8 @@ def main(argv=None):
         rows += sweep_workload(wl, selected, reps, log) if args.sweep else bench_workload(wl, selected, reps, log)
         print(f"# {wl.name}: {time.time() - t0:.0f} s", flush=True)
 
-    # GPU results go to benchmarks/results/ (to be committed); emulator checks to the ignored cache.
-    folder = ROOT / "benchmarks" / "results" if on_gpu else ROOT / ".convlab-cache"
-    out = Path(args.csv) if args.csv else folder / f"conv2d_forward{'_sweep' if args.sweep else ''}_{m['backend']}.csv"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out, "w", newline="") as f:
-        wr = csv.DictWriter(f, fieldnames=list(rows[0]) + list(m) if rows else list(m))
-        wr.writeheader()
-        for r in rows:
-            wr.writerow({**r, **m})
-    print(f"# wrote {out}")
-    failed = [r for r in rows if not (r["check"] == "ok")]
-    if failed:
-        print(f"# {len(failed)} rows did not pass their check:")
-        for r in failed:
-            print("#   " + fmt(r))
-    return 1 if any(r["check"].startswith("FAIL") for r in rows) else 0
+    save_rows(rows, m, "conv2d_forward" + ("_sweep" if args.sweep else ""), args.csv, on_gpu)
+    return report_failures(rows, fmt)
 
 
 if __name__ == "__main__":

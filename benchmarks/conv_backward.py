@@ -26,7 +26,6 @@ times it prints are CPU wall times of an emulator, NOT GPU timings, and the CSV 
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime as dt
 import math
 import sys
@@ -41,6 +40,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import convlab as cl  # noqa: E402
+from _harness import report_failures, save_rows  # noqa: E402
 from convlab.baselines import cudnn_benchmark, strict_fp32, versions  # noqa: E402
 from convlab.ops import backprop as bp  # noqa: E402
 from convlab.ops import fused  # noqa: E402
@@ -412,22 +412,8 @@ def main(argv=None):
     if args.lenet is not None:
         rows += lenet_rows(args.lenet, args.epochs)
 
-    folder = ROOT / "benchmarks" / "results" if on_gpu else ROOT / ".convlab-cache"
-    out = Path(args.csv) if args.csv else folder / f"conv_backward{'_sweep' if args.sweep else ''}_{m['backend']}.csv"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fields = []
-    for r in rows:
-        fields += [k for k in r if k not in fields]
-    with open(out, "w", newline="") as f:
-        wr = csv.DictWriter(f, fieldnames=fields + list(m))
-        wr.writeheader()
-        for r in rows:
-            wr.writerow({**r, **m})
-    print(f"# wrote {out}")
-    failed = [r for r in rows if str(r.get("check", "ok")).startswith(("FAIL", "error"))]
-    for r in failed:
-        print(f"# not ok: {r['workload']} {r['pass']} {r['kernel']}: {r['check']}")
-    return 1 if any(str(r.get("check")).startswith("FAIL") for r in failed) else 0
+    save_rows(rows, m, "conv_backward" + ("_sweep" if args.sweep else ""), args.csv, on_gpu)
+    return report_failures(rows, fmt)
 
 
 if __name__ == "__main__":

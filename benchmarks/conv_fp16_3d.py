@@ -33,7 +33,6 @@ timings, and the CSV (in .convlab-cache/) says so.
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime as dt
 import math
 import sys
@@ -48,6 +47,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import convlab as cl  # noqa: E402
+from _harness import report_failures, save_rows  # noqa: E402
 from convlab import roofline, workloads  # noqa: E402
 from convlab.baselines import cudnn_benchmark, strict_fp32, versions  # noqa: E402
 from convlab.ops import conv3d, fp16  # noqa: E402
@@ -169,7 +169,7 @@ def timed(call, reps):
 
 def fp16_kernels(wl):
     """(name, launcher, tunables, accumulate, applies -> reason or None)."""
-    B, C, M, H, W, K, s, p = wl.B, wl.C, wl.M, wl.H, wl.W, wl.K, wl.stride, wl.pad
+    C, M, H, W, K, s, p = wl.C, wl.M, wl.H, wl.W, wl.K, wl.stride, wl.pad
     direct = None if fp16.direct_fits(M, C, K) else "mask slice over 48 KB"
     smallc = None if fp16.smallc_fits(C, K, H, W, p, s) else "more than 8 channels or stride > 1"
     return [
@@ -443,22 +443,8 @@ def main(argv=None):
         if on_gpu:
             torch.cuda.empty_cache()
 
-    # GPU results go to benchmarks/results/ (to be committed); emulator checks to the ignored cache.
-    folder = ROOT / "benchmarks" / "results" if on_gpu else ROOT / ".convlab-cache"
-    out = Path(args.csv) if args.csv else folder / f"conv_fp16_3d{'_sweep' if args.sweep else ''}_{m['backend']}.csv"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out, "w", newline="") as f:
-        wr = csv.DictWriter(f, fieldnames=list(rows[0]) + list(m) if rows else list(m))
-        wr.writeheader()
-        for r in rows:
-            wr.writerow({**r, **m})
-    print(f"# wrote {out}")
-    failed = [r for r in rows if not r["check"].startswith("ok")]
-    if failed:
-        print(f"# {len(failed)} rows did not pass their check:")
-        for r in failed:
-            print("#   " + fmt(r))
-    return 1 if any(r["check"].startswith("FAIL") for r in rows) else 0
+    save_rows(rows, m, "conv_fp16_3d" + ("_sweep" if args.sweep else ""), args.csv, on_gpu)
+    return report_failures(rows, fmt)
 
 
 if __name__ == "__main__":

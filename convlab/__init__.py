@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from .. import _args
+
 from .._errors import (ArgumentError, BarrierError, CompileError, KernelFault, KernelTimeout, LaunchError,
                        OutOfBoundsError)
 from .._source import Source, map_compiler_output, rewrite_for_emulator
