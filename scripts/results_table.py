@@ -65,7 +65,9 @@ def best_table(frames: dict) -> str:
     (timings are compared only within one GPU's runs)."""
     rows = []
     for stem, df in frames.items():
-        if "torch tuned" not in set(df["impl"]) or df["gpu"].astype(str).str.contains("CPU").any():
+        # forward layers only: chapter 8's rows are per pass (dX, dW), chapter 1's are CPU timings
+        if ("torch tuned" not in set(df["impl"]) or "pass" in df.columns
+                or df["gpu"].astype(str).str.contains("CPU").any()):
             continue
         rows.append(df.assign(chapter=stem))
     if not rows:
