@@ -85,6 +85,7 @@ class CudaModule:
     def __init__(self, backend, mod, src):
         self.backend, self.mod, self.src = backend, mod, src
         self._funcs = {}
+        self._limits = {}
 
     def _func(self, name, checked):
         f = self._funcs.get(name)
@@ -111,10 +112,15 @@ class CudaModule:
         self.backend.drv.memcpy_htod(ptr, data)
 
     def limits(self, name, checked):
-        with self.backend.context():
-            f = self._func(name, checked)
-            return dict(static_shared=f.shared_size_bytes, max_threads=f.max_threads_per_block,
-                        registers=f.num_regs, max_grid=self.backend.max_grid)
+        """The compiled kernel's attributes, read from the driver once (they never change)."""
+        lim = self._limits.get(name)
+        if lim is None:
+            with self.backend.context():
+                f = self._func(name, checked)
+                lim = dict(static_shared=f.shared_size_bytes, max_threads=f.max_threads_per_block,
+                           registers=f.num_regs, max_grid=self.backend.max_grid)
+            self._limits[name] = lim
+        return dict(lim)
 
     def launch(self, name, checked, grid, block, shared, max_shared=None, **_emulator_only):
         with self.backend.context():

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import os
 import platform
-import statistics
 import time
 from dataclasses import dataclass, field
 
@@ -124,14 +123,10 @@ def time_cpu(fn, reps: int = 5, warmup: int = 1, settle_s: float = 0.3) -> CpuTi
     It first waits settle_s: the BLAS threads of whatever ran before (numpy's OpenBLAS) keep
     spinning for a while after their last call and would steal the cores from torch's threads
     (seen here: torch 20x slower right after numpy on 2 cores)."""
+    from .bench import spread, wall_clock_ms
+
     time.sleep(settle_s)
-    for _ in range(warmup):
-        fn()
-    samples = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - t0) * 1e3)
-    q = statistics.quantiles(samples, n=4) if len(samples) >= 2 else [samples[0]] * 3
-    return CpuTiming(ms=statistics.median(samples), p25=q[0], p75=q[2], min=min(samples), max=max(samples),
-                     samples=samples, label="CPU wall time")
+    samples = wall_clock_ms(fn, reps, warmup)
+    median, p25, p75 = spread(samples)
+    return CpuTiming(ms=median, p25=p25, p75=p75, min=min(samples), max=max(samples), samples=samples,
+                     label="CPU wall time")

@@ -78,15 +78,25 @@ def bench(fn, reps: int | None = None, warmup: int | None = None, flush_l2: bool
         samples = [s.elapsed_time(e) for s, e in zip(starts, ends)]
         name = device().name
     else:
-        reps, warmup = reps or 3, 1 if warmup is None else warmup
-        for _ in range(warmup):
-            fn()
-        samples = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            fn()
-            samples.append((time.perf_counter() - t0) * 1e3)
+        samples = wall_clock_ms(fn, reps or 3, 1 if warmup is None else warmup)
         name = "CPU emulator"
+    median, p25, p75 = spread(samples)
+    return Timing(median, p25, p75, min(samples), max(samples), samples, backend() == "cuda", name)
+
+
+def wall_clock_ms(fn, reps: int, warmup: int) -> list:
+    """fn()'s wall time in ms, reps times after warmup calls (the emulator's and chapter 1's CPU timings)."""
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - t0) * 1e3)
+    return samples
+
+
+def spread(samples: list) -> tuple:
+    """(median, 25th, 75th percentile)."""
     q = statistics.quantiles(samples, n=4) if len(samples) > 1 else [samples[0]] * 3
-    return Timing(statistics.median(samples), q[0], q[2], min(samples), max(samples), samples,
-                  backend() == "cuda", name)
+    return statistics.median(samples), q[0], q[2]

@@ -32,3 +32,32 @@ def faults():
 @pytest.fixture
 def features():
     return TESTS / "features"
+
+
+class _LaunchRecorder:
+    """Stands in for a compiled module: records every launch instead of running it, so launchers can
+    be replayed at the course's full sizes on meta tensors (no data, nothing runs)."""
+
+    def __init__(self, launches, defines):
+        self.launches, self.defines = launches, defines
+
+    def kernel(self, name):
+        def launch(*args, grid, block, shared=0):
+            self.launches.append((name, tuple(grid), tuple(block), shared, self.defines))
+        return launch
+
+    def set_constant(self, name, value):
+        assert value.numel() * value.element_size() <= 64 * 1024, f"__constant__ {name} over 64 KB"
+
+
+@pytest.fixture
+def record_launches(monkeypatch):
+    """record_launches(*launcher_modules) -> the list every launch of those modules is appended to,
+    as (kernel, grid, block, shared, defines)."""
+    def record(*modules):
+        launches = []
+        fake = lambda path, defines=None: _LaunchRecorder(launches, dict(defines or {}))  # noqa: E731
+        for mod in modules:
+            monkeypatch.setattr(mod, "module", fake)
+        return launches
+    return record

@@ -225,28 +225,9 @@ def test_best_at_the_small_twins(name):
 
 # ---- launch limits at the course's full sizes (meta tensors: no data, nothing runs) ------------------
 
-class _Recorder:
-    """Stands in for a compiled module: records every launch instead of running it."""
-
-    def __init__(self, launches, path, defines):
-        self.launches, self.path, self.defines = launches, path, defines
-
-    def kernel(self, name):
-        def launch(*args, grid, block, shared=0):
-            self.launches.append((name, tuple(grid), tuple(block), shared, self.defines))
-        return launch
-
-    def set_constant(self, name, value):
-        assert value.numel() * 4 <= 64 * 1024
-
-
 @pytest.fixture
-def recorded(monkeypatch):
-    launches = []
-    fake = lambda path, defines=None: _Recorder(launches, path, dict(defines or {}))  # noqa: E731
-    for mod in (tiled, im2col, fused):
-        monkeypatch.setattr(mod, "module", fake)
-    return launches
+def recorded(record_launches):
+    return record_launches(tiled, im2col, fused)
 
 
 FULL = {
