@@ -202,9 +202,9 @@ static void set_failure(int status, const char* fmt, ...) {
     vsnprintf(L->message, sizeof L->message, fmt, ap);
     va_end(ap);
     L->status = status;
-    // stop the other workers now rather than at the end of their block
-    for (worker* w : pool)
-        if (w != W && w->in_kernel.load()) pthread_kill(w->tid, SIGUSR2);
+    // The other workers see `failed` at their next block or fiber switch. They are not signalled:
+    // a signal could land in malloc or in an exception's unwinding, and jumping out of those
+    // breaks the process. Only the watchdog signals, and only a kernel that never returns.
 }
 
 static std::string where(const clemu_thread* t) {
@@ -590,8 +590,13 @@ static std::string describe_address(uintptr_t a) {
 
 static void on_signal(int sig, siginfo_t* info, void* uctx) {
     worker* w = W;
+    if (w && sig == SIGUSR2) {
+        // the watchdog's stop: jump out of a kernel that is running; a worker that has already
+        // left it ignores the late signal (its default action would end the whole process)
+        if (w->in_kernel.load() && w->running) siglongjmp(w->jmp, 1);
+        return;
+    }
     if (w && w->in_kernel.load()) {
-        if (sig == SIGUSR2) siglongjmp(w->jmp, 1);
         const clemu_thread* t = clemu_cur;
         if (sig == SIGFPE)
             set_failure(CLEMU_FPE, "arithmetic fault (integer division or remainder by zero?) in %s", where(t).c_str());
