@@ -1,0 +1,415 @@
+"""Chapter 9 launchers: the general direct convolution (kernels/09_general/), forward, dE/dX and
+dE/dW, for every layer torch.nn.functional.conv2d takes, and a drop-in conv2d / Conv2d on them.
+
+Launchers (the course's contract: outputs allocated with torch.empty, poisoned with NaN on the
+emulator; float32 or float16 tensors, NCHW, contiguous, on the backend's device):
+- conv2d_general(x, w, y=None, *, stride=1, padding=0, dilation=1, groups=1, bias=None) -> y
+- conv2d_general_dx(dy, w, dx=None, *, stride=1, padding=0, input_size=(H, W), dilation=1, groups=1) -> dx
+- conv2d_general_dw(x, dy, dw=None, *, stride=1, padding=0, kernel_size=(Kh, Kw), dilation=1, groups=1) -> dw
+stride, padding and dilation as torch takes them: an int, or a 1- or 2-sequence; padding also
+'same' or 'valid'. x and dy are 4-D here; conv2d() below adds unbatched inputs.
+
+The drop-in:
+- conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1): the same arguments,
+  results, gradients (dX, dW, dbias) and errors as torch.nn.functional.conv2d.
+- Conv2d: an nn.Conv2d (same parameters, initialisation, state dict, padding modes) whose forward
+  runs conv2d above. Conv2d.from_torch(m) copies an nn.Conv2d.
+
+What the kernels do not take is computed by torch itself, so conv2d gives torch's result or
+torch's error for every input (kernel_fallback_reason() says which inputs, and why):
+- a dtype other than float32/float16, or x, w and bias of different dtypes (torch raises on the
+  mix) or not on the backend's device;
+- an empty x or w (a zero-size batch, zero channels or maps: no arithmetic, and torch's own shape
+  rules in those corner cases);
+- a plane too large for the kernels' int indices (H*W, Ho*Wo or a map's C/groups*Kh*Kw over 2^31 - 1).
+Arguments are checked by torch: the meta-tensor twin of the call (no data, no arithmetic) gives
+torch's error and the output's shape; the few checks meta tensors skip (non-positive stride,
+dilation or groups, negative padding, too many values, maps not divisible by groups) are made
+here, and those inputs go to torch, which raises its own error.
+
+The output is NCHW contiguous, whatever the input's memory format (torch keeps channels_last).
+The bias gradient is a torch sum over dy (in float32, then rounded to the dtype).
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from . import GRID_X_LIMIT, GRID_YZ_LIMIT, INT32_MAX, ceil_div
+from ._kernels import module
+
+FWD_FILE = "kernels/09_general/conv2d_general.cu"
+DX_FILE = "kernels/09_general/conv2d_general_dx.cu"
+DW_FILE = "kernels/09_general/conv2d_general_dw.cu"
+
+DTYPES = (torch.float32, torch.float16)
+BLOCK = 256
+
+
+# ---- implementation records (the shape of convlab.ops.Impl; see IMPLEMENTATIONS below) ---------
+
+@dataclass(frozen=True)
+class Impl:
+    name: str
+    launcher: Callable
+    op: str = "conv2d"
+    applies: Callable = lambda shape: True
+    config: Callable = lambda shape: {}
+
+    def __call__(self, *args, **kw):
+        return self.launcher(*args, **kw)
+
+
+# ---- geometry ----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Geometry:
+    """One convolution's sizes, with torch's argument forms resolved. ph, pw: the padding at the
+    top and left (torch's 'same' with an even mask pads one more at the bottom/right, which the
+    output size carries)."""
+    B: int
+    C: int
+    H: int
+    W: int
+    M: int
+    Kh: int
+    Kw: int
+    Ho: int
+    Wo: int
+    sh: int
+    sw: int
+    ph: int
+    pw: int
+    dh: int
+    dw: int
+    groups: int
+
+    def kernel_args(self) -> tuple:
+        """The integer arguments every kernel of kernels/09_general/ takes, in their order."""
+        return (self.B, self.C, self.H, self.W, self.M, self.Kh, self.Kw, self.Ho, self.Wo,
+                self.sh, self.sw, self.ph, self.pw, self.dh, self.dw, self.groups)
+
+
+def _hashable(v):
+    if isinstance(v, torch.Size):
+        return tuple(int(s) for s in v)
+    if isinstance(v, (list, tuple)):
+        return tuple(_hashable(e) for e in v)
+    return v
+
+
+def _two(v) -> tuple:
+    """torch's expansion of an int or a 1-sequence to both axes."""
+    v = tuple(v) if isinstance(v, (list, tuple)) else (v,)
+    return v * 2 if len(v) == 1 else v
+
+
+class _TorchMustAnswer(Exception):
+    """An argument torch rejects but its meta tensors let through (or that meta tensors reject
+    with an error of their own): conv2d asks torch itself, which raises its real error."""
+
+
+@functools.lru_cache(maxsize=4096)
+def _geometry(x_shape: tuple, w_shape: tuple, has_bias: bool, stride, padding, dilation, groups: int) -> Geometry:
+    meta = dict(device="meta")
+    try:
+        y = F.conv2d(torch.empty(x_shape, **meta), torch.empty(w_shape, **meta),
+                     torch.empty(w_shape[0], **meta) if has_bias else None, stride, padding, dilation, groups)
+    except Exception as e:     # torch's message for the meta call; conv2d re-asks torch on the real tensors
+        raise _TorchMustAnswer(str(e)) from e
+    s, d = _two(stride), _two(dilation)
+    if len(s) != 2 or len(d) != 2 or min(s) < 1 or min(d) < 1 or groups < 1 or w_shape[0] % groups:
+        raise _TorchMustAnswer(f"stride {stride}, dilation {dilation}, groups {groups}: torch rejects these")
+    M, Cg, Kh, Kw = w_shape
+    if isinstance(padding, str):
+        # torch: 'same' pads d*(k-1) in all, the smaller half before; 'valid' pads nothing
+        p = tuple(d[i] * (k - 1) // 2 for i, k in enumerate((Kh, Kw))) if padding == "same" else (0, 0)
+    else:
+        p = _two(padding)
+        if len(p) != 2 or min(p) < 0:
+            raise _TorchMustAnswer(f"padding {padding}: torch rejects it")
+    x4 = x_shape if len(x_shape) == 4 else (1, *x_shape)
+    Ho, Wo = y.shape[-2:]
+    return Geometry(x4[0], x4[1], x4[2], x4[3], M, Kh, Kw, int(Ho), int(Wo), s[0], s[1], p[0], p[1],
+                    d[0], d[1], groups)
+
+
+def geometry(x_shape, w_shape, stride=1, padding=0, dilation=1, groups=1, has_bias=False) -> Geometry:
+    """The Geometry of conv2d(x, w, stride, padding, dilation, groups) for an input of x_shape (4-D,
+    or 3-D unbatched) and a mask of w_shape; torch's error (a RuntimeError) for arguments it rejects."""
+    try:
+        return _geometry(_hashable(x_shape), _hashable(w_shape), bool(has_bias), _hashable(stride),
+                         _hashable(padding), _hashable(dilation), groups)
+    except _TorchMustAnswer as e:
+        raise RuntimeError(f"torch.nn.functional.conv2d rejects these arguments: {e}") from None
+    except TypeError as e:       # unhashable or ill-typed arguments: torch's own TypeError
+        raise TypeError(f"torch.nn.functional.conv2d rejects these arguments: {e}") from None
+
+
+def _plane_too_large(g: Geometry) -> str | None:
+    """Indices inside one plane (and a map's reduction) are int in the kernels."""
+    for what, n in (("an input plane H*W", g.H * g.W), ("an output plane Ho*Wo", g.Ho * g.Wo),
+                    ("a map's mask C/groups*Kh*Kw", g.C // g.groups * g.Kh * g.Kw)):
+        if n > INT32_MAX:
+            return f"{what} has {n:,} elements, over the kernels' int indices (2^31 - 1)"
+    return None
+
+
+def _check_plane_sizes(g: Geometry) -> None:
+    why = _plane_too_large(g)
+    if why:
+        raise ValueError(why + ": split the input, or use torch.nn.functional.conv2d (conv2d() does)")
+
+
+# ---- tensors -----------------------------------------------------------------------------------
+
+def _check_in(t, name: str, dtype=None) -> None:
+    import convlab as cl
+
+    if not isinstance(t, torch.Tensor) or t.dtype not in DTYPES:
+        raise TypeError(f"{name} must be a float32 or float16 tensor, got {getattr(t, 'dtype', type(t).__name__)}")
+    if dtype is not None and t.dtype != dtype:
+        raise TypeError(f"{name} is {t.dtype} but x is {dtype}: convert it with .to({dtype})")
+    if t.device.type != cl.device().torch_device:
+        raise ValueError(f"{name} is on {t.device}, the {cl.backend()} backend runs on "
+                         f"{cl.device().torch_device}: move it with cl.to_device({name})")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous (NCHW): call {name}.contiguous() first")
+
+
+def _new(shape, dtype, device) -> torch.Tensor:
+    """An output: torch.empty, poisoned with NaN on the emulator so a value never written shows."""
+    import convlab as cl
+
+    t = torch.empty(shape, dtype=dtype, device=device)
+    if cl.backend() == "emu":
+        t.fill_(float("nan"))
+    return t
+
+
+def _output(out, shape, like: torch.Tensor, name: str) -> torch.Tensor:
+    if out is None:
+        return _new(shape, like.dtype, like.device)
+    _check_in(out, name, like.dtype)
+    if tuple(out.shape) != tuple(shape):
+        raise ValueError(f"{name} has shape {tuple(out.shape)}, expected {tuple(shape)}")
+    return out
+
+
+def _suffix(dtype) -> str:
+    """Each kernel file has a float entry point (_f32) and a half one (_f16) around one body."""
+    return "_f16" if dtype == torch.float16 else "_f32"
+
+
+def _blocks(n: int) -> int:
+    return max(1, min(ceil_div(n, BLOCK), GRID_X_LIMIT))
+
+
+def _sms() -> int:
+    """SMs on a GPU, OS threads on the emulator: how many blocks keep the device busy."""
+    import convlab as cl
+
+    return max(1, int(cl.device().threads))
+
+
+# ---- forward -----------------------------------------------------------------------------------
+
+def conv2d_general(x, w, y=None, *, stride=1, padding=0, dilation=1, groups: int = 1, bias=None):
+    """y = conv2d(x, w, bias) by kernels/09_general/conv2d_general.cu: one thread per output."""
+    _check_in(x, "x")
+    _check_in(w, "w", x.dtype)
+    if bias is not None:
+        _check_in(bias, "bias", x.dtype)
+    if x.dim() != 4:
+        raise ValueError(f"x must be (B, C, H, W), got {tuple(x.shape)} (conv2d() takes unbatched inputs)")
+    g = geometry(x.shape, w.shape, stride, padding, dilation, groups, bias is not None)
+    _check_plane_sizes(g)
+    y = _output(y, (g.B, g.M, g.Ho, g.Wo), x, "y")
+    if y.numel() == 0:
+        return y
+    kern = module(FWD_FILE, {"BLOCK": BLOCK}).kernel("conv2d_general" + _suffix(x.dtype))
+    # no bias: any tensor of the dtype fills the slot, has_bias=0 keeps the kernel from reading it
+    kern(x, w, w if bias is None else bias, y, *g.kernel_args(), int(bias is not None),
+         grid=(_blocks(y.numel()), 1, 1), block=(BLOCK, 1, 1))
+    return y
+
+
+# ---- dE/dX -------------------------------------------------------------------------------------
+
+def conv2d_general_dx(dy, w, dx=None, *, stride=1, padding=0, input_size, dilation=1, groups: int = 1):
+    """dx of conv2d by kernels/09_general/conv2d_general_dx.cu (a gather: one thread per dx
+    element, no atomics). input_size=(H, W): with stride > 1 several input sizes give dy's size."""
+    _check_in(dy, "dy")
+    _check_in(w, "w", dy.dtype)
+    if dy.dim() != 4:
+        raise ValueError(f"dy must be (B, M, Ho, Wo), got {tuple(dy.shape)}")
+    H, W = (int(s) for s in _two(input_size))
+    x_shape = (dy.shape[0], w.shape[1] * groups, H, W)
+    g = geometry(x_shape, w.shape, stride, padding, dilation, groups)
+    if tuple(dy.shape) != (g.B, g.M, g.Ho, g.Wo):
+        raise ValueError(f"dy has shape {tuple(dy.shape)}, but an input of {x_shape} and w {tuple(w.shape)} give "
+                         f"outputs of {(g.B, g.M, g.Ho, g.Wo)}: check input_size, stride, padding, dilation")
+    _check_plane_sizes(g)
+    dx = _output(dx, x_shape, dy, "dx")
+    if dx.numel() == 0:
+        return dx
+    kern = module(DX_FILE, {"BLOCK": BLOCK}).kernel("conv2d_general_dx" + _suffix(dy.dtype))
+    kern(dy, w, dx, *g.kernel_args(), grid=(_blocks(dx.numel()), 1, 1), block=(BLOCK, 1, 1))
+    return dx
+
+
+# ---- dE/dW -------------------------------------------------------------------------------------
+
+DW_TAPS = 8      # taps per block of conv2d_general_dw (its TAPS)
+
+
+def dw_splits(g: Geometry, taps: int = DW_TAPS) -> int:
+    """How many slices of the B*Ho*Wo pixels conv2d_general_dw splits each weight's sum into: enough
+    blocks for about 4 waves of 8 resident blocks per SM, each thread still summing 8 pixels or more."""
+    blocks = g.M * (g.C // g.groups) * ceil_div(g.Kh * g.Kw, taps)
+    pixels = g.B * g.Ho * g.Wo
+    want = ceil_div(4 * 8 * _sms(), max(blocks, 1))
+    return max(1, min(want, ceil_div(pixels, 8 * BLOCK), GRID_YZ_LIMIT))
+
+
+def conv2d_general_dw(x, dy, dw=None, *, stride=1, padding=0, kernel_size, dilation=1, groups: int = 1,
+                      splits: int | None = None):
+    """dw of conv2d by kernels/09_general/conv2d_general_dw.cu: a block per (map, channel, 8 taps,
+    pixel slice), sums in registers then shared memory, the slices added in order by a second
+    kernel (deterministic). kernel_size: Kh or (Kh, Kw). splits: pixel slices (default dw_splits)."""
+    _check_in(x, "x")
+    _check_in(dy, "dy", x.dtype)
+    if x.dim() != 4 or dy.dim() != 4:
+        raise ValueError(f"x and dy must be 4-D, got {tuple(x.shape)} and {tuple(dy.shape)}")
+    Kh, Kw = (int(s) for s in _two(kernel_size))
+    B, C = (int(s) for s in x.shape[:2])
+    M = int(dy.shape[1])
+    if groups < 1 or C % groups:
+        raise ValueError(f"groups={groups} must divide the input's {C} channels")
+    w_shape = (M, C // groups, Kh, Kw)
+    g = geometry(x.shape, w_shape, stride, padding, dilation, groups)
+    if tuple(dy.shape) != (g.B, g.M, g.Ho, g.Wo):
+        raise ValueError(f"dy has shape {tuple(dy.shape)}, but x {tuple(x.shape)} and a mask of {w_shape} give "
+                         f"outputs of {(g.B, g.M, g.Ho, g.Wo)}: check kernel_size, stride, padding, dilation")
+    _check_plane_sizes(g)
+    dw = _output(dw, w_shape, x, "dw")
+    n = dw.numel()
+    if n == 0:
+        return dw
+    splits = dw_splits(g) if splits is None else int(splits)
+    if not 1 <= splits <= GRID_YZ_LIMIT:
+        raise ValueError(f"splits={splits}: between 1 and {GRID_YZ_LIMIT:,} (gridDim.z)")
+    pixels = g.B * g.Ho * g.Wo
+    per_split = max(1, ceil_div(pixels, splits))
+    splits = max(1, ceil_div(pixels, per_split))          # no empty slice
+    partial = _new((splits * n,), torch.float32, x.device)      # float sums, whatever the dtype
+    pairs = g.M * (g.C // g.groups)
+    if pairs > GRID_X_LIMIT or ceil_div(g.Kh * g.Kw, DW_TAPS) > GRID_YZ_LIMIT:
+        raise ValueError(f"{pairs:,} (map, channel) pairs or {g.Kh}x{g.Kw} taps: over the grid's limits")
+    mod = module(DW_FILE, {"BLOCK": BLOCK, "TAPS": DW_TAPS})
+    mod.kernel("conv2d_general_dw" + _suffix(x.dtype))(x, dy, partial, *g.kernel_args(), per_split,
+                                    grid=(pairs, ceil_div(g.Kh * g.Kw, DW_TAPS), splits), block=(BLOCK, 1, 1))
+    mod.kernel("conv2d_general_dw_finish" + _suffix(x.dtype))(partial, dw, splits, n, grid=(_blocks(n), 1, 1), block=(BLOCK, 1, 1))
+    return dw
+
+
+# ---- the drop-in -------------------------------------------------------------------------------
+
+def kernel_fallback_reason(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1) -> str | None:
+    """Why conv2d hands this call to torch.nn.functional.conv2d instead of the kernels (torch then
+    gives its result or its error); None when the kernels run."""
+    import convlab as cl
+
+    ts = [input, weight] + ([] if bias is None else [bias])
+    if not all(isinstance(t, torch.Tensor) for t in ts):
+        return "not all tensors"
+    if any(t.dtype != input.dtype for t in ts):
+        return "mixed dtypes"
+    if input.dtype not in DTYPES:
+        return f"dtype {input.dtype} (the kernels take float32 and float16)"
+    if any(t.device.type != cl.device().torch_device for t in ts):
+        return f"not on the backend's device ({cl.device().torch_device})"
+    if input.numel() == 0 or weight.numel() == 0:
+        return "an empty input or mask"
+    if input.dim() not in (3, 4):
+        return f"a {input.dim()}-D input"
+    try:
+        g = _geometry(_hashable(input.shape), _hashable(weight.shape), bias is not None, _hashable(stride),
+                      _hashable(padding), _hashable(dilation), groups)
+    except (_TorchMustAnswer, TypeError) as e:
+        return f"torch rejects the arguments ({e})"
+    return _plane_too_large(g)
+
+
+class Conv2dFunction(torch.autograd.Function):
+    """y = conv2d(x, w, bias) on the chapter's kernels; backward: dX and dW kernels, dbias by torch.
+    x 4-D; stride, padding, dilation in any form torch takes (checked before)."""
+
+    @staticmethod
+    def forward(ctx, x, w, bias, stride, padding, dilation, groups):
+        x, w = x.contiguous(), w.contiguous()
+        y = conv2d_general(x, w, stride=stride, padding=padding, dilation=dilation, groups=groups,
+                           bias=None if bias is None else bias.contiguous())
+        ctx.save_for_backward(x, w)
+        ctx.conf = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
+        ctx.has_bias = bias is not None
+        return y
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dy):
+        x, w = ctx.saved_tensors
+        dy = dy.to(x.dtype).contiguous()
+        dx = dw = db = None
+        if ctx.needs_input_grad[0]:
+            dx = conv2d_general_dx(dy, w, input_size=x.shape[-2:], **ctx.conf)
+        if ctx.needs_input_grad[1]:
+            dw = conv2d_general_dw(x, dy, kernel_size=w.shape[-2:], **ctx.conf)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            db = dy.sum(dim=(0, 2, 3), dtype=torch.float32).to(x.dtype)
+        return dx, dw, db, None, None, None, None
+
+
+def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    """torch.nn.functional.conv2d, on the chapter's kernels: the same arguments (ints or tuples,
+    'same'/'valid', unbatched (C, H, W) inputs, bias None or (M,)), results, gradients and errors."""
+    args = (stride, padding, dilation, groups)
+    if kernel_fallback_reason(input, weight, bias, *args) is not None:
+        return F.conv2d(input, weight, bias, *args)
+    x = input if input.dim() == 4 else input.unsqueeze(0)
+    y = Conv2dFunction.apply(x, weight, bias, _hashable(stride), _hashable(padding), _hashable(dilation), groups)
+    return y if input.dim() == 4 else y.squeeze(0)
+
+
+class Conv2d(torch.nn.Conv2d):
+    """torch.nn.Conv2d (its constructor, parameters, initialisation, state dict and padding modes)
+    with the forward pass, and so the gradients, of the chapter's conv2d."""
+
+    def _conv_forward(self, input, weight, bias):
+        # as nn.Conv2d._conv_forward, with conv2d in place of F.conv2d
+        if self.padding_mode != "zeros":
+            return conv2d(F.pad(input, self._reversed_padding_repeated_twice, mode=self.padding_mode),
+                          weight, bias, self.stride, 0, self.dilation, self.groups)
+        return conv2d(input, weight, bias, self.stride, self.padding, self.dilation, self.groups)
+
+    @classmethod
+    def from_torch(cls, conv: torch.nn.Conv2d) -> "Conv2d":
+        """A Conv2d with the same configuration as an nn.Conv2d and a copy of its parameters."""
+        m = cls(conv.in_channels, conv.out_channels, conv.kernel_size, conv.stride, conv.padding, conv.dilation,
+                conv.groups, conv.bias is not None, conv.padding_mode, device=conv.weight.device,
+                dtype=conv.weight.dtype)
+        m.load_state_dict(conv.state_dict())
+        return m
+
+
+#: The chapter's general kernels, by the names the figures use.
+IMPLEMENTATIONS: tuple[Impl, ...] = (
+    Impl("general direct (any layer)", conv2d_general, "conv2d"),
+    Impl("general direct fp16 (any layer)", conv2d_general, "conv2d_fp16"),
+    Impl("general dX gather (any layer)", conv2d_general_dx, "conv2d_dx"),
+    Impl("general dW (blocks, second pass)", conv2d_general_dw, "conv2d_dw"),
+)
