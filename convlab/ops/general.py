@@ -24,7 +24,8 @@ torch's error for every input (kernel_fallback_reason() says which inputs, and w
 - a plane too large for the kernels' int indices (H*W, Ho*Wo or a map's C/groups*Kh*Kw over 2^31 - 1).
 Arguments are checked by torch: the meta-tensor twin of the call (no data, no arithmetic) gives
 torch's error and the output's shape; the few checks meta tensors skip (non-positive stride,
-dilation or groups, negative padding, too many values, maps not divisible by groups) are made
+dilation or groups, negative padding, too many values, maps not divisible by groups, the bias's
+shape) are made
 here, and those inputs go to torch, which raises its own error.
 
 The output is NCHW contiguous, whatever the input's memory format (torch keeps channels_last).
@@ -33,6 +34,7 @@ The bias gradient is a torch sum over dy (in float32, then rounded to the dtype)
 from __future__ import annotations
 
 import functools
+import warnings
 from dataclasses import dataclass
 from typing import Callable
 
@@ -114,16 +116,20 @@ class _TorchMustAnswer(Exception):
 
 
 @functools.lru_cache(maxsize=4096)
-def _geometry(x_shape: tuple, w_shape: tuple, has_bias: bool, stride, padding, dilation, groups: int) -> Geometry:
+def _geometry(x_shape: tuple, w_shape: tuple, b_shape: tuple | None, stride, padding, dilation, groups: int) -> Geometry:
     meta = dict(device="meta")
     try:
-        y = F.conv2d(torch.empty(x_shape, **meta), torch.empty(w_shape, **meta),
-                     torch.empty(w_shape[0], **meta) if has_bias else None, stride, padding, dilation, groups)
+        with warnings.catch_warnings():   # torch's note on 'same' copying the input is about its own kernels
+            warnings.simplefilter("ignore", UserWarning)
+            y = F.conv2d(torch.empty(x_shape, **meta), torch.empty(w_shape, **meta),
+                         None if b_shape is None else torch.empty(b_shape, **meta), stride, padding, dilation, groups)
     except Exception as e:     # torch's message for the meta call; conv2d re-asks torch on the real tensors
         raise _TorchMustAnswer(str(e)) from e
     s, d = _two(stride), _two(dilation)
     if len(s) != 2 or len(d) != 2 or min(s) < 1 or min(d) < 1 or groups < 1 or w_shape[0] % groups:
         raise _TorchMustAnswer(f"stride {stride}, dilation {dilation}, groups {groups}: torch rejects these")
+    if b_shape is not None and b_shape != (w_shape[0],):
+        raise _TorchMustAnswer(f"a bias of shape {b_shape} for {w_shape[0]} maps: torch rejects it")
     M, Cg, Kh, Kw = w_shape
     if isinstance(padding, str):
         # torch: 'same' pads d*(k-1) in all, the smaller half before; 'valid' pads nothing
@@ -138,11 +144,12 @@ def _geometry(x_shape: tuple, w_shape: tuple, has_bias: bool, stride, padding, d
                     d[0], d[1], groups)
 
 
-def geometry(x_shape, w_shape, stride=1, padding=0, dilation=1, groups=1, has_bias=False) -> Geometry:
-    """The Geometry of conv2d(x, w, stride, padding, dilation, groups) for an input of x_shape (4-D,
-    or 3-D unbatched) and a mask of w_shape; torch's error (a RuntimeError) for arguments it rejects."""
+def geometry(x_shape, w_shape, stride=1, padding=0, dilation=1, groups=1, bias_shape=None) -> Geometry:
+    """The Geometry of conv2d(x, w, bias, stride, padding, dilation, groups) for an input of x_shape
+    (4-D, or 3-D unbatched), a mask of w_shape and a bias of bias_shape (None: no bias); torch's
+    error (a RuntimeError) for arguments it rejects."""
     try:
-        return _geometry(_hashable(x_shape), _hashable(w_shape), bool(has_bias), _hashable(stride),
+        return _geometry(_hashable(x_shape), _hashable(w_shape), _hashable(bias_shape), _hashable(stride),
                          _hashable(padding), _hashable(dilation), groups)
     except _TorchMustAnswer as e:
         raise RuntimeError(f"torch.nn.functional.conv2d rejects these arguments: {e}") from None
@@ -226,7 +233,7 @@ def conv2d_general(x, w, y=None, *, stride=1, padding=0, dilation=1, groups: int
         _check_in(bias, "bias", x.dtype)
     if x.dim() != 4:
         raise ValueError(f"x must be (B, C, H, W), got {tuple(x.shape)} (conv2d() takes unbatched inputs)")
-    g = geometry(x.shape, w.shape, stride, padding, dilation, groups, bias is not None)
+    g = geometry(x.shape, w.shape, stride, padding, dilation, groups, None if bias is None else bias.shape)
     _check_plane_sizes(g)
     y = _output(y, (g.B, g.M, g.Ho, g.Wo), x, "y")
     if y.numel() == 0:
@@ -338,8 +345,8 @@ def kernel_fallback_reason(input, weight, bias=None, stride=1, padding=0, dilati
     if input.dim() not in (3, 4):
         return f"a {input.dim()}-D input"
     try:
-        g = _geometry(_hashable(input.shape), _hashable(weight.shape), bias is not None, _hashable(stride),
-                      _hashable(padding), _hashable(dilation), groups)
+        g = _geometry(_hashable(input.shape), _hashable(weight.shape), None if bias is None else _hashable(bias.shape),
+                      _hashable(stride), _hashable(padding), _hashable(dilation), groups)
     except (_TorchMustAnswer, TypeError) as e:
         return f"torch rejects the arguments ({e})"
     return _plane_too_large(g)
@@ -379,7 +386,10 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     'same'/'valid', unbatched (C, H, W) inputs, bias None or (M,)), results, gradients and errors."""
     args = (stride, padding, dilation, groups)
     if kernel_fallback_reason(input, weight, bias, *args) is not None:
-        return F.conv2d(input, weight, bias, *args)
+        # what differs from the defaults as keywords: torch's argument errors then read as for F.conv2d(..., name=value)
+        given = {k: v for k, v, d in zip(("stride", "padding", "dilation", "groups"), args, (1, 0, 1, 1))
+                 if type(v) is not type(d) or v != d}
+        return F.conv2d(input, weight, bias, **given)
     x = input if input.dim() == 4 else input.unsqueeze(0)
     y = Conv2dFunction.apply(x, weight, bias, _hashable(stride), _hashable(padding), _hashable(dilation), groups)
     return y if input.dim() == 4 else y.squeeze(0)

@@ -1,0 +1,155 @@
+"""Chapter 9's general kernels (kernels/09_general/, convlab.ops.general) on awkward shapes, and the
+drop-in conv2d / Conv2d's contract with torch: the same results, gradients and errors.
+
+The launchers write into outputs poisoned with NaN first, so a value never written fails the check.
+References: torch in float64 on the same values. Tolerances as in test_conformance.py.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import convlab as cl
+from convlab.ops import general
+from convlab.ops.fp16 import check_fp16
+
+DTYPES = [torch.float32, torch.float16]
+
+# (B, C, H, W, M, Kh, Kw, stride, padding, dilation, groups): odd sizes, C=1, B=1, groups,
+# depthwise (with a channel multiplier), dilation 2-3, stride (2, 1), 3x5 masks, 'same' with an even mask
+SHAPES = [
+    (2, 6, 11, 13, 4, 3, 5, (2, 1), (1, 2), 1, 2),
+    (1, 1, 9, 7, 3, 3, 3, 1, 1, 1, 1),
+    (3, 5, 10, 9, 5, 3, 3, 1, 1, 1, 5),                # depthwise
+    (2, 4, 13, 11, 8, 7, 7, 2, 3, 1, 4),               # depthwise x2, 7x7, stride 2
+    (2, 6, 15, 14, 9, 3, 2, (1, 2), (3, 0), (3, 2), 3),
+    (1, 3, 17, 12, 2, 5, 3, (3, 2), 0, (2, 3), 1),
+    (2, 4, 9, 10, 6, 2, 4, 1, "same", (1, 3), 2),      # 'same', even masks: one more row/column at the end
+    (2, 8, 7, 9, 8, 1, 1, 1, 0, 1, 1),                 # 1x1
+]
+
+
+def _ids(s):
+    B, C, H, W, M, Kh, Kw, st, pad, dil, g = s
+    return f"B{B}C{C}M{M}-{H}x{W}-k{Kh}x{Kw}-s{st}-p{pad}-d{dil}-g{g}".replace(" ", "")
+
+
+def _check(out, ref, dtype, n, name):
+    if dtype == torch.float16:
+        return check_fp16(out, ref, C=max(n, 1), K=1, accumulate="float", rounded_inputs=True, name=name)
+    return cl.check(out, ref, name=name)
+
+
+def _tensors(shape, dtype):
+    B, C, H, W, M, Kh, Kw, st, pad, dil, g = shape
+    x = cl.randn(B, C, H, W, dtype=dtype)
+    w = cl.randn(M, C // g, Kh, Kw, dtype=dtype)
+    b = cl.randn(M, dtype=dtype)
+    return x, w, b, dict(stride=st, padding=pad, dilation=dil, groups=g)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "fp16"])
+@pytest.mark.parametrize("shape", SHAPES, ids=_ids)
+def test_launchers_on_awkward_shapes(shape, dtype):
+    x, w, b, kw = _tensors(shape, dtype)
+    xd, wd, bd = (t.double().cpu().requires_grad_() for t in (x, w, b))
+    ref = F.conv2d(xd, wd, bd, **kw)
+    M, Cg, Kh, Kw = w.shape
+
+    y = general.conv2d_general(x, w, cl.empty(*ref.shape, dtype=dtype), bias=b, **kw)
+    _check(y, ref.detach(), dtype, Cg * Kh * Kw + 1, "y")
+
+    dy = cl.randn(*ref.shape, dtype=dtype)
+    rdx, rdw = torch.autograd.grad(ref, (xd, wd), dy.double().cpu())
+    dx = general.conv2d_general_dx(dy, w, cl.empty(*x.shape, dtype=dtype), input_size=x.shape[-2:], **kw)
+    _check(dx, rdx, dtype, M // kw["groups"] * Kh * Kw, "dx")
+    pixels = dy.numel() // M
+    for splits in (None, 3):     # the default slices, and 3 slices added by the second kernel
+        dw = general.conv2d_general_dw(x, dy, cl.empty(*w.shape, dtype=dtype), kernel_size=(Kh, Kw),
+                                       splits=splits, **kw)
+        _check(dw, rdw, dtype, pixels, f"dw (splits={splits})")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "fp16"])
+def test_conv2d_autograd_unbatched_and_without_bias(dtype):
+    x, w, _, kw = _tensors(SHAPES[0], dtype)
+    x = x[0].clone().requires_grad_()             # (C, H, W)
+    w.requires_grad_()
+    y = general.conv2d(x, w, None, **kw)
+    xd, wd = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    ref = F.conv2d(xd, wd, None, **kw)
+    assert y.shape == ref.shape and y.dtype == dtype
+    _check(y, ref.detach(), dtype, w[0].numel(), "y")
+    dy = cl.randn(*ref.shape, dtype=dtype)
+    gx, gw = torch.autograd.grad(y, (x, w), dy)
+    rx, rw = torch.autograd.grad(ref, (xd, wd), dy.double())
+    _check(gx, rx, dtype, w.shape[0] // kw["groups"] * w[0, 0].numel(), "dx")
+    _check(gw, rw, dtype, dy[0].numel(), "dw")
+
+
+def test_conv2d_module_is_nn_conv2d():
+    """Conv2d: nn.Conv2d's parameters and state dict; forward and gradients as nn.Conv2d's,
+    padding modes included."""
+    torch.manual_seed(3)
+    for mode in ("zeros", "reflect", "circular"):
+        theirs = torch.nn.Conv2d(4, 6, (3, 2), stride=(1, 2), padding=(1, 1), dilation=(2, 1), groups=2,
+                                 padding_mode=mode).to(cl.device().torch_device)
+        ours = general.Conv2d.from_torch(theirs)
+        assert isinstance(ours, torch.nn.Conv2d) and ours.state_dict().keys() == theirs.state_dict().keys()
+        x = cl.randn(2, 4, 9, 8).requires_grad_()
+        y, ref = ours(x), theirs(x)
+        cl.check(y, ref, name=f"y ({mode})")
+        dy = cl.randn(*y.shape)
+        for a, r, name in zip(torch.autograd.grad(y, [x, *ours.parameters()], dy),
+                              torch.autograd.grad(ref, [x, *theirs.parameters()], dy), ("dx", "dw", "dbias")):
+            cl.check(a, r, name=f"{name} ({mode})")
+
+
+def test_inputs_the_kernels_do_not_take_get_torchs_result():
+    """float64, mixed with nothing else, and a zero-size batch: torch computes, bit for bit."""
+    x, w, b = cl.randn(2, 4, 7, 7, dtype=torch.float64), cl.randn(6, 2, 3, 3, dtype=torch.float64), None
+    assert general.kernel_fallback_reason(x, w, b, groups=2) is not None
+    assert torch.equal(general.conv2d(x, w, b, groups=2), F.conv2d(x, w, b, groups=2))
+    x0, w0 = cl.randn(0, 4, 7, 7), cl.randn(6, 4, 3, 3)
+    y0 = general.conv2d(x0, w0, padding=1)
+    assert y0.shape == F.conv2d(x0, w0, padding=1).shape == (0, 6, 7, 7)
+
+
+def _torch_error(fn, *a, **kw):
+    try:
+        fn(*a, **kw)
+    except Exception as e:
+        return type(e), str(e)
+    return None
+
+
+@pytest.mark.parametrize("case", [
+    dict(stride=0), dict(padding=-1), dict(padding=(1, 2, 3)), dict(dilation=0), dict(groups=0),
+    dict(groups=3), dict(padding="foo"), dict(padding="same", stride=2), dict(stride=(1, 2, 3)),
+    dict(padding=1.5), dict(w_shape=(5, 2, 3, 3), groups=2), dict(w_shape=(6, 4, 9, 3)),
+    dict(bias_shape=(5,)), dict(bias_shape=(6, 1)), dict(x_shape=(1, 2, 4, 7, 7)), dict(x_shape=(7, 7)),
+    dict(w_dtype=torch.float16), dict(bias_dtype=torch.float64),
+], ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()))
+def test_invalid_arguments_raise_torchs_error(case):
+    case = dict(case)
+    x = cl.randn(*case.pop("x_shape", (2, 4, 7, 7)))
+    w = cl.randn(*case.pop("w_shape", (6, 4, 3, 3)), dtype=case.pop("w_dtype", torch.float32))
+    b = cl.randn(*case.pop("bias_shape", (6,)), dtype=case.pop("bias_dtype", torch.float32))
+    want = _torch_error(F.conv2d, x, w, b, **case)
+    assert want is not None, f"torch takes {case}: not an invalid case"
+    assert _torch_error(general.conv2d, x, w, b, **case) == want
+
+
+def test_launchers_reject_what_they_cannot_take():
+    x, w = cl.randn(2, 4, 7, 7), cl.randn(6, 4, 3, 3)
+    with pytest.raises(TypeError, match="float32 or float16"):
+        general.conv2d_general(x.double(), w.double())
+    with pytest.raises(TypeError, match="convert it"):
+        general.conv2d_general(x, w.half())
+    with pytest.raises(ValueError, match="contiguous"):
+        general.conv2d_general(x.transpose(2, 3), w)
+    with pytest.raises(ValueError, match="dy has shape"):
+        general.conv2d_general_dx(cl.randn(2, 6, 5, 5), w, input_size=(9, 9))
+    with pytest.raises(RuntimeError, match="rejects"):
+        general.conv2d_general(x, w, stride=0)
