@@ -71,6 +71,35 @@ def test_launchers_on_awkward_shapes(shape, dtype):
         _check(dw, rdw, dtype, pixels, f"dw (splits={splits})")
 
 
+DEPTHWISE = [s for s in SHAPES if s[10] == s[1]] + [
+    (2, 3, 37, 45, 3, 5, 5, (2, 1), (2, 1), (1, 2), 3),     # tiles that cross the plane's edges
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "fp16"])
+@pytest.mark.parametrize("shape", DEPTHWISE, ids=_ids)
+def test_depthwise_kernel(shape, dtype):
+    x, w, b, kw = _tensors(shape, dtype)
+    ref = F.conv2d(x.double().cpu(), w.double().cpu(), b.double().cpu(), **kw)
+    g = general.geometry(x.shape, w.shape, **kw)
+    assert general.depthwise_applies(g)
+    n = w[0].numel() + 1
+    y = general.conv2d_depthwise(x, w, cl.empty(*ref.shape, dtype=dtype), bias=b, **kw)
+    _check(y, ref, dtype, n, "y")
+    # small tiles: many blocks per plane, strips cut by the bottom edge
+    y = general.conv2d_depthwise(x, w, cl.empty(*ref.shape, dtype=dtype), bias=b, OY=2, BX=4, BY=2, **kw)
+    _check(y, ref, dtype, n, "y (BX=4, BY=2, OY=2)")
+    y = general.conv2d_depthwise(x, w, cl.empty(*ref.shape, dtype=dtype), **kw)
+    _check(y, F.conv2d(x.double().cpu(), w.double().cpu(), None, **kw), dtype, n, "y (no bias)")
+
+
+def test_forward_dispatch():
+    """The drop-in's forward takes the depthwise kernel for groups == C, the general one otherwise."""
+    assert general.depthwise_applies(general.geometry((2, 8, 9, 9), (16, 1, 7, 7), padding=3, groups=8))
+    assert not general.depthwise_applies(general.geometry((2, 8, 9, 9), (8, 2, 3, 3), groups=4))
+    assert not general.depthwise_applies(general.geometry((2, 8, 19, 19), (8, 1, 9, 9), groups=8))   # 81 taps
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "fp16"])
 def test_conv2d_autograd_unbatched_and_without_bias(dtype):
     x, w, _, kw = _tensors(SHAPES[0], dtype)

@@ -47,9 +47,11 @@ from ._kernels import module
 FWD_FILE = "kernels/09_general/conv2d_general.cu"
 DX_FILE = "kernels/09_general/conv2d_general_dx.cu"
 DW_FILE = "kernels/09_general/conv2d_general_dw.cu"
+DEPTHWISE_FILE = "kernels/09_general/conv2d_depthwise.cu"
 
 DTYPES = (torch.float32, torch.float16)
 BLOCK = 256
+MAX_SHARED = 48 * 1024      # bytes of shared memory a block may use without opting in
 
 
 # ---- implementation records (the shape of convlab.ops.Impl; see IMPLEMENTATIONS below) ---------
@@ -245,6 +247,90 @@ def conv2d_general(x, w, y=None, *, stride=1, padding=0, dilation=1, groups: int
     return y
 
 
+# ---- forward, depthwise (groups == C) ------------------------------------------------------------
+
+DEPTHWISE_MAX_TAPS = 64      # the mask lives in registers: up to 8x8 (3x3, 5x5, 7x7 layers)
+
+
+def _depthwise_tile(g: Geometry, OY: int, BX: int | None = None, BY: int | None = None) -> tuple:
+    """(BX, BY, shared bytes) of conv2d_depthwise's block: BX output columns (the row in as few
+    tiles of at most 32 as it takes, split evenly), BY strips of OY rows (about 256 threads, the
+    rows split evenly), fewer strips while the input tile is over 48 KB."""
+    if BX is None:
+        BX = ceil_div(g.Wo, ceil_div(g.Wo, 32))
+    strips = ceil_div(g.Ho, OY)
+    if BY is None:
+        most = max(1, min(256 // BX, strips))
+        BY = ceil_div(strips, ceil_div(strips, most))
+
+    def shared(by):
+        return ((by * OY - 1) * g.sh + (g.Kh - 1) * g.dh + 1) * ((BX - 1) * g.sw + (g.Kw - 1) * g.dw + 1) * 4
+
+    while BY > 1 and shared(BY) > MAX_SHARED:
+        BY -= 1
+    return BX, BY, shared(BY)
+
+
+def depthwise_config(g: Geometry) -> dict:
+    """Default tunables of conv2d_depthwise: OY=4 output rows per thread for masks up to 3 rows
+    (3x3: 18 shared loads per 36 FMAs), 8 for taller ones (7x7: 98 loads per 392 FMAs), at most Ho."""
+    OY = max(1, min(4 if g.Kh <= 3 else 8, g.Ho))
+    BX, BY, _ = _depthwise_tile(g, OY)
+    return {"OY": OY, "BX": BX, "BY": BY}
+
+
+def depthwise_applies(g: Geometry) -> bool:
+    """Depthwise (every map reads one channel: groups == C), the mask fits in registers and the
+    input tile of one strip in 48 KB of shared memory."""
+    if g.groups != g.C or g.Kh * g.Kw > DEPTHWISE_MAX_TAPS:
+        return False
+    return _depthwise_tile(g, depthwise_config(g)["OY"], BY=1)[2] <= MAX_SHARED
+
+
+def conv2d_depthwise(x, w, y=None, *, stride=1, padding=0, dilation=1, groups: int = 1, bias=None,
+                     OY: int | None = None, BX: int | None = None, BY: int | None = None):
+    """y = conv2d(x, w, bias, groups=C) by kernels/09_general/conv2d_depthwise.cu: a block per tile
+    of an output plane, its input in shared memory, OY outputs down a column per thread. Compiled
+    per mask size, stride, dilation and OY."""
+    _check_in(x, "x")
+    _check_in(w, "w", x.dtype)
+    if bias is not None:
+        _check_in(bias, "bias", x.dtype)
+    if x.dim() != 4:
+        raise ValueError(f"x must be (B, C, H, W), got {tuple(x.shape)}")
+    g = geometry(x.shape, w.shape, stride, padding, dilation, groups, None if bias is None else bias.shape)
+    _check_plane_sizes(g)
+    if not depthwise_applies(g):
+        raise ValueError(f"conv2d_depthwise takes groups == C (here {g.groups} groups of {g.C} channels) and masks "
+                         f"of at most {DEPTHWISE_MAX_TAPS} taps (here {g.Kh}x{g.Kw}): use conv2d_general")
+    OY = int(OY or depthwise_config(g)["OY"])
+    BX, BY, shared = _depthwise_tile(g, OY, BX, BY)
+    if BX * BY > 1024 or shared > MAX_SHARED:
+        raise ValueError(f"tile BX={BX} x BY={BY} strips of OY={OY} rows: {BX * BY} threads, {shared:,} bytes of "
+                         "shared memory; at most 1,024 threads and 48 KB: lower BX, BY or OY")
+    y = _output(y, (g.B, g.M, g.Ho, g.Wo), x, "y")
+    if y.numel() == 0:
+        return y
+    defines = {"KH": g.Kh, "KW": g.Kw, "SH": g.sh, "SW": g.sw, "DH": g.dh, "DW": g.dw, "OY": OY}
+    kern = module(DEPTHWISE_FILE, defines).kernel("depthwise" + _suffix(x.dtype))
+    grid_xy = (ceil_div(g.Wo, BX), ceil_div(g.Ho, BY * OY))
+    if grid_xy[1] > GRID_YZ_LIMIT:
+        raise ValueError(f"Ho={g.Ho}: {grid_xy[1]:,} row tiles, over gridDim.y's 65,535: raise BY or OY")
+    planes = g.B * g.M
+    for z0 in range(0, planes, GRID_YZ_LIMIT):       # gridDim.z holds at most 65,535 planes a launch
+        kern(x, w, w if bias is None else bias, y, g.C, g.H, g.W, g.M, g.Ho, g.Wo, g.ph, g.pw,
+             int(bias is not None), z0, grid=(*grid_xy, min(GRID_YZ_LIMIT, planes - z0)), block=(BX, BY, 1),
+             shared=shared)
+    return y
+
+
+def conv2d_forward(x, w, y=None, *, stride=1, padding=0, dilation=1, groups: int = 1, bias=None):
+    """The forward pass the drop-in runs: conv2d_depthwise where it applies, else conv2d_general."""
+    g = geometry(x.shape, w.shape, stride, padding, dilation, groups, None if bias is None else bias.shape)
+    fn = conv2d_depthwise if depthwise_applies(g) else conv2d_general
+    return fn(x, w, y, stride=stride, padding=padding, dilation=dilation, groups=groups, bias=bias)
+
+
 # ---- dE/dX -------------------------------------------------------------------------------------
 
 def conv2d_general_dx(dy, w, dx=None, *, stride=1, padding=0, input_size, dilation=1, groups: int = 1):
@@ -353,13 +439,14 @@ def kernel_fallback_reason(input, weight, bias=None, stride=1, padding=0, dilati
 
 
 class Conv2dFunction(torch.autograd.Function):
-    """y = conv2d(x, w, bias) on the chapter's kernels; backward: dX and dW kernels, dbias by torch.
+    """y = conv2d(x, w, bias) on the chapter's kernels (conv2d_forward: depthwise or general);
+    backward: the general dX and dW kernels, dbias by torch.
     x 4-D; stride, padding, dilation in any form torch takes (checked before)."""
 
     @staticmethod
     def forward(ctx, x, w, bias, stride, padding, dilation, groups):
         x, w = x.contiguous(), w.contiguous()
-        y = conv2d_general(x, w, stride=stride, padding=padding, dilation=dilation, groups=groups,
+        y = conv2d_forward(x, w, stride=stride, padding=padding, dilation=dilation, groups=groups,
                            bias=None if bias is None else bias.contiguous())
         ctx.save_for_backward(x, w)
         ctx.conf = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
@@ -420,6 +507,8 @@ class Conv2d(torch.nn.Conv2d):
 IMPLEMENTATIONS: tuple[Impl, ...] = (
     Impl("general direct (any layer)", conv2d_general, "conv2d"),
     Impl("general direct fp16 (any layer)", conv2d_general, "conv2d_fp16"),
+    Impl("depthwise (input tile in shared, column strips)", conv2d_depthwise, "conv2d"),
+    Impl("depthwise fp16 (input tile in shared, column strips)", conv2d_depthwise, "conv2d_fp16"),
     Impl("general dX gather (any layer)", conv2d_general_dx, "conv2d_dx"),
     Impl("general dW (blocks, second pass)", conv2d_general_dw, "conv2d_dw"),
 )

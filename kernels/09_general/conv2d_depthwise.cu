@@ -1,0 +1,112 @@
+// Chapter 9: depthwise convolution, forward (groups == C: each output map reads one input channel,
+// M = C * multiplier), the MobileNet / ConvNeXt layer.
+//
+// A depthwise layer does Kh*Kw multiply-adds per output (9 for 3x3, 49 for 7x7) where a standard
+// layer does C*Kh*Kw: it is bound by memory, not arithmetic. The least traffic is to read x once
+// and write y once, so the kernel's work is to read each input value from DRAM once and from
+// on-chip memory as few times as possible:
+//  - A block takes a tile of one output plane: BX columns x BY*OY rows (blockDim = (BX, BY)). It
+//    loads the input under the tile, halo included, into shared memory once, with coalesced
+//    loads, as float (half is converted here, once), and zeros outside the image: the loops
+//    below need no bounds tests. Then the plane's Kh*Kw mask values go to registers.
+//  - Each thread computes OY outputs down one column. Per mask column kx it reads the input
+//    column under its OY outputs, (OY-1)*SH + (KH-1)*DH + 1 values, into registers and uses each
+//    for every (output row, ky) that touches it: 3x3 with OY=4, 18 shared loads for 36 FMAs
+//    (one thread per output: 9 for 9). A strip down a column, not along a row: the lanes of a warp
+//    are consecutive columns, so each shared load reads consecutive words (no bank conflicts at
+//    stride 1) and each store writes consecutive outputs (coalesced).
+//  - KH, KW, SH, SW, DH, DW and OY are compile-time (the launcher compiles one variant per layer
+//    shape), so every loop over taps and rows unrolls and the accumulators, the mask and the
+//    input column stay in registers. Padding, the sizes and the tile (blockDim) are run-time.
+//
+// depthwise_f32: float tensors; depthwise_f16: half tensors, float sums (general.cuh).
+// Grid: (ceil(Wo/BX), ceil(Ho/(BY*OY)), planes) over planes z0 .. z0+gridDim.z-1 of B*M,
+// block (BX, BY), dynamic shared memory IH*IW floats (IH, IW below).
+
+#include "general.cuh"
+
+#ifndef KH
+#define KH 3
+#endif
+#ifndef KW
+#define KW 3
+#endif
+#ifndef SH
+#define SH 1
+#endif
+#ifndef SW
+#define SW 1
+#endif
+#ifndef DH
+#define DH 1
+#endif
+#ifndef DW
+#define DW 1
+#endif
+#ifndef OY
+#define OY 4                                        // output rows per thread
+#endif
+
+#define XR ((OY - 1) * SH + (KH - 1) * DH + 1)      // input rows under a thread's OY outputs
+
+extern __shared__ float tile[];                     // [IH][IW]: the block's input, zero outside the image
+
+template <class In, class Out>
+__device__ __forceinline__ void depthwise_body(In x, In w, In bias, Out y, int C, int H, int W, int M,
+                                               int Ho, int Wo, int ph, int pw, int has_bias, int z0)
+{
+    const int BX = blockDim.x, BY = blockDim.y;
+    const int IW = (BX - 1) * SW + (KW - 1) * DW + 1;
+    const int IH = (BY * OY - 1) * SH + (KH - 1) * DH + 1;
+    const int plane = z0 + blockIdx.z;              // b * M + m
+    const int m = plane % M, b = plane / M;
+    const int c = m / (M / C);                      // the channel map m reads
+    const int ox0 = blockIdx.x * BX, oy0 = blockIdx.y * BY * OY;
+    const int ix0 = ox0 * SW - pw, iy0 = oy0 * SH - ph;
+    const auto xc = x + ((long long)b * C + c) * H * W;
+
+    for (int i = threadIdx.y * BX + threadIdx.x; i < IH * IW; i += BX * BY) {
+        const int iy = iy0 + i / IW, ix = ix0 + i % IW;
+        tile[i] = (iy >= 0 && iy < H && ix >= 0 && ix < W) ? to_f(xc[iy * W + ix]) : 0.0f;
+    }
+    float k[KH * KW];
+#pragma unroll
+    for (int t = 0; t < KH * KW; ++t) k[t] = to_f(w[m * KH * KW + t]);
+    const float b0 = has_bias ? to_f(bias[m]) : 0.0f;
+    __syncthreads();                                // the only barrier: threads may leave after it
+
+    const int ox = ox0 + threadIdx.x, oy = oy0 + threadIdx.y * OY;
+    if (ox >= Wo || oy >= Ho) return;
+    float acc[OY];
+#pragma unroll
+    for (int j = 0; j < OY; ++j) acc[j] = b0;
+    const int base = threadIdx.y * OY * SH * IW + threadIdx.x * SW;
+#pragma unroll
+    for (int kx = 0; kx < KW; ++kx) {
+        float col[XR];
+#pragma unroll
+        for (int r = 0; r < XR; ++r) col[r] = tile[base + r * IW + kx * DW];
+#pragma unroll
+        for (int j = 0; j < OY; ++j)
+#pragma unroll
+            for (int ky = 0; ky < KH; ++ky) acc[j] += col[j * SH + ky * DH] * k[ky * KW + kx];
+    }
+    const auto yp = y + (long long)plane * Ho * Wo;
+#pragma unroll
+    for (int j = 0; j < OY; ++j)
+        if (oy + j < Ho) put(yp[(oy + j) * Wo + ox], acc[j]);
+}
+
+__global__ void depthwise_f32(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias,
+                              float* __restrict__ y, int C, int H, int W, int M, int Ho, int Wo, int ph, int pw,
+                              int has_bias, int z0)
+{
+    depthwise_body(x, w, bias, y, C, H, W, M, Ho, Wo, ph, pw, has_bias, z0);
+}
+
+__global__ void depthwise_f16(const half* __restrict__ x, const half* __restrict__ w, const half* __restrict__ bias,
+                              half* __restrict__ y, int C, int H, int W, int M, int Ho, int Wo, int ph, int pw,
+                              int has_bias, int z0)
+{
+    depthwise_body(x, w, bias, y, C, H, W, M, Ho, Wo, ph, pw, has_bias, z0);
+}
