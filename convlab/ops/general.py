@@ -273,8 +273,9 @@ def _depthwise_tile(g: Geometry, OY: int, BX: int | None = None, BY: int | None 
 
 def depthwise_config(g: Geometry) -> dict:
     """Default tunables of conv2d_depthwise: OY=4 output rows per thread for masks up to 3 rows
-    (3x3: 18 shared loads per 36 FMAs), 8 for taller ones (7x7: 98 loads per 392 FMAs), at most Ho."""
-    OY = max(1, min(4 if g.Kh <= 3 else 8, g.Ho))
+    (3x3: 18 shared loads per 36 FMAs), 8 for taller ones (7x7: 98 loads per 392 FMAs). Not cut to
+    small Ho: OY is compiled in, and one variant per mask serves every plane size."""
+    OY = 4 if g.Kh <= 3 else 8
     BX, BY, _ = _depthwise_tile(g, OY)
     return {"OY": OY, "BX": BX, "BY": BY}
 
@@ -357,7 +358,7 @@ def conv2d_general_dx(dy, w, dx=None, *, stride=1, padding=0, input_size, dilati
 
 # ---- dE/dW -------------------------------------------------------------------------------------
 
-DW_TAPS = 8      # taps per block of conv2d_general_dw (its TAPS)
+DW_TAPS = 12     # taps per block of conv2d_general_dw (its TAPS)
 
 
 def dw_splits(g: Geometry, taps: int = DW_TAPS) -> int:
@@ -371,7 +372,7 @@ def dw_splits(g: Geometry, taps: int = DW_TAPS) -> int:
 
 def conv2d_general_dw(x, dy, dw=None, *, stride=1, padding=0, kernel_size, dilation=1, groups: int = 1,
                       splits: int | None = None):
-    """dw of conv2d by kernels/09_general/conv2d_general_dw.cu: a block per (map, channel, 8 taps,
+    """dw of conv2d by kernels/09_general/conv2d_general_dw.cu: a block per (map, channel, 12 taps,
     pixel slice), sums in registers then shared memory, the slices added in order by a second
     kernel (deterministic). kernel_size: Kh or (Kh, Kw). splits: pixel slices (default dw_splits)."""
     _check_in(x, "x")

@@ -20,7 +20,7 @@
 #include "general.cuh"
 
 #ifndef TAPS
-#define TAPS 8                 // taps per block (register accumulators per thread)
+#define TAPS 12                // taps per block: a 3x3 mask in one block, 7x7 in 5; 59 registers, no spills
 #endif
 #ifndef BLOCK
 #define BLOCK 256
