@@ -182,3 +182,57 @@ def test_launchers_reject_what_they_cannot_take():
         general.conv2d_general_dx(cl.randn(2, 6, 5, 5), w, input_size=(9, 9))
     with pytest.raises(RuntimeError, match="rejects"):
         general.conv2d_general(x, w, stride=0)
+
+
+# ---- launch limits at full size (meta tensors: nothing runs), races ----------------------------------
+
+FULL = [   # (B, C, H, W, M, Kh, Kw, stride, padding, dilation, groups)
+    (32, 144, 56, 56, 144, 3, 3, 1, 1, 1, 144),          # MobileNetV2 depthwise
+    (32, 512, 14, 14, 512, 7, 7, 1, 3, 1, 512),          # ConvNeXt depthwise
+    (70000, 1, 8, 8, 1, 3, 3, 1, 1, 1, 1),               # more planes than gridDim.z takes at once
+    (32, 256, 28, 28, 256, 3, 3, 1, 1, 1, 32),           # ResNeXt grouped
+    (16, 256, 28, 28, 256, 3, 3, 1, 4, 4, 1),            # dilated
+    (32, 3, 224, 224, 64, 7, 7, 2, 3, 1, 1),             # a stem
+    (9, 64, 2048, 2048, 64, 3, 3, 1, 1, 1, 1),           # 2.4e9 outputs, over 2^31 (64-bit flat indices)
+]
+
+
+@pytest.mark.parametrize("shape", FULL, ids=_ids)
+def test_launchers_respect_the_launch_limits(record_launches, shape):
+    from convlab._args import check_launch
+
+    B, C, H, W, M, Kh, Kw, st, pad, dil, g = shape
+    kw = dict(stride=st, padding=pad, dilation=dil, groups=g)
+    x, w = torch.empty(B, C, H, W, device="meta"), torch.empty(M, C // g, Kh, Kw, device="meta")
+    geo = general.geometry(x.shape, w.shape, **kw)
+    dy = torch.empty(B, M, geo.Ho, geo.Wo, device="meta")
+    launches = record_launches(general)
+    calls = [lambda: general.conv2d_general(x, w, **kw), lambda: general.conv2d_forward(x, w, **kw),
+             lambda: general.conv2d_general_dx(dy, w, input_size=(H, W), **kw),
+             lambda: general.conv2d_general_dw(x, dy, kernel_size=(Kh, Kw), **kw)]
+    for call in calls:
+        launches.clear()
+        call()
+        assert launches
+        for kname, grid, block, shared, _ in launches:
+            check_launch(kname, grid, block, shared)       # raises cl.LaunchError past a limit
+    if general.depthwise_applies(geo):
+        launches.clear()
+        general.conv2d_depthwise(x, w, **kw)
+        assert sum(grid[2] for _, grid, _, _, _ in launches) == B * M     # every plane, in launches of <= 65,535
+
+
+@pytest.mark.emu_only
+@pytest.mark.parametrize("what", ["dw", "depthwise"])
+def test_no_race_under_other_thread_orders(what):
+    """The kernels with barriers give the same bits whatever order a block's threads run in."""
+    x, w, b, kw = _tensors(SHAPES[2], torch.float32)
+    if what == "dw":
+        dy = cl.randn(*general.conv2d_general(x, w, **kw).shape)
+        out = cl.empty(*w.shape)
+        launch = lambda: general.conv2d_general_dw(x, dy, out, kernel_size=w.shape[-2:], splits=2, **kw)  # noqa: E731
+    else:
+        out = cl.empty(*F.conv2d(x, w, **kw).shape)
+        launch = lambda: general.conv2d_depthwise(x, w, out, bias=b, BX=4, BY=2, **kw)  # noqa: E731
+    problem = cl.find_race(launch, out)
+    assert problem is None, problem

@@ -183,7 +183,7 @@ def _check_in(t, name: str, dtype=None) -> None:
         raise TypeError(f"{name} must be a float32 or float16 tensor, got {getattr(t, 'dtype', type(t).__name__)}")
     if dtype is not None and t.dtype != dtype:
         raise TypeError(f"{name} is {t.dtype} but x is {dtype}: convert it with .to({dtype})")
-    if t.device.type != cl.device().torch_device:
+    if t.device.type not in (cl.device().torch_device, "meta"):     # meta: launches recorded, nothing runs
         raise ValueError(f"{name} is on {t.device}, the {cl.backend()} backend runs on "
                          f"{cl.device().torch_device}: move it with cl.to_device({name})")
     if not t.is_contiguous():
