@@ -170,6 +170,15 @@ def test_invalid_arguments_raise_torchs_error(case):
     assert _torch_error(general.conv2d, x, w, b, **case) == want
 
 
+def test_equal_arguments_of_other_types_get_torchs_answer():
+    """padding=1 runs; 1.0 and (1.0, 1) equal it and hash alike, but torch rejects them."""
+    x, w = cl.randn(2, 4, 7, 7), cl.randn(6, 4, 3, 3)
+    cl.check(general.conv2d(x, w, padding=1), F.conv2d(x, w, padding=1))
+    for bad in (1.0, (1.0, 1)):
+        want = _torch_error(F.conv2d, x, w, padding=bad)
+        assert want is not None and _torch_error(general.conv2d, x, w, padding=bad) == want
+
+
 def test_launchers_reject_what_they_cannot_take():
     x, w = cl.randn(2, 4, 7, 7), cl.randn(6, 4, 3, 3)
     with pytest.raises(TypeError, match="float32 or float16"):

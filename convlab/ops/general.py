@@ -6,6 +6,8 @@ emulator; float32 or float16 tensors, NCHW, contiguous, on the backend's device)
 - conv2d_general(x, w, y=None, *, stride=1, padding=0, dilation=1, groups=1, bias=None) -> y
 - conv2d_general_dx(dy, w, dx=None, *, stride=1, padding=0, input_size=(H, W), dilation=1, groups=1) -> dx
 - conv2d_general_dw(x, dy, dw=None, *, stride=1, padding=0, kernel_size=(Kh, Kw), dilation=1, groups=1) -> dw
+- conv2d_depthwise(x, w, y=None, *, ..., bias=None): the forward for groups == C (depthwise_applies);
+  conv2d_forward picks it or conv2d_general.
 stride, padding and dilation as torch takes them: an int, or a 1- or 2-sequence; padding also
 'same' or 'valid'. x and dy are 4-D here; conv2d() below adds unbatched inputs.
 
@@ -25,11 +27,11 @@ torch's error for every input (kernel_fallback_reason() says which inputs, and w
 Arguments are checked by torch: the meta-tensor twin of the call (no data, no arithmetic) gives
 torch's error and the output's shape; the few checks meta tensors skip (non-positive stride,
 dilation or groups, negative padding, too many values, maps not divisible by groups, the bias's
-shape) are made
-here, and those inputs go to torch, which raises its own error.
+shape) are made here, and those inputs go to torch, which raises its own error.
 
 The output is NCHW contiguous, whatever the input's memory format (torch keeps channels_last).
-The bias gradient is a torch sum over dy (in float32, then rounded to the dtype).
+The bias gradient is a torch sum over dy (in float32, then rounded to the dtype). The backward is
+once differentiable: a second derivative (double backward) raises, where torch's conv2d has one.
 """
 from __future__ import annotations
 
@@ -93,16 +95,23 @@ class Geometry:
     groups: int
 
     def kernel_args(self) -> tuple:
-        """The integer arguments every kernel of kernels/09_general/ takes, in their order."""
+        """The integer arguments the conv2d_general*.cu kernels take, in their order."""
         return (self.B, self.C, self.H, self.W, self.M, self.Kh, self.Kw, self.Ho, self.Wo,
                 self.sh, self.sw, self.ph, self.pw, self.dh, self.dw, self.groups)
 
 
-def _hashable(v):
-    if isinstance(v, torch.Size):
-        return tuple(int(s) for s in v)
+def _key(v):
+    """v as a cache key that keeps every type: torch takes padding=1 but not 1.0 or True, which are
+    equal to 1 and hash alike."""
     if isinstance(v, (list, tuple)):
-        return tuple(_hashable(e) for e in v)
+        return (type(v).__name__, tuple(_key(e) for e in v))
+    return (type(v).__name__, v)
+
+
+def _unkey(k):
+    t, v = k
+    if t in ("list", "tuple", "Size"):
+        return (list if t == "list" else tuple)(_unkey(e) for e in v)
     return v
 
 
@@ -118,7 +127,10 @@ class _TorchMustAnswer(Exception):
 
 
 @functools.lru_cache(maxsize=4096)
-def _geometry(x_shape: tuple, w_shape: tuple, b_shape: tuple | None, stride, padding, dilation, groups: int) -> Geometry:
+def _geometry_of(key: tuple) -> Geometry:
+    x_shape, w_shape, b_shape, stride, padding, dilation, groups = (_unkey(k) for k in key)
+    x_shape, w_shape = tuple(x_shape), tuple(w_shape)
+    b_shape = None if b_shape is None else tuple(b_shape)
     meta = dict(device="meta")
     try:
         with warnings.catch_warnings():   # torch's note on 'same' copying the input is about its own kernels
@@ -146,13 +158,18 @@ def _geometry(x_shape: tuple, w_shape: tuple, b_shape: tuple | None, stride, pad
                     d[0], d[1], groups)
 
 
+def _geometry(x_shape, w_shape, b_shape, stride, padding, dilation, groups) -> Geometry:
+    """Geometry, cached by the arguments' values and types; _TorchMustAnswer (or TypeError for
+    unhashable arguments) where torch must answer."""
+    return _geometry_of(tuple(_key(v) for v in (x_shape, w_shape, b_shape, stride, padding, dilation, groups)))
+
+
 def geometry(x_shape, w_shape, stride=1, padding=0, dilation=1, groups=1, bias_shape=None) -> Geometry:
     """The Geometry of conv2d(x, w, bias, stride, padding, dilation, groups) for an input of x_shape
     (4-D, or 3-D unbatched), a mask of w_shape and a bias of bias_shape (None: no bias); torch's
     error (a RuntimeError) for arguments it rejects."""
     try:
-        return _geometry(_hashable(x_shape), _hashable(w_shape), _hashable(bias_shape), _hashable(stride),
-                         _hashable(padding), _hashable(dilation), groups)
+        return _geometry(x_shape, w_shape, bias_shape, stride, padding, dilation, groups)
     except _TorchMustAnswer as e:
         raise RuntimeError(f"torch.nn.functional.conv2d rejects these arguments: {e}") from None
     except TypeError as e:       # unhashable or ill-typed arguments: torch's own TypeError
@@ -432,8 +449,7 @@ def kernel_fallback_reason(input, weight, bias=None, stride=1, padding=0, dilati
     if input.dim() not in (3, 4):
         return f"a {input.dim()}-D input"
     try:
-        g = _geometry(_hashable(input.shape), _hashable(weight.shape), None if bias is None else _hashable(bias.shape),
-                      _hashable(stride), _hashable(padding), _hashable(dilation), groups)
+        g = _geometry(input.shape, weight.shape, None if bias is None else bias.shape, stride, padding, dilation, groups)
     except (_TorchMustAnswer, TypeError) as e:
         return f"torch rejects the arguments ({e})"
     return _plane_too_large(g)
@@ -474,12 +490,13 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     'same'/'valid', unbatched (C, H, W) inputs, bias None or (M,)), results, gradients and errors."""
     args = (stride, padding, dilation, groups)
     if kernel_fallback_reason(input, weight, bias, *args) is not None:
-        # what differs from the defaults as keywords: torch's argument errors then read as for F.conv2d(..., name=value)
+        # only what differs from the defaults, as keywords: torch's argument errors then read as
+        # for F.conv2d(x, w[, b], name=value), the usual way to call it
         given = {k: v for k, v, d in zip(("stride", "padding", "dilation", "groups"), args, (1, 0, 1, 1))
                  if type(v) is not type(d) or v != d}
-        return F.conv2d(input, weight, bias, **given)
+        return F.conv2d(input, weight, *([] if bias is None else [bias]), **given)
     x = input if input.dim() == 4 else input.unsqueeze(0)
-    y = Conv2dFunction.apply(x, weight, bias, _hashable(stride), _hashable(padding), _hashable(dilation), groups)
+    y = Conv2dFunction.apply(x, weight, bias, stride, padding, dilation, groups)
     return y if input.dim() == 4 else y.squeeze(0)
 
 
