@@ -93,6 +93,22 @@ def test_depthwise_kernel(shape, dtype):
     _check(y, F.conv2d(x.double().cpu(), w.double().cpu(), None, **kw), dtype, n, "y (no bias)")
 
 
+def test_implementation_records():
+    """Each Impl runs through its record, and says which of the course's workloads it takes."""
+    from convlab import workloads
+
+    ops = {impl.op for impl in general.IMPLEMENTATIONS}
+    assert ops == {"conv2d", "conv2d_fp16", "conv2d_dx", "conv2d_dw"}
+    lenet_c1, resnet = workloads.get("lenet_c1"), workloads.get("resnet")
+    for impl in general.IMPLEMENTATIONS:
+        assert impl.applies(resnet) == ("depthwise" not in impl.name)
+        assert impl.applies(lenet_c1)                  # C=1: a depthwise layer too
+        assert impl.config(resnet) == {}
+    x, w = cl.randn(2, 1, 9, 9), cl.randn(3, 1, 3, 3)
+    for impl in general.IMPLEMENTATIONS[:3:2]:
+        cl.check(impl(x, w, padding=1), F.conv2d(x, w, padding=1), name=impl.name)
+
+
 def test_forward_dispatch():
     """The drop-in's forward takes the depthwise kernel for groups == C, the general one otherwise."""
     assert general.depthwise_applies(general.geometry((2, 8, 9, 9), (16, 1, 7, 7), padding=3, groups=8))

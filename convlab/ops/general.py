@@ -521,12 +521,23 @@ class Conv2d(torch.nn.Conv2d):
         return m
 
 
-#: The chapter's general kernels, by the names the figures use.
+def _is_2d(shape) -> bool:
+    return getattr(shape, "D", None) is None
+
+
+def _depthwise_workload(shape) -> bool:
+    """A Workload has no groups (groups=1): it is depthwise when it has one input channel."""
+    return _is_2d(shape) and shape.C == 1 and shape.K * shape.K <= DEPTHWISE_MAX_TAPS
+
+
+#: The chapter's general kernels, by the names the figures use. Their tunables default to None and
+#: are resolved by the launchers (depthwise_config, dw_splits), so config() is empty.
 IMPLEMENTATIONS: tuple[Impl, ...] = (
-    Impl("general direct (any layer)", conv2d_general, "conv2d"),
-    Impl("general direct fp16 (any layer)", conv2d_general, "conv2d_fp16"),
-    Impl("depthwise (input tile in shared, column strips)", conv2d_depthwise, "conv2d"),
-    Impl("depthwise fp16 (input tile in shared, column strips)", conv2d_depthwise, "conv2d_fp16"),
-    Impl("general dX gather (any layer)", conv2d_general_dx, "conv2d_dx"),
-    Impl("general dW (blocks, second pass)", conv2d_general_dw, "conv2d_dw"),
+    Impl("general direct (any layer)", conv2d_general, "conv2d", _is_2d),
+    Impl("general direct fp16 (any layer)", conv2d_general, "conv2d_fp16", _is_2d),
+    Impl("depthwise (input tile in shared, column strips)", conv2d_depthwise, "conv2d", _depthwise_workload),
+    Impl("depthwise fp16 (input tile in shared, column strips)", conv2d_depthwise, "conv2d_fp16",
+         _depthwise_workload),
+    Impl("general dX gather (any layer)", conv2d_general_dx, "conv2d_dx", _is_2d),
+    Impl("general dW (blocks, second pass)", conv2d_general_dw, "conv2d_dw", _is_2d),
 )
