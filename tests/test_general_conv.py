@@ -86,9 +86,12 @@ def test_depthwise_kernel(shape, dtype):
     n = w[0].numel() + 1
     y = general.conv2d_depthwise(x, w, cl.empty(*ref.shape, dtype=dtype), bias=b, **kw)
     _check(y, ref, dtype, n, "y")
-    # small tiles (blockDim, no new compile): many blocks per plane, strips cut by the bottom edge
-    y = general.conv2d_depthwise(x, w, cl.empty(*ref.shape, dtype=dtype), bias=b, BX=4, BY=2, **kw)
-    _check(y, ref, dtype, n, "y (BX=4, BY=2)")
+    # other blocks (blockDim, no new compile): many per plane, strips cut by the bottom edge, and
+    # 4 planes a block (the last block's partly past the planes); one plane a block
+    y = general.conv2d_depthwise(x, w, cl.empty(*ref.shape, dtype=dtype), bias=b, BX=4, BY=2, BZ=4, **kw)
+    _check(y, ref, dtype, n, "y (BX=4, BY=2, BZ=4)")
+    y = general.conv2d_depthwise(x, w, cl.empty(*ref.shape, dtype=dtype), bias=b, BZ=1, **kw)
+    _check(y, ref, dtype, n, "y (BZ=1)")
     y = general.conv2d_depthwise(x, w, cl.empty(*ref.shape, dtype=dtype), **kw)
     _check(y, F.conv2d(x.double().cpu(), w.double().cpu(), None, **kw), dtype, n, "y (no bias)")
 
@@ -244,7 +247,9 @@ def test_launchers_respect_the_launch_limits(record_launches, shape):
     if general.depthwise_applies(geo):
         launches.clear()
         general.conv2d_depthwise(x, w, **kw)
-        assert sum(grid[2] for _, grid, _, _, _ in launches) == B * M     # every plane, in launches of <= 65,535
+        blocks = [(grid[2], block[2]) for _, grid, block, _, _ in launches]   # gridDim.z <= 65,535 per launch
+        covered = sum(gz * bz for gz, bz in blocks)
+        assert B * M <= covered < B * M + blocks[-1][1], f"{covered} plane slots for {B * M} planes"
 
 
 @pytest.mark.emu_only
@@ -258,6 +263,6 @@ def test_no_race_under_other_thread_orders(what):
         launch = lambda: general.conv2d_general_dw(x, dy, out, kernel_size=w.shape[-2:], splits=2, **kw)  # noqa: E731
     else:
         out = cl.empty(*F.conv2d(x, w, **kw).shape)
-        launch = lambda: general.conv2d_depthwise(x, w, out, bias=b, BX=4, BY=2, **kw)  # noqa: E731
+        launch = lambda: general.conv2d_depthwise(x, w, out, bias=b, BX=4, BY=2, BZ=2, **kw)  # noqa: E731
     problem = cl.find_race(launch, out)
     assert problem is None, problem

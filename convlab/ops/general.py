@@ -269,10 +269,12 @@ def conv2d_general(x, w, y=None, *, stride=1, padding=0, dilation=1, groups: int
 DEPTHWISE_MAX_TAPS = 64      # the mask lives in registers: up to 8x8 (3x3, 5x5, 7x7 layers)
 
 
-def _depthwise_tile(g: Geometry, OY: int, BX: int | None = None, BY: int | None = None) -> tuple:
-    """(BX, BY, shared bytes) of conv2d_depthwise's block: BX output columns (the row in as few
+def _depthwise_tile(g: Geometry, OY: int, BX: int | None = None, BY: int | None = None,
+                    BZ: int | None = None) -> tuple:
+    """(BX, BY, BZ, shared bytes) of conv2d_depthwise's block: BX output columns (the row in as few
     tiles of at most 32 as it takes, split evenly), BY strips of OY rows (about 256 threads, the
-    rows split evenly), fewer strips while the input tile is over 48 KB."""
+    rows split evenly; fewer while one plane's input tile is over 48 KB), BZ planes (up to 256
+    threads in all and 48 KB; more than 1 where one plane's tile is small)."""
     if BX is None:
         BX = ceil_div(g.Wo, ceil_div(g.Wo, 32))
     strips = ceil_div(g.Ho, OY)
@@ -285,16 +287,19 @@ def _depthwise_tile(g: Geometry, OY: int, BX: int | None = None, BY: int | None 
 
     while BY > 1 and shared(BY) > MAX_SHARED:
         BY -= 1
-    return BX, BY, shared(BY)
+    if BZ is None:
+        BZ = max(1, min(256 // (BX * BY), MAX_SHARED // shared(BY), 64, g.B * g.M))
+    return BX, BY, BZ, BZ * shared(BY)
 
 
 def depthwise_config(g: Geometry) -> dict:
     """Default tunables of conv2d_depthwise: OY=4 output rows per thread for masks up to 3 rows
-    (3x3: 18 shared loads per 36 FMAs), 8 for taller ones (7x7: 98 loads per 392 FMAs). Not cut to
-    small Ho: OY is compiled in, and one variant per mask serves every plane size."""
+    (3x3: 18 shared loads per 36 FMAs), 8 for taller ones (7x7: 98 loads per 392 FMAs), and the
+    block of _depthwise_tile. OY is not cut to a small Ho: it is compiled in, and one variant per
+    mask serves every plane size."""
     OY = 4 if g.Kh <= 3 else 8
-    BX, BY, _ = _depthwise_tile(g, OY)
-    return {"OY": OY, "BX": BX, "BY": BY}
+    BX, BY, BZ, _ = _depthwise_tile(g, OY)
+    return {"OY": OY, "BX": BX, "BY": BY, "BZ": BZ}
 
 
 def depthwise_applies(g: Geometry) -> bool:
@@ -302,14 +307,14 @@ def depthwise_applies(g: Geometry) -> bool:
     input tile of one strip in 48 KB of shared memory."""
     if g.groups != g.C or g.Kh * g.Kw > DEPTHWISE_MAX_TAPS:
         return False
-    return _depthwise_tile(g, depthwise_config(g)["OY"], BY=1)[2] <= MAX_SHARED
+    return _depthwise_tile(g, depthwise_config(g)["OY"], BY=1, BZ=1)[3] <= MAX_SHARED
 
 
 def conv2d_depthwise(x, w, y=None, *, stride=1, padding=0, dilation=1, groups: int = 1, bias=None,
-                     OY: int | None = None, BX: int | None = None, BY: int | None = None):
+                     OY: int | None = None, BX: int | None = None, BY: int | None = None, BZ: int | None = None):
     """y = conv2d(x, w, bias, groups=C) by kernels/09_general/conv2d_depthwise.cu: a block per tile
-    of an output plane, its input in shared memory, OY outputs down a column per thread. Compiled
-    per mask size, stride, dilation and OY."""
+    of BZ output planes, their input in shared memory, OY outputs down a column per thread.
+    Compiled per mask size, stride, dilation and OY."""
     _check_in(x, "x")
     _check_in(w, "w", x.dtype)
     if bias is not None:
@@ -322,10 +327,11 @@ def conv2d_depthwise(x, w, y=None, *, stride=1, padding=0, dilation=1, groups: i
         raise ValueError(f"conv2d_depthwise takes groups == C (here {g.groups} groups of {g.C} channels) and masks "
                          f"of at most {DEPTHWISE_MAX_TAPS} taps (here {g.Kh}x{g.Kw}): use conv2d_general")
     OY = int(OY or depthwise_config(g)["OY"])
-    BX, BY, shared = _depthwise_tile(g, OY, BX, BY)
-    if BX * BY > 1024 or shared > MAX_SHARED:
-        raise ValueError(f"tile BX={BX} x BY={BY} strips of OY={OY} rows: {BX * BY} threads, {shared:,} bytes of "
-                         "shared memory; at most 1,024 threads and 48 KB: lower BX, BY or OY")
+    BX, BY, BZ, shared = _depthwise_tile(g, OY, BX, BY, BZ)
+    if BX * BY * BZ > 1024 or BZ > 64 or shared > MAX_SHARED:
+        raise ValueError(f"block BX={BX} x BY={BY} strips of OY={OY} rows x BZ={BZ} planes: {BX * BY * BZ} threads, "
+                         f"{shared:,} bytes of shared memory; at most 1,024 threads, BZ <= 64 and 48 KB: "
+                         "lower BX, BY, BZ or OY")
     y = _output(y, (g.B, g.M, g.Ho, g.Wo), x, "y")
     if y.numel() == 0:
         return y
@@ -335,10 +341,11 @@ def conv2d_depthwise(x, w, y=None, *, stride=1, padding=0, dilation=1, groups: i
     if grid_xy[1] > GRID_YZ_LIMIT:
         raise ValueError(f"Ho={g.Ho}: {grid_xy[1]:,} row tiles, over gridDim.y's 65,535: raise BY or OY")
     planes = g.B * g.M
-    for z0 in range(0, planes, GRID_YZ_LIMIT):       # gridDim.z holds at most 65,535 planes a launch
+    per_launch = GRID_YZ_LIMIT * BZ                  # gridDim.z holds at most 65,535 blocks of BZ planes
+    for z0 in range(0, planes, per_launch):
         kern(x, w, w if bias is None else bias, y, g.C, g.H, g.W, g.M, g.Ho, g.Wo, g.ph, g.pw,
-             int(bias is not None), z0, grid=(*grid_xy, min(GRID_YZ_LIMIT, planes - z0)), block=(BX, BY, 1),
-             shared=shared)
+             int(bias is not None), z0, planes, grid=(*grid_xy, ceil_div(min(per_launch, planes - z0), BZ)),
+             block=(BX, BY, BZ), shared=shared)
     return y
 
 

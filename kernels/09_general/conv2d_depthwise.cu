@@ -5,10 +5,11 @@
 // layer does C*Kh*Kw: it is bound by memory, not arithmetic. The least traffic is to read x once
 // and write y once, so the kernel's work is to read each input value from DRAM once and from
 // on-chip memory as few times as possible:
-//  - A block takes a tile of one output plane: BX columns x BY*OY rows (blockDim = (BX, BY)). It
+//  - A block takes a tile of BZ output planes: BX columns x BY*OY rows of each (blockDim =
+//    (BX, BY, BZ); BZ > 1 for small planes, 14x14 or 7x7, whose one tile is a warp or two). It
 //    loads the input under the tile, halo included, into shared memory once, with coalesced
 //    loads, as float (half is converted here, once), and zeros outside the image: the loops
-//    below need no bounds tests. Then the plane's Kh*Kw mask values go to registers.
+//    below need no bounds tests. Then each plane's Kh*Kw mask values go to registers.
 //  - Each thread computes OY outputs down one column. Per mask column kx it reads the input
 //    column under its OY outputs, (OY-1)*SH + (KH-1)*DH + 1 values, into registers and uses each
 //    for every (output row, ky) that touches it: 3x3 with OY=4, 18 shared loads for 36 FMAs
@@ -20,8 +21,8 @@
 //    input column stay in registers. Padding, the sizes and the tile (blockDim) are run-time.
 //
 // depthwise_f32: float tensors; depthwise_f16: half tensors, float sums (general.cuh).
-// Grid: (ceil(Wo/BX), ceil(Ho/(BY*OY)), planes) over planes z0 .. z0+gridDim.z-1 of B*M,
-// block (BX, BY), dynamic shared memory IH*IW floats (IH, IW below).
+// Grid: (ceil(Wo/BX), ceil(Ho/(BY*OY)), ceil(planes_here/BZ)) over the planes z0 .. of the B*M,
+// block (BX, BY, BZ), dynamic shared memory BZ*IH*IW floats (IH, IW below).
 
 #include "general.cuh"
 
@@ -49,38 +50,40 @@
 
 #define XR ((OY - 1) * SH + (KH - 1) * DH + 1)      // input rows under a thread's OY outputs
 
-extern __shared__ float tile[];                     // [IH][IW]: the block's input, zero outside the image
+extern __shared__ float tile[];                     // [BZ][IH][IW]: the block's input, zero outside the image
 
 template <class In, class Out>
 __device__ __forceinline__ void depthwise_body(In x, In w, In bias, Out y, int C, int H, int W, int M,
-                                               int Ho, int Wo, int ph, int pw, int has_bias, int z0)
+                                               int Ho, int Wo, int ph, int pw, int has_bias, int z0, int planes)
 {
     const int BX = blockDim.x, BY = blockDim.y;
     const int IW = (BX - 1) * SW + (KW - 1) * DW + 1;
     const int IH = (BY * OY - 1) * SH + (KH - 1) * DH + 1;
-    const int plane = z0 + blockIdx.z;              // b * M + m
+    const int plane = z0 + blockIdx.z * blockDim.z + threadIdx.z;    // b * M + m
+    const bool live = plane < planes;               // the last block's BZ may run past the planes
     const int m = plane % M, b = plane / M;
     const int c = m / (M / C);                      // the channel map m reads
     const int ox0 = blockIdx.x * BX, oy0 = blockIdx.y * BY * OY;
     const int ix0 = ox0 * SW - pw, iy0 = oy0 * SH - ph;
     const auto xc = x + ((long long)b * C + c) * H * W;
 
-    for (int i = threadIdx.y * BX + threadIdx.x; i < IH * IW; i += BX * BY) {
+    const int t0 = threadIdx.z * IH * IW;           // this plane's tile
+    for (int i = threadIdx.y * BX + threadIdx.x; live && i < IH * IW; i += BX * BY) {
         const int iy = iy0 + i / IW, ix = ix0 + i % IW;
-        tile[i] = (iy >= 0 && iy < H && ix >= 0 && ix < W) ? to_f(xc[iy * W + ix]) : 0.0f;
+        tile[t0 + i] = (iy >= 0 && iy < H && ix >= 0 && ix < W) ? to_f(xc[iy * W + ix]) : 0.0f;
     }
     float k[KH * KW];
 #pragma unroll
-    for (int t = 0; t < KH * KW; ++t) k[t] = to_f(w[m * KH * KW + t]);
-    const float b0 = has_bias ? to_f(bias[m]) : 0.0f;
+    for (int t = 0; t < KH * KW; ++t) k[t] = live ? to_f(w[m * KH * KW + t]) : 0.0f;
+    const float b0 = live && has_bias ? to_f(bias[m]) : 0.0f;
     __syncthreads();                                // the only barrier: threads may leave after it
 
     const int ox = ox0 + threadIdx.x, oy = oy0 + threadIdx.y * OY;
-    if (ox >= Wo || oy >= Ho) return;
+    if (!live || ox >= Wo || oy >= Ho) return;
     float acc[OY];
 #pragma unroll
     for (int j = 0; j < OY; ++j) acc[j] = b0;
-    const int base = threadIdx.y * OY * SH * IW + threadIdx.x * SW;
+    const int base = t0 + threadIdx.y * OY * SH * IW + threadIdx.x * SW;
 #pragma unroll
     for (int kx = 0; kx < KW; ++kx) {
         float col[XR];
@@ -99,14 +102,14 @@ __device__ __forceinline__ void depthwise_body(In x, In w, In bias, Out y, int C
 
 __global__ void depthwise_f32(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ bias,
                               float* __restrict__ y, int C, int H, int W, int M, int Ho, int Wo, int ph, int pw,
-                              int has_bias, int z0)
+                              int has_bias, int z0, int planes)
 {
-    depthwise_body(x, w, bias, y, C, H, W, M, Ho, Wo, ph, pw, has_bias, z0);
+    depthwise_body(x, w, bias, y, C, H, W, M, Ho, Wo, ph, pw, has_bias, z0, planes);
 }
 
 __global__ void depthwise_f16(const half* __restrict__ x, const half* __restrict__ w, const half* __restrict__ bias,
                               half* __restrict__ y, int C, int H, int W, int M, int Ho, int Wo, int ph, int pw,
-                              int has_bias, int z0)
+                              int has_bias, int z0, int planes)
 {
-    depthwise_body(x, w, bias, y, C, H, W, M, Ho, Wo, ph, pw, has_bias, z0);
+    depthwise_body(x, w, bias, y, C, H, W, M, Ho, Wo, ph, pw, has_bias, z0, planes);
 }
