@@ -1,8 +1,8 @@
 """torch's own conformance inputs for nn.functional.conv2d (the OpInfo sample inputs of
 torch.testing._internal) through the course's drop-in conv2d (convlab.ops.general), on the active
 backend: the output and the gradients for the input, the weight and the bias, in float32 and
-float16, against torch in float64 on the same values. Every sample must pass, on the chapter's
-kernels (none may be handed to torch).
+float16, and in float32 the second derivatives (double backward), against torch in float64 on the
+same values. Every sample must pass, on the chapter's kernels (none may be handed to torch).
 
 Tolerances: float32, cl.check's (1e-4 of |ref| plus 1e-4 of the reference's RMS). float16: the
 kernels read half, sum in float and round the result to half once, so, as chapter 6 derives it
@@ -66,7 +66,32 @@ def _run(sample, dtype) -> list[str]:
     return ["y", "dx", "dw", "dbias"][:len(ours) + 1]
 
 
-def test_opinfo_samples_forward_and_gradients():
+def _run_gradgrad(sample) -> None:
+    """float32: the second derivatives (gradients of dx, dw, dbias · random v with respect to x, w,
+    bias and dy), against torch's in float64."""
+    x = sample.input
+    w, b = sample.args[0], sample.args[1] if len(sample.args) > 1 else sample.kwargs.get("bias")
+    kw = {k: v for k, v in sample.kwargs.items() if k != "bias"}
+    ts = [x, w] + ([b] if b is not None else [])
+    dy = torch.randn(F.conv2d(x.detach(), w.detach(), None, **kw).shape, dtype=torch.float64)
+    vs = [torch.randn(t.shape, dtype=torch.float64) for t in ts]
+
+    def second(conv, dtype):
+        leaves = [t.detach().to(dtype).requires_grad_() for t in ts] + [dy.to(dtype).requires_grad_()]
+        y = conv(leaves[0], leaves[1], leaves[2] if b is not None else None, **kw)
+        gs = torch.autograd.grad(y, leaves[:-1], leaves[-1], create_graph=True)
+        loss = sum((g * v.to(dtype)).sum() for g, v in zip(gs, vs))
+        return torch.autograd.grad(loss, leaves, allow_unused=True)
+
+    names = ["d/dx", "d/dw"] + (["d/dbias"] if b is not None else []) + ["d/ddy"]
+    for name, o, r in zip(names, second(general.conv2d, torch.float32), second(F.conv2d, torch.float64)):
+        if r is None:
+            assert o is None or not o.any(), name
+        else:
+            cl.check(o, r, name="second derivative " + name)
+
+
+def test_opinfo_samples_forward_and_derivatives():
     op = _opinfo()
     failures, passed = [], {}
     for dtype in (torch.float32, torch.float16):
@@ -76,6 +101,9 @@ def test_opinfo_samples_forward_and_gradients():
             try:
                 for name in _run(s, dtype):
                     passed[dtype, name] = passed.get((dtype, name), 0) + 1
+                if dtype == torch.float32:
+                    _run_gradgrad(s)
+                    passed[dtype, "second derivatives"] = passed.get((dtype, "second derivatives"), 0) + 1
             except Exception as e:   # every sample is run; the failures are listed together
                 shapes = (tuple(s.input.shape), tuple(s.args[0].shape), s.kwargs)
                 failures.append(f"{dtype} sample {i} {shapes}: {type(e).__name__}: {e}")

@@ -136,6 +136,28 @@ def test_conv2d_autograd_unbatched_and_without_bias(dtype):
     _check(gw, rw, dtype, dy[0].numel(), "dw")
 
 
+@pytest.mark.parametrize("shape", [SHAPES[0], SHAPES[3]], ids=_ids)
+def test_second_derivatives(shape):
+    """Double backward (gradients of dx, dw and dbias with respect to x, w, bias and dy), as torch's."""
+    x, w, b, kw = _tensors(shape, torch.float32)
+    dy = cl.randn(*F.conv2d(x, w, **kw).shape)
+    vx, vw, vb = cl.randn(*x.shape), cl.randn(*w.shape), cl.randn(*b.shape)
+
+    def second(conv, dtype):
+        leaves = [t.detach().to(dtype).requires_grad_() for t in (x, w, b, dy)]
+        xx, ww, bb, dd = leaves
+        gx, gw, gb = torch.autograd.grad(conv(xx, ww, bb, **kw), (xx, ww, bb), dd, create_graph=True)
+        loss = (gx * vx.to(dtype)).sum() + (gw * vw.to(dtype)).sum() + (gb * vb.to(dtype)).sum()
+        return torch.autograd.grad(loss, leaves, allow_unused=True)
+
+    ours, ref = second(general.conv2d, torch.float32), second(F.conv2d, torch.float64)
+    for name, o, r in zip(("d/dx", "d/dw", "d/dbias", "d/ddy"), ours, ref):
+        if r is None:
+            assert o is None or not o.any(), name      # bias enters the gradients only through dy
+        else:
+            cl.check(o, r, name=name)
+
+
 def test_conv2d_module_is_nn_conv2d():
     """Conv2d: nn.Conv2d's parameters and state dict; forward and gradients as nn.Conv2d's,
     padding modes included."""

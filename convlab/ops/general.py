@@ -30,8 +30,8 @@ dilation or groups, negative padding, too many values, maps not divisible by gro
 shape) are made here, and those inputs go to torch, which raises its own error.
 
 The output is NCHW contiguous, whatever the input's memory format (torch keeps channels_last).
-The bias gradient is a torch sum over dy (in float32, then rounded to the dtype). The backward is
-once differentiable: a second derivative (double backward) raises, where torch's conv2d has one.
+The bias gradient is a torch sum over dy (in float32, then rounded to the dtype). Gradients of
+gradients (double backward, Hessian-vector products) run on the same kernels.
 """
 from __future__ import annotations
 
@@ -463,33 +463,78 @@ def kernel_fallback_reason(input, weight, bias=None, stride=1, padding=0, dilati
 
 
 class Conv2dFunction(torch.autograd.Function):
-    """y = conv2d(x, w, bias) on the chapter's kernels (conv2d_forward: depthwise or general);
-    backward: the general dX and dW kernels, dbias by torch.
-    x 4-D; stride, padding, dilation in any form torch takes (checked before)."""
+    """y = conv2d(x, w, bias) on the chapter's kernels (conv2d_forward: depthwise or general); its
+    backward: dx by InputGradFunction, dw by WeightGradFunction, dbias a torch sum over dy. x 4-D;
+    stride, padding, dilation in any form torch takes (checked before).
+
+    Differentiable to any order, like torch's conv2d: the gradients of dx and dw are again a
+    forward, a dX and a dW of the same layer (dx = dX(dy, w): d/d(dy) is conv2d(g, w) and d/dw is
+    dW(g, dy); dw = dW(x, dy): d/dx is dX(dy, G) and d/d(dy) is conv2d(x, G))."""
 
     @staticmethod
     def forward(ctx, x, w, bias, stride, padding, dilation, groups):
-        x, w = x.contiguous(), w.contiguous()
-        y = conv2d_forward(x, w, stride=stride, padding=padding, dilation=dilation, groups=groups,
-                           bias=None if bias is None else bias.contiguous())
-        ctx.save_for_backward(x, w)
+        y = conv2d_forward(x.contiguous(), w.contiguous(), stride=stride, padding=padding, dilation=dilation,
+                           groups=groups, bias=None if bias is None else bias.contiguous())
+        ctx.save_for_backward(x, w)          # the inputs themselves: second derivatives flow back to them
         ctx.conf = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
         ctx.has_bias = bias is not None
         return y
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, dy):
         x, w = ctx.saved_tensors
-        dy = dy.to(x.dtype).contiguous()
         dx = dw = db = None
         if ctx.needs_input_grad[0]:
-            dx = conv2d_general_dx(dy, w, input_size=x.shape[-2:], **ctx.conf)
+            dx = InputGradFunction.apply(dy, w, tuple(x.shape[-2:]), ctx.conf)
         if ctx.needs_input_grad[1]:
-            dw = conv2d_general_dw(x, dy, kernel_size=w.shape[-2:], **ctx.conf)
+            dw = WeightGradFunction.apply(x, dy, tuple(w.shape[-2:]), ctx.conf)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = dy.sum(dim=(0, 2, 3), dtype=torch.float32).to(x.dtype)
         return dx, dw, db, None, None, None, None
+
+
+def _conv(x, w, conf):
+    return Conv2dFunction.apply(x, w, None, conf["stride"], conf["padding"], conf["dilation"], conf["groups"])
+
+
+class InputGradFunction(torch.autograd.Function):
+    """dx = conv2d_general_dx(dy, w) for an input of input_size, as a differentiable function."""
+
+    @staticmethod
+    def forward(ctx, dy, w, input_size, conf):
+        ctx.save_for_backward(dy, w)
+        ctx.conf = conf
+        return conv2d_general_dx(dy.contiguous(), w.contiguous(), input_size=input_size, **conf)
+
+    @staticmethod
+    def backward(ctx, g):
+        dy, w = ctx.saved_tensors
+        gdy = gw = None
+        if ctx.needs_input_grad[0]:
+            gdy = _conv(g, w, ctx.conf)
+        if ctx.needs_input_grad[1]:
+            gw = WeightGradFunction.apply(g, dy, tuple(w.shape[-2:]), ctx.conf)
+        return gdy, gw, None, None
+
+
+class WeightGradFunction(torch.autograd.Function):
+    """dw = conv2d_general_dw(x, dy) for a mask of kernel_size, as a differentiable function."""
+
+    @staticmethod
+    def forward(ctx, x, dy, kernel_size, conf):
+        ctx.save_for_backward(x, dy)
+        ctx.conf = conf
+        return conv2d_general_dw(x.contiguous(), dy.contiguous(), kernel_size=kernel_size, **conf)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, dy = ctx.saved_tensors
+        gx = gdy = None
+        if ctx.needs_input_grad[0]:
+            gx = InputGradFunction.apply(dy, g, tuple(x.shape[-2:]), ctx.conf)
+        if ctx.needs_input_grad[1]:
+            gdy = _conv(x, g, ctx.conf)
+        return gx, gdy, None, None
 
 
 def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
