@@ -16,9 +16,9 @@
 //    (one thread per output: 9 for 9). A strip down a column, not along a row: the lanes of a warp
 //    are consecutive columns, so each shared load reads consecutive words (no bank conflicts at
 //    stride 1) and each store writes consecutive outputs (coalesced).
-//  - KH, KW, SH, SW, DH, DW and OY are compile-time (the launcher compiles one variant per layer
-//    shape), so every loop over taps and rows unrolls and the accumulators, the mask and the
-//    input column stay in registers. Padding, the sizes and the tile (blockDim) are run-time.
+//  - KH, KW, SH, SW, DH, DW and OY are compile-time (the launcher compiles one variant per mask
+//    size, stride and dilation), so every loop over taps and rows unrolls and the accumulators,
+//    the mask and the input column stay in registers. Padding, the sizes and the block are run-time.
 //
 // depthwise_f32: float tensors; depthwise_f16: half tensors, float sums (general.cuh).
 // Grid: (ceil(Wo/BX), ceil(Ho/(BY*OY)), ceil(planes_here/BZ)) over the planes z0 .. of the B*M,

@@ -11,7 +11,7 @@
 //    loads one dy value and multiplies it into its TAPS register accumulators;
 //  - blockIdx.z splits the pixels when pairs x tap chunks alone are too few blocks to fill the GPU;
 //  - the block's sums meet in shared memory (a tree, fixed order), and one float per (split,
-//    weight) goes to `partial`; conv2d_general_dw_finish adds the splits in order and rounds to T.
+//    weight) goes to `partial`; conv2d_general_dw_finish adds the splits in order and rounds once.
 // No atomics: the same bits on every run.
 //
 // *_f32: float x, dy and dw; *_f16: half x, dy and dw, float sums (general.cuh). partial is float.
