@@ -112,6 +112,29 @@ def test_implementation_records():
         cl.check(impl(x, w, padding=1), F.conv2d(x, w, padding=1), name=impl.name)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "fp16"])
+@pytest.mark.parametrize("case", [
+    ((2, 5, 10, 9), (5, 1, 3, 3), dict(padding=1, groups=5), True),
+    ((1, 3, 12, 11), (3, 1, 3, 5), dict(padding=(2, 4), dilation=(1, 2), groups=3), True),
+    ((2, 4, 9, 9), (4, 1, 3, 3), dict(padding="same", dilation=2, groups=4), True),
+    ((2, 4, 9, 9), (4, 1, 2, 2), dict(padding="same", groups=4), False),    # 'same', even mask: asymmetric
+    ((2, 4, 9, 9), (8, 1, 3, 3), dict(padding=1, groups=4), False),         # a channel multiplier
+    ((2, 4, 9, 9), (4, 1, 3, 3), dict(padding=1, stride=2, groups=4), False),
+    ((2, 4, 9, 9), (4, 1, 3, 3), dict(padding=3, groups=4), False),         # padding past the mask's span
+], ids=lambda c: str(c) if isinstance(c, tuple) else None)
+def test_input_grad_of_depthwise_layers(case, dtype):
+    """dx of a stride-1 depthwise layer runs the depthwise forward on the flipped mask; the rest the gather."""
+    x_shape, w_shape, kw, depthwise = case
+    g = general.geometry(x_shape, w_shape, **kw)
+    assert (general.depthwise_dx_padding(g) is not None) == depthwise
+    w = cl.randn(*w_shape, dtype=dtype)
+    dy = cl.randn(x_shape[0], w_shape[0], g.Ho, g.Wo, dtype=dtype)
+    dx = general.conv2d_input_grad(dy, w, cl.empty(*x_shape, dtype=dtype), input_size=x_shape[-2:], **kw)
+    x64 = torch.randn(x_shape, dtype=torch.float64, requires_grad=True)
+    (ref,) = torch.autograd.grad(F.conv2d(x64, w.double().cpu(), **kw), x64, dy.double().cpu())
+    _check(dx, ref, dtype, w_shape[0] // kw["groups"] * w[0].numel(), "dx")
+
+
 def test_forward_dispatch():
     """The drop-in's forward takes the depthwise kernel for groups == C, the general one otherwise."""
     assert general.depthwise_applies(general.geometry((2, 8, 9, 9), (16, 1, 7, 7), padding=3, groups=8))

@@ -7,7 +7,8 @@ emulator; float32 or float16 tensors, NCHW, contiguous, on the backend's device)
 - conv2d_general_dx(dy, w, dx=None, *, stride=1, padding=0, input_size=(H, W), dilation=1, groups=1) -> dx
 - conv2d_general_dw(x, dy, dw=None, *, stride=1, padding=0, kernel_size=(Kh, Kw), dilation=1, groups=1) -> dw
 - conv2d_depthwise(x, w, y=None, *, ..., bias=None): the forward for groups == C (depthwise_applies);
-  conv2d_forward picks it or conv2d_general.
+  conv2d_forward picks it or conv2d_general; conv2d_input_grad runs dx of a stride-1 depthwise
+  layer on it (the flipped mask), else conv2d_general_dx.
 stride, padding and dilation as torch takes them: an int, or a 1- or 2-sequence; padding also
 'same' or 'valid'. x and dy are 4-D here; conv2d() below adds unbatched inputs.
 
@@ -380,6 +381,31 @@ def conv2d_general_dx(dy, w, dx=None, *, stride=1, padding=0, input_size, dilati
     return dx
 
 
+def depthwise_dx_padding(g: Geometry) -> tuple | None:
+    """For a stride-1 depthwise layer with one map per channel, dx is itself a depthwise forward:
+    dy convolved with the flipped mask, padded d*(k-1) - p before, which gives the input's size
+    back when the padding was symmetric. That padding (ph, pw), or None where this does not hold
+    (strides, channel multipliers, 'same' with an even mask, padding past the mask's span)."""
+    if (g.sh, g.sw) != (1, 1) or not g.M == g.C == g.groups:
+        return None
+    pad = (g.dh * (g.Kh - 1) - g.ph, g.dw * (g.Kw - 1) - g.pw)
+    if min(pad) < 0 or (g.Ho + 2 * pad[0] - g.dh * (g.Kh - 1), g.Wo + 2 * pad[1] - g.dw * (g.Kw - 1)) != (g.H, g.W):
+        return None
+    return pad
+
+
+def conv2d_input_grad(dy, w, dx=None, *, stride=1, padding=0, input_size, dilation=1, groups: int = 1):
+    """The dx the drop-in runs: conv2d_depthwise on dy with the flipped mask where
+    depthwise_dx_padding allows (MobileNet/ConvNeXt layers), else conv2d_general_dx."""
+    H, W = (int(s) for s in _two(input_size))
+    g = geometry((dy.shape[0], w.shape[1] * groups, H, W), w.shape, stride, padding, dilation, groups)
+    pad = depthwise_dx_padding(g)
+    if pad is not None and depthwise_applies(g):
+        return conv2d_depthwise(dy, torch.flip(w, (2, 3)), dx, padding=pad, dilation=(g.dh, g.dw), groups=g.C)
+    return conv2d_general_dx(dy, w, dx, stride=stride, padding=padding, input_size=(H, W), dilation=dilation,
+                             groups=groups)
+
+
 # ---- dE/dW -------------------------------------------------------------------------------------
 
 DW_TAPS = 12     # taps per block of conv2d_general_dw (its TAPS)
@@ -464,7 +490,8 @@ def kernel_fallback_reason(input, weight, bias=None, stride=1, padding=0, dilati
 
 class Conv2dFunction(torch.autograd.Function):
     """y = conv2d(x, w, bias) on the chapter's kernels (conv2d_forward: depthwise or general); its
-    backward: dx by InputGradFunction, dw by WeightGradFunction, dbias a torch sum over dy. x 4-D;
+    backward: dx by InputGradFunction (conv2d_input_grad), dw by WeightGradFunction, dbias a torch
+    sum over dy. x 4-D;
     stride, padding, dilation in any form torch takes (checked before).
 
     Differentiable to any order, like torch's conv2d: the gradients of dx and dw are again a
@@ -498,13 +525,13 @@ def _conv(x, w, conf):
 
 
 class InputGradFunction(torch.autograd.Function):
-    """dx = conv2d_general_dx(dy, w) for an input of input_size, as a differentiable function."""
+    """dx = conv2d_input_grad(dy, w) for an input of input_size, as a differentiable function."""
 
     @staticmethod
     def forward(ctx, dy, w, input_size, conf):
         ctx.save_for_backward(dy, w)
         ctx.conf = conf
-        return conv2d_general_dx(dy.contiguous(), w.contiguous(), input_size=input_size, **conf)
+        return conv2d_input_grad(dy.contiguous(), w.contiguous(), input_size=input_size, **conf)
 
     @staticmethod
     def backward(ctx, g):
