@@ -158,12 +158,13 @@ def bench_layer(lay: Layer, dtype, reps: int, backward: bool, log) -> list[dict]
     log(row)
     rows = [row]
     if backward:
-        rows.append(bench_backward(lay, x, w, xc, wc, dtype, reps, gen, kernel))
+        dx_kernel = "depthwise" if general.depthwise_dx_padding(g) and general.depthwise_applies(g) else "general"
+        rows.append(bench_backward(lay, x, w, xc, wc, dtype, reps, gen, f"{kernel}, dX {dx_kernel}, dW general"))
         log(rows[-1])
     return rows
 
 
-def bench_backward(lay, x, w, xc, wc, dtype, reps, gen, kernel) -> dict:
+def bench_backward(lay, x, w, xc, wc, dtype, reps, gen, kernels: str) -> dict:
     """forward + dX + dW through autograd: ours (general.conv2d) against torch's, each checked."""
     kw = lay.args()
     xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
@@ -190,7 +191,7 @@ def bench_backward(lay, x, w, xc, wc, dtype, reps, gen, kernel) -> dict:
     xcg, wcg = xc.clone().requires_grad_(), wc.clone().requires_grad_()
     dyc = dy.to(memory_format=torch.channels_last)
     row = {"layer": lay.name, "kind": lay.kind, "shape": lay.text(), "dtype": str(dtype).split(".")[-1],
-           "pass": "fwd+dX+dW", "ours_kernel": kernel + " + general dX, dW", "check": status}
+           "pass": "fwd+dX+dW", "ours_kernel": kernels, "check": status}
     with strict_fp32(), cudnn_benchmark(True):
         row["ours_ms"] = cl.bench(ours, reps=reps).ms
         row["torch_nchw_ms"] = cl.bench(theirs(xg, wg, dy), reps=reps).ms
@@ -205,7 +206,7 @@ HEADER = (f"{'layer':<22} {'dtype':<8} {'pass':<10} {'ours kernel':<12} {'ours m
 
 
 def fmt(r) -> str:
-    return (f"{r['layer']:<22} {r['dtype']:<8} {r['pass']:<10} {r['ours_kernel'].split(' ')[0]:<12} "
+    return (f"{r['layer']:<22} {r['dtype']:<8} {r['pass']:<10} {r['ours_kernel'].split(',')[0]:<12} "
             f"{r.get('ours_ms', float('nan')):>9.4f} {r.get('torch_nchw_ms', float('nan')):>11.4f} "
             f"{r.get('torch_nhwc_ms', float('nan')):>11.4f} {r.get('speedup', float('nan')):>7.2f}x  {r['check']}")
 
