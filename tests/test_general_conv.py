@@ -49,6 +49,7 @@ def _tensors(shape, dtype):
     return x, w, b, dict(stride=st, padding=pad, dilation=dil, groups=g)
 
 
+@pytest.mark.filterwarnings("ignore:Using padding='same'")     # torch's note about its own reference call
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "fp16"])
 @pytest.mark.parametrize("shape", SHAPES, ids=_ids)
 def test_launchers_on_awkward_shapes(shape, dtype):
