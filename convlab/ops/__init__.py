@@ -8,6 +8,8 @@ none is given (poisoned with NaN, so an output never written shows), launches, a
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Callable
 
 INT32_MAX = 2**31 - 1
 GRID_YZ_LIMIT = 65_535  # the most blocks along gridDim.y and gridDim.z
@@ -53,3 +55,27 @@ def nbytes(*tensors) -> int:
 
 def prod(xs) -> int:
     return math.prod(int(v) for v in xs)
+
+
+def _always(shape) -> bool:
+    return True
+
+
+def _no_tunables(shape) -> dict:
+    return {}
+
+
+@dataclass(frozen=True)
+class Impl:
+    """One implementation, named once: what figures, CSVs and text call it, its launcher (the
+    contract of its op), which shapes it can take, and its default tunables (the function pick
+    uses). Calling it calls the launcher."""
+
+    name: str
+    launcher: Callable
+    op: str = "conv2d"      # "conv2d" | "conv2d_fp16" | "conv3d" | "conv2d_dx" | "conv2d_dw" | "conv2d_train"
+    applies: Callable = _always
+    config: Callable = _no_tunables
+
+    def __call__(self, *args, **kwargs):
+        return self.launcher(*args, **kwargs)
