@@ -141,14 +141,22 @@ def save(df_or_rows, chapter: str, *, force: bool = False, quiet: bool = False) 
     return target
 
 
-def load(chapter: str):
-    """The committed results of a chapter as a DataFrame, or None when there are none yet."""
+def load(chapter: str, *, quiet: bool = False):
+    """The committed results of a chapter as a DataFrame, or None when there are none of this
+    schema: no file, no rows, or a file written by an older harness (its columns are not COLUMNS;
+    one line says so, unless quiet). Extra columns (a sweep's tunables) are kept."""
     import pandas as pd
 
     target = data_path(chapter)
     if not target.is_file():
         return None
     df = pd.read_csv(target)
+    missing = [c for c in COLUMNS if c not in df.columns]
+    if missing:
+        if not quiet:
+            print(f"book/data/{chapter}.csv was written by an older harness (it has no {', '.join(missing)} "
+                  f"column): no results of the current harness are committed yet; `make gpu-run` rewrites it")
+        return None
     return df if len(df) else None
 
 
