@@ -28,6 +28,14 @@ from .book import progress
 SAMPLED_IMAGES = 4
 
 
+def named(impls, name: str):
+    """The implementation called `name` among impls (a chapter's IMPLEMENTATIONS)."""
+    for impl in impls:
+        if impl.name == name:
+            return impl
+    raise KeyError(f"no implementation {name!r}; there are: {', '.join(i.name for i in impls)}")
+
+
 def _is_gpu() -> bool:
     import convlab as cl
 

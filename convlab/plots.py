@@ -93,3 +93,54 @@ def plot_committed(chapter: str, *, title: str | None = None):
         note = ("committed results of a GPU run, read from book/data/"
                 f"{chapter}.csv; nothing on this figure was timed on this machine (it runs the emulator)")
     return plot_times(df, title=title, note=note)
+
+
+def _committed_note(name: str) -> str | None:
+    import convlab as cl
+
+    if cl.device().backend == "cuda":
+        return None
+    return (f"committed results of a GPU run (book/data/{name}.csv); nothing on this figure was timed on "
+            "this machine (it runs the emulator)")
+
+
+def show_committed(chapter: str, *, data=None, title: str | None = None, passes=("forward",)):
+    """The chapter's figure: `data` (this run's rows, on a GPU) or the committed results of the last
+    GPU run, our kernels beside "torch best" (torch's per-layout rows are in the table, not the
+    figure); or one line saying there are none yet."""
+    df = data if data is not None else results.load(chapter)
+    if df is None:
+        print(f"No results of the current harness are committed yet for {chapter} (book/data/{chapter}.csv): "
+              "`make gpu-run` on a machine with a GPU measures them. Nothing is plotted: the emulator's "
+              "wall times say nothing about a GPU.")
+        return None
+    df = df[df["pass"].isin(passes) & df["kind"].isin(["ours", "torch best", "cpu"])]
+    return plot_times(df, title=title, note=None if data is not None else _committed_note(chapter))
+
+
+def heatmap(df, rows: str, cols: str, title: str, *, note: str | None = None, labels=None):
+    """GPU ms of a sweep as a heatmap over two of its columns, the best setting outlined in red."""
+    import numpy as np
+
+    table = df.pivot_table(index=rows, columns=cols, values="ms", sort=False)
+    fig, ax = plt.subplots(figsize=(1.3 * table.shape[1] + 3, 0.6 * table.shape[0] + 2.4), layout="constrained")
+    sns.heatmap(table, annot=True, fmt=".3g", cmap="viridis_r", cbar_kws={"label": "GPU ms (median)"}, ax=ax)
+    i, j = np.unravel_index(np.nanargmin(table.values), table.shape)
+    ax.add_patch(plt.Rectangle((j, i), 1, 1, fill=False, edgecolor="red", lw=3))
+    ax.set_title(title + f"\nbest (red): {table.index[i]} × {table.columns[j]}, {table.values[i, j]:.3g} ms")
+    if labels:
+        ax.set_ylabel(labels[0])
+        ax.set_xlabel(labels[1])
+    fig.text(0.01, -0.01, results.provenance(df) + (f"\n{note}" if note else ""), fontsize=8, ha="left", va="top")
+    return fig
+
+
+def show_sweep(name: str, rows: str, cols: str, title: str, *, data=None, labels=None):
+    """The heatmap of a sweep: `data` (this run's, on a GPU) or book/data/<name>.csv; the frame shown."""
+    df = data if data is not None else results.load(name)
+    if df is None:
+        print(f"No results of the current harness are committed yet for {name} (book/data/{name}.csv).")
+        return None
+    heatmap(df, rows, cols, title, note=None if data is not None else _committed_note(name), labels=labels)
+    plt.show()
+    return df
