@@ -104,3 +104,11 @@ def test_heatmap_outlines_the_fastest_setting():
     assert [(o.get_x(), o.get_y()) for o in outline] == [(0, 1)]     # column ROWS=1, row BLOCK=128
     assert "BLOCK=128, ROWS=1: 1250 µs" in ax.get_title()
     assert np.isclose(ax.collections[0].get_array().min(), 1250)
+
+
+def test_report_names_the_time_it_holds():
+    assert "GPU ms" in results.report(_chapter_rows()).columns
+    wl = workloads.get("lenet_c1")
+    cpu = results.frame([results.row(wl, "C++ loop nest", results.Measured(50.0, 49.0, 51.0), kind="cpu",
+                                     device="CPU: test", cudnn="n/a (CPU)")])
+    assert list(results.report(cpu).columns[:1]) == ["CPU ms (wall)"]
