@@ -148,7 +148,7 @@ def load(chapter: str):
     target = data_path(chapter)
     if not target.is_file():
         return None
-    df = pd.read_csv(target)
+    df = pd.read_csv(target, keep_default_na=False, na_values=[""])   # "n/a" (cuDNN on a CPU) stays text
     return df if len(df) else None
 
 
