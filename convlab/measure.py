@@ -127,8 +127,7 @@ def _atol(ref, dtype: str, length: int) -> float:
 
 def time_impl(fn, reps: int = 20) -> results.Measured:
     """GPU time, the time a caller sees, and the time per call in a loop (see convlab.results)."""
-    # the module's names: `convlab.bench` itself is the cl.bench function (convlab/__init__.py)
-    from .bench import bench, time_caller, time_gpu, wall_per_call
+    from .bench import bench, time_caller, time_gpu, wall_per_call   # (convlab.bench is the function)
 
     if not _is_gpu():
         t = bench(fn, reps=1, warmup=0)

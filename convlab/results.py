@@ -150,7 +150,7 @@ def load(chapter: str, *, quiet: bool = False):
     target = data_path(chapter)
     if not target.is_file():
         return None
-    df = pd.read_csv(target)
+    df = pd.read_csv(target, keep_default_na=False, na_values=[""])   # "n/a" (cuDNN on a CPU) stays text
     missing = [c for c in COLUMNS if c not in df.columns]
     if missing:
         if not quiet:
