@@ -110,3 +110,82 @@ def test_launch_from_another_thread(features):
     t.join()
     assert not errors, errors
     cl.check(y, x)
+
+
+def test_a_module_keeps_one_kernel_object(features):
+    mod = cl.load(features / "atomics_warp.cu")
+    assert mod.kernel("scale_by_constant") is mod.kernel("scale_by_constant") is mod.scale_by_constant
+    assert cl.load(features / "atomics_warp.cu") is mod          # the same text: the same module
+
+
+def test_unusual_arguments_go_through_the_full_checks(scale):
+    """numpy integers, a list grid, an int block: not the quick path, but accepted as before; the
+    quick path then still checks every call (a wrong dtype after good calls is still refused)."""
+    import numpy as np
+    x, y = cl.randn(8), cl.empty(8)
+    scale(x, y, np.int64(8), grid=[1], block=8)
+    cl.sync()
+    cl.check(y, x)
+    scale(x, y, 8, grid=(1, 1, 1), block=(8, 1, 1))
+    with pytest.raises(cl.ArgumentError, match="torch.float32"):
+        scale(x.double(), y, 8, grid=(1, 1, 1), block=(8, 1, 1))
+    with pytest.raises(cl.LaunchError, match="grid y = 65,536"):
+        scale(x, y, 8, grid=(1, 65536, 1), block=(8, 1, 1))
+
+
+def _conv_inputs():
+    x, w = cl.randn(2, 3, 9, 11), cl.randn(4, 3, 3, 3)
+    return x, w, cl.ref.conv2d(x, w, padding=1)
+
+
+def _naive_from(monkeypatch, path):
+    """Chapter 2's launchers, pointed at another copy of their .cu file."""
+    from convlab.ops import naive
+    monkeypatch.setattr(naive, "KERNEL_FILE", str(path))
+    monkeypatch.setattr(naive, "_plans", {})
+    return naive
+
+
+def test_debug_poisons_what_launchers_allocate(tmp_path, monkeypatch):
+    """A launcher whose kernel leaves an output unwritten fails cl.check under cl.debug (and on the
+    emulator always): its new output was NaN, not whatever memory torch.empty handed out."""
+    src = (cl.book.repo_root() / "kernels/02_naive/conv2d_naive.cu").read_text()
+    broken = src.replace("        y[i] = acc;", "        if (i != total - 1) y[i] = acc;   // forgets the last one")
+    assert broken != src
+    (tmp_path / "conv2d_naive.cu").write_text(broken)
+    naive = _naive_from(monkeypatch, tmp_path / "conv2d_naive.cu")
+    x, w, ref = _conv_inputs()
+    assert cl.poisoning() == (cl.backend() == "emu")
+    with cl.debug():
+        assert cl.poisoning()
+        with pytest.raises(cl.CheckError, match="1 of 792 outputs were never written"):
+            cl.check(naive.conv2d_naive_flat(x, w, padding=1), ref)
+    assert cl.poisoning() == (cl.backend() == "emu")
+    if cl.backend() == "emu":        # the students' checks run here: poisoned without asking
+        with pytest.raises(cl.CheckError, match="never written"):
+            cl.check(naive.conv2d_naive_flat(x, w, padding=1), ref)
+    cl.debug(True)
+    try:
+        assert cl.poisoning()
+    finally:
+        cl.debug(False)
+    assert cl.poisoning() == (cl.backend() == "emu")
+
+
+def test_an_edited_kernel_file_recompiles_through_its_launcher(tmp_path, monkeypatch):
+    """Launchers find their module again on every call: edit the .cu (as in a live notebook) and the
+    next call runs the new code; put the old text back and the module compiled for it is used again."""
+    from convlab.ops import _kernels
+    path = tmp_path / "conv2d_naive.cu"
+    src = (cl.book.repo_root() / "kernels/02_naive/conv2d_naive.cu").read_text()
+    path.write_text(src)
+    naive = _naive_from(monkeypatch, path)
+    x, w, ref = _conv_inputs()
+    cl.check(naive.conv2d_naive_flat(x, w, padding=1), ref)
+    first = _kernels.module(str(path))
+    path.write_text(src.replace("        y[i] = acc;", "        y[i] = 2.0f * acc;"))
+    cl.check(naive.conv2d_naive_flat(x, w, padding=1), 2 * ref, name="the edited kernel")
+    assert _kernels.module(str(path)) is not first
+    path.write_text(src)
+    cl.check(naive.conv2d_naive_flat(x, w, padding=1), ref, name="the first text again")
+    assert _kernels.module(str(path)) is first
