@@ -88,14 +88,13 @@ def kernels():
 def resolve(fn, tunables, wl):
     """Fill in tunables that depend on the workload ("K", "auto", pick())."""
     if fn is None:
-        name, fn, tun = fused.pick(wl)
-        return fn, dict(tun), name
+        best = fused.pick(wl)
+        return best.launcher, best.config(wl), best.name
     t = dict(tunables)
     if t.get("KSIZE") == "K":
         t["KSIZE"] = wl.K
     if t.get("BM") == "auto":     # the dispatcher's GEMM tile for this many maps
-        t.update({"BM": 128, "BN": 64} if wl.M >= 128 else {"BM": 64, "BN": 128})
-        t.update({"BK": 8, "TM": 8, "TN": 8})
+        t.update(fused.gemm_config(wl.M))
     return fn, t, None
 
 
@@ -105,8 +104,8 @@ def reference(x, w, wl):
     """fp64 reference: torch on the GPU (fast at full size), cl.ref on the emulator."""
     if cl.backend() == "cuda":
         with strict_fp32():
-            return torch.nn.functional.conv2d(x.double(), w.double(), stride=wl.stride, padding=wl.pad)
-    return cl.ref.conv2d(x, w, stride=wl.stride, padding=wl.pad)
+            return torch.nn.functional.conv2d(x.double(), w.double(), stride=wl.stride, padding=wl.padding)
+    return cl.ref.conv2d(x, w, stride=wl.stride, padding=wl.padding)
 
 
 def check(y, ref, x, w, wl, fn, tunables):
@@ -157,7 +156,7 @@ def row(wl, chapter, name, tunables, t, status, floor_ms, torch_ms):
 
 
 def time_torch(x, w, wl, tuned, reps):
-    conv = lambda: torch.nn.functional.conv2d(x, w, stride=wl.stride, padding=wl.pad)  # noqa: E731
+    conv = lambda: torch.nn.functional.conv2d(x, w, stride=wl.stride, padding=wl.padding)  # noqa: E731
     saved = torch.backends.cudnn.benchmark
     try:
         torch.backends.cudnn.benchmark = tuned
@@ -193,7 +192,7 @@ def bench_workload(wl, selected, reps, log):
             continue
         fn, tun, picked = resolve(fn, tunables, wl)
         label = name if picked is None else f"{name}: {picked}"
-        call = lambda: fn(x, w, y, stride=wl.stride, pad=wl.pad, **tun)  # noqa: E731
+        call = lambda: fn(x, w, y, stride=wl.stride, padding=wl.padding, **tun)  # noqa: E731
         try:
             y.fill_(float("nan"))
             call()
@@ -262,7 +261,7 @@ def sweep_workload(wl, selected, reps, log):
     rows = []
     configs = [c for c in sweep_configs(wl) if not selected or any(k in c[0] for k in selected)]
     for i, (name, fn, tun) in enumerate(configs):
-        call = lambda: fn(x, w, y, stride=wl.stride, pad=wl.pad, **tun)  # noqa: E731
+        call = lambda: fn(x, w, y, stride=wl.stride, padding=wl.padding, **tun)  # noqa: E731
         try:
             y.fill_(float("nan"))
             call()

@@ -79,7 +79,7 @@ def randn(*shape, gen):
 
 def references(x, w, dy, wl):
     """fp64 y, dx, dw: torch in double on the GPU (fast at full size), cl.ref on the emulator."""
-    s, p = wl.stride, wl.pad
+    s, p = wl.stride, wl.padding
     if cl.backend() == "cuda":
         with strict_fp32():
             xd, wd, dyd = x.double(), w.double(), dy.double()
@@ -133,34 +133,34 @@ def timed(fn, reps):
 
 def contenders(wl, x, w, dy, skip_slow):
     """(pass, name, callable, reference key, slow) for our kernels on this workload."""
-    s, p = wl.stride, wl.pad
-    xs, ws = x.shape, w.shape
+    s, p = wl.stride, wl.padding
+    hw, K = (wl.H, wl.W), wl.K
     out = []
-    out.append(("forward", "ours: " + fused.pick(wl)[0], lambda: fused.conv2d_best(x, w, stride=s, pad=p), "y", False))
+    out.append(("forward", "ours: " + fused.pick(wl).name, lambda: fused.conv2d_best(x, w, stride=s, padding=p), "y", False))
     if not skip_slow:
-        out.append(("dX", "scatter (atomics)", lambda: bp.conv2d_input_grad_scatter(dy, w, xs, stride=s, pad=p), "dx", True))
-    out.append(("dX", "gather (transposed conv)", lambda: bp.conv2d_input_grad_gather(dy, w, xs, stride=s, pad=p), "dx", False))
+        out.append(("dX", "scatter (atomics)", lambda: bp.conv2d_input_grad_scatter(dy, w, stride=s, padding=p, input_size=hw), "dx", True))
+    out.append(("dX", "gather (transposed conv)", lambda: bp.conv2d_input_grad_gather(dy, w, stride=s, padding=p, input_size=hw), "dx", False))
     if s == 1 and p <= wl.K - 1:
-        out.append(("dX", "forward of flipped mask", lambda: bp.conv2d_input_grad_forward(dy, w, xs, stride=s, pad=p),
+        out.append(("dX", "forward of flipped mask", lambda: bp.conv2d_input_grad_forward(dy, w, stride=s, padding=p, input_size=hw),
                     "dx", False))
-    name_dx = bp.pick_input_grad(wl.B, wl.C, wl.M, wl.H, wl.W, wl.K, s, p)[0]
-    out.append(("dX", f"best: {name_dx}", lambda: bp.conv2d_input_grad_best(dy, w, xs, stride=s, pad=p), "dx", False))
+    name_dx = bp.pick_input_grad(wl).name
+    out.append(("dX", f"best: {name_dx}", lambda: bp.conv2d_input_grad_best(dy, w, stride=s, padding=p, input_size=hw), "dx", False))
     if not skip_slow:
-        out.append(("dW", "atomics per product", lambda: bp.conv2d_weight_grad_atomic(x, dy, ws, stride=s, pad=p), "dw", True))
+        out.append(("dW", "atomics per product", lambda: bp.conv2d_weight_grad_atomic(x, dy, stride=s, padding=p, kernel_size=K), "dw", True))
     if wl.C * wl.K * wl.K <= 256:        # the direct reduction keeps all taps of a channel per thread
         for final in ("partials", "atomic"):
             out.append(("dW", f"direct, {'second pass' if final == 'partials' else 'block atomics'}",
-                        lambda final=final: bp.conv2d_weight_grad_direct(x, dy, ws, stride=s, pad=p, final=final),
+                        lambda final=final: bp.conv2d_weight_grad_direct(x, dy, stride=s, padding=p, kernel_size=K, final=final),
                         "dw", False))
     for final in ("partials", "atomic"):
         out.append(("dW", f"split-K GEMM, {'second pass' if final == 'partials' else 'block atomics'}",
-                    lambda final=final: bp.conv2d_weight_grad_gemm(x, dy, ws, stride=s, pad=p, final=final), "dw", False))
-    name_dw = bp.pick_weight_grad(wl.B, wl.C, wl.M, wl.H, wl.W, wl.K, s, p)[0]
-    out.append(("dW", f"best: {name_dw}", lambda: bp.conv2d_weight_grad_best(x, dy, ws, stride=s, pad=p), "dw", False))
+                    lambda final=final: bp.conv2d_weight_grad_gemm(x, dy, stride=s, padding=p, kernel_size=K, final=final), "dw", False))
+    name_dw = bp.pick_weight_grad(wl).name
+    out.append(("dW", f"best: {name_dw}", lambda: bp.conv2d_weight_grad_best(x, dy, stride=s, padding=p, kernel_size=K), "dw", False))
 
     def total():
-        return (fused.conv2d_best(x, w, stride=s, pad=p), bp.conv2d_input_grad_best(dy, w, xs, stride=s, pad=p),
-                bp.conv2d_weight_grad_best(x, dy, ws, stride=s, pad=p))
+        return (fused.conv2d_best(x, w, stride=s, padding=p), bp.conv2d_input_grad_best(dy, w, stride=s, padding=p, input_size=hw),
+                bp.conv2d_weight_grad_best(x, dy, stride=s, padding=p, kernel_size=K))
     out.append(("fwd+dX+dW", "ours: best forward + best dX + best dW", total, "all", False))
 
     xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
@@ -173,7 +173,7 @@ def contenders(wl, x, w, dy, skip_slow):
 
 
 def torch_contenders(wl, x, w, dy):
-    s, p = wl.stride, wl.pad
+    s, p = wl.stride, wl.padding
     aten = torch.ops.aten.convolution_backward
 
     def dx():
@@ -293,10 +293,10 @@ def sweep_workload(wl, reps, log, gen):
     configs = sweep_configs(wl)
     for i, (pass_, name, fn, tun) in enumerate(configs):
         if pass_ == "dX":
-            call = lambda: fn(dy, w, x.shape, stride=wl.stride, pad=wl.pad, **tun)  # noqa: E731
+            call = lambda: fn(dy, w, stride=wl.stride, padding=wl.padding, input_size=(wl.H, wl.W), **tun)  # noqa: E731
             ref = dx_ref
         else:
-            call = lambda: fn(x, dy, w.shape, stride=wl.stride, pad=wl.pad, **tun)  # noqa: E731
+            call = lambda: fn(x, dy, stride=wl.stride, padding=wl.padding, kernel_size=wl.K, **tun)  # noqa: E731
             ref = dw_ref
         try:
             out = call()

@@ -95,8 +95,8 @@ def floor_ms(flops, nbytes, half: bool):
 
 def reference2d(x, w, wl):
     if cl.backend() == "cuda":
-        return F.conv2d(x.double(), w.double(), stride=wl.stride, padding=wl.pad)
-    return cl.ref.conv2d(x, w, stride=wl.stride, padding=wl.pad)
+        return F.conv2d(x.double(), w.double(), stride=wl.stride, padding=wl.padding)
+    return cl.ref.conv2d(x, w, stride=wl.stride, padding=wl.padding)
 
 
 def reference3d(x, w):
@@ -169,7 +169,7 @@ def timed(call, reps):
 
 def fp16_kernels(wl):
     """(name, launcher, tunables, accumulate, applies -> reason or None)."""
-    C, M, H, W, K, s, p = wl.C, wl.M, wl.H, wl.W, wl.K, wl.stride, wl.pad
+    C, M, H, W, K, s, p = wl.C, wl.M, wl.H, wl.W, wl.K, wl.stride, wl.padding
     direct = None if fp16.direct_fits(M, C, K) else "mask slice over 48 KB"
     smallc = None if fp16.smallc_fits(C, K, H, W, p, s) else "more than 8 channels or stride > 1"
     return [
@@ -186,7 +186,7 @@ def fp16_sweep(wl):
     WMMA block tiles, the few-channel kernel's warps and bands."""
     out = []
     C, M, K = wl.C, wl.M, wl.K
-    Ho = (wl.H + 2 * wl.pad - K) // wl.stride + 1
+    Ho = (wl.H + 2 * wl.padding - K) // wl.stride + 1
     if fp16.direct_fits(M, C, K):
         base = fp16.direct_config(M, C, K, Ho)
         for MT in sorted({base["MT"], min(base["MT"], 8), -(-min(M, 32) // 8) * 8}):
@@ -208,9 +208,9 @@ def fp16_sweep(wl):
             continue
         out.append(("sweep: WMMA implicit GEMM", fp16.conv2d_wmma,
                     {"BM": BM, "BN": BN, "BK": BK, "WARPS_M": WM, "WARPS_N": WN}, "float"))
-    if fp16.smallc_fits(C, K, wl.H, wl.W, wl.pad, wl.stride):
+    if fp16.smallc_fits(C, K, wl.H, wl.W, wl.padding, wl.stride):
         for warps in (1, 2, 4):
-            cfg = fp16.smallc_config(C, K, wl.H, wl.W, wl.pad, warps)
+            cfg = fp16.smallc_config(C, K, wl.H, wl.W, wl.padding, warps)
             if cfg:
                 out.append(("sweep: WMMA few channels", fp16.conv2d_wmma_smallc, {"WARPS": warps}, "float"))
                 if cfg["BAND"] >= Ho and Ho > 8:
@@ -220,7 +220,7 @@ def fp16_sweep(wl):
 
 
 def bench_fp16(wl, selected, reps, log, sweep=False):
-    B, C, M, H, W, K, s, p = wl.B, wl.C, wl.M, wl.H, wl.W, wl.K, wl.stride, wl.pad
+    B, C, M, H, W, K, s, p = wl.B, wl.C, wl.M, wl.H, wl.W, wl.K, wl.stride, wl.padding
     flops = wl.flops
     hbytes = wl.bytes // 2                    # the same elements in half
     floor = floor_ms(flops, hbytes, half=True)
@@ -271,9 +271,9 @@ def bench_fp16(wl, selected, reps, log, sweep=False):
         if why:
             continue
         if fn is None:
-            pname, fn, tun = fp16.pick(wl)
-            name = f"best (pick): {pname}"
-        call = lambda: fn(xh, wh, y, stride=s, pad=p, **tun)  # noqa: E731
+            best = fp16.pick(wl)
+            fn, tun, name = best.launcher, best.config(wl), f"best (pick): {best.name}"
+        call = lambda: fn(xh, wh, y, stride=s, padding=p, **tun)  # noqa: E731
         y.fill_(float("nan"))
         t, err = timed(call, reps)
         status = err or fp16_status(y, ref, C, K, acc)
@@ -300,7 +300,7 @@ def bench_fp16(wl, selected, reps, log, sweep=False):
         add("torch: x.half() -> conv2d (tuned) -> .float()", {}, t, err or "ok (not checked)", nb=e2e_bytes,
             fmin=e2e_floor, chapter=0)
         y32.fill_(float("nan"))
-        t, err = timed(lambda: fp16.conv2d_fp16(x, w, y32, stride=s, pad=p), reps)
+        t, err = timed(lambda: fp16.conv2d_fp16(x, w, y32, stride=s, padding=p), reps)
         status = err or fp16_status(y32, ref, C, K, "float")
         add("ours: to_half -> best -> to_float", {}, t if status == "ok" else None, status, nb=e2e_bytes,
             fmin=e2e_floor)
@@ -371,13 +371,13 @@ def bench_conv3d(wl, selected, reps, log, sweep=False):
     if sweep:
         configs = conv3d_sweep(wl)
     else:
-        configs = [(n, f, {}) for n, f in conv3d.IMPLEMENTATIONS.items()] + [("best (pick)", None, {})]
+        configs = [(impl.name, impl.launcher, {}) for impl in conv3d.IMPLEMENTATIONS] + [("best (pick)", None, {})]
     for name, fn, tun in configs:
         if selected and not any(k.lower() in name.lower() for k in selected):
             continue
         if fn is None:
-            pname, fn, tun = conv3d.pick(wl)
-            name = f"best (pick): {pname}"
+            best = conv3d.pick(wl)
+            fn, tun, name = best.launcher, best.config(wl), f"best (pick): {best.name}"
         y.fill_(float("nan"))
         t, err = timed(lambda: fn(x, w, y, **tun), reps)
         status = err or check(y, ref, 1e-5, atol=1e-5)
