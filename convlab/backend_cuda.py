@@ -127,7 +127,8 @@ class CudaModule:
 
     def launcher(self, name, params, ctypes):
         """launch(values, grid, block, shared) for one kernel: values are the checked arguments
-        (tensors and Python numbers) in order; grid and block 3-tuples already within the limits.
+        (tensors and Python numbers, a tuple or a list) in order; grid and block 3-tuples already
+        within the limits.
         Pointers go as their addresses, half scalars as their 16 bits, everything else as it is,
         packed by PyCUDA's prepared call with the struct format worked out here once."""
         import numpy as np
@@ -140,6 +141,7 @@ class CudaModule:
         opt_in = [48 * 1024]         # the dynamic shared memory this function may use now
 
         def launch(values, grid, block, shared):
+            values = list(values)
             for i in pointers:
                 values[i] = values[i].data_ptr()
             for i in halves:
