@@ -13,9 +13,9 @@ On a GPU, three figures per launcher:
 - gpu_us: cl.bench's time for the same call (events with the GPU held: the kernels' own time).
 torch.nn.functional.conv2d on the same layer is the yardstick.
 
-On the emulator the backend's own launch (compiling nothing, running nothing) is replaced by a
-no-op and outputs are not poisoned, as on a GPU: python_us is then the Python above the backend's
-launch, the code both backends share (launchers, Kernel.__call__, argument checks).
+On the emulator the backend's own launch (running nothing) is replaced by a no-op and outputs are
+not poisoned, as on a GPU: python_us is then the CPU time of the Python above the backend's launch,
+the code both backends share (launchers, Kernel.__call__, argument checks).
 """
 from __future__ import annotations
 
@@ -94,14 +94,15 @@ def caller_us_gpu(fn, reps: int = 50) -> float:
 
 
 def python_us_emu(fn, repeats: int = 5) -> float:
-    """Per call, the best of a few loops (the machine may be shared), backend launch stubbed out."""
+    """Per call, the backend's launch stubbed out: this thread's CPU time (other processes on a
+    shared machine do not count), the best of a few loops."""
     fn()
     best = float("inf")
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        t0 = time.thread_time()
         for _ in range(CALLS):
             fn()
-        best = min(best, (time.perf_counter() - t0) / CALLS * 1e6)
+        best = min(best, (time.thread_time() - t0) / CALLS * 1e6)
     return best
 
 
