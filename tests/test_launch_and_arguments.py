@@ -189,3 +189,48 @@ def test_an_edited_kernel_file_recompiles_through_its_launcher(tmp_path, monkeyp
     path.write_text(src)
     cl.check(naive.conv2d_naive_flat(x, w, padding=1), ref, name="the first text again")
     assert _kernels.module(str(path)) is first
+
+
+def test_the_gpu_launcher_packs_what_pycuda_needs():
+    """The cuda backend's launch function with a stand-in for PyCUDA (no GPU needed): the struct
+    format, the packed values (addresses, floats, half bits), the shared-memory opt-in set once."""
+    import threading
+    from convlab import _args, _source
+    from convlab.backend_cuda import CudaBackend, CudaModule
+
+    calls = []
+
+    class Function:
+        def prepare(self, fmt):
+            self.fmt = fmt
+
+        def prepared_call(self, grid, block, *args, shared_size=0):
+            calls.append((grid, block, args, shared_size))
+
+        def set_attribute(self, attr, value):
+            calls.append((attr, value))
+
+    class Driver:
+        class Context:
+            get_current = staticmethod(lambda: "the primary context")
+
+        class function_attribute:
+            MAX_DYNAMIC_SHARED_SIZE_BYTES = "max dynamic shared"
+
+    f = Function()
+    backend = object.__new__(CudaBackend)       # no GPU: only what a launch uses
+    backend.drv, backend._threads, backend.max_shared_optin = Driver, threading.local(), 100_000
+    src = _source.parse("__global__ void k(const float* x, half* y, int n, float a, half h) {}", "k.cu", [])
+    params = src.kernels["k"].params
+    mod = CudaModule(backend, type("Mod", (), {"get_function": lambda self, name: f})(), src)
+    launch = mod.launcher("k", params, [_args.ctype_of(p, "k") for p in params])
+    assert f.fmt == "PPifH"
+    x, y = torch.ones(4), torch.ones(4, dtype=torch.float16)
+    launch((x, y, 4, 2, 1.5), (3, 1, 1), (32, 1, 1), 0)
+    assert calls[-1] == ((3, 1, 1), (32, 1, 1), (x.data_ptr(), y.data_ptr(), 4, 2.0, 0x3E00), 0)
+    assert type(calls[-1][2][3]) is float
+    launch((x, y, 4, 2.0, 1.5), (3, 1, 1), (32, 1, 1), 64 * 1024)
+    launch((x, y, 4, 2.0, 1.5), (3, 1, 1), (32, 1, 1), 64 * 1024)
+    assert [c for c in calls if c[0] == "max dynamic shared"] == [("max dynamic shared", 64 * 1024)]
+    with pytest.raises(cl.LaunchError, match="opt-in maximum of 100,000"):
+        launch((x, y, 4, 2.0, 1.5), (3, 1, 1), (32, 1, 1), 200_000)
