@@ -37,7 +37,7 @@ import torch
 
 from .._limits import GRID_X_MAX, GRID_YZ_MAX, INT32_MAX, SHARED_DEFAULT_MAX
 from ..workloads import Workload
-from . import Impl, ceil_div, new_output, out_size, output
+from . import Impl, ceil_div, fused, new_output, out_size, output
 from ._kernels import Launch, remember
 
 DX_SCATTER_FILE = "kernels/08_backprop/conv2d_dx_scatter.cu"
@@ -48,7 +48,6 @@ DW_GEMM_FILE = "kernels/08_backprop/conv2d_dw_gemm.cu"
 REDUCE_FILE = "kernels/08_backprop/reduce_partials.cu"
 FLIP_FILE = "kernels/08_backprop/mask_flip.cu"
 
-MAX_SHARED = SHARED_DEFAULT_MAX
 FINALS = ("partials", "atomic")
 
 _plans: dict = {}
@@ -205,12 +204,12 @@ def conv2d_input_grad_gather(dy, w, dx=None, *, stride: int = 1, padding: int = 
         KS = ceil_div(K, stride)
         KP = KS * stride
         per_group = KP * KP * mv * ct * 4                   # bytes of mask per group of MV maps
-        fit = MAX_SHARED // per_group * mv
+        fit = SHARED_DEFAULT_MAX // per_group * mv
         if fit < mv:
             raise ValueError(f"one group of MV={mv} maps x CT={ct} channels of a {K}x{K} mask needs {per_group:,} "
                              "bytes of shared memory, over 48 KB: lower CT or MV")
         chunk = min(ceil_div(M, mv) * mv, fit) if mchunk is None else int(mchunk)
-        if chunk % mv or chunk < mv or chunk * KP * KP * ct * 4 > MAX_SHARED:
+        if chunk % mv or chunk < mv or chunk * KP * KP * ct * 4 > SHARED_DEFAULT_MAX:
             raise ValueError(f"mchunk={chunk}: must be a multiple of MV={mv} whose mask slice fits in 48 KB")
         strips = ceil_div(ceil_div(H, stride), rows)
         threads = B * stride * strips * W
@@ -247,8 +246,6 @@ def conv2d_input_grad_forward(dy, w, dx=None, *, stride: int = 1, padding: int =
     """dx as a forward convolution: chapter 5's pick for the transposed layer (M channels in, C maps
     out, so fused.gemm_config(C)'s tile for a GEMM) on dy with the flipped, transposed mask and
     padding K-1-padding. Stride 1 and padding <= K-1 only."""
-    from . import fused
-
     def build():
         B, C, M, H, W, K, Ho, Wo = grad_shapes(x_shape, w, dy, stride, padding)
         if stride != 1:
@@ -330,7 +327,7 @@ def conv2d_weight_grad_direct(x, dy, dw=None, *, stride: int = 1, padding: int =
         block, min_blocks = int(BLOCK or cfg["BLOCK"]), int(MIN_BLOCKS or cfg["MIN_BLOCKS"])
         if block % 32 or block > 1024:
             raise ValueError(f"BLOCK={block}: a multiple of 32, at most 1024 (the block sum uses whole warps)")
-        if (block // 32) * mt * K * K * 4 > MAX_SHARED:
+        if (block // 32) * mt * K * K * 4 > SHARED_DEFAULT_MAX:
             raise ValueError(f"MT={mt}, K={K}, BLOCK={block}: the per-warp sums need more than 48 KB of shared memory")
         pairs = ceil_div(M, mt) * C
         tasks = B * ceil_div(Ho, rows) * Wo
@@ -384,7 +381,7 @@ def check_gemm_dw_tunables(BM: int, BN: int, BK: int, TM: int, TN: int) -> None:
                          "TM, TN multiples of 4 dividing BM, BN; threads a multiple of BK; BM and BN multiples "
                          "of threads/BK; at most 1024 threads")
     smem = 4 * 2 * BK * ((BM + 4) + (BN + 4))
-    if smem > MAX_SHARED:
+    if smem > SHARED_DEFAULT_MAX:
         raise ValueError(f"tile BM={BM} BN={BN} BK={BK} needs {smem:,} bytes of shared memory, over 48 KB")
 
 
@@ -509,13 +506,11 @@ class Conv2dFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, w, bias=None, stride: int = 1, padding: int = 0):
-        from .fused import conv2d_best
-
         stride, padding = int(stride), int(padding)
         x, w = x.contiguous(), w.contiguous()
         _check_in(x, "x")
         _check_in(w, "w")
-        y = conv2d_best(x, w, stride=stride, padding=padding)
+        y = fused.conv2d_best(x, w, stride=stride, padding=padding)
         if bias is not None:
             y.add_(bias.view(1, -1, 1, 1))
         ctx.save_for_backward(x, w)

@@ -39,7 +39,6 @@ SMALLC_FILE = "kernels/06_fp16/conv2d_wmma_smallc.cu"
 
 U16 = 2.0 ** -11          # unit roundoff of fp16 (11 significant bits, round to nearest)
 U32 = 2.0 ** -24          # ... of fp32
-MAX_SHARED = SHARED_DEFAULT_MAX
 CONVERT_BLOCK = 256
 
 _plans: dict = {}
@@ -69,7 +68,7 @@ def _scratch(shape, like, dtype=torch.float16):
 
 
 def _aligned16(t) -> bool:
-    return t.device.type == "meta" or t.data_ptr() % 16 == 0
+    return t.is_meta or t.data_ptr() % 16 == 0
 
 
 def _convert(name, src, dst):
@@ -130,7 +129,7 @@ def direct_config(M: int, C: int, K: int, Ho: int | None = None) -> dict:
     while True:
         per = ceil_div(M, groups)
         MT = ceil_div(per, 8) * 8 if per > 8 else ceil_div(per, 2) * 2
-        if C * K * K * MT * 2 <= MAX_SHARED or MT <= 2:
+        if C * K * K * MT * 2 <= SHARED_DEFAULT_MAX or MT <= 2:
             break
         groups += 1
     rows = 1
@@ -143,7 +142,7 @@ def direct_config(M: int, C: int, K: int, Ho: int | None = None) -> dict:
 
 def direct_fits(M: int, C: int, K: int, MT: int | None = None) -> bool:
     MT = MT or direct_config(M, C, K)["MT"]
-    return C * K * K * MT * 2 <= MAX_SHARED
+    return C * K * K * MT * 2 <= SHARED_DEFAULT_MAX
 
 
 def _direct(path, kname, xh, wh, y, stride, padding, MT, ROWS, BLOCK):
@@ -209,7 +208,7 @@ def check_wmma_tunables(BM: int, BN: int, BK: int, WARPS_M: int, WARPS_N: int) -
                          "BM, BN, BK multiples of 16; warp tiles multiples of 16; the threads a multiple "
                          "of BN/2 and BK a multiple of threads/(BN/2)")
     smem = max(2 * BM * (BK + 8) * 2 + 2 * BK * (BN + 8) * 2, WARPS_M * WARPS_N * 16 * (wtn + 4) * 4)
-    if smem > MAX_SHARED:
+    if smem > SHARED_DEFAULT_MAX:
         raise ValueError(f"tile BM={BM} BN={BN} BK={BK} needs {smem:,} bytes of shared memory, over 48 KB")
 
 
@@ -267,10 +266,10 @@ def smallc_config(C: int, K: int, H: int, W: int, padding: int = 0, WARPS: int |
         return None
     warps_options = [int(WARPS)] if WARPS else ([4, 2, 1] if 8 // cp <= 2 else [2, 1])
     for warps in warps_options:
-        if smallc_shared(C, K, RP, 1, warps) > MAX_SHARED:
+        if smallc_shared(C, K, RP, 1, warps) > SHARED_DEFAULT_MAX:
             continue
         band = Ho
-        while smallc_shared(C, K, RP, band, warps) > MAX_SHARED:
+        while smallc_shared(C, K, RP, band, warps) > SHARED_DEFAULT_MAX:
             band -= 1
         nbands = ceil_div(Ho, band)
         band = ceil_div(Ho, nbands)          # equal bands: less waste in the last one
@@ -297,7 +296,7 @@ def conv2d_wmma_smallc(xh, wh, y=None, *, stride: int = 1, padding: int = 0, WAR
                              f"K={K}, W={W}, padding={padding} (use conv2d_wmma)")
         if BAND is not None:
             cfg["BAND"] = int(BAND)
-            if smallc_shared(C, K, cfg["RP"], cfg["BAND"], cfg["WARPS"]) > MAX_SHARED:
+            if smallc_shared(C, K, cfg["RP"], cfg["BAND"], cfg["WARPS"]) > SHARED_DEFAULT_MAX:
                 raise ValueError(f"BAND={BAND} needs more than 48 KB of shared memory")
         groups = ceil_div(M, 16)
         defines = {"C_IN": C, "M_OUT": M, "KSIZE": K, "IN_H": H, "IN_W": W, "PAD": padding, **cfg}
