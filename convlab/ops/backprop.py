@@ -165,8 +165,7 @@ def _best_rows(n: int, target: int, halo: int) -> int:
 
 def gather_config(C: int, M: int, K: int, stride: int = 1, H: int | None = None) -> dict:
     """Default tunables of conv2d_dx_gather, chosen from what ptxas reports (nvcc 13, sm_90,
-    `-Xptxas -v` and the SASS instruction counts), not yet from a GPU sweep (benchmarks/
-    conv_backward.py --sweep does that):
+    `-Xptxas -v` and the SASS instruction counts), not from a GPU sweep:
     - CT (dx channels per thread): C=1 -> 1, C=2 -> 2, C<=4 -> 4, more -> 8. MV (maps per mask
       load) makes that load 16 bytes where it costs no registers (C=2: 2 maps x 2 channels), else 1.
       (C=1 with MV=4: ptxas hoists all 4 maps' dy columns and spills.)

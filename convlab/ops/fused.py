@@ -161,8 +161,8 @@ def conv2d_direct_coarse(x, w, y=None, *, stride: int = 1, padding: int = 0, ROW
 # ---- step 4: register-tiled direct convolution, mask in shared memory --------------------------------
 
 def regtile_config(M: int, C: int, K: int) -> dict:
-    """Default micro-tile for conv2d_direct_regtile, from the H200 sweep (benchmarks/conv2d_forward.py
-    --sweep, 2026-11-22):
+    """Default micro-tile for conv2d_direct_regtile, from an H200 sweep of MT, ROWS and BLOCK on the
+    three small-channel layers (2026-11-22; chapter 5 sweeps ROWS x BLOCK on fa17):
     - MT: the fewest map groups with at most 32 maps each (each group re-reads the input), MT the
       group size rounded up to 4: lenet_c1 4, lenet_c3 16, fa17 2 x 28 (56 slots for 50 maps beat
       1 x 52: 52 maps per thread need ~140 registers);
