@@ -127,14 +127,15 @@ def _atol(ref, dtype: str, length: int) -> float:
 
 def time_impl(fn, reps: int = 20) -> results.Measured:
     """GPU time, the time a caller sees, and the time per call in a loop (see convlab.results)."""
-    from . import bench
+    # `from . import bench` would give the function: convlab/__init__.py re-exports bench.bench
+    from .bench import bench, time_caller, time_gpu, wall_per_call
 
     if not _is_gpu():
-        t = bench.bench(fn, reps=1, warmup=0)
+        t = bench(fn, reps=1, warmup=0)
         return results.Measured(t.ms, t.p25, t.p75)
-    gpu = bench.time_gpu(fn, reps=reps)
-    caller = bench.time_caller(fn, reps=reps)
-    return results.Measured(gpu.ms, gpu.p25, gpu.p75, caller.ms, bench.wall_per_call(fn))
+    gpu = time_gpu(fn, reps=reps)
+    caller = time_caller(fn, reps=reps)
+    return results.Measured(gpu.ms, gpu.p25, gpu.p75, caller.ms, wall_per_call(fn))
 
 
 def _free():

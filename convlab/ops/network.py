@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from . import Impl, ceil_div, conv2d_shapes
+from . import Impl, ceil_div, conv2d_shapes, output
 from ._kernels import module, set_mask
 
 FUSED_FILE = "kernels/10_network/conv2d_bias_act_pool.cu"
@@ -40,20 +40,7 @@ def _code(table: dict, value: str, what: str) -> int:
 
 
 def _output(y, shape, like, name: str = "y"):
-    """y when given (its shape and layout checked), else a new tensor: NaN-filled on the emulator,
-    so an element a kernel never writes shows in cl.check; torch.empty on a GPU, like torch's ops."""
-    import convlab as cl
-
-    shape = tuple(int(s) for s in shape)
-    if y is None:
-        if cl.backend() == "cuda":
-            return torch.empty(shape, dtype=torch.float32, device=like.device)
-        return cl.empty(*shape)
-    if tuple(y.shape) != shape:
-        raise ValueError(f"{name} has shape {tuple(y.shape)}, expected {shape}")
-    if not y.is_contiguous():
-        raise ValueError(f"{name} must be contiguous: pass {name}.contiguous(), or leave it out")
-    return y
+    return output(y, tuple(int(s) for s in shape), like, name=name)
 
 
 def _elementwise_grid(n: int) -> tuple:

@@ -1,0 +1,346 @@
+"""Whole networks with every op a course kernel (chapter 10): forward, backward, training, and the
+same network in torch at the same weights, to check layer by layer and to compare with.
+
+    from convlab import network
+    arch = network.CLASS_PROJECT                       # or network.LENET5
+    params = network.init(arch, seed=0)                # torch's initialisation, on the backend's device
+    logits, tape = network.forward(arch, params, x, keep=True)
+    loss, grads = network.backward(arch, params, tape, labels)
+    data = network.digits(arch.image_size)             # scikit-learn's digits, resized
+    result = network.train(arch, data, epochs=5)       # ours; network.train_torch: torch's twin
+
+The networks:
+- CLASS_PROJECT: the class projects' network: conv 1->4, 7x7 on 86x86 (80x80 out), ReLU, 2x2 max
+  pool (40x40), conv 4->16, 7x7 (34x34), ReLU, pool (17x17), then fully-connected layers
+  4,624 -> 128 -> 10 (the widths of the fully-connected layers are ours).
+- LENET5: LeNet-5 at 28x28: conv 1->6, 5x5, padding 2, tanh, 2x2 average pool, conv 6->16, 5x5,
+  tanh, pool (5x5), then 400 -> 120 -> 84 -> 10 with tanh.
+
+Each conv stage runs as one kernel (conv + bias + activation + pooling, ops.network's fused kernel)
+or, with fused=False, as chapter 5's pick() convolution then the epilogue kernels. The backward
+pass uses chapter 8's dX and dW kernels for the convolutions and this chapter's kernels for the
+rest; the optimiser's update is a kernel too.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+
+import torch
+import torch.nn.functional as F
+
+from .ops import network as ops
+from .ops import new_output
+
+
+@dataclass(frozen=True)
+class ConvStage:
+    C: int
+    M: int
+    K: int
+    padding: int = 0
+    act: str = "relu"
+    pool: str = "max"
+
+
+@dataclass(frozen=True)
+class Architecture:
+    name: str
+    image_size: int
+    convs: tuple
+    hidden: tuple          # widths of the hidden fully-connected layers
+    act: str = "relu"      # the activation of the hidden fully-connected layers
+    classes: int = 10
+
+    def sizes(self) -> list:
+        """(conv output side, pooled side) per conv stage."""
+        out, n = [], self.image_size
+        for s in self.convs:
+            conv = n + 2 * s.padding - s.K + 1
+            n = ops.pooled_size(conv, s.pool)
+            out.append((conv, n))
+        return out
+
+    @property
+    def features(self) -> int:
+        return self.convs[-1].M * self.sizes()[-1][1] ** 2
+
+    @property
+    def widths(self) -> tuple:
+        """(in, out) of each fully-connected layer."""
+        w = (self.features, *self.hidden, self.classes)
+        return tuple(zip(w[:-1], w[1:]))
+
+    def conv_workloads(self, B: int) -> list:
+        """Each conv stage as a convlab.workloads.Workload for a batch of B images."""
+        from .workloads import Workload
+
+        side, out = self.image_size, []
+        for i, (s, (conv, pooled)) in enumerate(zip(self.convs, self.sizes())):
+            out.append(Workload(f"{self.key}_conv{i + 1}", B, s.C, s.M, side, side, s.K, padding=s.padding,
+                                note=f"{self.name}, conv stage {i + 1}"))
+            side = pooled
+        return out
+
+    @property
+    def key(self) -> str:
+        return {"class project": "project", "LeNet-5": "lenet5"}.get(self.name, self.name.replace(" ", "_"))
+
+    def at_size(self, image_size: int) -> "Architecture":
+        """The same layers on smaller images (the emulator's twin): only the first FC layer's width
+        in changes."""
+        return replace(self, image_size=image_size)
+
+    def __str__(self):
+        parts = []
+        for s, (conv, pooled) in zip(self.convs, self.sizes()):
+            pool = "" if s.pool == "none" else f", {s.pool} pool -> {pooled}x{pooled}"
+            pad = f" pad {s.padding}" if s.padding else ""
+            parts.append(f"conv {s.C}->{s.M} {s.K}x{s.K}{pad} -> {conv}x{conv}, {s.act}{pool}")
+        fc = " -> ".join(str(w) for w in (self.features, *self.hidden, self.classes))
+        return f"{self.name} on {self.image_size}x{self.image_size}: " + "; ".join(parts) + f"; FC {fc}"
+
+
+CLASS_PROJECT = Architecture("class project", 86, (ConvStage(1, 4, 7), ConvStage(4, 16, 7)), hidden=(128,))
+LENET5 = Architecture("LeNet-5", 28, (ConvStage(1, 6, 5, 2, "tanh", "avg"), ConvStage(6, 16, 5, 0, "tanh", "avg")),
+                      hidden=(120, 84), act="tanh")
+
+
+# ---- parameters -----------------------------------------------------------------------------------
+
+def torch_model(arch: Architecture) -> torch.nn.Module:
+    """The same network in torch (nn.Conv2d, nn.Linear, torch's activations and pooling)."""
+    return _TorchNet(arch)
+
+
+class _TorchNet(torch.nn.Module):
+    def __init__(self, arch):
+        super().__init__()
+        self.arch = arch
+        self.convs = torch.nn.ModuleList(torch.nn.Conv2d(s.C, s.M, s.K, padding=s.padding) for s in arch.convs)
+        self.fcs = torch.nn.ModuleList(torch.nn.Linear(i, o) for i, o in arch.widths)
+
+    def forward(self, x, tape: dict | None = None):
+        for i, (conv, s) in enumerate(zip(self.convs, self.arch.convs)):
+            x = _torch_act(conv(x), s.act)
+            if tape is not None:
+                tape[f"conv{i + 1}.act"] = x
+            x = {"max": F.max_pool2d, "avg": F.avg_pool2d}[s.pool](x, 2) if s.pool != "none" else x
+            if tape is not None:
+                tape[f"conv{i + 1}.out"] = x
+        x = x.flatten(1)
+        for j, fc in enumerate(self.fcs):
+            x = fc(x)
+            if j < len(self.fcs) - 1:
+                x = _torch_act(x, self.arch.act)
+            if tape is not None:
+                tape[f"fc{j + 1}.out"] = x
+        return x
+
+
+def _torch_act(t, act):
+    return {"relu": torch.relu, "tanh": torch.tanh, "none": lambda v: v}[act](t)
+
+
+def _device():
+    import convlab as cl
+
+    return torch.device(cl.device().torch_device)
+
+
+def init(arch: Architecture, seed: int = 0, device=None) -> dict:
+    """Parameters by name (conv1.weight, conv1.bias, ..., fc1.weight, ...), torch's default
+    initialisation from `seed`: the weights torch_model(arch) gets with the same seed."""
+    torch.manual_seed(seed)
+    model = torch_model(arch)
+    device = torch.device(device) if device is not None else _device()
+    return {_name(k): v.detach().to(device).contiguous() for k, v in model.state_dict().items()}
+
+
+def _name(torch_key: str) -> str:
+    """convs.0.weight -> conv1.weight, fcs.1.bias -> fc2.bias"""
+    kind, i, what = torch_key.split(".")
+    return f"{'conv' if kind == 'convs' else 'fc'}{int(i) + 1}.{what}"
+
+
+def load_into(model: torch.nn.Module, params: dict) -> torch.nn.Module:
+    """Copy our parameters into torch_model(arch) (same names, same layouts)."""
+    state = {}
+    for k in model.state_dict():
+        state[k] = params[_name(k)].detach().to(next(model.parameters()).device)
+    model.load_state_dict(state)
+    return model
+
+
+# ---- forward and backward with the course's kernels ----------------------------------------------------
+
+def forward(arch: Architecture, params: dict, x, *, keep: bool = False, fused: bool = True, logits=None):
+    """The logits (N, classes) of images x (N, 1, S, S), every op a course kernel. keep=True also
+    returns the tape the backward pass needs (each layer's input and activations). logits: an
+    output tensor to write into (the stream pipeline's slice of its result)."""
+    stage = ops.conv2d_bias_act_pool if fused else ops.conv2d_separate_epilogue
+    tape = {"x": x} if keep else None
+    h = x
+    for i, (s, (conv, _)) in enumerate(zip(arch.convs, arch.sizes())):
+        a = new_output((h.shape[0], s.M, conv, conv), h) if keep else None
+        h = stage(h, params[f"conv{i + 1}.weight"], padding=s.padding, bias=params[f"conv{i + 1}.bias"],
+                  act=s.act, pool=s.pool, act_out=a)
+        if keep:
+            tape[f"conv{i + 1}.act"], tape[f"conv{i + 1}.out"] = a, h
+    h = h.view(h.shape[0], -1)
+    n = len(arch.widths)
+    for j in range(n):
+        last = j == n - 1
+        h = ops.linear(h, params[f"fc{j + 1}.weight"], logits if last else None, bias=params[f"fc{j + 1}.bias"],
+                       act="none" if last else arch.act)
+        if keep:
+            tape[f"fc{j + 1}.out"] = h
+    return (h, tape) if keep else h
+
+
+def backward(arch: Architecture, params: dict, tape: dict, labels):
+    """(per-image losses (N,), gradients by parameter name) from forward(..., keep=True)'s tape."""
+    from .ops import backprop
+
+    n = len(arch.widths)
+    loss, dz = ops.softmax_xent(tape[f"fc{n}.out"], labels)
+    grads = {}
+    for j in reversed(range(n)):
+        if j < n - 1:      # through the hidden layer's activation (no pooling: a 1x1 "map" per feature)
+            a = tape[f"fc{j + 1}.out"]
+            dz = ops.pool_act_backward(a.view(*a.shape, 1, 1), dz.view(*dz.shape, 1, 1), act=arch.act,
+                                       pool="none").view(a.shape)
+        h = tape[f"fc{j}.out"] if j > 0 else tape[f"conv{len(arch.convs)}.out"].view(dz.shape[0], -1)
+        grads[f"fc{j + 1}.weight"] = ops.linear_dw(dz, h)
+        grads[f"fc{j + 1}.bias"] = ops.channel_sum(dz)
+        dz = ops.linear_dx(dz, params[f"fc{j + 1}.weight"])
+    dp = dz.view(tape[f"conv{len(arch.convs)}.out"].shape)
+    for i in reversed(range(len(arch.convs))):
+        s = arch.convs[i]
+        x_in = tape[f"conv{i}.out"] if i > 0 else tape["x"]
+        dz = ops.pool_act_backward(tape[f"conv{i + 1}.act"], dp, act=s.act, pool=s.pool)
+        w = params[f"conv{i + 1}.weight"]
+        grads[f"conv{i + 1}.weight"] = backprop.conv2d_weight_grad_best(x_in, dz, padding=s.padding, kernel_size=s.K)
+        grads[f"conv{i + 1}.bias"] = ops.channel_sum(dz)
+        if i > 0:
+            dp = backprop.conv2d_input_grad_best(dz, w, padding=s.padding, input_size=tuple(x_in.shape[2:]))
+    return loss, grads
+
+
+def mean_loss(loss) -> float:
+    """The batch's mean loss, summed by a kernel (channel_sum over a (1, 1, N) view); one number read back."""
+    return float(ops.channel_sum(loss.view(1, 1, -1))[0]) / loss.numel()
+
+
+# ---- data -----------------------------------------------------------------------------------------------
+
+def digits(image_size: int, test_fraction: float = 0.25, seed: int = 0):
+    """scikit-learn's 8x8 digits (convlab.lenet.load_digits: shipped inside the package, normalised),
+    resized to image_size x image_size with bilinear interpolation (torch's F.interpolate)."""
+    from .lenet import Dataset, load_digits
+
+    d = load_digits(test_fraction, seed)
+
+    def up(t):
+        return F.interpolate(t, size=(image_size, image_size), mode="bilinear", align_corners=False).contiguous()
+
+    return Dataset(f"digits (scikit-learn, 8x8 resized to {image_size}x{image_size})", up(d.x_train), d.y_train,
+                   up(d.x_test), d.y_test, d.classes)
+
+
+# ---- training -------------------------------------------------------------------------------------------
+
+@dataclass
+class TrainResult:
+    losses: list = field(default_factory=list)          # mean training loss of each step
+    test_accuracy: float = float("nan")
+    seconds: float = float("nan")                       # wall time of the training steps (synchronised)
+    steps: int = 0
+
+
+def _batches(n: int, batch_size: int, epochs: int, seed: int, max_steps: int | None):
+    gen = torch.Generator().manual_seed(seed)
+    steps = 0
+    for _ in range(epochs):
+        perm = torch.randperm(n, generator=gen)
+        for i in range(0, n, batch_size):
+            yield perm[i:i + batch_size]
+            steps += 1
+            if max_steps is not None and steps >= max_steps:
+                return
+
+
+def _sync():
+    import convlab as cl
+
+    cl.sync()
+
+
+def train(arch: Architecture, data, *, epochs: int = 5, batch_size: int = 64, lr: float = 0.05,
+          momentum: float = 0.9, seed: int = 0, max_steps: int | None = None, params: dict | None = None,
+          fused: bool = True) -> tuple:
+    """SGD with momentum on cross-entropy, every op ours: (params, TrainResult). The batches come
+    from `seed`, the same as train_torch's with the same seed."""
+    params = init(arch, seed) if params is None else params
+    velocity = {k: torch.zeros_like(v) for k, v in params.items()}
+    dev = next(iter(params.values())).device
+    x_train, y_train = data.x_train.to(dev), data.y_train.to(dev)
+    result = TrainResult()
+    _sync()
+    t0 = time.perf_counter()
+    step_losses = []
+    for idx in _batches(len(y_train), batch_size, epochs, seed, max_steps):
+        idx = idx.to(dev)
+        logits, tape = forward(arch, params, x_train[idx], keep=True, fused=fused)
+        loss, grads = backward(arch, params, tape, y_train[idx])
+        for k, p in params.items():
+            ops.sgd_momentum(p, grads[k], velocity[k], lr=lr, momentum=momentum)
+        step_losses.append(ops.channel_sum(loss.view(1, 1, -1)))
+        result.steps += 1
+    _sync()
+    result.seconds = time.perf_counter() - t0
+    result.losses = [float(s[0]) / min(batch_size, len(y_train)) for s in step_losses]
+    result.test_accuracy = accuracy(arch, params, data.x_test, data.y_test)
+    return params, result
+
+
+def train_torch(arch: Architecture, data, *, epochs: int = 5, batch_size: int = 64, lr: float = 0.05,
+                momentum: float = 0.9, seed: int = 0, max_steps: int | None = None) -> tuple:
+    """The same training in torch (same initial weights, same batches, torch.optim.SGD): (model, TrainResult)."""
+    torch.manual_seed(seed)
+    dev = _device()
+    model = torch_model(arch).to(dev)
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+    x_train, y_train = data.x_train.to(dev), data.y_train.to(dev)
+    result = TrainResult()
+    _sync()
+    t0 = time.perf_counter()
+    step_losses = []
+    for idx in _batches(len(y_train), batch_size, epochs, seed, max_steps):
+        idx = idx.to(dev)
+        loss = F.cross_entropy(model(x_train[idx]), y_train[idx])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        step_losses.append(loss.detach())
+        result.steps += 1
+    _sync()
+    result.seconds = time.perf_counter() - t0
+    result.losses = [float(v) for v in step_losses]
+    with torch.no_grad():
+        model.eval()
+        result.test_accuracy = _accuracy_of(lambda xb: model(xb), data.x_test, data.y_test, dev)
+    return model, result
+
+
+def accuracy(arch: Architecture, params: dict, x, y, batch_size: int = 500) -> float:
+    """The share of images whose largest logit (our forward) is the label's."""
+    dev = next(iter(params.values())).device
+    return _accuracy_of(lambda xb: forward(arch, params, xb), x, y, dev, batch_size)
+
+
+def _accuracy_of(f, x, y, dev, batch_size: int = 500) -> float:
+    correct = 0
+    for i in range(0, len(y), batch_size):
+        correct += int((f(x[i:i + batch_size].to(dev)).argmax(1).cpu() == y[i:i + batch_size]).sum())
+    return correct / max(1, len(y))
