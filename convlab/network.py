@@ -344,3 +344,114 @@ def _accuracy_of(f, x, y, dev, batch_size: int = 500) -> float:
     for i in range(0, len(y), batch_size):
         correct += int((f(x[i:i + batch_size].to(dev)).argmax(1).cpu() == y[i:i + batch_size]).sum())
     return correct / max(1, len(y))
+
+
+# ---- end to end: copy in, layers, copy out -----------------------------------------------------------
+
+class Pipeline:
+    """Inference end to end, as the class projects timed it: the batch copied from host memory to
+    the GPU, the network, the logits copied back. Device buffers are allocated once, here.
+
+        p = Pipeline(lambda xb, out: forward(arch, params, xb, logits=out), x_host, classes=10, chunks=8)
+        logits = p.run()          # p.spans: (stream, chunk, start_ms, end_ms); p.wall_ms
+
+    chunks=1 runs everything in order on the default stream. chunks>1 splits the batch and
+    overlaps: the copies in run on a stream of their own, the copies out on another, the compute
+    stays on the default stream (where the course's kernels launch), each chunk's compute waiting
+    for its copy in (an event) and its copy out for its compute, so chunk i+1 travels while chunk i
+    computes. The copies are asynchronous only from pinned memory (x_host.pin_memory()): from
+    pageable memory the driver stages them through a pinned buffer of its own, and they do not
+    overlap. The logits come back to pinned memory when x_host is pinned.
+
+    forward(xb, out) must write the logits of the images xb into out. Spans come from CUDA events
+    per stream (ms from the first copy's start); on the emulator (no streams) from the wall clock,
+    run in the same order.
+    """
+
+    def __init__(self, forward, x_host, *, classes: int = 10, chunks: int = 1):
+        import convlab as cl
+
+        if x_host.device.type != "cpu":
+            raise ValueError("x_host must be in host memory (a CPU tensor): the pipeline times its copy to the device")
+        self.forward, self.x_host, self.gpu = forward, x_host, cl.backend() == "cuda"
+        n = int(x_host.shape[0])
+        if not 1 <= chunks <= n:
+            raise ValueError(f"chunks={chunks}: between 1 and the batch size {n}")
+        step = -(-n // chunks)
+        self.bounds = [(b0, min(n, b0 + step)) for b0 in range(0, n, step)]
+        dev = _device()
+        self.x_dev = torch.empty(x_host.shape, dtype=x_host.dtype, device=dev)
+        self.out_dev = torch.empty((n, classes), device=dev)
+        self.out_host = torch.empty((n, classes), pin_memory=self.gpu and x_host.is_pinned())
+        self.spans, self.wall_ms = [], float("nan")
+        if self.gpu and chunks > 1:
+            if torch.cuda.current_stream() != torch.cuda.default_stream():
+                raise RuntimeError("run the pipeline from the default stream: the course's kernels launch there")
+            self.streams = {"copy in": torch.cuda.Stream(), "copy out": torch.cuda.Stream()}
+
+    def run(self):
+        if self.gpu:
+            self._run_gpu()
+        else:
+            self._run_host()
+        return self.out_host
+
+    def _run_host(self):
+        self.spans = []
+        t00 = time.perf_counter()
+
+        def span(name, i, f):
+            t0 = time.perf_counter()
+            f()
+            self.spans.append((name, i, 1e3 * (t0 - t00), 1e3 * (time.perf_counter() - t00)))
+
+        for i, (b0, b1) in enumerate(self.bounds):
+            span("copy in", i, lambda: self.x_dev[b0:b1].copy_(self.x_host[b0:b1]))
+            span("compute", i, lambda: self.forward(self.x_dev[b0:b1], self.out_dev[b0:b1]))
+            span("copy out", i, lambda: self.out_host[b0:b1].copy_(self.out_dev[b0:b1]))
+        self.wall_ms = 1e3 * (time.perf_counter() - t00)
+
+    def _run_gpu(self):
+        ev = lambda: torch.cuda.Event(enable_timing=True)  # noqa: E731
+        compute = torch.cuda.default_stream()
+        overlap = len(self.bounds) > 1
+        s_in = self.streams["copy in"] if overlap else compute
+        s_out = self.streams["copy out"] if overlap else compute
+        nb = self.x_host.is_pinned()         # asynchronous copies only from pinned memory
+        marks = []
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        start = ev()
+        start.record(compute)
+        for i, (b0, b1) in enumerate(self.bounds):
+            e = [ev() for _ in range(6)]
+            s_in.wait_event(start)
+            with torch.cuda.stream(s_in):
+                e[0].record(s_in)
+                self.x_dev[b0:b1].copy_(self.x_host[b0:b1], non_blocking=nb)
+                e[1].record(s_in)
+            compute.wait_event(e[1])
+            e[2].record(compute)
+            self.forward(self.x_dev[b0:b1], self.out_dev[b0:b1])
+            e[3].record(compute)
+            s_out.wait_event(e[3])
+            with torch.cuda.stream(s_out):
+                e[4].record(s_out)
+                self.out_host[b0:b1].copy_(self.out_dev[b0:b1], non_blocking=nb)
+                e[5].record(s_out)
+            marks.append(e)
+        torch.cuda.synchronize()
+        self.wall_ms = 1e3 * (time.perf_counter() - t0)
+        self.spans = [(name, i, start.elapsed_time(e[a]), start.elapsed_time(e[b]))
+                      for i, e in enumerate(marks)
+                      for name, a, b in (("copy in", 0, 1), ("compute", 2, 3), ("copy out", 4, 5))]
+
+    def totals(self) -> dict:
+        """Busy ms per stream (the sum of its spans) and the span of the whole run (first start to
+        last end, from the events), beside the wall time."""
+        out = {}
+        for name, _, a, b in self.spans:
+            out[name] = out.get(name, 0.0) + (b - a)
+        out["timeline"] = max(b for *_, b in self.spans) - min(a for _, _, a, _ in self.spans)
+        out["wall"] = self.wall_ms
+        return out

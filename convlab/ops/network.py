@@ -4,7 +4,7 @@
   write (one kernel); conv2d_separate_epilogue: the same stage as three kernels (chapter 5's
   pick() convolution, bias_act, pool2x2). Both: f(x, w, y=None, *, stride=1, padding=0, bias,
   act="relu", pool="max", act_out=None, **tunables) -> y; act_out, when given, receives the
-  activations before pooling (training needs them).
+  activations before pooling (training needs them; with pool="none" they are the output).
 - bias_act, pool2x2: the separate epilogue kernels; pool_act_backward, channel_sum: their gradients.
 - linear, linear_dx, linear_dw: a fully-connected layer y = act(x W^T + b) as tiled GEMMs
   (chapter 4's kernel reading an operand transposed, bias and activation fused into the forward).
@@ -19,7 +19,8 @@ from __future__ import annotations
 import torch
 
 from . import Impl, ceil_div, conv2d_shapes, output
-from ._kernels import module, set_mask
+from . import _kernels
+from ._kernels import set_mask
 
 FUSED_FILE = "kernels/10_network/conv2d_bias_act_pool.cu"
 EPILOGUE_FILE = "kernels/10_network/epilogue.cu"
@@ -31,6 +32,7 @@ POOLS = {"none": 0, "max": 1, "avg": 2}
 CONSTANT_FLOATS = 16384      # 64 KB of __constant__ memory: the mask and the bias must fit
 ELEMENTWISE_BLOCK = 256
 MAX_BLOCKS = 1 << 16         # elementwise kernels stride over the rest
+CHANNEL_SUM_BLOCK = 256      # epilogue.cu's BLOCK (its default): channel_sum's shared array has that size
 
 
 def _code(table: dict, value: str, what: str) -> int:
@@ -62,7 +64,7 @@ def bias_act(x, bias, y=None, *, act: str = "relu"):
     P = x.numel() // max(1, B * M)
     y = _output(y, x.shape, x)
     grid, block = _elementwise_grid(x.numel())
-    module(EPILOGUE_FILE).kernel("bias_act")(x, bias, y, B, M, P, _code(ACTS, act, "act"), grid=grid, block=block)
+    _kernels.module(EPILOGUE_FILE).kernel("bias_act")(x, bias, y, B, M, P, _code(ACTS, act, "act"), grid=grid, block=block)
     return y
 
 
@@ -76,7 +78,7 @@ def pool2x2(x, y=None, *, pool: str = "max"):
         raise ValueError(f"a {H}x{W} map has no 2x2 window to pool")
     y = _output(y, (B, M, H // 2, W // 2), x)
     grid, block = _elementwise_grid(y.numel())
-    module(EPILOGUE_FILE).kernel("pool2x2")(x, y, B * M, H, W, mode, grid=grid, block=block)
+    _kernels.module(EPILOGUE_FILE).kernel("pool2x2")(x, y, B * M, H, W, mode, grid=grid, block=block)
     return y
 
 
@@ -85,6 +87,15 @@ def pool2x2(x, y=None, *, pool: str = "max"):
 def fused_fits(M: int, C: int, K: int) -> bool:
     """The mask and the bias fit in constant memory, and the thread's 4·M accumulators in registers."""
     return M * C * K * K + M <= CONSTANT_FLOATS and M <= 32
+
+
+def _no_pool_output(y, act_out, pool: str):
+    """With pool="none" the output is the activations: act_out, when given, is where it goes."""
+    if pool != "none" or act_out is None:
+        return y, act_out
+    if y is not None and y is not act_out:
+        raise ValueError("pool='none': the output is the activations; pass y or act_out, not both")
+    return act_out, None
 
 
 def conv2d_bias_act_pool(x, w, y=None, *, stride: int = 1, padding: int = 0, bias, act: str = "relu",
@@ -100,6 +111,7 @@ def conv2d_bias_act_pool(x, w, y=None, *, stride: int = 1, padding: int = 0, bia
     if tuple(bias.shape) != (M,):
         raise ValueError(f"bias has shape {tuple(bias.shape)}, expected ({M},)")
     act_code, pool_code = _code(ACTS, act, "act"), _code(POOLS, pool, "pool")
+    y, act_out = _no_pool_output(y, act_out, pool)
     unroll = int(UNROLL or K + 1)
     block = int(BLOCK or 128)
     if not 1 <= unroll <= K + 1:
@@ -107,7 +119,7 @@ def conv2d_bias_act_pool(x, w, y=None, *, stride: int = 1, padding: int = 0, bia
     y = _output(y, (B, M, Ho // 2, Wo // 2) if pool_code else (B, M, Ho, Wo), x)
     if act_out is not None:
         _output(act_out, (B, M, Ho, Wo), x, name="act_out")
-    mod = module(FUSED_FILE, {"M_OUT": M, "C_IN": C, "KSIZE": K, "ACT": act_code, "POOL": pool_code,
+    mod = _kernels.module(FUSED_FILE, {"M_OUT": M, "C_IN": C, "KSIZE": K, "ACT": act_code, "POOL": pool_code,
                               "WRITE_ACT": int(act_out is not None), "UNROLL": unroll, "BLOCK": block})
     set_mask(mod, w)
     set_mask(mod, bias, "c_bias")
@@ -122,9 +134,10 @@ def conv2d_separate_epilogue(x, w, y=None, *, stride: int = 1, padding: int = 0,
     """Three kernels: chapter 5's pick() convolution, bias_act, pool2x2 (the last skipped for pool="none")."""
     from . import fused
 
+    y, act_out = _no_pool_output(y, act_out, pool)
     z = fused.conv2d_best(x, w, stride=stride, padding=padding)
     if pool == "none":
-        return bias_act(z, bias, y if act_out is None else act_out, act=act)
+        return bias_act(z, bias, y, act=act)
     a = bias_act(z, bias, act_out, act=act)
     return pool2x2(a, y, pool=pool)
 
@@ -141,7 +154,7 @@ def pool_act_backward(a, dp, dz=None, *, act: str = "relu", pool: str = "max"):
         raise ValueError(f"dp has shape {tuple(dp.shape)}, expected {want}")
     dz = _output(dz, a.shape, a, name="dz")
     grid, block = _elementwise_grid(a.numel())
-    module(EPILOGUE_FILE).kernel("pool_act_backward")(a, dp, dz, B * M, H, W, mode, _code(ACTS, act, "act"),
+    _kernels.module(EPILOGUE_FILE).kernel("pool_act_backward")(a, dp, dz, B * M, H, W, mode, _code(ACTS, act, "act"),
                                                       grid=grid, block=block)
     return dz
 
@@ -151,7 +164,8 @@ def channel_sum(dz, db=None):
     B, M = int(dz.shape[0]), int(dz.shape[1])
     P = dz.numel() // max(1, B * M)
     db = _output(db, (M,), dz, name="db")
-    module(EPILOGUE_FILE, {"BLOCK": 256}).kernel("channel_sum")(dz, db, B, M, P, grid=(M, 1, 1), block=(256, 1, 1))
+    _kernels.module(EPILOGUE_FILE).kernel("channel_sum")(dz, db, B, M, P, grid=(M, 1, 1),
+                                                         block=(CHANNEL_SUM_BLOCK, 1, 1))
     return db
 
 
@@ -162,7 +176,7 @@ def _gemm(A, Bm, bias, Cm, M, N, K, *, trans_a=0, trans_b=0, act="none", TILE=16
                "ACT": _code(ACTS, act, "act")}
     if ceil_div(M, TILE) > 65_535:
         raise ValueError(f"{M} rows is over gridDim.y's 65,535 tiles of {TILE}")
-    module(GEMM_FILE, defines).kernel("gemm_bias_act")(A, Bm, bias if bias is not None else Cm, Cm, M, N, K,
+    _kernels.module(GEMM_FILE, defines).kernel("gemm_bias_act")(A, Bm, bias if bias is not None else Cm, Cm, M, N, K,
                                                        grid=(ceil_div(N, TILE), ceil_div(M, TILE), 1),
                                                        block=(TILE, TILE, 1))
     return Cm
@@ -207,7 +221,7 @@ def softmax(z, p=None):
     """Class probabilities of logits z (N, classes), one thread per row."""
     N, K = (int(s) for s in z.shape)
     p = _output(p, (N, K), z, name="p")
-    module(SOFTMAX_FILE).kernel("softmax")(z, p, N, K, grid=(ceil_div(N, 128), 1, 1), block=(128, 1, 1))
+    _kernels.module(SOFTMAX_FILE).kernel("softmax")(z, p, N, K, grid=(ceil_div(N, 128), 1, 1), block=(128, 1, 1))
     return p
 
 
@@ -219,7 +233,7 @@ def softmax_xent(z, labels, loss=None, dz=None):
         raise ValueError(f"labels must be int64 of shape ({N},), got {labels.dtype} {tuple(labels.shape)}")
     loss = _output(loss, (N,), z, name="loss")
     dz = _output(dz, (N, K), z, name="dz")
-    module(SOFTMAX_FILE).kernel("softmax_xent")(z, labels, loss, dz, N, K, 1.0 / N,
+    _kernels.module(SOFTMAX_FILE).kernel("softmax_xent")(z, labels, loss, dz, N, K, 1.0 / N,
                                                 grid=(ceil_div(N, 128), 1, 1), block=(128, 1, 1))
     return loss, dz
 
@@ -229,7 +243,7 @@ def sgd_momentum(p, g, v, *, lr: float, momentum: float):
     if not (p.shape == g.shape == v.shape) or not (p.is_contiguous() and g.is_contiguous() and v.is_contiguous()):
         raise ValueError("p, g and v must be contiguous tensors of one shape")
     grid, block = _elementwise_grid(p.numel())
-    module(EPILOGUE_FILE).kernel("sgd_momentum")(p, g, v, p.numel(), float(lr), float(momentum), grid=grid, block=block)
+    _kernels.module(EPILOGUE_FILE).kernel("sgd_momentum")(p, g, v, p.numel(), float(lr), float(momentum), grid=grid, block=block)
     _forget_constant(p)
     return p
 
