@@ -455,3 +455,118 @@ class Pipeline:
         out["timeline"] = max(b for *_, b in self.spans) - min(a for _, _, a, _ in self.spans)
         out["wall"] = self.wall_ms
         return out
+
+
+# ---- measuring: conv stages and whole networks, checked before they are timed ------------------------
+
+STAGE_TORCH = "torch: conv + bias + act + pool (cuDNN, NCHW)"
+NETWORK_TORCH = "torch (cuDNN, NCHW)"
+
+
+def torch_stage(x, w, b, padding: int, act: str, pool: str):
+    """conv + bias + activation + pooling in torch: the reference and torch's contender."""
+    a = _torch_act(F.conv2d(x, w, b, padding=padding), act)
+    return {"max": lambda t: F.max_pool2d(t, 2), "avg": lambda t: F.avg_pool2d(t, 2), "none": lambda t: t}[pool](a)
+
+
+def _sampled(B: int) -> list:
+    from .measure import _sample
+
+    return _sample(B)
+
+
+class _CudnnBenchmark:
+    """torch at its best in this process: cudnn.benchmark on and TF32 off inside the block."""
+
+    def __enter__(self):
+        from .baselines import strict_fp32
+
+        self._strict = strict_fp32()
+        self._strict.__enter__()
+        self._was = torch.backends.cudnn.benchmark
+        torch.backends.cudnn.benchmark = True
+
+    def __exit__(self, *exc):
+        torch.backends.cudnn.benchmark = self._was
+        return self._strict.__exit__(*exc)
+
+
+def measure_stages(impls, workloads, *, act: str = "relu", pool: str = "max", reps: int = 20,
+                   torch_too: bool = True):
+    """Check each conv-stage implementation (ops.network's Impl records) on each layer against the
+    fp64 stage on sampled images, then time it (measure.time_impl); torch's stage beside them,
+    timed in this process with cudnn.benchmark on. Rows of convlab.results' schema (no roofline
+    floor: a stage writes a pooled output, not the conv's). On the emulator: the small twins,
+    checked, nothing timed for a figure."""
+    import convlab as cl
+    from . import measure, results
+
+    gpu = cl.backend() == "cuda"
+    rows = []
+    for full in workloads:
+        wl = full if gpu else full.small()
+        x, w, b = cl.randn(*wl.x_shape), cl.randn(*wl.w_shape), cl.randn(wl.M)
+        idx = _sampled(wl.B)
+        ref = torch_stage(x[idx].double(), w.double(), b.double(), wl.padding, act, pool)
+        for impl in impls:
+            if not impl.applies(wl):
+                continue
+            fn = (lambda impl=impl: impl(x, w, padding=wl.padding, bias=b, act=act, pool=pool, **impl.config(wl)))
+            cl.check(fn()[idx], ref, name=f"{impl.name} on {wl.name}")
+            rows.append(results.row(wl, impl.name, measure.time_impl(fn, reps)))
+        if gpu and torch_too:
+            with _CudnnBenchmark():
+                fn = lambda: torch_stage(x, w, b, wl.padding, act, pool)  # noqa: E731
+                cl.check(fn()[idx], ref, name=f"torch's stage on {wl.name}")
+                rows.append(results.row(wl, STAGE_TORCH, measure.time_impl(fn, reps), kind="torch"))
+        del x, w, b
+    return results.frame(rows)
+
+
+def measure_networks(arch: Architecture, batches, *, reps: int = 10, torch_too: bool = True, seed: int = 0):
+    """The whole forward pass (images already on the device, logits left there) for each batch
+    size: ours with fused stages, ours with the separate epilogue, and torch (in this process,
+    cudnn.benchmark on, TF32 off); each checked against the fp64 torch network on sampled images
+    first. Rows of convlab.results' schema, workload "<arch.key>", shape "B=..., whole network"."""
+    import convlab as cl
+    from . import measure, results
+
+    params = init(arch, seed)
+    model = load_into(torch_model(arch), params).to(_device())
+    model64 = load_into(torch_model(arch), params).to(_device()).double()
+    rows = []
+    for B in batches:
+        x = cl.randn(B, 1, arch.image_size, arch.image_size)
+        idx = _sampled(B)
+        with torch.no_grad():
+            ref = model64(x[idx].double())
+        wl = arch.conv_workloads(B)[0]
+        label = {"workload": arch.key, "shape": f"B={B}, whole network forward"}
+        contenders = [("ours: fused stages", lambda: forward(arch, params, x)),
+                      ("ours: separate epilogue", lambda: forward(arch, params, x, fused=False))]
+        for name, fn in contenders:
+            cl.check(fn()[idx], ref, name=f"{name}, {arch.name}, B={B}")
+            rows.append({**results.row(wl, name, measure.time_impl(fn, reps)), **label})
+        if torch_too and cl.backend() == "cuda":
+            with torch.no_grad(), _CudnnBenchmark():
+                fn = lambda: model(x)  # noqa: E731
+                cl.check(fn()[idx], ref, name=f"torch, {arch.name}, B={B}")
+                rows.append({**results.row(wl, NETWORK_TORCH, measure.time_impl(fn, reps), kind="torch"), **label})
+        del x
+    return results.frame(rows)
+
+
+def occupancy(registers: int, block: int, shared: int = 0) -> float:
+    """The share of the SM's thread slots a kernel can fill, from its registers per thread, block
+    size and shared memory per block (the GPU's limits from torch; registers allocated per warp in
+    steps of 256). NaN on the emulator (no registers)."""
+    if registers is None or not torch.cuda.is_available():
+        return float("nan")
+    p = torch.cuda.get_device_properties(torch.cuda.current_device())
+    warps = -(-block // 32)
+    regs_per_warp = -(-registers * 32 // 256) * 256
+    by_regs = p.regs_per_multiprocessor // (regs_per_warp * warps)
+    by_threads = p.max_threads_per_multi_processor // block
+    by_shared = p.shared_memory_per_multiprocessor // shared if shared else by_threads
+    blocks = min(by_regs, by_threads, by_shared, 32)
+    return blocks * block / p.max_threads_per_multi_processor

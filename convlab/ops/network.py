@@ -89,6 +89,15 @@ def fused_fits(M: int, C: int, K: int) -> bool:
     return M * C * K * K + M <= CONSTANT_FLOATS and M <= 32
 
 
+def fused_module(M: int, C: int, K: int, *, act: str = "relu", pool: str = "max", write_act: bool = False,
+                 UNROLL: int | None = None, BLOCK: int | None = None):
+    """The fused kernel's module as conv2d_bias_act_pool compiles it for a layer (its kernel's
+    .attributes give the registers per thread on a GPU)."""
+    return _kernels.module(FUSED_FILE, {"M_OUT": M, "C_IN": C, "KSIZE": K, "ACT": _code(ACTS, act, "act"),
+                                        "POOL": _code(POOLS, pool, "pool"), "WRITE_ACT": int(write_act),
+                                        "UNROLL": int(UNROLL or K + 1), "BLOCK": int(BLOCK or 128)})
+
+
 def _no_pool_output(y, act_out, pool: str):
     """With pool="none" the output is the activations: act_out, when given, is where it goes."""
     if pool != "none" or act_out is None:
@@ -119,8 +128,7 @@ def conv2d_bias_act_pool(x, w, y=None, *, stride: int = 1, padding: int = 0, bia
     y = _output(y, (B, M, Ho // 2, Wo // 2) if pool_code else (B, M, Ho, Wo), x)
     if act_out is not None:
         _output(act_out, (B, M, Ho, Wo), x, name="act_out")
-    mod = _kernels.module(FUSED_FILE, {"M_OUT": M, "C_IN": C, "KSIZE": K, "ACT": act_code, "POOL": pool_code,
-                              "WRITE_ACT": int(act_out is not None), "UNROLL": unroll, "BLOCK": block})
+    mod = fused_module(M, C, K, act=act, pool=pool, write_act=act_out is not None, UNROLL=unroll, BLOCK=block)
     set_mask(mod, w)
     set_mask(mod, bias, "c_bias")
     threads = B * ceil_div(Ho, 2) * ceil_div(Wo, 2)
