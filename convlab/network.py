@@ -154,10 +154,10 @@ def init(arch: Architecture, seed: int = 0, device=None) -> dict:
     torch.manual_seed(seed)
     model = torch_model(arch)
     device = torch.device(device) if device is not None else _device()
-    return {_name(k): v.detach().to(device).contiguous() for k, v in model.state_dict().items()}
+    return {param_name(k): v.detach().to(device).contiguous() for k, v in model.state_dict().items()}
 
 
-def _name(torch_key: str) -> str:
+def param_name(torch_key: str) -> str:
     """convs.0.weight -> conv1.weight, fcs.1.bias -> fc2.bias"""
     kind, i, what = torch_key.split(".")
     return f"{'conv' if kind == 'convs' else 'fc'}{int(i) + 1}.{what}"
@@ -167,7 +167,7 @@ def load_into(model: torch.nn.Module, params: dict) -> torch.nn.Module:
     """Copy our parameters into torch_model(arch) (same names, same layouts)."""
     state = {}
     for k in model.state_dict():
-        state[k] = params[_name(k)].detach().to(next(model.parameters()).device)
+        state[k] = params[param_name(k)].detach().to(next(model.parameters()).device)
     model.load_state_dict(state)
     return model
 
@@ -475,7 +475,7 @@ def _sampled(B: int) -> list:
     return _sample(B)
 
 
-class _CudnnBenchmark:
+class TorchAtItsBest:
     """torch at its best in this process: cudnn.benchmark on and TF32 off inside the block."""
 
     def __enter__(self):
@@ -515,7 +515,7 @@ def measure_stages(impls, workloads, *, act: str = "relu", pool: str = "max", re
             cl.check(fn()[idx], ref, name=f"{impl.name} on {wl.name}")
             rows.append(results.row(wl, impl.name, measure.time_impl(fn, reps)))
         if gpu and torch_too:
-            with _CudnnBenchmark():
+            with TorchAtItsBest():
                 fn = lambda: torch_stage(x, w, b, wl.padding, act, pool)  # noqa: E731
                 cl.check(fn()[idx], ref, name=f"torch's stage on {wl.name}")
                 rows.append(results.row(wl, STAGE_TORCH, measure.time_impl(fn, reps), kind="torch"))
@@ -548,7 +548,7 @@ def measure_networks(arch: Architecture, batches, *, reps: int = 10, torch_too: 
             cl.check(fn()[idx], ref, name=f"{name}, {arch.name}, B={B}")
             rows.append({**results.row(wl, name, measure.time_impl(fn, reps)), **label})
         if torch_too and cl.backend() == "cuda":
-            with torch.no_grad(), _CudnnBenchmark():
+            with torch.no_grad(), TorchAtItsBest():
                 fn = lambda: model(x)  # noqa: E731
                 cl.check(fn()[idx], ref, name=f"torch, {arch.name}, B={B}")
                 rows.append({**results.row(wl, NETWORK_TORCH, measure.time_impl(fn, reps), kind="torch"), **label})
@@ -556,17 +556,22 @@ def measure_networks(arch: Architecture, batches, *, reps: int = 10, torch_too: 
     return results.frame(rows)
 
 
-def occupancy(registers: int, block: int, shared: int = 0) -> float:
-    """The share of the SM's thread slots a kernel can fill, from its registers per thread, block
-    size and shared memory per block (the GPU's limits from torch; registers allocated per warp in
-    steps of 256). NaN on the emulator (no registers)."""
-    if registers is None or not torch.cuda.is_available():
+def occupancy(registers: int | None, block: int, shared: int = 0) -> float:
+    """The share of an SM's thread slots a kernel can fill, from its registers per thread, block
+    size and shared memory per block, with this GPU's limits (registers allocated per warp in
+    steps of 256). NaN on the emulator, which has no registers to count."""
+    import convlab as cl
+
+    if registers is None or cl.backend() != "cuda":
         return float("nan")
-    p = torch.cuda.get_device_properties(torch.cuda.current_device())
+    b = cl._get_backend()
+    a = b.drv.device_attribute
+    regs_sm = b.dev.get_attribute(a.MAX_REGISTERS_PER_MULTIPROCESSOR)
+    threads_sm = b.dev.get_attribute(a.MAX_THREADS_PER_MULTIPROCESSOR)
+    shared_sm = b.dev.get_attribute(a.MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)
+    blocks_sm = b.dev.get_attribute(a.MAX_BLOCKS_PER_MULTIPROCESSOR)
     warps = -(-block // 32)
     regs_per_warp = -(-registers * 32 // 256) * 256
-    by_regs = p.regs_per_multiprocessor // (regs_per_warp * warps)
-    by_threads = p.max_threads_per_multi_processor // block
-    by_shared = p.shared_memory_per_multiprocessor // shared if shared else by_threads
-    blocks = min(by_regs, by_threads, by_shared, 32)
-    return blocks * block / p.max_threads_per_multi_processor
+    blocks = min(regs_sm // (regs_per_warp * warps), threads_sm // block, blocks_sm,
+                 shared_sm // shared if shared else blocks_sm)
+    return blocks * block / threads_sm

@@ -166,7 +166,7 @@ def test_network_layer_by_layer_against_torch(arch, fused):
         cl.check(tape[key], ref, name=f"{arch.key} {key}")
     cl.check(loss, ref_loss, name=f"{arch.key} loss")
     for name, p in model.named_parameters():
-        cl.check(grads[net._name(name)], p.grad, name=f"{arch.key} d loss / d {net._name(name)}")
+        cl.check(grads[net.param_name(name)], p.grad, name=f"{arch.key} d loss / d {net.param_name(name)}")
     assert net.mean_loss(loss) == pytest.approx(float(ref_loss.detach().mean()), rel=1e-5)
 
 
@@ -178,7 +178,7 @@ def test_training_follows_torchs_step_by_step():
     assert ours.steps == theirs.steps == 3
     assert ours.losses == pytest.approx(theirs.losses, rel=1e-4)
     for name, p in model.named_parameters():
-        cl.check(params[net._name(name)], p.detach().double(), name=f"{net._name(name)} after 3 steps")
+        cl.check(params[net.param_name(name)], p.detach().double(), name=f"{net.param_name(name)} after 3 steps")
     assert 0.0 <= ours.test_accuracy <= 1.0
 
 
