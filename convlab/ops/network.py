@@ -90,12 +90,13 @@ def fused_fits(M: int, C: int, K: int) -> bool:
 
 
 def fused_module(M: int, C: int, K: int, *, act: str = "relu", pool: str = "max", write_act: bool = False,
-                 UNROLL: int | None = None, BLOCK: int | None = None):
+                 UNROLL: int | None = None, BLOCK: int | None = None, MG: int | None = None):
     """The fused kernel's module as conv2d_bias_act_pool compiles it for a layer (its kernel's
     .attributes give the registers per thread on a GPU)."""
     return _kernels.module(FUSED_FILE, {"M_OUT": M, "C_IN": C, "KSIZE": K, "ACT": _code(ACTS, act, "act"),
                                         "POOL": _code(POOLS, pool, "pool"), "WRITE_ACT": int(write_act),
-                                        "UNROLL": int(UNROLL or K + 1), "BLOCK": int(BLOCK or 128)})
+                                        "UNROLL": int(UNROLL or K + 1), "BLOCK": int(BLOCK or 128),
+                                        "MG": int(MG or M)})
 
 
 def _no_pool_output(y, act_out, pool: str):
@@ -108,9 +109,11 @@ def _no_pool_output(y, act_out, pool: str):
 
 
 def conv2d_bias_act_pool(x, w, y=None, *, stride: int = 1, padding: int = 0, bias, act: str = "relu",
-                         pool: str = "max", act_out=None, UNROLL: int | None = None, BLOCK: int | None = None):
+                         pool: str = "max", act_out=None, UNROLL: int | None = None, BLOCK: int | None = None,
+                         MG: int | None = None):
     """One kernel: conv (stride 1) + bias + activation + 2x2 pooling. UNROLL: how far the loop
-    over the window's K+1 input rows is unrolled (default K+1: fully); BLOCK: threads per block."""
+    over the window's K+1 input rows is unrolled (default K+1: fully); BLOCK: threads per block;
+    MG: maps per thread (default all M; a divisor of M, the groups on gridDim.y)."""
     if stride != 1:
         raise ValueError(f"stride {stride}: the fused kernel takes stride 1 (its 2x2 windows tile the output)")
     B, C, M, H, W, K, Ho, Wo = conv2d_shapes(x, w, stride, padding)
@@ -125,15 +128,19 @@ def conv2d_bias_act_pool(x, w, y=None, *, stride: int = 1, padding: int = 0, bia
     block = int(BLOCK or 128)
     if not 1 <= unroll <= K + 1:
         raise ValueError(f"UNROLL={unroll}: between 1 (no unrolling) and K+1={K + 1} (fully)")
+    mg = int(MG or M)
+    if M % mg:
+        raise ValueError(f"MG={mg}: the maps per thread must divide M={M}")
     y = _output(y, (B, M, Ho // 2, Wo // 2) if pool_code else (B, M, Ho, Wo), x)
     if act_out is not None:
         _output(act_out, (B, M, Ho, Wo), x, name="act_out")
-    mod = fused_module(M, C, K, act=act, pool=pool, write_act=act_out is not None, UNROLL=unroll, BLOCK=block)
+    mod = fused_module(M, C, K, act=act, pool=pool, write_act=act_out is not None, UNROLL=unroll, BLOCK=block,
+                       MG=mg)
     set_mask(mod, w)
     set_mask(mod, bias, "c_bias")
     threads = B * ceil_div(Ho, 2) * ceil_div(Wo, 2)
     mod.kernel("conv2d_bias_act_pool")(x, y, act_out if act_out is not None else y, B, H, W, padding,
-                                       grid=(ceil_div(threads, block), 1, 1), block=(block, 1, 1))
+                                       grid=(ceil_div(threads, block), M // mg, 1), block=(block, 1, 1))
     return y
 
 

@@ -9,8 +9,10 @@
 // applies the activation and pools in registers, and writes one value: the conv output is never
 // stored (unless WRITE_ACT asks for the activations, which training needs for its backward pass).
 //
-//  - One thread per pooled output position (b, ph, pw), computing ALL M_OUT maps: every input
-//    value it loads feeds up to M_OUT * 4 multiply-adds from registers. Its window of input is
+//  - One thread per pooled output position (b, ph, pw), computing MG maps (default: all M_OUT;
+//    blockIdx.y picks the group): every input value it loads feeds up to MG * 4 multiply-adds from
+//    registers. Fewer maps per thread: fewer registers and more threads per SM, but the input is
+//    read once per group. Its window of input is
 //    (KSIZE+1) x (KSIZE+1) per channel; it walks it row by row, loading each input row once into
 //    registers and using it for both conv rows whose masks cover it: each input value of the
 //    window is read from memory exactly once per thread.
@@ -25,7 +27,7 @@
 // conv output Ho x Wo = H + 2 pad - K + 1 (stride 1); y (B, M_OUT, Ho/2, Wo/2) when pooling (the
 // last row or column of an odd size is dropped, like torch's pooling), else (B, M_OUT, Ho, Wo);
 // act (B, M_OUT, Ho, Wo), the activations before pooling, written when WRITE_ACT is 1.
-// Grid: ceil(B * ceil(Ho/2) * ceil(Wo/2) / BLOCK) blocks of BLOCK threads.
+// Grid: (ceil(B * ceil(Ho/2) * ceil(Wo/2) / BLOCK), M_OUT / MG) blocks of BLOCK threads.
 
 #ifndef M_OUT
 #define M_OUT 4
@@ -51,6 +53,10 @@
 #ifndef BLOCK
 #define BLOCK 128
 #endif
+#ifndef MG
+#define MG M_OUT             // maps per thread; divides M_OUT
+#endif
+static_assert(M_OUT % MG == 0, "MG must divide M_OUT");
 
 __constant__ float c_mask[M_OUT * C_IN * KSIZE * KSIZE];
 __constant__ float c_bias[M_OUT];
@@ -76,10 +82,11 @@ __global__ void conv2d_bias_act_pool(const float* __restrict__ x, float* __restr
     if (t >= B * Hq * Wq) return;
     const int pw = t % Wq, ph = (t / Wq) % Hq, b = t / (Wq * Hq);
     const int oy0 = 2 * ph, ox0 = 2 * pw;                // top-left conv output of the window
+    const int m0 = MG == M_OUT ? 0 : blockIdx.y * MG;    // this thread's first map (0: a constant, when all)
 
-    float acc[M_OUT][2][2];
+    float acc[MG][2][2];
 #pragma unroll
-    for (int m = 0; m < M_OUT; ++m) {
+    for (int m = 0; m < MG; ++m) {
         acc[m][0][0] = acc[m][0][1] = acc[m][1][0] = acc[m][1][1] = 0.0f;
     }
 
@@ -104,8 +111,8 @@ __global__ void conv2d_bias_act_pool(const float* __restrict__ x, float* __restr
 #pragma unroll
                 for (int kx = 0; kx < KSIZE; ++kx) {
 #pragma unroll
-                    for (int m = 0; m < M_OUT; ++m) {
-                        const float wv = c_mask[((m * C_IN + c) * KSIZE + ky) * KSIZE + kx];
+                    for (int m = 0; m < MG; ++m) {
+                        const float wv = c_mask[(((m0 + m) * C_IN + c) * KSIZE + ky) * KSIZE + kx];
                         acc[m][dr][0] += wv * v[kx];
                         acc[m][dr][1] += wv * v[kx + 1];
                     }
@@ -116,13 +123,13 @@ __global__ void conv2d_bias_act_pool(const float* __restrict__ x, float* __restr
 
     const bool in_y1 = oy0 + 1 < Ho, in_x1 = ox0 + 1 < Wo;     // the window's far row and column exist
 #pragma unroll
-    for (int m = 0; m < M_OUT; ++m) {
+    for (int m = 0; m < MG; ++m) {
         float a[2][2];
 #pragma unroll
         for (int dr = 0; dr < 2; ++dr)
 #pragma unroll
-            for (int dc = 0; dc < 2; ++dc) a[dr][dc] = activate(acc[m][dr][dc] + c_bias[m]);
-        const size_t plane = (size_t)(b * M_OUT + m);
+            for (int dc = 0; dc < 2; ++dc) a[dr][dc] = activate(acc[m][dr][dc] + c_bias[m0 + m]);
+        const size_t plane = (size_t)(b * M_OUT + m0 + m);
 #if WRITE_ACT || POOL == 0
 #if POOL == 0
         float* out = y;
