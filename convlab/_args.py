@@ -172,49 +172,48 @@ def check_launch(kernel: str, grid, block, shared: int, *, max_shared: int = _li
 
 class ArgPlan:
     """A kernel's argument checks, worked out once from its signature. values(args) checks a call's
-    arguments with a few comparisons each and returns them (tensors and Python numbers); anything
-    unusual (a numpy integer, a wrong dtype, ...) goes to check_args, which accepts what it can and
-    otherwise raises with its message, so messages are built only when something is wrong."""
-
-    _POINTER, _INT, _FLOAT, _OTHER = range(4)
+    arguments with a few comparisons each and returns them as they are (tensors and Python
+    numbers); anything unusual (a numpy integer, a wrong dtype, a half scalar, ...) goes to
+    check_args, which converts what it can and otherwise raises with its message, so messages are
+    built only when something is wrong."""
 
     def __init__(self, kernel: str, params: list[Param], device: str):
         self.kernel, self.params, self.device = kernel, params, device
         self.ctypes = [ctype_of(p, kernel) for p in params]
         self.n = len(params)
         self.on_cuda = device == "cuda"
-        specs = []
-        for p, t in zip(params, self.ctypes):
+        self.pointers, self.ints, self.floats, self.others = [], [], [], 0
+        for i, (p, t) in enumerate(zip(params, self.ctypes)):
             if p.pointer:
-                specs.append((self._POINTER, frozenset(t.dtypes), None))
+                self.pointers.append((i, tuple(t.dtypes) or None))
             elif t.kind in "iu" and t.ctype is not None:
                 bits = _INT_RANGE[t.kind][ctypes.sizeof(t.ctype)]
-                specs.append((self._INT, -(1 << bits) if t.kind == "i" else 0, (1 << bits) - 1))
+                self.ints.append((i, -(1 << bits) if t.kind == "i" else 0, (1 << bits) - 1))
             elif t.kind == "f" and p.base != "half":
-                specs.append((self._FLOAT, None, None))
+                self.floats.append(i)          # a Python int passes too: struct and ctypes take it
             else:
-                specs.append((self._OTHER, None, None))
-        self.specs = specs
+                self.others += 1
 
-    def values(self, args: tuple) -> list:
-        if len(args) == self.n:
-            out = []
+    def values(self, args: tuple):
+        if len(args) == self.n and not self.others:
             on_cuda = self.on_cuda
-            for (kind, a1, a2), a in zip(self.specs, args):
-                if kind == 0:        # pointer: a contiguous tensor of an accepted dtype on the device
-                    if (isinstance(a, torch.Tensor) and a.is_cuda == on_cuda and (on_cuda or a.is_cpu)
-                            and (not a1 or a.dtype in a1) and a.is_contiguous()):
-                        out.append(a)
-                        continue
-                elif kind == 1:      # int: a Python int in range
-                    if type(a) is int and a1 <= a <= a2:
-                        out.append(a)
-                        continue
-                elif kind == 2:      # float: a Python float or int
-                    if type(a) is float or type(a) is int:
-                        out.append(float(a))
-                        continue
-                break
-            else:
-                return out
+            try:
+                for i, dtypes in self.pointers:      # a contiguous tensor of an accepted dtype on the device
+                    a = args[i]
+                    if not ((a.is_cuda if on_cuda else a.is_cpu) and (dtypes is None or a.dtype in dtypes)
+                            and a.is_contiguous() and isinstance(a, torch.Tensor)):
+                        break
+                else:
+                    for i, lo, hi in self.ints:      # a Python int in the type's range
+                        a = args[i]
+                        if type(a) is not int or not lo <= a <= hi:
+                            break
+                    else:
+                        for i in self.floats:        # a Python float or int
+                            if type(args[i]) is not float and type(args[i]) is not int:
+                                break
+                        else:
+                            return args
+            except AttributeError:                   # not a tensor where a pointer goes
+                pass
         return [v for _, _, v in check_args(self.kernel, self.params, args, self.device)]

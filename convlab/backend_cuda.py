@@ -8,6 +8,7 @@ import threading
 from pathlib import Path
 
 from ._errors import ArgumentError, BackendUnavailable, CompileError, LaunchError
+from ._limits import SHARED_DEFAULT_MAX
 from ._source import Source, map_compiler_output, rewrite_for_nvcc
 
 
@@ -127,21 +128,28 @@ class CudaModule:
 
     def launcher(self, name, params, ctypes):
         """launch(values, grid, block, shared) for one kernel: values are the checked arguments
-        (tensors and Python numbers) in order; grid and block 3-tuples already within the limits.
-        Pointers go as their addresses, half scalars as their 16 bits, everything else as it is,
-        packed by PyCUDA's prepared call with the struct format worked out here once."""
+        (tensors and Python numbers, a tuple or a list) in order; grid and block 3-tuples already
+        within the limits.
+        Pointers go as their addresses, float scalars as Python floats, half scalars as their 16
+        bits, integers as they are, packed by PyCUDA's prepared call with the struct format worked
+        out here once."""
         import numpy as np
 
         f = self._function(name)
         f.prepare("".join("P" if p.pointer else t.pycuda_code for p, t in zip(params, ctypes)))
         pointers = [i for i, p in enumerate(params) if p.pointer]
         halves = [i for i, p in enumerate(params) if not p.pointer and p.base == "half"]
+        floats = [i for i, (p, t) in enumerate(zip(params, ctypes)) if not p.pointer and t.kind == "f"
+                  and p.base != "half"]                       # an int passed for a float: packed as a float
         backend, call = self.backend, f.prepared_call
-        opt_in = [48 * 1024]         # the dynamic shared memory this function may use now
+        opt_in = [SHARED_DEFAULT_MAX]      # the dynamic shared memory this function may use now
 
         def launch(values, grid, block, shared):
+            values = list(values)
             for i in pointers:
                 values[i] = values[i].data_ptr()
+            for i in floats:
+                values[i] = float(values[i])
             for i in halves:
                 values[i] = int(np.float16(values[i]).view(np.uint16))
             if shared > opt_in[0]:

@@ -54,12 +54,11 @@ class _LaunchRecorder:
 def record_launches(monkeypatch):
     """record_launches() -> the list every launcher's launch is appended to from then on, as
     (kernel, grid, block, shared, defines): the launchers find their modules through
-    convlab.ops._kernels.module, which this replaces."""
+    convlab.ops._kernels._ModuleRef.get, which this replaces."""
     from convlab.ops import _kernels
 
     def record():
         launches = []
-        fake = lambda path, defines=(): _LaunchRecorder(launches, dict(defines or {}))  # noqa: E731
-        monkeypatch.setattr(_kernels, "module", fake)
+        monkeypatch.setattr(_kernels._ModuleRef, "get", lambda ref: _LaunchRecorder(launches, ref.defines))
         return launches
     return record

@@ -95,8 +95,10 @@ def test_tiled_refusals():
         tiled.conv2d_tiled_cached_halo(x, w, stride=2)
     with pytest.raises(ValueError, match="smaller than the mask"):
         tiled.conv2d_tiled_input_block(x, cl.randn(1, 1, 5, 5), IN_TILE=4)
+    big_x, big_w = cl.randn(1, 64, 5, 5), cl.randn(64, 64, 3, 3)    # 36,864 floats: over constant memory
     with pytest.raises(ValueError, match="mask='global'"):
-        tiled.conv2d_tiled_halo_multi_pass(cl.randn(1, 64, 5, 5), cl.randn(64, 64, 3, 3))
+        tiled.conv2d_tiled_halo_multi_pass(big_x, big_w, mask="constant")
+    cl.check(tiled.conv2d_tiled_halo_multi_pass(big_x, big_w), cl.ref.conv2d(big_x, big_w))   # the default: global
     with pytest.raises(ValueError, match="mask must be"):
         tiled.conv2d_tiled_halo_multi_pass(x, w, mask="texture")
 

@@ -224,7 +224,6 @@ FULL = {"lenet_c1": (10000, 1, 4, 86, 86, 7, 1, 0), "lenet_c3": (10000, 4, 16, 4
 @pytest.mark.parametrize("name", list(FULL))
 def test_launchers_respect_the_launch_limits(record_launches, name):
     from convlab._args import check_launch
-    from convlab.ops import fused
 
     launches = record_launches()
     B, C, M, H, W, K, s, p = FULL[name]

@@ -27,6 +27,8 @@ from typing import Callable
 
 import torch
 
+import convlab as cl
+
 from .._limits import INT32_MAX
 
 
@@ -83,8 +85,6 @@ def conv2d_shapes(x, w, stride: int = 1, padding: int = 0):
 
 def new_output(shape, like: torch.Tensor, dtype=None) -> torch.Tensor:
     """An output on like's device: torch.empty, or NaN-filled under cl.debug and on the emulator."""
-    import convlab as cl
-
     dtype = dtype or like.dtype
     if cl.poisoning():
         return torch.full(shape, float("nan"), dtype=dtype, device=like.device)

@@ -35,7 +35,11 @@ class _ModuleRef:
         self.files, self.stamp, self.mod = (self.path,), None, None
 
     def get(self):
-        stamp = [(s.st_mtime_ns, s.st_size) for s in map(os.stat, self.files)]
+        if len(self.files) == 1:          # the usual file, with no #include of its own
+            s = os.stat(self.path)
+            stamp = [(s.st_mtime_ns, s.st_size)]
+        else:
+            stamp = [(s.st_mtime_ns, s.st_size) for s in map(os.stat, self.files)]
         if stamp != self.stamp:
             import convlab as cl
 
@@ -48,21 +52,25 @@ class _ModuleRef:
 _refs: dict = {}
 
 
-def module(path: str, defines: tuple | dict = ()):
-    """cl.load(path, defines) on the active backend, found again cheaply (see the module's doc).
-    defines: a dict, or a defines_key() tuple (what Launch keeps)."""
+def module_ref(path: str, defines: tuple | dict = ()) -> _ModuleRef:
+    """The one _ModuleRef of (path, defines); defines: a dict, or a defines_key() tuple."""
     key = (path, defines if type(defines) is tuple else defines_key(defines))
     ref = _refs.get(key)
     if ref is None:
         ref = _refs[key] = _ModuleRef(path, key[1])
-    return ref.get()
+    return ref
+
+
+def module(path: str, defines: tuple | dict = ()):
+    """cl.load(path, defines) on the active backend, found again cheaply (see the module's doc)."""
+    return module_ref(path, defines).get()
 
 
 class Launch:
     """One kernel launch as a launcher works it out for a shape; launch(*tensors) runs it with the
     kept scalar arguments after the tensors."""
 
-    __slots__ = ("path", "defines", "kernel", "scalars", "grid", "block", "shared")
+    __slots__ = ("path", "defines", "kernel", "scalars", "grid", "block", "shared", "ref")
 
     def __init__(self, path: str, kernel: str, defines: dict | None = None, scalars: tuple = (), *,
                  grid: tuple, block: tuple, shared: int = 0):
@@ -71,13 +79,20 @@ class Launch:
         self.grid = tuple(int(g) for g in grid) + (1,) * (3 - len(grid))
         self.block = tuple(int(b) for b in block) + (1,) * (3 - len(block))
         self.shared = int(shared)
+        self.ref = None
 
     def module(self):
-        return module(self.path, self.defines)
+        if self.ref is None:
+            self.ref = module_ref(self.path, self.defines)
+        return self.ref.get()
 
     def __call__(self, *tensors):
-        module(self.path, self.defines).kernel(self.kernel)(*tensors, *self.scalars, grid=self.grid,
-                                                            block=self.block, shared=self.shared)
+        ref = self.ref or self._bind()
+        ref.get().kernel(self.kernel)(*tensors, *self.scalars, grid=self.grid, block=self.block, shared=self.shared)
+
+    def _bind(self):
+        self.ref = module_ref(self.path, self.defines)
+        return self.ref
 
 
 def remember(cache: dict, key, build):

@@ -37,7 +37,7 @@ import torch
 
 from .._limits import GRID_X_MAX, GRID_YZ_MAX, INT32_MAX, SHARED_DEFAULT_MAX
 from ..workloads import Workload
-from . import Impl, ceil_div, new_output, out_size, output
+from . import Impl, ceil_div, fused, new_output, out_size, output
 from ._kernels import Launch, remember
 
 DX_SCATTER_FILE = "kernels/08_backprop/conv2d_dx_scatter.cu"
@@ -247,8 +247,6 @@ def conv2d_input_grad_forward(dy, w, dx=None, *, stride: int = 1, padding: int =
     """dx as a forward convolution: chapter 5's pick for the transposed layer (M channels in, C maps
     out, so fused.gemm_config(C)'s tile for a GEMM) on dy with the flipped, transposed mask and
     padding K-1-padding. Stride 1 and padding <= K-1 only."""
-    from . import fused
-
     def build():
         B, C, M, H, W, K, Ho, Wo = grad_shapes(x_shape, w, dy, stride, padding)
         if stride != 1:
@@ -509,13 +507,11 @@ class Conv2dFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, w, bias=None, stride: int = 1, padding: int = 0):
-        from .fused import conv2d_best
-
         stride, padding = int(stride), int(padding)
         x, w = x.contiguous(), w.contiguous()
         _check_in(x, "x")
         _check_in(w, "w")
-        y = conv2d_best(x, w, stride=stride, padding=padding)
+        y = fused.conv2d_best(x, w, stride=stride, padding=padding)
         if bias is not None:
             y.add_(bias.view(1, -1, 1, 1))
         ctx.save_for_backward(x, w)

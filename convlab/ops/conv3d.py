@@ -57,18 +57,7 @@ def _out_shape(Do, Ho, Wo, five_d):
 
 
 def _aligned16(t) -> bool:
-    return t.device.type == "meta" or t.data_ptr() % 16 == 0
-
-
-def _flat(t):
-    """The 3-D view the kernels index (no copy)."""
-    return t.view(t.shape[-3:]) if t.dim() == 5 else t
-
-
-def _contiguous(**tensors):
-    for name, t in tensors.items():
-        if not t.is_contiguous():
-            raise ValueError(f"{name} must be contiguous: pass {name}.contiguous()")
+    return t.is_meta or t.data_ptr() % 16 == 0
 
 
 _plans: dict = {}
@@ -86,10 +75,9 @@ def conv3d_naive(x, w, y=None, *, stride: int = 1, padding: int = 0, BX: int | N
                                                     (D, H, W, KD, KH, KW), grid=grid, block=(bx, by, bz))
 
     bx, by, bz = int(BX or 32), int(BY or 4), int(BZ or 2)
-    _contiguous(x=x, w=w)
     shape, launch = remember(_plans, ("naive", x.shape, w.shape, stride, padding, bx, by, bz), build)
     y = output(y, shape, x)
-    launch(_flat(x), _flat(w), _flat(y))
+    launch(x, w, y)         # 5-D or 3-D: the kernels see the same contiguous data
     return y
 
 
@@ -116,11 +104,10 @@ def conv3d_tiled(x, w, y=None, *, stride: int = 1, padding: int = 0, TX: int | N
             grid=grid, block=(tx, ty, tz))
 
     tx, ty, tz = int(TX or 32), int(TY or 4), int(TZ or 4)
-    _contiguous(x=x, w=w)
     shape, launch = remember(_plans, ("tiled", x.shape, w.shape, stride, padding, tx, ty, tz), build)
     y = output(y, shape, x)
     set_mask(launch.module(), w)
-    launch(_flat(x), _flat(y))
+    launch(x, y)
     return y
 
 
@@ -181,7 +168,6 @@ def conv3d_coarse(x, w, y=None, *, stride: int = 1, padding: int = 0, TX: int | 
         return _out_shape(Do, Ho, Wo, five), regs, Launch(COARSE_FILE, "conv3d_coarse", defines, (D, H, W),
                                                           grid=grid, block=(32, by, 1))
 
-    _contiguous(x=x, w=w)
     x_aligned = _aligned16(x)
     y_aligned = y is None or _aligned16(y)      # a new output starts at the start of an allocation
     shape, regs, launch = remember(_plans, ("coarse", x.shape, w.shape, stride, padding, TX, TY, BY, ZC, MASK_REGS,
@@ -189,7 +175,7 @@ def conv3d_coarse(x, w, y=None, *, stride: int = 1, padding: int = 0, TX: int | 
     y = output(y, shape, x)
     if not regs:
         set_mask(launch.module(), w)
-    launch(_flat(x), _flat(w), _flat(y))
+    launch(x, w, y)         # 5-D or 3-D: the kernels see the same contiguous data
     return y
 
 

@@ -69,7 +69,7 @@ def _scratch(shape, like, dtype=torch.float16):
 
 
 def _aligned16(t) -> bool:
-    return t.device.type == "meta" or t.data_ptr() % 16 == 0
+    return t.is_meta or t.data_ptr() % 16 == 0
 
 
 def _convert(name, src, dst):

@@ -98,6 +98,14 @@ def conv2d_implicit_gemm_reg(x, w, y=None, *, stride: int = 1, padding: int = 0,
                              BN: int | None = None, BK: int | None = None, TM: int | None = None,
                              TN: int | None = None):
     """Tunables left out come from gemm_config(M)."""
+    shape, launch = _reg_plan(x, w, stride, padding, BM, BN, BK, TM, TN)
+    y = output(y, shape, x)
+    launch(x, w, y)
+    return y
+
+
+def _reg_plan(x, w, stride, padding, BM=None, BN=None, BK=None, TM=None, TN=None):
+    """(output shape, Launch) of conv2d_implicit_gemm_reg, worked out once per shape and tunables."""
     def build():
         B, C, M, H, W, K, Ho, Wo = conv2d_shapes(x, w, stride, padding)
         cfg = gemm_config(M)
@@ -108,10 +116,7 @@ def conv2d_implicit_gemm_reg(x, w, y=None, *, stride: int = 1, padding: int = 0,
                                       (B, C, M, H, W, padding, stride), grid=(ceil_div(N, t["BN"]), ceil_div(M, t["BM"]), 1),
                                       block=(reg_threads(t["BM"], t["BN"], t["TM"], t["TN"]), 1, 1))
 
-    shape, launch = remember(_plans, ("reg", x.shape, w.shape, stride, padding, BM, BN, BK, TM, TN), build)
-    y = output(y, shape, x)
-    launch(x, w, y)
-    return y
+    return remember(_plans, ("reg", x.shape, w.shape, stride, padding, BM, BN, BK, TM, TN), build)
 
 
 # ---- step 3: thread-coarsened direct convolution, mask as constant operands ------------------------
@@ -182,6 +187,14 @@ def regtile_fits(M: int, C: int, K: int, MT: int | None = None) -> bool:
 def conv2d_direct_regtile(x, w, y=None, *, stride: int = 1, padding: int = 0, MT: int | None = None,
                           ROWS: int | None = None, BLOCK: int | None = None):
     """Tunables left out come from regtile_config(M, C, K)."""
+    shape, launch = _regtile_plan(x, w, stride, padding, MT, ROWS, BLOCK)
+    y = output(y, shape, x)
+    launch(x, w, y)
+    return y
+
+
+def _regtile_plan(x, w, stride, padding, MT=None, ROWS=None, BLOCK=None):
+    """(output shape, Launch) of conv2d_direct_regtile, worked out once per shape and tunables."""
     def build():
         B, C, M, H, W, K, Ho, Wo = conv2d_shapes(x, w, stride, padding)
         cfg = regtile_config(M, C, K)
@@ -197,10 +210,7 @@ def conv2d_direct_regtile(x, w, y=None, *, stride: int = 1, padding: int = 0, MT
                                       (B, H, W, padding), grid=(ceil_div(threads, block), ceil_div(M, mt), 1),
                                       block=(block, 1, 1))
 
-    shape, launch = remember(_plans, ("regtile", x.shape, w.shape, stride, padding, MT, ROWS, BLOCK), build)
-    y = output(y, shape, x)
-    launch(x, w, y)
-    return y
+    return remember(_plans, ("regtile", x.shape, w.shape, stride, padding, MT, ROWS, BLOCK), build)
 
 
 # ---- the implementations and the dispatcher ----------------------------------------------------------
@@ -240,15 +250,19 @@ def pick(shape: Workload) -> Impl:
 
 
 _best: dict = {}
+_PLAN_OF = {conv2d_direct_regtile: _regtile_plan, conv2d_implicit_gemm_reg: _reg_plan}
 
 
 def conv2d_best(x, w, y=None, *, stride: int = 1, padding: int = 0):
-    """The kernel pick() chooses for this shape, launched with its tunables."""
+    """The kernel pick() chooses for this shape, launched with its tunables (the same launch as
+    pick(shape)(x, w, ...), kept per shape: one lookup per call)."""
     key = (x.shape, w.shape, stride, padding)
     hit = _best.get(key)
     if hit is None:
         shape = Workload.of(x, w, stride=stride, padding=padding)
         impl = pick(shape)
-        hit = _best[key] = (impl.launcher, impl.config(shape))
-    launcher, tunables = hit
-    return launcher(x, w, y, stride=stride, padding=padding, **tunables)
+        hit = _best[key] = _PLAN_OF[impl.launcher](x, w, stride, padding, **impl.config(shape))
+    out_shape, launch = hit
+    y = output(y, out_shape, x)
+    launch(x, w, y)
+    return y

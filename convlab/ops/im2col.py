@@ -20,6 +20,7 @@ import torch
 from .._limits import GRID_YZ_MAX, INT32_MAX
 from . import Impl, ceil_div, conv2d_shapes, out_size, output
 from . import _kernels
+from ._kernels import Launch, remember
 
 IM2COL_FILE = "kernels/04_im2col/im2col.cu"
 GEMM_FILE = "kernels/04_im2col/gemm_tiled.cu"
@@ -97,19 +98,41 @@ def _chunk(B: int, per_image_bytes: int, workspace_mb: float) -> int:
     return n
 
 
-def _im2col_then(x, w, y, stride, padding, BLOCK, workspace_mb, gemm):
-    """im2col into a workspace, chunk by chunk of images, each chunk followed by gemm(wm, ub, yb)."""
-    B, C, M, H, W, K, Ho, Wo = conv2d_shapes(x, w, stride, padding)
-    y = output(y, (B, M, Ho, Wo), x)
-    P, KD = Ho * Wo, C * K * K
-    nb = _chunk(B, 4 * KD * P, workspace_mb)
-    u = torch.empty((nb, KD, P), dtype=torch.float32, device=x.device)   # overwritten before it is read
-    wm = w.view(M, KD)
-    for b0 in range(0, B, nb):
-        b1 = min(B, b0 + nb)
-        ub = u[: b1 - b0]
-        _im2col_launch(x[b0:b1], ub, K, stride, padding, BLOCK)
-        gemm(wm, ub, y[b0:b1].view(b1 - b0, M, P), b1 - b0, M, P, KD)
+_plans: dict = {}
+
+
+def _im2col_then(x, w, y, stride, padding, BLOCK, workspace_mb, TILE):
+    """im2col into a workspace, chunk by chunk of images, each chunk followed by its GEMM: our tiled
+    GEMM with TILE×TILE blocks (its Launch per chunk kept in the plan), or with TILE=0 torch.matmul."""
+    def build():
+        B, C, M, H, W, K, Ho, Wo = conv2d_shapes(x, w, stride, padding)
+        P, KD = Ho * Wo, C * K * K
+        nb = _chunk(B, 4 * KD * P, workspace_mb)
+        chunks = []
+        for b0 in range(0, B, nb):
+            n = min(B, b0 + nb) - b0
+            unroll = Launch(IM2COL_FILE, "im2col", {"BLOCK": BLOCK}, (n, C, H, W, K, padding, stride),
+                            grid=(ceil_div(P, BLOCK), C, n), block=(BLOCK,))
+            gemm = None
+            if TILE:                     # W (M, KD), shared by the chunk, times U[b] (KD, P) into y[b] (M, P)
+                gemm = Launch(GEMM_FILE, "gemm_tiled", {"TILE": TILE}, (M, P, KD, 0, KD * P, M * P),
+                              grid=(ceil_div(P, TILE), ceil_div(M, TILE), n), block=(TILE, TILE))
+            chunks.append((b0, b0 + n, unroll, gemm))
+        return (B, M, Ho, Wo), (nb, KD, P), (M, KD), chunks
+
+    key = (x.shape, w.shape, stride, padding, BLOCK, workspace_mb, TILE)
+    shape, u_shape, w_2d, chunks = remember(_plans, key, build)
+    y = output(y, shape, x)
+    u = torch.empty(u_shape, dtype=torch.float32, device=x.device)    # overwritten before it is read
+    for b0, b1, unroll, gemm in chunks:
+        whole = len(chunks) == 1          # no views: the kernels see the same memory
+        xb, yb = (x, y) if whole else (x[b0:b1], y[b0:b1])
+        ub = u if b1 - b0 == u_shape[0] else u[: b1 - b0]
+        unroll(xb, ub)
+        if gemm is not None:
+            gemm(w, ub, yb)
+        else:
+            torch.matmul(w.view(w_2d), ub, out=yb.view(b1 - b0, w_2d[0], u_shape[2]))
     return y
 
 
@@ -117,21 +140,19 @@ def conv2d_im2col_gemm(x, w, y=None, *, stride: int = 1, padding: int = 0, TILE:
                        BLOCK: int | None = None, workspace_mb: float | None = None):
     """im2col into a workspace (at most workspace_mb, default 512), chunk by chunk of images, then our
     batched tiled GEMM into y."""
-    TILE = int(TILE or 16)
-    return _im2col_then(x, w, y, stride, padding, int(BLOCK or 256), workspace_mb or 512,
-                        lambda wm, ub, yb, Z, M, P, KD: _gemm_launch(wm, ub, yb, Z, M, P, KD, 0, KD * P, M * P, TILE))
+    return _im2col_then(x, w, y, stride, padding, int(BLOCK or 256), workspace_mb or 512, int(TILE or 16))
 
 
 def conv2d_im2col_matmul(x, w, y=None, *, stride: int = 1, padding: int = 0, BLOCK: int | None = None,
                          workspace_mb: float | None = None):
     """im2col (ours) + torch.matmul (cuBLAS on a GPU): the GEMM's share of the time, separated."""
-    return _im2col_then(x, w, y, stride, padding, int(BLOCK or 256), workspace_mb or 512,
-                        lambda wm, ub, yb, Z, M, P, KD: torch.matmul(wm, ub, out=yb))
+    return _im2col_then(x, w, y, stride, padding, int(BLOCK or 256), workspace_mb or 512, 0)
 
 
 #: The chapter's implementations, by the name the figures use.
-IM2COL_GEMM = Impl("im2col + tiled GEMM", conv2d_im2col_gemm)
-IM2COL_MATMUL = Impl("im2col + torch.matmul", conv2d_im2col_matmul)
+IM2COL_GEMM = Impl("im2col + tiled GEMM", conv2d_im2col_gemm,
+                   config=lambda s: {"TILE": 16, "BLOCK": 256, "workspace_mb": 512})
+IM2COL_MATMUL = Impl("im2col + torch.matmul", conv2d_im2col_matmul, config=lambda s: {"BLOCK": 256, "workspace_mb": 512})
 IMPLEMENTATIONS = (IM2COL_GEMM, IM2COL_MATMUL)
 
 

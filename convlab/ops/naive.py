@@ -59,8 +59,9 @@ def conv2d_naive_flat(x, w, y=None, *, stride: int = 1, padding: int = 0, block:
 
 
 #: The chapter's implementations, by the name the figures use.
-NAIVE_Z = Impl("naive z (B·M on grid z)", conv2d_naive_z, applies=lambda s: s.B * s.M <= GRID_YZ_MAX)
-NAIVE_FLAT = Impl("naive flat (1D grid)", conv2d_naive_flat)
+NAIVE_Z = Impl("naive z (B·M on grid z)", conv2d_naive_z, applies=lambda s: s.B * s.M <= GRID_YZ_MAX,
+               config=lambda s: {"block": (16, 16)})
+NAIVE_FLAT = Impl("naive flat (1D grid)", conv2d_naive_flat, config=lambda s: {"block": 256})
 IMPLEMENTATIONS = (NAIVE_Z, NAIVE_FLAT)
 
 
