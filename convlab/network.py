@@ -569,7 +569,9 @@ def occupancy(registers: int | None, block: int, shared: int = 0) -> float:
     regs_sm = b.dev.get_attribute(a.MAX_REGISTERS_PER_MULTIPROCESSOR)
     threads_sm = b.dev.get_attribute(a.MAX_THREADS_PER_MULTIPROCESSOR)
     shared_sm = b.dev.get_attribute(a.MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)
-    blocks_sm = b.dev.get_attribute(a.MAX_BLOCKS_PER_MULTIPROCESSOR)
+    # CUDA 11's attribute; an older PyCUDA lacks it: 32, the limit of every GPU since Volta
+    has_blocks = hasattr(a, "MAX_BLOCKS_PER_MULTIPROCESSOR")
+    blocks_sm = b.dev.get_attribute(a.MAX_BLOCKS_PER_MULTIPROCESSOR) if has_blocks else 32
     warps = -(-block // 32)
     regs_per_warp = -(-registers * 32 // 256) * 256
     blocks = min(regs_sm // (regs_per_warp * warps), threads_sm // block, blocks_sm,

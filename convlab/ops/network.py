@@ -64,7 +64,8 @@ def bias_act(x, bias, y=None, *, act: str = "relu"):
     P = x.numel() // max(1, B * M)
     y = _output(y, x.shape, x)
     grid, block = _elementwise_grid(x.numel())
-    _kernels.module(EPILOGUE_FILE).kernel("bias_act")(x, bias, y, B, M, P, _code(ACTS, act, "act"), grid=grid, block=block)
+    _kernels.module(EPILOGUE_FILE).kernel("bias_act")(x, bias, y, B, M, P, _code(ACTS, act, "act"),
+                                                      grid=grid, block=block)
     return y
 
 
@@ -258,7 +259,8 @@ def sgd_momentum(p, g, v, *, lr: float, momentum: float):
     if not (p.shape == g.shape == v.shape) or not (p.is_contiguous() and g.is_contiguous() and v.is_contiguous()):
         raise ValueError("p, g and v must be contiguous tensors of one shape")
     grid, block = _elementwise_grid(p.numel())
-    _kernels.module(EPILOGUE_FILE).kernel("sgd_momentum")(p, g, v, p.numel(), float(lr), float(momentum), grid=grid, block=block)
+    _kernels.module(EPILOGUE_FILE).kernel("sgd_momentum")(p, g, v, p.numel(), float(lr), float(momentum),
+                                                          grid=grid, block=block)
     _forget_constant(p)
     return p
 
