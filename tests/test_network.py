@@ -231,3 +231,24 @@ def test_full_size_grids_fit(record_launches, arch):
     assert launches
     for name, grid, block, shared, _ in launches:
         check_launch(name, grid, block, shared)
+
+
+def test_measure_stages_checks_before_it_times():
+    wls = net.LENET5.conv_workloads(10_000)
+    df = net.measure_stages(ops.IMPLEMENTATIONS, wls, act="tanh", pool="avg", torch_too=False)
+    assert list(df["impl"]) == [ops.FUSED.name, ops.SEPARATE.name] * 2
+    assert (df["pass"] == "forward").all() and df["ms"].notna().all()
+    skewed = ops.Impl("bias off by one map", lambda x, w, y=None, *, bias, **kw:
+                      ops.conv2d_bias_act_pool(x, w, y, bias=bias.roll(1), **kw), op="conv2d_stage")
+    with pytest.raises(cl.CheckError):
+        net.measure_stages([skewed], wls[:1], act="tanh", pool="avg", torch_too=False)
+
+
+def test_measure_networks_checks_both_paths():
+    df = net.measure_networks(net.LENET5, [1, 2], torch_too=False)
+    assert list(df["impl"]) == ["ours: fused stages", "ours: separate epilogue"] * 2
+    assert list(df["workload"].unique()) == ["lenet5"] and df["shape"].str.contains("whole network").all()
+
+
+def test_occupancy_is_not_a_number_without_registers():
+    assert net.occupancy(None, 128) != net.occupancy(None, 128)
