@@ -306,7 +306,13 @@ def train(arch: Architecture, data, *, epochs: int = 5, batch_size: int = 64, lr
 
 def train_torch(arch: Architecture, data, *, epochs: int = 5, batch_size: int = 64, lr: float = 0.05,
                 momentum: float = 0.9, seed: int = 0, max_steps: int | None = None) -> tuple:
-    """The same training in torch (same initial weights, same batches, torch.optim.SGD): (model, TrainResult)."""
+    """The same training in torch (same initial weights, same batches, torch.optim.SGD): (model, TrainResult).
+    Strict fp32 (TF32 off, as our kernels compute) with cudnn.benchmark on."""
+    with TorchAtItsBest():
+        return _train_torch(arch, data, epochs, batch_size, lr, momentum, seed, max_steps)
+
+
+def _train_torch(arch, data, epochs, batch_size, lr, momentum, seed, max_steps):
     torch.manual_seed(seed)
     dev = _device()
     model = torch_model(arch).to(dev)
