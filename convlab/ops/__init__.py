@@ -47,7 +47,7 @@ class Impl:
 
     name: str                   # the one name used by figures, CSV files and text
     launcher: Callable          # the contract above
-    op: str = "conv2d"          # "conv2d" | "conv2d_fp16" | "conv3d" | "conv2d_dx" | "conv2d_dw"
+    op: str = "conv2d"          # "conv2d" | "conv2d_fp16" | "conv3d" | "conv2d_dx" | "conv2d_dw" | "conv2d_train"
     applies: Callable = _always         # Workload -> bool: which shapes it can take
     config: Callable = _no_tunables     # Workload -> dict: its default tunables
 
