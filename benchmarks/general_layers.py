@@ -13,7 +13,10 @@ general one; NCHW, the layout our kernels take) against torch with cudnn.benchma
 in channels_last (the input and the mask converted before timing, so torch is timed at its best
 layout), strict fp32 (TF32 off). speedup = the faster of torch's two / ours. Every output is first
 checked against an fp64 reference of the same (fp16: already rounded) inputs; a row that fails is
-reported and exits 1. Timings: cl.bench (CUDA events, warm-up, L2 flushed, median of --reps).
+reported and exits 1. Timings: cl.bench (CUDA events, warm-up, L2 flushed, median of --reps), torch
+in this process (not convlab.measure's fresh process per layout: these layers are not Workloads,
+which have no groups, dilation or non-square masks). On a GPU the rows go to
+benchmarks/results/general_layers_cuda.csv.
 With --backward, also forward + dX + dW through autograd (ours: Conv2dFunction; torch: autograd),
 each gradient checked.
 
@@ -23,6 +26,8 @@ On the emulator the same code runs on each layer's small twin (B=2, at most 8 ch
 from __future__ import annotations
 
 import argparse
+import contextlib
+import csv
 import datetime as dt
 import math
 import sys
@@ -38,8 +43,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import convlab as cl  # noqa: E402
-from _harness import report_failures, save_rows  # noqa: E402
-from convlab.baselines import cudnn_benchmark, strict_fp32, versions  # noqa: E402
+from convlab.baselines import strict_fp32, versions  # noqa: E402
 from convlab.ops import general  # noqa: E402
 from convlab.ops.fp16 import fp16_tolerance  # noqa: E402
 
@@ -110,6 +114,32 @@ LAYERS = [
     Layer("resnet_stem_7x7_s2", "standard", 32, 3, 64, 224, 224, (7, 7), (2, 2), (3, 3)),
 ]
 KINDS = sorted({lay.kind for lay in LAYERS})
+
+
+@contextlib.contextmanager
+def cudnn_benchmark(on: bool):
+    saved = torch.backends.cudnn.benchmark
+    try:
+        torch.backends.cudnn.benchmark = on
+        yield
+    finally:
+        torch.backends.cudnn.benchmark = saved
+
+
+def save_rows(rows: list[dict], meta: dict, csv_path: str | None, on_gpu: bool) -> Path:
+    """GPU rows to benchmarks/results/ (to be committed), an emulator's checks to the ignored cache;
+    every row with the run's metadata (GPU, versions, date)."""
+    folder = ROOT / "benchmarks" / "results" if on_gpu else ROOT / ".convlab-cache"
+    out = Path(csv_path) if csv_path else folder / f"general_layers_{meta['backend']}.csv"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fields = list(dict.fromkeys(k for r in rows for k in r)) + [k for k in meta]
+    with open(out, "w", newline="") as f:
+        wr = csv.DictWriter(f, fieldnames=fields)
+        wr.writeheader()
+        for r in rows:
+            wr.writerow({**r, **meta})
+    print(f"# wrote {out}")
+    return out
 
 
 def meta():
@@ -259,8 +289,11 @@ def main(argv=None):
             rows += bench_layer(lay, DTYPES[d], reps, args.backward, lambda r: print(fmt(r), flush=True))
     for line in summary(rows):
         print(line)
-    save_rows(rows, m, "general_layers", args.csv, on_gpu)
-    return report_failures(rows, fmt)
+    save_rows(rows, m, args.csv, on_gpu)
+    bad = [r for r in rows if r["check"] != "ok"]
+    for r in bad:
+        print("# FAILED its check: " + fmt(r))
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
-"""What our kernels are compared with: torch's own convolution, at its defaults and tuned.
+"""What our kernels are compared with: torch at its best on each layer.
 
-- "torch default": torch.nn.functional.conv2d as shipped (cuDNN picks an algorithm by heuristics);
-- "torch tuned": the same with torch.backends.cudnn.benchmark = True (cuDNN times its algorithms
-  on the first call of each shape and keeps the fastest; the warm-up of cl.bench absorbs that).
-Both in strict fp32: TF32 off for cuDNN and for matmul, so every contender does the same arithmetic.
+"torch best" is the faster of two configurations, each timed in a fresh process of its own
+(convlab.torch_baseline): cudnn.benchmark on from the first call (cuDNN times its algorithms and
+keeps the fastest), TF32 off (strict fp32, the arithmetic our kernels do), and the tensors in NCHW
+or in channels_last. Both stay in the data as rows, with the kernels torch ran named. The rows of
+one GPU run are kept in book/data/torch.csv, so every chapter compares with the same numbers.
 
 Also a plain wall-clock timer for chapter 1, whose contenders run on the CPU.
 """
@@ -14,10 +15,6 @@ import os
 import platform
 import time
 from dataclasses import dataclass, field
-
-IMPL_TORCH_DEFAULT = "torch default"
-IMPL_TORCH_TUNED = "torch tuned"
-
 
 @contextlib.contextmanager
 def strict_fp32():
@@ -34,21 +31,14 @@ def strict_fp32():
         cudnn.allow_tf32, matmul.allow_tf32 = saved
 
 
-@contextlib.contextmanager
-def cudnn_benchmark(on: bool):
-    import torch
-
-    saved = torch.backends.cudnn.benchmark
-    try:
-        torch.backends.cudnn.benchmark = on
-        yield
-    finally:
-        torch.backends.cudnn.benchmark = saved
-
-
 def tf32_setting() -> str:
     """How the timings here were taken: always strict fp32 (the figure says so)."""
     return "TF32 off"
+
+
+TORCH_BEST = "torch best"
+LAYOUTS = {"nchw": "torch (NCHW)", "channels_last": "torch (channels_last)"}
+TORCH_CACHE = "torch"       # book/data/torch.csv
 
 
 def versions() -> dict:
@@ -63,21 +53,77 @@ def versions() -> dict:
     return {"torch": torch.__version__, "cudnn": cudnn}
 
 
-def torch_conv(x, w, stride: int = 1, pad: int = 0):
-    """A zero-argument callable running torch's convolution on x, w (2D or 3D by w's rank)."""
-    import torch.nn.functional as F
-
-    conv = F.conv2d if w.dim() == 4 else F.conv3d
-    return lambda: conv(x, w, stride=stride, padding=pad)
+def _spec(wl, op: str, dtype: str, layout: str, reps: int) -> dict:
+    shape = {k: getattr(wl, k) for k in ("B", "C", "M", "H", "W", "K", "stride", "D")}
+    shape["padding"] = wl.padding
+    return {"op": op, "dtype": dtype, "layout": layout, "shape": shape, "reps": reps}
 
 
-def time_torch(x, w, stride: int = 1, pad: int = 0, *, tuned: bool, reps: int = 20, warmup: int = 3):
-    """cl.bench of torch's convolution, strict fp32, with cudnn.benchmark off (default) or on (tuned)."""
-    import convlab as cl
+def measure_torch(wl, op: str = "conv2d", dtype: str = "fp32", layout: str = "nchw", reps: int = 20) -> list:
+    """Time torch on one layer in a fresh process (python -m convlab.torch_baseline): a list of
+    {"pass", "ms", "p25", "p75", "caller_ms", "wall_ms", "kernels"}, one per pass."""
+    import json
+    import subprocess
+    import sys
 
-    fn = torch_conv(x, w, stride, pad)
-    with strict_fp32(), cudnn_benchmark(tuned):
-        return cl.bench(fn, reps=reps, warmup=warmup)
+    from . import book
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(book.repo_root()), os.environ.get("PYTHONPATH", "")]))
+    spec = json.dumps(_spec(wl, op, dtype, layout, reps))
+    done = subprocess.run([sys.executable, "-m", "convlab.torch_baseline", spec], capture_output=True, text=True,
+                          env=env, timeout=600)
+    if done.returncode != 0:
+        raise RuntimeError(f"timing torch on {wl.name} ({op}, {dtype}, {layout}) failed:\n{done.stderr[-2000:]}")
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+
+def torch_op(wl, pass_: str) -> str:
+    """Which torch_baseline op gives a pass: forward of a 2D or 3D layer, or a training step."""
+    if pass_ == "forward":
+        return "conv2d" if wl.D is None else "conv3d"
+    return "conv2d_train"
+
+
+def torch_rows(wl, pass_: str = "forward", dtype: str = "fp32", *, roof=None, refresh: bool = False) -> list:
+    """Result rows for torch on one layer and pass: one per layout, then "torch best", the faster.
+    Read from book/data/torch.csv when this GPU and torch version measured them there; otherwise
+    measured now (a fresh process per layout) and added to it."""
+    import pandas as pd
+
+    from . import results
+
+    meta = {"gpu": results.device_label(), **versions()}
+    cached = results.load(TORCH_CACHE)
+    if cached is not None and not refresh:
+        hit = cached[(cached["workload"] == wl.name) & (cached["shape"] == wl.shape_text)
+                     & (cached["pass"] == pass_) & (cached["dtype"] == dtype) & (cached["kind"] == "torch")]
+        for k, v in meta.items():
+            hit = hit[hit[k].astype(str) == str(v)]
+        if len(hit) == len(LAYOUTS):
+            rows = hit.to_dict("records")
+            return rows + [best_of(rows)]
+    rows = []
+    for layout, impl in LAYOUTS.items():
+        for m in measure_torch(wl, torch_op(wl, pass_), dtype, layout):
+            r = results.row(wl, impl, results.Measured(m["ms"], m["p25"], m["p75"], m["caller_ms"], m["wall_ms"]),
+                            kind="torch", pass_=m["pass"], dtype=dtype, layout=layout, roof=roof,
+                            torch_kernels=" | ".join(m["kernels"]))
+            rows.append(r)
+    if results.may_save():
+        keep = cached if cached is not None else results.frame([])
+        fresh = results.frame(rows)
+        new_keys = set(zip(fresh["workload"], fresh["pass"], fresh["dtype"], fresh["impl"]))
+        keep = keep[[k not in new_keys for k in zip(keep["workload"], keep["pass"], keep["dtype"], keep["impl"])]]
+        results.save(pd.concat([keep, fresh], ignore_index=True), TORCH_CACHE, quiet=True)
+    mine = [r for r in rows if r["pass"] == pass_]
+    return mine + [best_of(mine)]
+
+
+def best_of(rows: list) -> dict:
+    """The "torch best" row: the fastest torch configuration by GPU time, under its own name."""
+    best = dict(min(rows, key=lambda r: r["ms"]))
+    best["kind"], best["impl"] = "torch best", TORCH_BEST
+    return best
 
 
 # ---- chapter 1: timings on the CPU ------------------------------------------------------------

@@ -26,12 +26,6 @@ class Timing:
     is_gpu: bool
     device: str
 
-    def gflops(self, flops: float) -> float:
-        return flops / (self.ms * 1e-3) / 1e9
-
-    def gbs(self, nbytes: float) -> float:
-        return nbytes / (self.ms * 1e-3) / 1e9
-
     def __str__(self):
         if self.is_gpu:
             return (f"{self.ms:.4g} ms (median of {len(self.samples)}, IQR {self.p25:.4g}-{self.p75:.4g}) "
@@ -60,28 +54,64 @@ def _hold_gpu():
 
 
 def bench(fn, reps: int | None = None, warmup: int | None = None, flush_l2: bool = True) -> Timing:
+    """GPU time of fn() (see the module's doc); on the emulator, wall time labelled as such."""
     from . import backend, device
     if backend() == "cuda":
-        reps, warmup = reps or 20, 3 if warmup is None else warmup
-        for _ in range(warmup):
-            fn()
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-        for s, e in zip(starts, ends):
-            if flush_l2:
-                _l2_flush()
-            _hold_gpu()
-            s.record()
-            fn()
-            e.record()
-        torch.cuda.synchronize()
-        samples = [s.elapsed_time(e) for s, e in zip(starts, ends)]
-        name = device().name
-    else:
-        samples = wall_clock_ms(fn, reps or 3, 1 if warmup is None else warmup)
-        name = "CPU emulator"
+        t = time_gpu(fn, reps=reps or 20, warmup=3 if warmup is None else warmup, flush_l2=flush_l2)
+        return Timing(t.ms, t.p25, t.p75, t.min, t.max, t.samples, True, device().name)
+    samples = wall_clock_ms(fn, reps or 3, 1 if warmup is None else warmup)
     median, p25, p75 = spread(samples)
-    return Timing(median, p25, p75, min(samples), max(samples), samples, backend() == "cuda", name)
+    return Timing(median, p25, p75, min(samples), max(samples), samples, False, "CPU emulator")
+
+
+def _events(fn, reps: int, warmup: int, flush_l2: bool, hold: bool) -> Timing:
+    for _ in range(warmup):
+        fn()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for s, e in zip(starts, ends):
+        if flush_l2:
+            _l2_flush()
+        if hold:
+            _hold_gpu()
+        else:
+            torch.cuda.synchronize()    # an idle GPU, as a caller finds it between two calls
+        s.record()
+        fn()
+        e.record()
+    torch.cuda.synchronize()
+    samples = [s.elapsed_time(e) for s, e in zip(starts, ends)]
+    median, p25, p75 = spread(samples)
+    return Timing(median, p25, p75, min(samples), max(samples), samples, True, torch.cuda.get_device_name())
+
+
+def time_gpu(fn, reps: int = 20, warmup: int = 3, flush_l2: bool = True) -> Timing:
+    """The GPU's time for fn(): events with the GPU held busy while Python queues the work."""
+    return _events(fn, reps, warmup, flush_l2, hold=True)
+
+
+def time_caller(fn, reps: int = 20, warmup: int = 3, flush_l2: bool = True) -> Timing:
+    """The time a caller sees for one call of fn() on an idle GPU: events around the Python call
+    with nothing held, so Python's own work before and between the kernels counts too."""
+    return _events(fn, reps, warmup, flush_l2, hold=False)
+
+
+def wall_per_call(fn, calls: int | None = None, budget_s: float = 0.5) -> float:
+    """ms per call of fn() in a loop of back-to-back calls, wall clock, synchronised at the end:
+    what a training loop sees (Python's work overlaps the GPU's when the GPU is the slower)."""
+    fn()
+    torch.cuda.synchronize()
+    if calls is None:
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        one = max(time.perf_counter() - t0, 1e-6)
+        calls = int(min(200, max(5, budget_s / one)))
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) * 1e3 / calls
 
 
 def wall_clock_ms(fn, reps: int, warmup: int) -> list:

@@ -56,3 +56,20 @@ def progress(iterable, desc: str = "", **kwargs):
     kwargs.setdefault("mininterval", 30.0)
     kwargs.setdefault("dynamic_ncols", False)
     return tqdm(iterable, desc=desc, **kwargs)
+
+
+GLUE_PREFIX = "application/papermill.record/"   # what myst-nb's {glue} roles read from a cell's outputs
+
+
+def glue(name: str, value, fmt: str | None = None):
+    """Store a value for the prose: a markdown cell shows it with {glue:text}`name`, so every number
+    in the text comes from the data it describes. The same output myst_nb.glue writes, without
+    needing myst-nb where the notebook runs. fmt formats the value here (e.g. ".2f"); None or NaN
+    (no results committed yet) shows as a dash. Returns the value."""
+    from IPython.display import display
+
+    missing = value is None or (isinstance(value, float) and value != value)
+    text = "—" if missing else (format(value, fmt) if fmt else str(value))
+    display({GLUE_PREFIX + "text/plain": text}, raw=True,
+            metadata={"scrapbook": {"name": name, "mime_prefix": GLUE_PREFIX}})
+    return value

@@ -10,46 +10,92 @@ from __future__ import annotations
 import datetime as _dt
 import math
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from . import book
 
 COLUMNS = [
-    "workload", "shape", "impl", "ms", "p25", "p75", "gflops", "gbs", "floor_ms", "floor_frac",
-    "gpu", "torch", "cudnn", "tf32", "dtype", "date",
+    "workload", "shape", "pass", "dtype", "impl", "kind", "layout",
+    "ms", "p25", "p75", "caller_ms", "wall_ms",
+    "gflops", "gbs", "floor_ms", "floor_frac", "torch_kernels",
+    "gpu", "torch", "cudnn", "tf32", "date",
 ]
+# ms, p25, p75: GPU time (CUDA events, the GPU held busy while Python queues the work, L2 flushed);
+# caller_ms: one call as a caller sees it on an idle GPU (events, nothing held: Python's work counts);
+# wall_ms: per call in a loop of back-to-back calls (wall clock, synchronised at the end).
+# kind: "ours", "torch" (one layout), "torch best" (the faster layout), "cpu" (chapter 1).
+
+ELEMENT_BYTES = {"fp32": 4, "fp16": 2, "fp64": 8}
+PASSES = ("forward", "dX", "dW", "forward+dX+dW")
 
 
-def row(workload, impl: str, timing, *, roof=None, device: str | None = None, dtype: str = "fp32",
-        tf32: str | None = None, **overrides) -> dict:
-    """One result. workload: a convlab.workloads.Workload; timing: anything with .ms/.p25/.p75
-    (cl.bench's Timing, baselines.CpuTiming); roof: a roofline.Roofline for the floor (GPU rows);
-    device: the label of what ran it (defaults to the active device's name); overrides: columns
-    to set by hand (cudnn="n/a (CPU)" for CPU timings)."""
+@dataclass(frozen=True)
+class Measured:
+    """The times of one implementation on one layer (what measure.time_impl returns)."""
+
+    ms: float
+    p25: float
+    p75: float
+    caller_ms: float = math.nan
+    wall_ms: float = math.nan
+
+
+def cost(workload, pass_: str = "forward", dtype: str = "fp32") -> tuple:
+    """(FLOPs, least bytes) of one pass over a layer: each input read once, each output written once.
+    dX reads dy and w and writes dx; dW reads x and dy and writes dw; each does the forward's FLOPs."""
+    e = ELEMENT_BYTES[dtype]
+    x, w = math.prod(workload.x_shape), math.prod(workload.w_shape)
+    y = math.prod(workload.y_shape)
+    flops = workload.flops
+    moved = {"forward": x + w + y, "dX": y + w + x, "dW": x + y + w}
+    if pass_ == "forward+dX+dW":
+        return 3 * flops, e * sum(moved.values())
+    if pass_ not in moved:
+        raise ValueError(f"unknown pass {pass_!r}: one of {', '.join(PASSES)}")
+    return flops, e * moved[pass_]
+
+
+def device_label() -> str:
+    import convlab as cl
+
+    return cl.device().name
+
+
+def row(workload, impl: str, timing, *, kind: str = "ours", pass_: str = "forward", dtype: str = "fp32",
+        layout: str = "nchw", roof=None, device: str | None = None, tf32: str | None = None,
+        torch_kernels: str = "", **overrides) -> dict:
+    """One result. workload: a convlab.workloads.Workload; timing: anything with .ms/.p25/.p75 and,
+    optionally, .caller_ms/.wall_ms (Measured, cl.bench's Timing, baselines.CpuTiming); roof: a
+    roofline.Roofline for the floor (GPU rows); device: what ran it (the active device by default);
+    overrides: columns to set by hand (cudnn="n/a (CPU)" for CPU timings)."""
     from .baselines import tf32_setting, versions
 
-    if device is None:
-        import convlab as cl
-
-        device = cl.device().name
     ms = float(timing.ms)
-    floor = roof.floor_ms(workload.flops, workload.bytes) if roof is not None else math.nan
+    flops, nbytes = cost(workload, pass_, dtype)
+    floor = roof.floor_ms(flops, nbytes) if roof is not None else math.nan
     out = {
         "workload": workload.name,
         "shape": workload.shape_text,
+        "pass": pass_,
+        "dtype": dtype,
         "impl": impl,
+        "kind": kind,
+        "layout": {"nchw": "NCHW", "channels_last": "channels_last"}.get(layout, layout),
         "ms": ms,
         "p25": float(timing.p25),
         "p75": float(timing.p75),
-        "gflops": workload.flops / (ms * 1e-3) / 1e9,
-        "gbs": workload.bytes / (ms * 1e-3) / 1e9,
+        "caller_ms": float(getattr(timing, "caller_ms", math.nan)),
+        "wall_ms": float(getattr(timing, "wall_ms", math.nan)),
+        "gflops": flops / (ms * 1e-3) / 1e9,
+        "gbs": nbytes / (ms * 1e-3) / 1e9,
         "floor_ms": floor,
         # 1.0 = at the roofline floor; 0.1 = ten times slower than the floor
         "floor_frac": floor / ms if roof is not None else math.nan,
-        "gpu": device,
+        "torch_kernels": torch_kernels,
+        "gpu": device if device is not None else device_label(),
         **versions(),
         "tf32": tf32 if tf32 is not None else tf32_setting(),
-        "dtype": dtype,
         "date": _dt.date.today().isoformat(),
     }
     unknown = set(overrides) - set(out)
@@ -79,29 +125,38 @@ def may_save() -> bool:
     return cl.device().backend == "cuda"
 
 
-def save(df_or_rows, chapter: str, *, force: bool = False) -> Path | None:
+def save(df_or_rows, chapter: str, *, force: bool = False, quiet: bool = False) -> Path | None:
     """Write the results of a chapter to book/data/<chapter>.csv, on a GPU run only."""
     import pandas as pd
 
     df = df_or_rows if isinstance(df_or_rows, pd.DataFrame) else frame(df_or_rows)
     target = data_path(chapter)
     if not (force or may_save()):
+        if quiet:
+            return None
         print(f"not saved to book/data/{chapter}.csv: this is not a GPU run (book/data keeps GPU-run results only)")
         return None
     target.parent.mkdir(parents=True, exist_ok=True)
     df.to_csv(target, index=False, float_format="%.6g")
-    print(f"saved {len(df)} rows to {target.relative_to(book.repo_root()).as_posix()}")
     return target
 
 
-def load(chapter: str):
-    """The committed results of a chapter as a DataFrame, or None when there are none yet."""
+def load(chapter: str, *, quiet: bool = False):
+    """The committed results of a chapter as a DataFrame, or None when there are none of this
+    schema: no file, no rows, or a file written by an older harness (its columns are not COLUMNS;
+    one line says so, unless quiet). Extra columns (a sweep's tunables) are kept."""
     import pandas as pd
 
     target = data_path(chapter)
     if not target.is_file():
         return None
-    df = pd.read_csv(target)
+    df = pd.read_csv(target, keep_default_na=False, na_values=[""])   # "n/a" (cuDNN on a CPU) stays text
+    missing = [c for c in COLUMNS if c not in df.columns]
+    if missing:
+        if not quiet:
+            print(f"book/data/{chapter}.csv was written by an older harness (it has no {', '.join(missing)} "
+                  f"column): no results of the current harness are committed yet; `make gpu-run` rewrites it")
+        return None
     return df if len(df) else None
 
 
@@ -122,12 +177,27 @@ def provenance(df) -> str:
 
 
 def report(df):
-    """The numbers behind a figure: ms, GFLOP/s, GB/s and % of the roofline floor per row."""
-    out = df[["workload", "impl", "ms", "gflops", "gbs", "floor_frac"]].copy()
+    """The numbers behind a figure: GPU time (CPU wall time for chapter 1's rows), the time a caller
+    sees, GFLOP/s, GB/s and % of the roofline floor per row."""
+    cols = ["workload", "impl", "ms", "caller_ms", "wall_ms", "gflops", "gbs", "floor_frac"]
+    out = df[[c for c in cols if c in df]].copy()
     floor = out.pop("floor_frac")
     if floor.notna().any():  # CPU rows have no roofline floor
         out["floor %"] = (100 * floor).round(1)
-    out["ms"] = out["ms"].round(3)
+    for c in ("ms", "caller_ms", "wall_ms"):
+        if c in out and out[c].notna().any():
+            out[c] = out[c].round(4)
+        elif c in out:
+            out.pop(c)
     out["gflops"] = out["gflops"].round(1)
     out["gbs"] = out["gbs"].round(1)
-    return out.rename(columns={"gflops": "GFLOP/s", "gbs": "GB/s"}).set_index(["workload", "impl"])
+    cpu = "kind" in df and (df["kind"] == "cpu").all()      # chapter 1: wall time on the CPU
+    names = {"ms": "CPU ms (wall)" if cpu else "GPU ms", "caller_ms": "caller ms", "wall_ms": "ms per call in a loop",
+             "gflops": "GFLOP/s", "gbs": "GB/s"}
+    return out.rename(columns=names).set_index(["workload", "impl"])
+
+
+def speedup(df, impl: str, over: str = "torch best") -> "pandas.Series":  # noqa: F821
+    """GPU time of `over` divided by that of `impl`, per workload: above 1, `impl` is faster."""
+    ms = summary(df)
+    return (ms[over] / ms[impl]).dropna()

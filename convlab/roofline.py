@@ -7,7 +7,7 @@ floor_ms = max(bytes / bandwidth, flops / rate). It is a floor, not a prediction
 100% of it moves the least data at the copy rate, or does the FLOPs at the GEMM rate.
 
 Without a GPU (the emulator) the napkin math uses REFERENCE_H200, the rates measured once for
-the design on an H200, labelled as such.
+the course's reference H200 (torch 2.11), labelled as such.
 """
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ REFERENCE_H200 = Roofline(
     gpu="NVIDIA H200",
     bandwidth=4.19e12,
     flop_rate=51e12,
-    source="reference: measured once on an H200 for the design, torch 2.11, strict fp32",
+    source="reference: measured once on an H200, torch 2.11, strict fp32",
 )
 
 _measured: Roofline | None = None

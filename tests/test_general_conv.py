@@ -280,7 +280,7 @@ def test_launchers_respect_the_launch_limits(record_launches, shape):
     x, w = torch.empty(B, C, H, W, device="meta"), torch.empty(M, C // g, Kh, Kw, device="meta")
     geo = general.geometry(x.shape, w.shape, **kw)
     dy = torch.empty(B, M, geo.Ho, geo.Wo, device="meta")
-    launches = record_launches(general)
+    launches = record_launches()
     calls = [lambda: general.conv2d_general(x, w, **kw), lambda: general.conv2d_forward(x, w, **kw),
              lambda: general.conv2d_general_dx(dy, w, input_size=(H, W), **kw),
              lambda: general.conv2d_general_dw(x, dy, kernel_size=(Kh, Kw), **kw)]

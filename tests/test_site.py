@@ -24,7 +24,15 @@ def test_every_toc_page_is_built(page):
     assert built.stat().st_mtime >= source.stat().st_mtime - 1, f"{built.name} is older than {source.name}: rebuild"
 
 
-@pytest.mark.parametrize("csv", sorted((ROOT / "book" / "data").glob("*.csv")), ids=lambda p: p.stem)
+def _current_results():
+    """The chapters whose book/data CSV holds results of the current harness (an older file is
+    rewritten by the next GPU run; until then its chapter says there are none)."""
+    from convlab import results
+
+    return [p for p in sorted((ROOT / "book" / "data").glob("[0-9]*.csv")) if results.load(p.stem, quiet=True) is not None]
+
+
+@pytest.mark.parametrize("csv", _current_results(), ids=lambda p: p.stem)
 def test_chapters_with_gpu_results_show_a_figure(csv):
     page = HTML / "book" / f"{csv.stem}.html"
     assert page.is_file()

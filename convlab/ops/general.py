@@ -1,8 +1,9 @@
 """Chapter 9 launchers: the general direct convolution (kernels/09_general/), forward, dE/dX and
 dE/dW, for every layer torch.nn.functional.conv2d takes, and a drop-in conv2d / Conv2d on them.
 
-Launchers (the course's contract: outputs allocated with torch.empty, poisoned with NaN on the
-emulator; float32 or float16 tensors, NCHW, contiguous, on the backend's device):
+Launchers (the course's contract, convlab.ops: outputs allocated with torch.empty, NaN-poisoned
+under cl.debug and on the emulator; float32 or float16 tensors, NCHW, contiguous, on the backend's
+device):
 - conv2d_general(x, w, y=None, *, stride=1, padding=0, dilation=1, groups=1, bias=None) -> y
 - conv2d_general_dx(dy, w, dx=None, *, stride=1, padding=0, input_size=(H, W), dilation=1, groups=1) -> dx
 - conv2d_general_dw(x, dy, dw=None, *, stride=1, padding=0, kernel_size=(Kh, Kw), dilation=1, groups=1) -> dw
@@ -39,12 +40,12 @@ from __future__ import annotations
 import functools
 import warnings
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
-from . import GRID_X_LIMIT, GRID_YZ_LIMIT, INT32_MAX, ceil_div
+from .._limits import GRID_X_MAX, GRID_YZ_MAX, INT32_MAX, SHARED_DEFAULT_MAX
+from . import Impl, ceil_div, new_output
 from ._kernels import module
 
 FWD_FILE = "kernels/09_general/conv2d_general.cu"
@@ -54,21 +55,7 @@ DEPTHWISE_FILE = "kernels/09_general/conv2d_depthwise.cu"
 
 DTYPES = (torch.float32, torch.float16)
 BLOCK = 256
-MAX_SHARED = 48 * 1024      # bytes of shared memory a block may use without opting in
-
-
-# ---- implementation records (the shape of convlab.ops.Impl; see IMPLEMENTATIONS below) ---------
-
-@dataclass(frozen=True)
-class Impl:
-    name: str
-    launcher: Callable
-    op: str = "conv2d"
-    applies: Callable = lambda shape: True
-    config: Callable = lambda shape: {}
-
-    def __call__(self, *args, **kw):
-        return self.launcher(*args, **kw)
+MAX_SHARED = SHARED_DEFAULT_MAX     # bytes of shared memory a block may use without opting in
 
 
 # ---- geometry ----------------------------------------------------------------------------------
@@ -208,19 +195,9 @@ def _check_in(t, name: str, dtype=None) -> None:
         raise ValueError(f"{name} must be contiguous (NCHW): call {name}.contiguous() first")
 
 
-def _new(shape, dtype, device) -> torch.Tensor:
-    """An output: torch.empty, poisoned with NaN on the emulator so a value never written shows."""
-    import convlab as cl
-
-    t = torch.empty(shape, dtype=dtype, device=device)
-    if cl.backend() == "emu":
-        t.fill_(float("nan"))
-    return t
-
-
 def _output(out, shape, like: torch.Tensor, name: str) -> torch.Tensor:
     if out is None:
-        return _new(shape, like.dtype, like.device)
+        return new_output(shape, like)
     _check_in(out, name, like.dtype)
     if tuple(out.shape) != tuple(shape):
         raise ValueError(f"{name} has shape {tuple(out.shape)}, expected {tuple(shape)}")
@@ -233,7 +210,7 @@ def _suffix(dtype) -> str:
 
 
 def _blocks(n: int) -> int:
-    return max(1, min(ceil_div(n, BLOCK), GRID_X_LIMIT))
+    return max(1, min(ceil_div(n, BLOCK), GRID_X_MAX))
 
 
 def _sms() -> int:
@@ -339,10 +316,10 @@ def conv2d_depthwise(x, w, y=None, *, stride=1, padding=0, dilation=1, groups: i
     defines = {"KH": g.Kh, "KW": g.Kw, "SH": g.sh, "SW": g.sw, "DH": g.dh, "DW": g.dw, "OY": OY}
     kern = module(DEPTHWISE_FILE, defines).kernel("depthwise" + _suffix(x.dtype))
     grid_xy = (ceil_div(g.Wo, BX), ceil_div(g.Ho, BY * OY))
-    if grid_xy[1] > GRID_YZ_LIMIT:
+    if grid_xy[1] > GRID_YZ_MAX:
         raise ValueError(f"Ho={g.Ho}: {grid_xy[1]:,} row tiles, over gridDim.y's 65,535: raise BY or OY")
     planes = g.B * g.M
-    per_launch = GRID_YZ_LIMIT * BZ                  # gridDim.z holds at most 65,535 blocks of BZ planes
+    per_launch = GRID_YZ_MAX * BZ                  # gridDim.z holds at most 65,535 blocks of BZ planes
     for z0 in range(0, planes, per_launch):
         kern(x, w, w if bias is None else bias, y, g.C, g.H, g.W, g.M, g.Ho, g.Wo, g.ph, g.pw,
              int(bias is not None), z0, planes, grid=(*grid_xy, ceil_div(min(per_launch, planes - z0), BZ)),
@@ -417,7 +394,7 @@ def dw_splits(g: Geometry, taps: int = DW_TAPS) -> int:
     blocks = g.M * (g.C // g.groups) * ceil_div(g.Kh * g.Kw, taps)
     pixels = g.B * g.Ho * g.Wo
     want = ceil_div(4 * 8 * _sms(), max(blocks, 1))
-    return max(1, min(want, ceil_div(pixels, 8 * BLOCK), GRID_YZ_LIMIT))
+    return max(1, min(want, ceil_div(pixels, 8 * BLOCK), GRID_YZ_MAX))
 
 
 def conv2d_general_dw(x, dy, dw=None, *, stride=1, padding=0, kernel_size, dilation=1, groups: int = 1,
@@ -445,14 +422,14 @@ def conv2d_general_dw(x, dy, dw=None, *, stride=1, padding=0, kernel_size, dilat
     if n == 0:
         return dw
     splits = dw_splits(g) if splits is None else int(splits)
-    if not 1 <= splits <= GRID_YZ_LIMIT:
-        raise ValueError(f"splits={splits}: between 1 and {GRID_YZ_LIMIT:,} (gridDim.z)")
+    if not 1 <= splits <= GRID_YZ_MAX:
+        raise ValueError(f"splits={splits}: between 1 and {GRID_YZ_MAX:,} (gridDim.z)")
     pixels = g.B * g.Ho * g.Wo
     per_split = max(1, ceil_div(pixels, splits))
     splits = max(1, ceil_div(pixels, per_split))          # no empty slice
-    partial = _new((splits * n,), torch.float32, x.device)      # float sums, whatever the dtype
+    partial = new_output((splits * n,), x, torch.float32)       # float sums, whatever the dtype
     pairs = g.M * (g.C // g.groups)
-    if pairs > GRID_X_LIMIT or ceil_div(g.Kh * g.Kw, DW_TAPS) > GRID_YZ_LIMIT:
+    if pairs > GRID_X_MAX or ceil_div(g.Kh * g.Kw, DW_TAPS) > GRID_YZ_MAX:
         raise ValueError(f"{pairs:,} (map, channel) pairs or {g.Kh}x{g.Kw} taps: over the grid's limits")
     mod = module(DW_FILE, {"BLOCK": BLOCK, "TAPS": DW_TAPS})
     mod.kernel("conv2d_general_dw" + _suffix(x.dtype))(x, dy, partial, *g.kernel_args(), per_split,

@@ -1,0 +1,203 @@
+"""The one measuring harness: check implementations on layers against the fp64 reference, time
+them, and return result rows in one schema (convlab.results), torch at its best beside them.
+
+    df = measure.run(fused.IMPLEMENTATIONS, workloads.WORKLOADS_2D)      # a chapter's figure
+    df = measure.sweep(fused.REGTILE, workloads.get("fa17"), configs)   # a parameter sweep
+    results.save(df, "05_fused")
+
+Every implementation is an `convlab.ops.Impl` (name, launcher, the pass it computes, which shapes
+it takes, its default tunables). For each layer the harness makes fresh random inputs, runs each
+implementation once, checks its output against an fp64 reference computed on the device on a
+few sampled images (the first, the last and two at random; dW, a reduction over the batch, is
+checked whole), then times it three ways (convlab.results says which). torch's rows come from
+convlab.baselines: each layout timed in a fresh process, "torch best" the faster.
+
+On the emulator the same code checks every implementation on each layer's small twin and times
+nothing that could pass for a GPU time: its rows carry "CPU emulator" as their device, and
+results.save refuses them.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from . import baselines, results
+from .book import progress
+
+SAMPLED_IMAGES = 4
+
+
+def named(impls, name: str):
+    """The implementation called `name` among impls (a chapter's IMPLEMENTATIONS)."""
+    for impl in impls:
+        if impl.name == name:
+            return impl
+    raise KeyError(f"no implementation {name!r}; there are: {', '.join(i.name for i in impls)}")
+
+
+def _is_gpu() -> bool:
+    import convlab as cl
+
+    return cl.backend() == "cuda"
+
+
+def _dtype(dtype: str):
+    return {"fp32": torch.float32, "fp16": torch.float16}[dtype]
+
+
+def _conv(wl):
+    return torch.nn.functional.conv2d if wl.D is None else torch.nn.functional.conv3d
+
+
+def inputs(wl, pass_: str, dtype: str = "fp32") -> dict:
+    """Fresh random tensors for one pass over a layer, on the backend's device."""
+    import convlab as cl
+
+    dt = _dtype(dtype)
+    out = {"x": cl.randn(*wl.x_shape, dtype=dt), "w": cl.randn(*wl.w_shape, dtype=dt)}
+    if pass_ != "forward":
+        out["dy"] = cl.randn(*wl.y_shape, dtype=dt)
+    return out
+
+
+def call(impl, wl, t: dict, tunables: dict):
+    """A zero-argument callable running impl on the tensors t, by the launcher contract of its pass."""
+    kw = dict(stride=wl.stride, padding=wl.padding, **tunables)
+    f = impl.launcher
+    if impl.op in ("conv2d", "conv3d", "conv2d_fp16"):
+        return lambda: f(t["x"], t["w"], **kw)
+    if impl.op == "conv2d_dx":
+        return lambda: f(t["dy"], t["w"], input_size=(wl.H, wl.W), **kw)
+    if impl.op == "conv2d_dw":
+        return lambda: f(t["x"], t["dy"], kernel_size=wl.K, **kw)
+    if impl.op == "conv2d_train":
+        return lambda: f(t["x"], t["w"], t["dy"], **kw)
+    raise ValueError(f"{impl.name}: unknown op {impl.op!r}")
+
+
+PASS_OF_OP = {"conv2d": "forward", "conv3d": "forward", "conv2d_fp16": "forward", "conv2d_dx": "dX",
+              "conv2d_dw": "dW", "conv2d_train": "forward+dX+dW"}
+
+
+def _sample(B: int) -> list:
+    g = torch.Generator().manual_seed(B)
+    picks = [0, B - 1] + torch.randint(0, B, (SAMPLED_IMAGES - 2,), generator=g).tolist()
+    return sorted(set(picks))
+
+
+def check_output(impl, wl, t: dict, out, dtype: str = "fp32") -> None:
+    """Raise cl.CheckError unless out (what impl returned) matches the fp64 reference: on sampled
+    images for the forward pass and dX, whole for dW (every image contributes to each element)."""
+    import convlab as cl
+
+    kw = {"stride": wl.stride, "padding": wl.padding}
+    d = lambda v: v.double()  # noqa: E731
+    idx = _sample(wl.B)
+    what = f"{impl.name} on {wl.name}"
+    p = PASS_OF_OP[impl.op]
+    length = wl.C * wl.K ** wl.dims          # the reduction behind each output of the forward pass
+    if p == "forward":
+        ref = _conv(wl)(d(t["x"][idx]), d(t["w"]), **kw)
+        cl.check(out[idx], ref, name=what, atol=_atol(ref, dtype, length))
+    elif p == "dX":
+        ref = torch.nn.grad.conv2d_input((len(idx), *wl.x_shape[1:]), d(t["w"]), d(t["dy"][idx]), **kw)
+        cl.check(out[idx], ref, name=what, atol=_atol(ref, dtype, wl.M * wl.K ** 2))
+    elif p == "dW":
+        ref = torch.nn.grad.conv2d_weight(d(t["x"]), wl.w_shape, d(t["dy"]), **kw)
+        cl.check(out, ref, name=what, atol=_atol(ref, dtype, wl.B * wl.Ho * wl.Wo))
+    else:
+        y, dx, dw = out
+        fake = lambda op: type(impl)(impl.name, impl.launcher, op=op)  # noqa: E731
+        check_output(fake("conv2d"), wl, t, y, dtype)
+        check_output(fake("conv2d_dx"), wl, t, dx, dtype)
+        check_output(fake("conv2d_dw"), wl, t, dw, dtype)
+
+
+ROUNDING = {"fp32": (2.0 ** -24, 1e-4), "fp16": (2.0 ** -11, 1e-2)}   # unit roundoff, cl.check's share
+
+
+def _atol(ref, dtype: str, length: int) -> float:
+    """The absolute tolerance: cl.check's default share of the reference's RMS, widened for long
+    reductions to what rounding alone reaches (a random walk of `length` roundings of size u)."""
+    u, share = ROUNDING[dtype]
+    rms = float(ref.pow(2).mean().sqrt()) if ref.numel() else 1.0
+    return max(share, 8 * u * math.sqrt(length)) * max(rms, 1e-30)
+
+
+def time_impl(fn, reps: int = 20) -> results.Measured:
+    """GPU time, the time a caller sees, and the time per call in a loop (see convlab.results)."""
+    from .bench import bench, time_caller, time_gpu, wall_per_call   # (convlab.bench is the function)
+
+    if not _is_gpu():
+        t = bench(fn, reps=1, warmup=0)
+        return results.Measured(t.ms, t.p25, t.p75)
+    gpu = time_gpu(fn, reps=reps)
+    caller = time_caller(fn, reps=reps)
+    return results.Measured(gpu.ms, gpu.p25, gpu.p75, caller.ms, wall_per_call(fn))
+
+
+def _free():
+    if _is_gpu():
+        torch.cuda.empty_cache()
+
+
+def run(impls, workloads, *, dtype: str = "fp32", torch_baseline: bool = True, reps: int = 20, roof=None,
+        desc: str = "measuring") -> "pandas.DataFrame":  # noqa: F821
+    """Check and time each implementation on each layer it applies to; torch's rows after ours.
+    On the emulator, each layer's small twin is checked and nothing is timed for a figure."""
+    from . import roofline
+
+    gpu = _is_gpu()
+    if gpu and roof is None:
+        roof = roofline.current()
+    impls = list(impls)
+    rows = []
+    for wl_full in progress(list(workloads), desc=desc):
+        wl = wl_full if gpu else wl_full.small()
+        passes = list(dict.fromkeys(PASS_OF_OP[i.op] for i in impls))
+        for p in passes:
+            t = inputs(wl, p, dtype)
+            for impl in impls:
+                if PASS_OF_OP[impl.op] != p or not impl.applies(wl):
+                    continue
+                fn = call(impl, wl, t, impl.config(wl))
+                check_output(impl, wl, t, fn(), dtype)
+                rows.append(results.row(wl, impl.name, time_impl(fn, reps), pass_=p, dtype=dtype, roof=roof))
+            del t
+            _free()
+            if gpu and torch_baseline:
+                rows += baselines.torch_rows(wl, p, dtype, roof=roof)
+    return results.frame(rows)
+
+
+def sweep(impl, wl, configs, *, dtype: str = "fp32", reps: int = 10, roof=None,
+          desc: str = "sweep") -> "pandas.DataFrame":  # noqa: F821
+    """Check and time impl on one layer for each dict of tunables: rows with the tunables as extra
+    columns. A setting that cannot launch is reported in a line and gets no row."""
+    import pandas as pd
+
+    import convlab as cl
+    from . import roofline
+
+    gpu = _is_gpu()
+    if gpu and roof is None:
+        roof = roofline.current()
+    wl = wl if gpu else wl.small()
+    p = PASS_OF_OP[impl.op]
+    t = inputs(wl, p, dtype)
+    rows, tunables = [], []
+    for cfg in progress(list(configs), desc=desc):
+        fn = call(impl, wl, t, cfg)
+        try:
+            out = fn()
+            cl.sync()
+        except (cl.ConvlabError, ValueError) as e:
+            print(f"{cfg}: cannot run ({str(e).splitlines()[0]})")
+            continue
+        check_output(impl, wl, t, out, dtype)
+        rows.append(results.row(wl, impl.name, time_impl(fn, reps), pass_=p, dtype=dtype, roof=roof))
+        tunables.append(cfg)
+    del t
+    _free()
+    return pd.concat([results.frame(rows), pd.DataFrame(tunables)], axis=1)

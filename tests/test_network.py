@@ -1,0 +1,254 @@
+"""Chapter 10: the network's kernels against fp64 references, and whole networks against torch at
+the same weights, layer by layer and gradient by gradient, on the active backend.
+
+Inputs are fresh random numbers, outputs start poisoned with NaN (the emulator; cl.debug on a GPU),
+and the shapes are awkward: odd conv outputs whose last row and column no pooling window takes,
+padding, sizes no multiple of a GEMM tile, one image. The last tests replay the launchers at the
+class project's full size (batch 10,000) on meta tensors and check every grid against the limits.
+"""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import convlab as cl
+from convlab import network as net
+from convlab._args import check_launch
+from convlab.ops import network as ops
+
+ACT = {"none": lambda t: t, "relu": torch.relu, "tanh": torch.tanh}
+POOL = {"none": lambda t: t, "max": lambda t: F.max_pool2d(t, 2), "avg": lambda t: F.avg_pool2d(t, 2)}
+
+# (B, C, M, H, W, K, padding)
+STAGES = [
+    dict(B=1, C=1, M=4, H=20, W=20, K=7, padding=0),      # conv out 14x14, the project's first layer's shape
+    dict(B=2, C=3, M=5, H=17, W=22, K=5, padding=2),      # odd 17 rows: the last conv row is in no window
+    dict(B=2, C=4, M=16, H=15, W=13, K=7, padding=0),     # 9x7 out: odd both ways
+    dict(B=3, C=2, M=6, H=9, W=10, K=3, padding=1),
+]
+
+
+def _id(d):
+    return " ".join(f"{k}={v}" for k, v in d.items())
+
+
+def _stage_case(s):
+    x = cl.randn(s["B"], s["C"], s["H"], s["W"])
+    w = cl.randn(s["M"], s["C"], s["K"], s["K"])
+    b = cl.randn(s["M"])
+    z = F.conv2d(x.double(), w.double(), b.double(), padding=s["padding"])
+    return x, w, b, z
+
+
+@pytest.mark.parametrize("shape", STAGES, ids=_id)
+@pytest.mark.parametrize("act, pool", [("relu", "max"), ("tanh", "avg"), ("none", "max"), ("relu", "none")])
+@pytest.mark.parametrize("launcher", [ops.conv2d_bias_act_pool, ops.conv2d_separate_epilogue])
+def test_conv_stage(shape, act, pool, launcher):
+    x, w, b, z = _stage_case(shape)
+    a_ref = ACT[act](z)
+    y_ref = POOL[pool](a_ref)
+    a = cl.empty(*a_ref.shape)
+    y = launcher(x, w, padding=shape["padding"], bias=b, act=act, pool=pool, act_out=a)
+    cl.check(y, y_ref, name=f"{launcher.__name__} {act} {pool}")
+    cl.check(a, a_ref, name=f"{launcher.__name__} activations")
+
+
+@pytest.mark.parametrize("tunables", [{"UNROLL": 1}, {"UNROLL": 3}, {"BLOCK": 32}, {"BLOCK": 256, "UNROLL": 8},
+                                      {"MG": 8}, {"MG": 4, "UNROLL": 2}])
+def test_fused_tunables(tunables):
+    shape = STAGES[2]
+    x, w, b, z = _stage_case(shape)
+    y = ops.conv2d_bias_act_pool(x, w, bias=b, act="relu", pool="max", **tunables)
+    cl.check(y, F.max_pool2d(torch.relu(z), 2), name=f"fused {tunables}")
+
+
+def test_fused_refuses_what_it_cannot_take():
+    x, w, b = cl.randn(1, 2, 12, 12), cl.randn(3, 2, 3, 3), cl.randn(3)
+    with pytest.raises(ValueError, match="stride 1"):
+        ops.conv2d_bias_act_pool(x, w, stride=2, bias=b)
+    with pytest.raises(ValueError, match=r"expected \(3,\)"):
+        ops.conv2d_bias_act_pool(x, w, bias=cl.randn(4))
+    with pytest.raises(ValueError, match="UNROLL"):
+        ops.conv2d_bias_act_pool(x, w, bias=b, UNROLL=5)
+    with pytest.raises(ValueError, match="must divide M=3"):
+        ops.conv2d_bias_act_pool(x, w, bias=b, MG=2)
+    with pytest.raises(ValueError, match="act="):
+        ops.conv2d_bias_act_pool(x, w, bias=b, act="sigmoid")
+    with pytest.raises(ValueError, match="conv2d_separate_epilogue"):
+        ops.conv2d_bias_act_pool(cl.randn(1, 2, 12, 12), cl.randn(40, 2, 3, 3), bias=cl.randn(40))
+
+
+def test_epilogue_kernels_one_by_one():
+    x, bias = cl.randn(2, 3, 9, 11), cl.randn(3)
+    for act in ("none", "relu", "tanh"):
+        cl.check(ops.bias_act(x, bias, act=act), ACT[act](x.double() + bias.double().view(1, 3, 1, 1)), name=act)
+    for pool in ("max", "avg"):
+        cl.check(ops.pool2x2(x, pool=pool), POOL[pool](x.double()), name=pool)
+    fc = cl.randn(7, 5)
+    fb = cl.randn(5)
+    cl.check(ops.bias_act(fc, fb, act="relu"), torch.relu(fc.double() + fb.double()), name="(N, M)")
+
+
+@pytest.mark.parametrize("act, pool", [("relu", "max"), ("tanh", "avg"), ("tanh", "none")])
+def test_pool_act_backward_is_autograds(act, pool):
+    z = cl.randn(2, 3, 9, 10).double().requires_grad_()
+    a = ACT[act](z)
+    p = POOL[pool](a)
+    dp = cl.randn(*p.shape)
+    p.backward(dp.double())
+    dz = ops.pool_act_backward(a.detach().float(), dp, act=act, pool=pool)
+    cl.check(dz, z.grad, name=f"pool_act_backward {act} {pool}")
+
+
+def test_channel_sum():
+    dz = cl.randn(3, 5, 7, 6)
+    cl.check(ops.channel_sum(dz), dz.double().sum((0, 2, 3)), name="channel_sum")
+    fc = cl.randn(37, 19)
+    cl.check(ops.channel_sum(fc), fc.double().sum(0), name="channel_sum (N, M)")
+
+
+@pytest.mark.parametrize("N, fin, fout", [(37, 45, 19), (1, 16, 16), (64, 400, 120), (5, 3, 130)])
+def test_linear_forward_and_gradients(N, fin, fout):
+    x, w, b, dy = cl.randn(N, fin), cl.randn(fout, fin), cl.randn(fout), cl.randn(N, fout)
+    xd, wd = x.double(), w.double()
+    for act in ("none", "relu", "tanh"):
+        cl.check(ops.linear(x, w, bias=b, act=act), ACT[act](xd @ wd.T + b.double()), name=f"linear {act}")
+    cl.check(ops.linear(x, w), xd @ wd.T, name="linear, no bias")
+    cl.check(ops.linear_dx(dy, w), dy.double() @ wd, name="linear_dx")
+    cl.check(ops.linear_dw(dy, x), dy.double().T @ xd, name="linear_dw")
+
+
+def test_softmax_and_cross_entropy():
+    z = cl.randn(33, 10) * 4 + 80        # large logits: the shift by the row's max keeps exp finite
+    labels = torch.randint(0, 10, (33,)).to(z.device)
+    cl.check(ops.softmax(z), torch.softmax(z.double(), 1), name="softmax")
+    zd = z.double().requires_grad_()
+    ref = F.cross_entropy(zd, labels, reduction="none")
+    ref.mean().backward()
+    loss, dz = ops.softmax_xent(z, labels)
+    cl.check(loss, ref, name="loss per image")
+    cl.check(dz, zd.grad, name="d loss / d logits")
+    with pytest.raises(ValueError, match="int64"):
+        ops.softmax_xent(z, labels.int())
+
+
+def test_sgd_momentum_is_torchs_and_the_fused_kernel_sees_the_new_weights():
+    p, v = cl.randn(4, 1, 3, 3), cl.randn(4, 1, 3, 3)
+    tp = p.clone().requires_grad_()
+    opt = torch.optim.SGD([tp], lr=0.1, momentum=0.9)
+    opt.state[tp]["momentum_buffer"] = v.clone()
+    x, b = cl.randn(2, 1, 10, 10), cl.randn(4)
+    ops.conv2d_bias_act_pool(x, p, bias=b)            # p is now in the kernel's constant memory
+    for _ in range(2):
+        g = cl.randn(*p.shape)
+        tp.grad = g.clone()
+        opt.step()
+        ops.sgd_momentum(p, g, v, lr=0.1, momentum=0.9)
+    cl.check(p, tp.detach().double(), name="sgd_momentum")
+    y = ops.conv2d_bias_act_pool(x, p, bias=b)        # must upload the updated p again
+    cl.check(y, F.max_pool2d(torch.relu(F.conv2d(x.double(), p.double(), b.double())), 2), name="after the update")
+
+
+SMALL_NETS = [net.LENET5, net.CLASS_PROJECT.at_size(30)]
+
+
+@pytest.mark.parametrize("arch", SMALL_NETS, ids=lambda a: a.key)
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "separate"])
+def test_network_layer_by_layer_against_torch(arch, fused):
+    params = net.init(arch, seed=1)
+    x = cl.randn(3, 1, arch.image_size, arch.image_size)
+    labels = torch.tensor([1, 7, 3], device=x.device)
+    logits, tape = net.forward(arch, params, x, keep=True, fused=fused)
+    loss, grads = net.backward(arch, params, tape, labels)
+
+    model = net.load_into(net.torch_model(arch), params).to(x.device).double()
+    ref_tape = {}
+    out = model(x.double(), ref_tape)
+    ref_loss = F.cross_entropy(out, labels, reduction="none")
+    ref_loss.mean().backward()
+    for key, ref in ref_tape.items():
+        cl.check(tape[key], ref, name=f"{arch.key} {key}")
+    cl.check(loss, ref_loss, name=f"{arch.key} loss")
+    for name, p in model.named_parameters():
+        cl.check(grads[net.param_name(name)], p.grad, name=f"{arch.key} d loss / d {net.param_name(name)}")
+    assert net.mean_loss(loss) == pytest.approx(float(ref_loss.detach().mean()), rel=1e-5)
+
+
+def test_training_follows_torchs_step_by_step():
+    arch = net.LENET5
+    data = net.digits(28).subset(40, 50)      # batches of 16, 16 and 8: the last mean is over 8
+    params, ours = net.train(arch, data, epochs=1, batch_size=16, max_steps=3, seed=2)
+    model, theirs = net.train_torch(arch, data, epochs=1, batch_size=16, max_steps=3, seed=2)
+    assert ours.steps == theirs.steps == 3
+    assert ours.losses == pytest.approx(theirs.losses, rel=1e-4)
+    for name, p in model.named_parameters():
+        cl.check(params[net.param_name(name)], p.detach().double(), name=f"{net.param_name(name)} after 3 steps")
+    assert 0.0 <= ours.test_accuracy <= 1.0
+
+
+def test_architectures():
+    assert [s for s in net.CLASS_PROJECT.sizes()] == [(80, 40), (34, 17)]
+    assert net.CLASS_PROJECT.features == 16 * 17 * 17
+    assert net.LENET5.sizes() == [(28, 14), (10, 5)] and net.LENET5.features == 400
+    c1, c3 = net.CLASS_PROJECT.conv_workloads(10_000)
+    assert (c1.C, c1.M, c1.H, c1.K, c3.C, c3.M, c3.H) == (1, 4, 86, 7, 4, 16, 40)
+    d = net.digits(86).subset(10, 5)
+    assert tuple(d.x_train.shape) == (10, 1, 86, 86) and d.x_train.dtype == torch.float32
+
+
+@pytest.mark.parametrize("chunks", [1, 3])
+def test_pipeline_gives_the_forwards_logits(chunks):
+    arch = net.LENET5
+    params = net.init(arch, seed=0)
+    x = torch.randn(7, 1, 28, 28)
+    p = net.Pipeline(lambda xb, out: net.forward(arch, params, xb, logits=out), x, chunks=chunks)
+    got = p.run().clone()
+    cl.check(got, net.forward(arch, params, cl.to_device(x)), name=f"pipeline, {chunks} chunks")
+    assert {s[0] for s in p.spans} == {"copy in", "compute", "copy out"} and len(p.spans) == 3 * chunks
+    with pytest.raises(ValueError, match="chunks"):
+        net.Pipeline(lambda xb, out: None, x, chunks=8)
+
+
+@pytest.mark.parametrize("arch", [net.CLASS_PROJECT, net.LENET5], ids=lambda a: a.key)
+def test_full_size_grids_fit(record_launches, arch):
+    """Forward and backward at batch 10,000 on meta tensors: every launch within the GPU's limits."""
+    launches = record_launches()
+    meta = lambda *s: torch.empty(s, device="meta")  # noqa: E731
+    params = {k: torch.empty(v.shape, device="meta") for k, v in net.init(arch).items()}
+    x = meta(10_000, 1, arch.image_size, arch.image_size)
+    for fused in (True, False):
+        logits, tape = net.forward(arch, params, x, keep=True, fused=fused)
+    ops.softmax_xent(logits, torch.empty(10_000, dtype=torch.int64, device="meta"))
+    n = len(arch.widths)
+    dz = meta(10_000, arch.classes)
+    for j in reversed(range(n)):
+        h = tape[f"fc{j}.out"] if j else tape[f"conv{len(arch.convs)}.out"].view(10_000, -1)
+        ops.linear_dw(dz, h)
+        ops.channel_sum(dz)
+        dz = ops.linear_dx(dz, params[f"fc{j + 1}.weight"])
+    for s, conv in zip(arch.convs, arch.sizes()):
+        a = meta(10_000, s.M, conv[0], conv[0])
+        ops.pool_act_backward(a, meta(10_000, s.M, conv[1], conv[1]), act=s.act, pool=s.pool)
+    assert launches
+    for name, grid, block, shared, _ in launches:
+        check_launch(name, grid, block, shared)
+
+
+def test_measure_stages_checks_before_it_times():
+    wls = net.LENET5.conv_workloads(10_000)
+    df = net.measure_stages(ops.IMPLEMENTATIONS, wls, act="tanh", pool="avg", torch_too=False)
+    assert list(df["impl"]) == [ops.FUSED.name, ops.SEPARATE.name] * 2
+    assert (df["pass"] == "forward").all() and df["ms"].notna().all()
+    skewed = ops.Impl("bias off by one map", lambda x, w, y=None, *, bias, **kw:
+                      ops.conv2d_bias_act_pool(x, w, y, bias=bias.roll(1), **kw), op="conv2d_stage")
+    with pytest.raises(cl.CheckError):
+        net.measure_stages([skewed], wls[:1], act="tanh", pool="avg", torch_too=False)
+
+
+def test_measure_networks_checks_both_paths():
+    df = net.measure_networks(net.LENET5, [1, 2], torch_too=False)
+    assert list(df["impl"]) == ["ours: fused stages", "ours: separate epilogue"] * 2
+    assert list(df["workload"].unique()) == ["lenet5"] and df["shape"].str.contains("whole network").all()
+
+
+def test_occupancy_is_not_a_number_without_registers():
+    assert net.occupancy(None, 128) != net.occupancy(None, 128)
