@@ -23,21 +23,21 @@ dE/dW (the weight gradient), f(x, dy, dw=None, *, stride=1, padding=0, kernel_si
   sums per split, then the same second pass (or final="atomic"). For the many-channel layers.
 - pick_weight_grad(shape) / conv2d_weight_grad_best.
 
-Conv2dFunction (autograd) and CourseConv2d (an nn.Module like nn.Conv2d): forward with
-convlab.ops.fused.conv2d_best, backward with the two *_best launchers; the bias, if any, is added
-and reduced with torch (the course's kernels have none). CPU tensors on the emulator, CUDA tensors
-on a GPU: whatever device the active backend puts tensors on.
+Conv2dFunction (autograd): forward with convlab.ops.fused.conv2d_best, backward with the two
+*_best launchers; the bias, if any, is added and reduced with torch (the course's kernels have
+none). conv2d and CourseConv2d are chapter 9's drop-ins for F.conv2d and nn.Conv2d
+(convlab.ops.general), which run the layers these kernels take on them. CPU tensors on the
+emulator, CUDA tensors on a GPU: whatever device the active backend puts tensors on.
 """
 from __future__ import annotations
 
 import functools
-import math
 
 import torch
 
 from .._limits import GRID_X_MAX, GRID_YZ_MAX, INT32_MAX, SHARED_DEFAULT_MAX
 from ..workloads import Workload
-from . import Impl, ceil_div, fused, new_output, out_size, output
+from . import Impl, ceil_div, fused, general, new_output, out_size, output
 from ._kernels import Launch, remember
 
 DX_SCATTER_FILE = "kernels/08_backprop/conv2d_dx_scatter.cu"
@@ -533,54 +533,15 @@ class Conv2dFunction(torch.autograd.Function):
         return dx, dw, db, None, None
 
 
-def conv2d(x, w, bias=None, stride: int = 1, padding: int = 0):
-    """Like torch.nn.functional.conv2d (square masks, int stride and padding), with the course's kernels."""
-    return Conv2dFunction.apply(x, w, bias, stride, padding)
+def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    """torch.nn.functional.conv2d on the course's kernels, with every argument torch takes: chapter
+    9's drop-in (convlab.ops.general.conv2d), which runs the layers this chapter's kernels take
+    (float32, one group, square masks) on Conv2dFunction's kernels and the rest on the general ones."""
+    return general.conv2d(input, weight, bias, stride, padding, dilation, groups)
 
 
-class CourseConv2d(torch.nn.Module):
-    """nn.Conv2d's interface and initialisation (square kernel, int stride and padding, no groups
-    or dilation) on the course's kernels. Parameters are named weight and bias, like nn.Conv2d's,
-    so state dicts move between the two."""
+class CourseConv2d(general.Conv2d):
+    """nn.Conv2d on the course's kernels (its constructor, parameters, initialisation, state dict,
+    padding modes): chapter 9's drop-in, convlab.ops.general.Conv2d. CourseConv2d.from_torch(m)
+    copies an nn.Conv2d."""
 
-    def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int = 1,
-                 padding: int = 0, bias: bool = True, device=None, dtype=None):
-        super().__init__()
-        if not isinstance(kernel_size, int) or not isinstance(stride, int) or not isinstance(padding, int):
-            raise TypeError("CourseConv2d takes int kernel_size, stride and padding (square masks only)")
-        self.in_channels, self.out_channels = in_channels, out_channels
-        self.kernel_size, self.stride, self.padding = kernel_size, stride, padding
-        kw = {"device": device, "dtype": dtype or torch.float32}
-        self.weight = torch.nn.Parameter(torch.empty(out_channels, in_channels, kernel_size, kernel_size, **kw))
-        self.bias = torch.nn.Parameter(torch.empty(out_channels, **kw)) if bias else None
-        self.reset_parameters()
-
-    def reset_parameters(self):
-        """As nn.Conv2d does it (the same calls, so the same random numbers for the same seed)."""
-        torch.nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
-        if self.bias is not None:
-            fan_in = self.in_channels * self.kernel_size * self.kernel_size
-            bound = 1 / math.sqrt(fan_in) if fan_in > 0 else 0
-            torch.nn.init.uniform_(self.bias, -bound, bound)
-
-    @classmethod
-    def from_torch(cls, conv: torch.nn.Conv2d) -> "CourseConv2d":
-        """A CourseConv2d with a copy of an nn.Conv2d's weights."""
-        k, s, p = conv.kernel_size, conv.stride, conv.padding
-        if k[0] != k[1] or s[0] != s[1] or isinstance(p, str) or p[0] != p[1] or conv.groups != 1 \
-                or conv.dilation != (1, 1):
-            raise ValueError(f"{conv}: only square kernels, equal int stride/padding, no groups or dilation")
-        m = cls(conv.in_channels, conv.out_channels, k[0], s[0], p[0], bias=conv.bias is not None,
-                device=conv.weight.device)
-        with torch.no_grad():
-            m.weight.copy_(conv.weight)
-            if conv.bias is not None:
-                m.bias.copy_(conv.bias)
-        return m
-
-    def forward(self, x):
-        return Conv2dFunction.apply(x, self.weight, self.bias, self.stride, self.padding)
-
-    def extra_repr(self):
-        return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}, "
-                f"padding={self.padding}, bias={self.bias is not None}")

@@ -327,9 +327,28 @@ def conv2d_depthwise(x, w, y=None, *, stride=1, padding=0, dilation=1, groups: i
     return y
 
 
+def course_applies(g: Geometry, dtype) -> bool:
+    """Whether the chapters' own kernels take the layer (chapter 5's pick forward, chapter 8's best
+    dX and dW): float32, one group, no dilation, a square mask, one stride and one padding for both
+    axes (torch's 'same' with an even mask pads one more at the end: not theirs), and tensors their
+    int indices reach (the general kernels index with 64 bits)."""
+    from . import out_size
+
+    small = max(g.B * g.C * g.H * g.W, g.B * g.M * g.Ho * g.Wo) <= INT32_MAX // 2
+    return (dtype == torch.float32 and g.groups == 1 and g.dh == g.dw == 1 and g.Kh == g.Kw and g.sh == g.sw
+            and g.ph == g.pw and out_size(g.H, g.Kh, g.sh, g.ph) == g.Ho and out_size(g.W, g.Kw, g.sw, g.pw) == g.Wo
+            and small)
+
+
 def conv2d_forward(x, w, y=None, *, stride=1, padding=0, dilation=1, groups: int = 1, bias=None):
-    """The forward pass the drop-in runs: conv2d_depthwise where it applies, else conv2d_general."""
+    """The forward pass the drop-in runs: chapter 5's pick() where course_applies, conv2d_depthwise
+    where it applies, else conv2d_general."""
     g = geometry(x.shape, w.shape, stride, padding, dilation, groups, None if bias is None else bias.shape)
+    if course_applies(g, x.dtype):
+        from .fused import conv2d_best
+
+        y = conv2d_best(x, w, y, stride=g.sh, padding=g.ph)
+        return y if bias is None else y.add_(bias.view(1, -1, 1, 1))
     fn = conv2d_depthwise if depthwise_applies(g) else conv2d_general
     return fn(x, w, y, stride=stride, padding=padding, dilation=dilation, groups=groups, bias=bias)
 
@@ -372,10 +391,15 @@ def depthwise_dx_padding(g: Geometry) -> tuple | None:
 
 
 def conv2d_input_grad(dy, w, dx=None, *, stride=1, padding=0, input_size, dilation=1, groups: int = 1):
-    """The dx the drop-in runs: conv2d_depthwise on dy with the flipped mask where
-    depthwise_dx_padding allows (MobileNet/ConvNeXt layers), else conv2d_general_dx."""
+    """The dx the drop-in runs: chapter 8's best dX where course_applies, conv2d_depthwise on dy with
+    the flipped mask where depthwise_dx_padding allows (MobileNet/ConvNeXt layers), else
+    conv2d_general_dx."""
     H, W = (int(s) for s in _two(input_size))
     g = geometry((dy.shape[0], w.shape[1] * groups, H, W), w.shape, stride, padding, dilation, groups)
+    if course_applies(g, dy.dtype):
+        from .backprop import conv2d_input_grad_best
+
+        return conv2d_input_grad_best(dy, w, dx, stride=g.sh, padding=g.ph, input_size=(H, W))
     pad = depthwise_dx_padding(g)
     if pad is not None and depthwise_applies(g):
         return conv2d_depthwise(dy, torch.flip(w, (2, 3)), dx, padding=pad, dilation=(g.dh, g.dw), groups=g.C)
@@ -436,6 +460,18 @@ def conv2d_general_dw(x, dy, dw=None, *, stride=1, padding=0, kernel_size, dilat
                                     grid=(pairs, ceil_div(g.Kh * g.Kw, DW_TAPS), splits), block=(BLOCK, 1, 1))
     mod.kernel("conv2d_general_dw_finish" + _suffix(x.dtype))(partial, dw, splits, n, grid=(_blocks(n), 1, 1), block=(BLOCK, 1, 1))
     return dw
+
+
+def conv2d_weight_grad(x, dy, dw=None, *, stride=1, padding=0, kernel_size, dilation=1, groups: int = 1):
+    """The dw the drop-in runs: chapter 8's best dW where course_applies, else conv2d_general_dw."""
+    Kh, Kw = (int(k) for k in _two(kernel_size))
+    g = geometry(x.shape, (dy.shape[1], x.shape[1] // groups, Kh, Kw), stride, padding, dilation, groups)
+    if course_applies(g, x.dtype):
+        from .backprop import conv2d_weight_grad_best
+
+        return conv2d_weight_grad_best(x, dy, dw, stride=g.sh, padding=g.ph, kernel_size=Kh)
+    return conv2d_general_dw(x, dy, dw, stride=stride, padding=padding, kernel_size=(Kh, Kw), dilation=dilation,
+                             groups=groups)
 
 
 # ---- the drop-in -------------------------------------------------------------------------------
@@ -522,13 +558,13 @@ class InputGradFunction(torch.autograd.Function):
 
 
 class WeightGradFunction(torch.autograd.Function):
-    """dw = conv2d_general_dw(x, dy) for a mask of kernel_size, as a differentiable function."""
+    """dw = conv2d_weight_grad(x, dy) for a mask of kernel_size, as a differentiable function."""
 
     @staticmethod
     def forward(ctx, x, dy, kernel_size, conf):
         ctx.save_for_backward(x, dy)
         ctx.conf = conf
-        return conv2d_general_dw(x.contiguous(), dy.contiguous(), kernel_size=kernel_size, **conf)
+        return conv2d_weight_grad(x.contiguous(), dy.contiguous(), kernel_size=kernel_size, **conf)
 
     @staticmethod
     def backward(ctx, g):
