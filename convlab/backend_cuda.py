@@ -6,6 +6,7 @@ import os
 import contextlib
 from pathlib import Path
 
+from . import arch
 from ._errors import BackendUnavailable, CompileError, LaunchError
 from ._source import KERNELS_DIR, Source, map_compiler_output, rewrite_for_nvcc
 
@@ -65,6 +66,9 @@ class CudaBackend:
         return f"{self.gpu_name} (compute capability {self.cc[0]}.{self.cc[1]}, {self.threads} SMs)"
 
     def compile(self, src: Source, defines: dict, options: list[str]) -> "CudaModule":
+        too_old = arch.too_old(src.text, src.path, self.cc, self.gpu_name)
+        if too_old:  # before nvcc, whose error would name an intrinsic, not the GPU
+            raise CompileError(too_old)
         from pycuda.compiler import SourceModule
         text = f'#line 1 "{src.path}"\n' + rewrite_for_nvcc(src)
         opts = ["-std=c++17", "-lineinfo"]
