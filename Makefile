@@ -2,7 +2,7 @@
 #
 #   make book           build the website into _build/html (from the committed, GPU-executed notebooks)
 #   make test           what CI runs: environment, exercise sync, nvcc check, site, browser, pytest, nbval (emulator)
-#   make lab            JupyterLab on the exercises
+#   make lab            JupyterLab at the project root, opened on exercises/ (as root too)
 #   make gpu-run        on a GPU: execute book/ and solutions/ in place, refresh book/data/ and the README table
 #   make kernels-check  compile every kernels/**/*.cu for sm_75, sm_80, sm_86, sm_89, sm_90 (no GPU needed)
 #   make exercises      regenerate exercises/ from solutions/
@@ -80,9 +80,13 @@ chromium:
 	   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
 	 else echo "no chromium and not root: the browser test will skip (sudo apt-get install chromium)"; fi
 
+# JupyterLab at the project root (chapters, exercises, solutions, kernels all reachable), opened on
+# exercises/. Root (as in containers) needs --allow-root; a user does not get it.
+LAB_ROOT_FLAG = $(if $(filter 0,$(shell id -u)),--allow-root)
+
 lab: $(ENV_STAMP)
-	@$(PYTHON) -c 'import jupyterlab' 2>/dev/null || $(PYTHON) -m pip install -q jupyterlab
-	$(PYTHON) -m jupyterlab --ServerApp.root_dir=exercises
+	@$(PYTHON) -c 'import jupyterlab' 2>/dev/null || $(PYTHON) -m pip install -q -e '.[lab]'
+	$(PYTHON) -m jupyterlab --ServerApp.root_dir="$(CURDIR)" --LabApp.default_url=/lab/tree/exercises $(LAB_ROOT_FLAG)
 
 # No venv and no pip on this path: it must run with an offline Python (../shared/gpu-kit).
 gpu-run: export CONVLAB_BACKEND = cuda
