@@ -76,7 +76,11 @@ def on_emulator(demo: Callable[[], object] | str, timeout: float = 600) -> None:
     carries its output.
     """
     if callable(demo):
-        code = textwrap.dedent(inspect.getsource(demo)) + f"\n{demo.__name__}()\n"
+        try:
+            code = textwrap.dedent(inspect.getsource(demo)) + f"\n{demo.__name__}()\n"
+        except (OSError, TypeError):
+            raise TypeError(f"on_emulator({demo!r}): its source cannot be found; define it with `def` "
+                            "in a notebook cell or a file, or pass the code as a string") from None
     else:
         code = textwrap.dedent(demo)
     root = str(repo_root())
