@@ -1,5 +1,5 @@
 """Sphinx hooks for the workbook's website (_config.yml loads this as a local extension; the
-site's favicon.svg sits beside it).
+site's favicon.svg and stylesheet, static/convlab_site.css, sit beside it).
 
 - Solution pages show the answer without the BEGIN/END SOLUTION lines that
   scripts/make_exercises.py cuts the exercises at: the notebooks keep them, the page drops them.
