@@ -1,10 +1,10 @@
 # Convolution kernels in CUDA: the workbook's commands (README.md explains them).
 #
 #   make book           build the website into _build/html (from the committed, GPU-executed notebooks)
-#   make test           what CI runs: environment, exercise sync, nvcc check, site, pytest, nbval (emulator)
-#   make lab            JupyterLab on the exercises
+#   make test           what CI runs: environment, exercise sync, nvcc check, site, browser, pytest, nbval (emulator)
+#   make lab            JupyterLab at the project root, opened on exercises/ (as root too)
 #   make gpu-run        on a GPU: execute book/ and solutions/ in place, refresh book/data/ and the README table
-#   make kernels-check  compile every kernels/**/*.cu with nvcc -ptx -arch=sm_90 (no GPU needed)
+#   make kernels-check  compile every kernels/**/*.cu for sm_75, sm_80, sm_86, sm_89, sm_90 (no GPU needed)
 #   make exercises      regenerate exercises/ from solutions/
 #
 # PYTHON picks the interpreter. By default the targets make and use .venv; with an existing
@@ -29,9 +29,8 @@ endif
 
 JUPYTER_BOOK := $(PYTHON) -c 'import sys; from jupyter_book.cli.main import main; sys.exit(main())'
 NOTEBOOKS_RUN_ON_GPU = $(sort $(wildcard book/[0-9]*.ipynb solutions/[0-9]*.ipynb))
-KERNEL_SOURCES = $(sort $(shell find kernels -name '*.cu' 2>/dev/null))
 
-.PHONY: venv test book lab gpu-run kernels-check exercises exercises-check results-table clean
+.PHONY: venv test book chromium lab gpu-run kernels-check exercises exercises-check results-table clean
 
 venv: $(VENV)/.installed
 
@@ -49,16 +48,45 @@ test: $(ENV_STAMP)
 	@if [ -n "$(NVCC)" ]; then $(MAKE) --no-print-directory kernels-check; \
 	 else echo "kernels-check skipped: no nvcc on this machine"; fi
 	$(MAKE) --no-print-directory book
+	$(MAKE) --no-print-directory chromium
 	$(PYTHON) -m pytest -n $(JOBS) tests/
 	$(PYTHON) -m pytest -n $(JOBS) --dist loadfile --nbval-lax book/ solutions/ exercises/
 
-book: $(ENV_STAMP)
+# MathJax for the site, served from its _static/mathjax (no CDN: the pages work offline). npm only
+# downloads the package; the components the pages load are copied out of it (not the speech
+# rules) into .mathjax/mathjax, which _config.yml adds to the static files. (The project has no
+# _static/ folder: with one, Jupyter Book would load every .js file of every static folder on
+# every page.)
+MATHJAX_VERSION := 3.2.2
+MATHJAX := .mathjax/mathjax/tex-mml-chtml.js
+
+$(MATHJAX):
+	@command -v npm >/dev/null || { echo "make book: npm is needed to fetch MathJax (apt-get install npm)"; exit 1; }
+	rm -rf .mathjax && mkdir -p .mathjax/npm .mathjax/mathjax
+	cd .mathjax/npm && npm pack --silent mathjax@$(MATHJAX_VERSION) >/dev/null && tar xzf mathjax-$(MATHJAX_VERSION).tgz
+	cp -r .mathjax/npm/package/es5/{tex-mml-chtml.js,input,output,ui,a11y,adaptors} .mathjax/npm/package/LICENSE .mathjax/mathjax/
+	rm -rf .mathjax/npm
+
+book: $(ENV_STAMP) $(MATHJAX)
 	$(JUPYTER_BOOK) build . --builder html -W -n --keep-going
 	@echo "site: $(CURDIR)/_build/html/index.html"
 
+# Headless Chromium for tests/test_site_browser.py, from Debian's packages, when missing and root
+# (as in CI). Without it the browser test skips, except under CI, where it fails.
+chromium:
+	@if command -v chromium >/dev/null; then :; \
+	 elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	   echo "installing chromium (apt-get) for the browser test"; \
+	   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	 else echo "no chromium and not root: the browser test will skip (sudo apt-get install chromium)"; fi
+
+# JupyterLab at the project root (chapters, exercises, solutions, kernels all reachable), opened on
+# exercises/. Root (as in containers) needs --allow-root; a user does not get it.
+LAB_ROOT_FLAG = $(if $(filter 0,$(shell id -u)),--allow-root)
+
 lab: $(ENV_STAMP)
-	@$(PYTHON) -c 'import jupyterlab' 2>/dev/null || $(PYTHON) -m pip install -q jupyterlab
-	$(PYTHON) -m jupyterlab --ServerApp.root_dir=exercises
+	@$(PYTHON) -c 'import jupyterlab' 2>/dev/null || $(PYTHON) -m pip install -q -e '.[lab]'
+	$(PYTHON) -m jupyterlab --ServerApp.root_dir="$(CURDIR)" --LabApp.default_url=/lab/tree/exercises $(LAB_ROOT_FLAG)
 
 # No venv and no pip on this path: it must run with an offline Python (../shared/gpu-kit).
 gpu-run: export CONVLAB_BACKEND = cuda
@@ -71,9 +99,7 @@ gpu-run: $(ENV_STAMP)
 
 kernels-check:
 	@test -n "$(NVCC)" || { echo "kernels-check: nvcc not found"; exit 1; }
-	@set -e; n=0; for f in $(KERNEL_SOURCES); do \
-	  $(NVCC) -ptx -arch=sm_90 -Werror all-warnings -I kernels -o /dev/null "$$f"; n=$$((n+1)); \
-	done; echo "kernels-check: $$n kernel files compile with nvcc -ptx -arch=sm_90, without a warning"
+	python3 scripts/kernels_check.py --nvcc "$(NVCC)" --jobs $(JOBS)
 
 exercises: $(ENV_STAMP)
 	$(PYTHON) scripts/make_exercises.py
@@ -85,4 +111,4 @@ results-table: $(ENV_STAMP)
 	$(PYTHON) scripts/results_table.py
 
 clean:
-	rm -rf _build .pytest_cache
+	rm -rf _build .pytest_cache .mathjax

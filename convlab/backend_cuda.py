@@ -7,6 +7,7 @@ import os
 import threading
 from pathlib import Path
 
+from . import arch
 from ._errors import ArgumentError, BackendUnavailable, CompileError, LaunchError
 from ._limits import SHARED_DEFAULT_MAX
 from ._source import Source, map_compiler_output, rewrite_for_nvcc
@@ -75,6 +76,9 @@ class CudaBackend:
         return True
 
     def compile(self, src: Source, defines: dict, options: list[str]) -> "CudaModule":
+        too_old = arch.too_old(src.text, src.path, self.cc, self.gpu_name)
+        if too_old:  # before nvcc, whose error would name an intrinsic, not the GPU
+            raise CompileError(too_old)
         from pycuda.compiler import SourceModule
 
         from .book import repo_root

@@ -1,12 +1,18 @@
-"""Small helpers the chapters' notebooks share: where the repository is, and showing a kernel file.
+"""Small helpers the chapters' notebooks share: where the repository is, showing a kernel file,
+and running a demonstration on the CPU emulator even when the notebook runs on a GPU.
 
 Notebooks run with their own folder as the working directory (book/, solutions/, exercises/),
 so paths are resolved from the repository root, found by walking up to ``_toc.yml``.
 """
 from __future__ import annotations
 
+import inspect
 import os
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
+from typing import Callable
 
 _PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 
@@ -56,6 +62,38 @@ def progress(iterable, desc: str = "", **kwargs):
     kwargs.setdefault("mininterval", 30.0)
     kwargs.setdefault("dynamic_ncols", False)
     return tqdm(iterable, desc=desc, **kwargs)
+
+
+def on_emulator(demo: Callable[[], object] | str, timeout: float = 600) -> None:
+    """Run `demo` on the CPU emulator in a fresh Python process and print what it printed.
+
+    For the fault demonstrations (a missing bounds check, a missing barrier): the emulator names
+    the fault, a GPU may not, so these run on the emulator wherever the notebook runs, and the
+    page a GPU run leaves shows the emulator's real message. `demo` is a function that takes no
+    arguments and imports what it uses (only its source travels: the notebook's variables stay
+    behind), or Python source. The process runs in the notebook's folder with
+    CONVLAB_BACKEND=emu and no GPU visible. If the demonstration itself fails, RuntimeError
+    carries its output.
+    """
+    if callable(demo):
+        try:
+            code = textwrap.dedent(inspect.getsource(demo)) + f"\n{demo.__name__}()\n"
+        except (OSError, TypeError):
+            raise TypeError(f"on_emulator({demo!r}): its source cannot be found; define it with `def` "
+                            "in a notebook cell or a file, or pass the code as a string") from None
+    else:
+        code = textwrap.dedent(demo)
+    root = str(repo_root())
+    env = {**os.environ, "CONVLAB_BACKEND": "emu", "CUDA_VISIBLE_DEVICES": "", "CONVLAB_ROOT": root,
+           "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+    done = subprocess.run([sys.executable, "-c", code], cwd=os.getcwd(), env=env, capture_output=True,
+                          text=True, timeout=timeout)
+    if done.returncode != 0:
+        raise RuntimeError(f"the emulator demonstration failed (exit status {done.returncode}):\n"
+                           f"{done.stdout}{done.stderr}")
+    print(done.stdout, end="")
+    if done.stderr:
+        print(done.stderr, end="", file=sys.stderr)
 
 
 GLUE_PREFIX = "application/papermill.record/"   # what myst-nb's {glue} roles read from a cell's outputs

@@ -8,8 +8,8 @@ In code cells, a solution region is replaced by a TODO that says how long the an
     // END SOLUTION
 In markdown cells, <!-- BEGIN SOLUTION --> … <!-- END SOLUTION --> becomes "*Your answer here.*"
 (for written answers). A leading "# Solution N" heading becomes "# Exercise N". Outputs and
-execution counts are cleared, and "# NBVAL_CHECK_OUTPUT" markers dropped (there is no output to
-compare with). Cell ids are kept, so the output is the same every time.
+execution counts are cleared, and the "nbval-check-output" cell tag dropped (there is no output
+to compare with). Cell ids are kept, so the output is the same every time.
 
     python scripts/make_exercises.py          # write exercises/
     python scripts/make_exercises.py --check  # exit 1 when exercises/ differs from what it would write
@@ -34,7 +34,6 @@ CODE_REGION = re.compile(
     re.MULTILINE | re.DOTALL,
 )
 MARKDOWN_REGION = re.compile(r"<!--\s*BEGIN SOLUTION\s*-->.*?<!--\s*END SOLUTION\s*-->", re.DOTALL)
-CHECK_MARKER = re.compile(r"^[ \t]*# NBVAL_CHECK_OUTPUT[ \t]*\n?", re.MULTILINE)
 TITLE = re.compile(r"\A(#\s+)Solution(\s+\d+)")
 
 
@@ -57,7 +56,7 @@ def strip_code(source: str, where: str) -> str:
     out = CODE_REGION.sub(_todo, source)
     if re.search(r"(###|//)[ \t]*(BEGIN|END) SOLUTION", out):
         raise SolutionMarkerError(f"{where}: a BEGIN/END SOLUTION marker without its partner")
-    return CHECK_MARKER.sub("", out)
+    return out
 
 
 def strip_markdown(source: str, where: str) -> str:
@@ -86,7 +85,7 @@ def make_exercise(solution: nbformat.NotebookNode, name: str) -> nbformat.Notebo
             new = nbformat.v4.new_raw_cell(cell.source)
         if "id" in cell:
             new.id = cell.id
-        tags = cell.get("metadata", {}).get("tags")
+        tags = [t for t in cell.get("metadata", {}).get("tags", []) if t != "nbval-check-output"]
         if tags:
             new.metadata["tags"] = list(tags)
         nb.cells.append(new)

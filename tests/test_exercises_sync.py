@@ -28,7 +28,7 @@ def test_exercises_hold_no_solution_and_no_output(path):
     nb = nbformat.read(path, as_version=4)
     text = json.dumps(nb)
     assert "BEGIN SOLUTION" not in text and "END SOLUTION" not in text
-    assert "NBVAL_CHECK_OUTPUT" not in text
+    assert "NBVAL_CHECK_OUTPUT" not in text and "nbval-check-output" not in text
     for cell in nb.cells:
         if cell.cell_type == "code":
             assert cell.outputs == [] and cell.execution_count is None
@@ -45,8 +45,9 @@ def _solution(*cells):
 
 def test_python_regions_become_a_todo_that_still_runs():
     cell = nbformat.v4.new_code_cell(
-        "# NBVAL_CHECK_OUTPUT\ndef f(x):\n    y = None\n    ### BEGIN SOLUTION square it\n"
+        "def f(x):\n    y = None\n    ### BEGIN SOLUTION square it\n"
         "    y = x * x\n    y += 0\n    ### END SOLUTION\n    return y\nprint(f(3))")
+    cell.metadata["tags"] = ["nbval-check-output", "hide-input"]  # no output to check in an exercise
     cell.outputs = [nbformat.v4.new_output("stream", text="9\n")]
     cell.execution_count = 4
     ex = make_exercises.make_exercise(_solution(nbformat.v4.new_markdown_cell("# Solution 3: x"), cell), "x.ipynb")
@@ -55,6 +56,7 @@ def test_python_regions_become_a_todo_that_still_runs():
     assert code.source == ("def f(x):\n    y = None\n    # TODO: square it (about 2 lines)\n    pass\n"
                            "    return y\nprint(f(3))")
     assert code.outputs == [] and code.execution_count is None and code.id == "c1"
+    assert code.metadata["tags"] == ["hide-input"]
     namespace = {}
     exec(code.source.replace("print", "result = "), namespace)  # the unfinished cell runs
     assert namespace["result"] is None

@@ -1,14 +1,19 @@
-"""The built website (make book, which `make test` runs before pytest): every page of _toc.yml is
-there, and a chapter whose GPU results are committed shows its figure."""
+"""The website: every page of _toc.yml is built (make book, which `make test` runs before pytest),
+a chapter whose GPU results are committed shows its figure, and the notebooks are as
+scripts/tidy_notebooks.py leaves them (no test markers, harness code folded, no progress bars).
+tests/test_site_browser.py looks at the built pages in a real browser."""
+import ast
+import importlib.util
 import re
 from pathlib import Path
 
+import nbformat
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 HTML = ROOT / "_build" / "html"
 
-pytestmark = pytest.mark.skipif(not (HTML / "index.html").is_file(),
+needs_site = pytest.mark.skipif(not (HTML / "index.html").is_file(),
                                 reason="no built site: run `make book` first (make test does)")
 
 
@@ -16,6 +21,7 @@ def toc_files():
     return re.findall(r"^\s*(?:root|- file):\s*(\S+)", (ROOT / "_toc.yml").read_text(), re.MULTILINE)
 
 
+@needs_site
 @pytest.mark.parametrize("page", toc_files())
 def test_every_toc_page_is_built(page):
     built = HTML / f"{page}.html"
@@ -32,6 +38,7 @@ def _current_results():
     return [p for p in sorted((ROOT / "book" / "data").glob("[0-9]*.csv")) if results.load(p.stem, quiet=True) is not None]
 
 
+@needs_site
 @pytest.mark.parametrize("csv", _current_results(), ids=lambda p: p.stem)
 def test_chapters_with_gpu_results_show_a_figure(csv):
     page = HTML / "book" / f"{csv.stem}.html"
@@ -40,6 +47,62 @@ def test_chapters_with_gpu_results_show_a_figure(csv):
     assert re.search(r"<img[^>]+src=\"[^\"]+\.png\"", html), f"{page.name} shows no figure"
 
 
+@needs_site
 def test_intro_lists_the_chapters():
     html = (HTML / "book" / "intro.html").read_text()
     assert "Sequential convolution" in html and "Naive CUDA" in html
+
+
+# ---- the notebooks as the site shows them: scripts/tidy_notebooks.py keeps them so ----------
+
+def _tidy_module():
+    spec = importlib.util.spec_from_file_location("tidy_notebooks", ROOT / "scripts" / "tidy_notebooks.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+tidy_notebooks = _tidy_module()
+SITE_NOTEBOOKS = [p.relative_to(ROOT).as_posix() for p in tidy_notebooks.notebooks()]
+
+
+@pytest.mark.parametrize("name", SITE_NOTEBOOKS)
+def test_notebook_has_no_test_markers_and_folds_its_harness(name):
+    nb = nbformat.read(ROOT / name, as_version=4)
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        marker = tidy_notebooks.NBVAL_MARKER.search(cell.source)
+        assert marker is None, (f"{name}, cell {i}: '{marker.group(0).strip()}' would show on the page; "
+                                "run `python scripts/tidy_notebooks.py` (it becomes a cell tag)")
+        tags = cell.metadata.get("tags", [])
+        if tidy_notebooks.is_harness(cell.source):
+            assert "hide-input" in tags or "show-input" in tags, (
+                f"{name}, cell {i}: a long plotting or timing cell shown in full on the page; "
+                "run `python scripts/tidy_notebooks.py` (it tags it hide-input), or tag it show-input")
+
+
+@pytest.mark.parametrize("name", SITE_NOTEBOOKS)
+def test_notebook_is_tidy(name):
+    path = ROOT / name
+    nb = nbformat.read(path, as_version=4)
+    tidy_notebooks.tidy(nb)
+    assert nbformat.writes(nb) + "\n" == path.read_text(), (
+        f"{name} is not as scripts/tidy_notebooks.py leaves it (progress bars or save notes in its "
+        "outputs, or lines it would wrap): run `python scripts/tidy_notebooks.py` and commit the result")
+
+
+def test_tidy_rules_catch_what_they_name():
+    cell = nbformat.v4.new_code_cell("# NBVAL_CHECK_OUTPUT\nprint(1)")
+    cell.outputs = [nbformat.v4.new_output("stream", name="stderr", text="sweep:   0%|          | 0/5 [00:00<?, ?it/s]"),
+                    nbformat.v4.new_output("stream", name="stdout", text="saved 18 rows to book/data/x.csv\n1\n")]
+    long_line = "value = some_function(" + ", ".join(f"argument_{i}" for i in range(12)) + ")"
+    harness = nbformat.v4.new_code_cell("\n".join([f"x{i} = {i}" for i in range(9)] + ["plt.plot(x1)", long_line]))
+    original = harness.source
+    nb = nbformat.v4.new_notebook(cells=[cell, harness])
+    tidy_notebooks.tidy(nb)
+    assert cell.source == "print(1)" and cell.metadata["tags"] == ["nbval-check-output"]
+    assert [o.text for o in cell.outputs] == ["1\n"]
+    assert harness.metadata["tags"] == ["hide-input"]
+    assert max(len(ln) for ln in harness.source.splitlines()) <= tidy_notebooks.MAX_WIDTH
+    assert harness.source != original and ast.dump(ast.parse(harness.source)) == ast.dump(ast.parse(original))
