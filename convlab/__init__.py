@@ -28,9 +28,13 @@ from ._source import KERNELS_DIR, REPO_ROOT
 from . import ref
 from .bench import Timing, bench
 from .check import CheckResult, check
+# cl.profile and cl.sass are functions; their modules stay reachable as sys.modules["convlab.profile"]
+from .profile import ProfileCard, ProfileUnavailable, profile, profile_torch
+from .sass import SassUnavailable, sass
 
 __all__ = ["device", "backend", "load", "load_source", "load_cpu", "randn", "empty", "zeros", "to_device",
            "seed", "out_size", "check", "bench", "sync", "ref", "thread_order", "set_timeout", "find_race",
+           "profile", "profile_torch", "sass", "ProfileCard", "ProfileUnavailable", "SassUnavailable",
            "Timing", "CheckResult", "ConvlabError", "CompileError", "LaunchError", "ArgumentError",
            "KernelFault", "BarrierError", "OutOfBoundsError", "KernelTimeout", "CheckError",
            "BackendUnavailable", "REPO_ROOT", "KERNELS_DIR"]
@@ -135,7 +139,7 @@ def _load_text(text, p: Path, defines, options) -> "Module":
     m = _modules.get(key)
     if m is None:
         src = _source.parse(text, p, [KERNELS_DIR])
-        m = Module(b.compile(src, defines, options), src, defines)
+        m = Module(b.compile(src, defines, options), src, defines, options)
         _modules[key] = m
     return m
 
@@ -143,9 +147,10 @@ def _load_text(text, p: Path, defines, options) -> "Module":
 class Module:
     """A compiled kernel file: its kernels by name and its __constant__ memory."""
 
-    def __init__(self, impl, src, defines):
-        self._impl, self.src, self.defines = impl, src, defines
+    def __init__(self, impl, src, defines, options=()):
+        self._impl, self.src, self.defines, self.options = impl, src, defines, list(options)
         self.path = src.path
+        self.constants_set = {}       # name -> bytes, so cl.profile can repeat a launch elsewhere
 
     @property
     def kernels(self) -> list[str]:
@@ -173,7 +178,9 @@ class Module:
         need = _args.TYPES.get(_source._TYPE_ALIASES.get(want, want))
         if need is not None and need.dtypes and t.dtype not in need.dtypes:
             raise ArgumentError(f"__constant__ {want} {name} needs {need.dtypes[0]} values, got {t.dtype}")
-        self._impl.set_constant(name, t.numpy().tobytes())
+        data = t.numpy().tobytes()
+        self._impl.set_constant(name, data)
+        self.constants_set[name] = data
 
     def __repr__(self):
         return f"<convlab.Module {self.path.name}: {', '.join(self.kernels)} on {backend()}>"

@@ -1,0 +1,168 @@
+// The emulator's profiler: counts global and shared-memory requests the way Nsight Compute does,
+// from the accesses each CUDA thread makes (clemu_profile.h says what it is given).
+//
+// Global memory: a request's sectors are the distinct 32-byte segments its lanes touch.
+// Shared memory: 32 banks of 4-byte words; a request needs as many wavefronts as the most
+// distinct words it touches in one bank (lanes reading the same word share it: a broadcast).
+// Its bank conflicts are the wavefronts beyond the fewest its bytes could take.
+#include "clemu_profile.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+namespace {
+
+struct record { uint64_t addr; int site; int bytes; };
+
+struct site_info { unsigned long long key; int kind; };
+
+std::mutex mu;                                   // guards the site table and the workers' list
+std::vector<site_info> sites;
+std::unordered_map<unsigned long long, int> site_ids[6];   // per kind: key -> id
+
+struct worker_state {
+    std::vector<std::vector<record>> pending;    // per thread of the running block, since the last epoch
+    std::vector<std::vector<long long>> counts;  // per site
+    long long barriers = 0;                      // barrier instructions, one per warp at each
+    unsigned long long gen = 0;                  // the reset it belongs to
+};
+std::vector<worker_state*> workers;
+std::atomic<unsigned long long> reset_gen{1};
+
+thread_local worker_state* me = nullptr;
+
+worker_state* state() {
+    if (!me) {
+        me = new worker_state();                 // lives as long as the OS thread's pool entry
+        std::lock_guard<std::mutex> g(mu);
+        workers.push_back(me);
+    }
+    if (me->gen != reset_gen) {
+        std::lock_guard<std::mutex> g(mu);
+        me->counts.clear();
+        me->barriers = 0;
+        for (auto& p : me->pending) p.clear();
+        me->gen = reset_gen;
+    }
+    return me;
+}
+
+long long* counts_of(worker_state* w, int site) {
+    if ((int)w->counts.size() <= site) w->counts.resize(site + 1, std::vector<long long>(CLPROF_N_COUNTERS, 0));
+    return w->counts[site].data();
+}
+
+// One request: the lanes' (address, bytes) of one site's k-th execution.
+void count_request(long long* c, int kind, const std::vector<std::pair<uint64_t, int>>& acc) {
+    if (kind == CLPROF_GLOBAL_LD || kind == CLPROF_GLOBAL_ST) {
+        std::vector<uint64_t> sect;
+        for (auto& a : acc)
+            for (uint64_t s = a.first >> 5; s <= (a.first + a.second - 1) >> 5; s++) sect.push_back(s);
+        std::sort(sect.begin(), sect.end());
+        long long n = std::unique(sect.begin(), sect.end()) - sect.begin();
+        c[kind == CLPROF_GLOBAL_LD ? CLPROF_GLD_REQ : CLPROF_GST_REQ] += 1;
+        c[kind == CLPROF_GLOBAL_LD ? CLPROF_GLD_SECT : CLPROF_GST_SECT] += n;
+        return;
+    }
+    if (kind == CLPROF_GLOBAL_ATOM) { c[CLPROF_GATOM_REQ] += 1; return; }
+    if (kind == CLPROF_SHARED_ATOM) { c[CLPROF_SATOM_REQ] += 1; return; }
+    std::vector<uint64_t> words;
+    for (auto& a : acc)
+        for (uint64_t w = a.first >> 2; w <= (a.first + a.second - 1) >> 2; w++) words.push_back(w);
+    std::sort(words.begin(), words.end());
+    words.erase(std::unique(words.begin(), words.end()), words.end());
+    int per_bank[32] = {0};
+    int wave = 0;
+    for (uint64_t w : words) wave = std::max(wave, ++per_bank[w & 31]);
+    long long least = std::max<long long>(1, ((long long)words.size() + 31) / 32);
+    bool ld = kind == CLPROF_SHARED_LD;
+    c[ld ? CLPROF_SLD_REQ : CLPROF_SST_REQ] += 1;
+    c[ld ? CLPROF_SLD_WAVE : CLPROF_SST_WAVE] += wave;
+    c[ld ? CLPROF_SLD_CONFL : CLPROF_SST_CONFL] += wave - least;
+}
+
+}  // namespace
+
+extern "C" int clprof_site(unsigned long long key, int kind) {
+    std::lock_guard<std::mutex> g(mu);
+    auto& ids = site_ids[kind];
+    auto it = ids.find(key);
+    if (it != ids.end()) return it->second;
+    int id = (int)sites.size();
+    sites.push_back({key, kind});
+    ids.emplace(key, id);
+    return id;
+}
+
+extern "C" void clprof_access(int thread, int site, const void* addr, int bytes) {
+    worker_state* w = state();
+    if ((int)w->pending.size() <= thread) w->pending.resize(thread + 1);
+    w->pending[thread].push_back({(uint64_t)(uintptr_t)addr, site, bytes});
+}
+
+extern "C" void clprof_epoch(int n_threads, int barrier) {
+    worker_state* w = state();
+    std::vector<site_info> kinds;
+    {
+        std::lock_guard<std::mutex> g(mu);
+        kinds = sites;
+    }
+    if ((int)w->pending.size() < n_threads) w->pending.resize(n_threads);
+    std::unordered_map<uint64_t, std::vector<std::pair<uint64_t, int>>> req;   // (site, k) -> lanes' accesses
+    std::vector<uint64_t> order;
+    std::unordered_map<int, int> k_of;
+    for (int warp = 0; warp * 32 < n_threads; warp++) {
+        req.clear();
+        order.clear();
+        for (int lane = 0; lane < 32 && warp * 32 + lane < n_threads; lane++) {
+            k_of.clear();
+            for (const record& r : w->pending[warp * 32 + lane]) {
+                uint64_t key = ((uint64_t)(uint32_t)r.site << 32) | (uint32_t)(k_of[r.site]++);
+                auto& v = req[key];
+                if (v.empty()) order.push_back(key);
+                v.push_back({r.addr, r.bytes});
+            }
+            w->pending[warp * 32 + lane].clear();
+        }
+        for (uint64_t key : order) {
+            int site = (int)(key >> 32);
+            count_request(counts_of(w, site), kinds[site].kind, req[key]);
+        }
+        if (barrier) w->barriers += 1;
+    }
+}
+
+extern "C" void clprof_reset() {
+    std::lock_guard<std::mutex> g(mu);
+    reset_gen++;
+}
+
+extern "C" int clprof_totals(long long* out) {
+    std::lock_guard<std::mutex> g(mu);
+    memset(out, 0, sizeof(long long) * CLPROF_N_COUNTERS);
+    for (worker_state* w : workers) {
+        if (w->gen != reset_gen) continue;
+        for (auto& c : w->counts)
+            for (int i = 0; i < CLPROF_N_COUNTERS; i++) out[i] += c[i];
+        out[CLPROF_BARRIER] += w->barriers;
+    }
+    return (int)sites.size();
+}
+
+extern "C" int clprof_site_info(int site, unsigned long long* key, int* kind, long long* out) {
+    std::lock_guard<std::mutex> g(mu);
+    if (site < 0 || site >= (int)sites.size()) return 0;
+    *key = sites[site].key;
+    *kind = sites[site].kind;
+    memset(out, 0, sizeof(long long) * CLPROF_N_COUNTERS);
+    for (worker_state* w : workers) {
+        if (w->gen != reset_gen || (int)w->counts.size() <= site) continue;
+        for (int i = 0; i < CLPROF_N_COUNTERS; i++) out[i] += w->counts[site][i];
+    }
+    return 1;
+}
