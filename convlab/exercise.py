@@ -4,6 +4,7 @@
     ex.check_kernel(launch)          # launch(x, w, y, stride, pad) runs your kernel into y
     ex.check_function(conv2d_numpy)  # conv2d_numpy(x, w, stride, pad) returns y (numpy)
     ex.check_value("FLOPs", flops, expected)
+    ex.check_prediction("sectors per request", predicted, measured)   # {case: number} each
 
 Verdicts: "correct"; "wrong at (b,m,h,w): expected … got …"; "N outputs never written";
 the emulator's fault messages (cl.ConvlabError subclasses) as they are; "not done yet" for an
@@ -232,3 +233,24 @@ def check_value(name: str, got, expected, *, rel: float = 1e-9) -> Verdict:
     ratio = g / e if e else math.inf
     return _say(False, f"✗ {name} = {g:,.6g} is off by a factor of {ratio:.3g}: "
                        f"recount (which factor is missing or extra?)")
+
+
+def check_prediction(what: str, predicted: dict, measured: dict, *, rel: float = 1e-9) -> Verdict:
+    """Predictions (case -> number) against what the profiler measured for the same cases: says which
+    cases differ and by how much, so the reasoning can be revisited."""
+    if predicted is None or any(v is None for v in predicted.values()):
+        return _say(False, f"not done yet: fill in every predicted {what}")
+    missing = [k for k in measured if k not in predicted]
+    if missing:
+        return _say(False, f"✗ no prediction of {what} for {', '.join(map(str, missing))}")
+    wrong = []
+    for case, got in measured.items():
+        try:
+            p = float(predicted[case])
+        except (TypeError, ValueError):
+            return _say(False, f"✗ {what} for {case}: expected a number, got {type(predicted[case]).__name__}")
+        if not math.isclose(p, float(got), rel_tol=rel, abs_tol=0.0):
+            wrong.append(f"{case}: you predicted {p:g}, the profiler counted {float(got):g}")
+    if wrong:
+        return _say(False, f"✗ {what}: " + "; ".join(wrong))
+    return _say(True, f"✓ correct: every predicted {what} matches the profiler ({len(measured)} cases)")

@@ -105,6 +105,25 @@ extern "C" void clprof_access(int thread, int site, const void* addr, int bytes)
     w->pending[thread].push_back({(uint64_t)(uintptr_t)addr, site, bytes});
 }
 
+// The emulator's per-access hook, as clemu_abi.h describes its op bits (read 1, write 2, atomic 4,
+// shared 8): a read-modify-write (x[i] += v) is a load and a store, as on a GPU.
+extern "C" void clprof_hook(unsigned op, const void* addr, unsigned bytes, const void* pc, int thread) {
+    static thread_local std::unordered_map<unsigned long long, int> cache;   // (pc, kind) -> site
+    bool shared = op & 8;
+    int kinds[2], n = 0;
+    if (op & 4) kinds[n++] = shared ? CLPROF_SHARED_ATOM : CLPROF_GLOBAL_ATOM;
+    else {
+        if (op & 1) kinds[n++] = shared ? CLPROF_SHARED_LD : CLPROF_GLOBAL_LD;
+        if (op & 2) kinds[n++] = shared ? CLPROF_SHARED_ST : CLPROF_GLOBAL_ST;
+    }
+    for (int i = 0; i < n; i++) {
+        unsigned long long key = ((unsigned long long)(uintptr_t)pc << 3) | (unsigned)kinds[i];
+        auto it = cache.find(key);
+        int site = it != cache.end() ? it->second : (cache[key] = clprof_site((uintptr_t)pc, kinds[i]));
+        clprof_access(thread, site, addr, (int)bytes);
+    }
+}
+
 extern "C" void clprof_epoch(int n_threads, int barrier) {
     worker_state* w = state();
     std::vector<site_info> kinds;

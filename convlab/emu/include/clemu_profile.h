@@ -21,6 +21,9 @@ extern "C" {
 int clprof_site(unsigned long long key, int kind);
 // One thread's access: its linear index in the block, the site, the address and size in bytes.
 void clprof_access(int thread, int site, const void* addr, int bytes);
+// The emulator's per-access hook (op bits as clemu_abi.h's CLEMU_RD/WR/ATOM/SHARED; pc: the
+// accessing instruction, which names the site).
+void clprof_hook(unsigned op, const void* addr, unsigned bytes, const void* pc, int thread);
 // The block's threads all reached a barrier (or the block ended): group what they did since the
 // last one into requests. n_threads: the block's size. barrier: 1 at a __syncthreads().
 void clprof_epoch(int n_threads, int barrier);
