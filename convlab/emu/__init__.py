@@ -10,25 +10,42 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import torch
 
 
-from .._errors import (ArgumentError, BarrierError, CompileError, KernelFault, KernelTimeout, LaunchError,
-                       OutOfBoundsError)
-from .._source import Source, map_compiler_output, rewrite_for_emulator
+from .._errors import (ArgumentError, BarrierError, CompileError, KernelFault, KernelInterrupted, KernelTimeout,
+                       LaunchError, OutOfBoundsError, RaceError)
+from .._source import Source, display_name, locate, map_compiler_output, rewrite_for_emulator, where
 
 HERE = Path(__file__).resolve().parent
 INCLUDE = HERE / "include"
 RUNTIME_SRC = HERE / "runtime.cpp"
 STACK_BYTES = 128 * 1024          # per CUDA thread (fiber)
 CXX = os.environ.get("CXX", "g++")
-CXXFLAGS = ["-std=c++17", "-O2", "-fPIC", "-shared", "-fno-strict-aliasing", "-fno-fast-math",
+# -g1: line tables only, so a fault, a race or a stopped kernel can name its source line
+CXXFLAGS = ["-std=c++17", "-O2", "-g1", "-fPIC", "-shared", "-fno-strict-aliasing", "-fno-fast-math",
             "-Wno-unknown-pragmas", "-Wno-attributes"]
 _BARRIER_RE = re.compile(r"\b(__syncthreads\w*|__syncwarp|__shfl\w*|__ballot_sync|__any_sync|__all_sync)\b")
 _STATUS = {1: KernelFault, 2: BarrierError, 3: OutOfBoundsError, 4: KernelTimeout, 5: OutOfBoundsError,
-           6: KernelFault, 7: KernelFault, 8: KernelFault, 9: LaunchError}
+           6: KernelFault, 7: KernelFault, 8: KernelFault, 9: LaunchError, 10: RaceError, 11: KernelInterrupted}
+TIMEOUT, INTERRUPT = 4, 11
+#: The race detector runs by itself on launches of at most this many threads (exercise sizes,
+#: where it stays well under a second); cl.detect_races() turns it on or off for any launch.
+AUTO_DETECT_THREADS = 1 << 14
+PROGRESS_AFTER_S = 2.0        # a launch running longer shows a progress line
+_detect = threading.local()
+
+
+def detect_setting():
+    """True, False or None (automatic: launches up to AUTO_DETECT_THREADS threads)."""
+    return getattr(_detect, "value", None)
+
+
+def set_detect(value):
+    _detect.value = value
 
 
 def cache_dir() -> Path:
@@ -47,10 +64,10 @@ class _Launch(ctypes.Structure):
                 ("n_workers", ctypes.c_int), ("use_fibers", ctypes.c_int), ("stack_bytes", ctypes.c_longlong),
                 ("body", ctypes.c_void_p), ("args", ctypes.POINTER(ctypes.c_void_p)), ("n_bufs", ctypes.c_int),
                 ("bufs", ctypes.POINTER(_Buf)), ("buf_names", ctypes.POINTER(ctypes.c_char_p)),
-                ("status", ctypes.c_int), ("message", ctypes.c_char * 4096)]
+                ("detect", ctypes.c_int), ("status", ctypes.c_int), ("message", ctypes.c_char * 4096)]
 
 
-def _compile(cpp_text: str, key: str, flags: list[str], display: str, libs: list[str] = ()) -> Path:
+def _compile(cpp_text: str, key: str, flags: list[str], display: str, libs: list[str] = (), source=None) -> Path:
     """Compile once per content hash; concurrent processes race harmlessly (atomic rename)."""
     out = cache_dir() / f"{key}.so"
     if out.exists():
@@ -68,7 +85,8 @@ def _compile(cpp_text: str, key: str, flags: list[str], display: str, libs: list
                 f"({STACK_BYTES // 1024} KB; a GPU thread has far less fast local memory): make local arrays "
                 f"smaller or move them to shared memory.\n" + "\n".join(lines))
         if r.returncode != 0:
-            raise CompileError(f"{display} does not compile (g++, emulator):\n" + map_compiler_output(msg))
+            msg = map_compiler_output(msg)
+            raise CompileError(f"{display} does not compile (g++, emulator):\n" + (locate(msg, source) if source else msg))
         os.replace(so, out)
     return out
 
@@ -89,12 +107,47 @@ class _Runtime:
                 # RTLD_LOCAL: kernel modules link against this file by path instead (see compile)
                 lib = ctypes.CDLL(str(so), mode=ctypes.RTLD_LOCAL)
                 cls.path = so
-                lib.clemu_run.argtypes = [ctypes.POINTER(_Launch)]
-                lib.clemu_run.restype = ctypes.c_int
+                for f in ("clemu_start", "clemu_stop", "clemu_wait"):
+                    getattr(lib, f).restype = ctypes.c_int
+                lib.clemu_start.argtypes = [ctypes.POINTER(_Launch)]
+                lib.clemu_stop.argtypes = [ctypes.POINTER(_Launch), ctypes.c_int]
+                lib.clemu_wait.argtypes = [ctypes.POINTER(_Launch), ctypes.c_double]
+                lib.clemu_progress.restype = ctypes.c_longlong
                 lib.clemu_take_output.argtypes = [ctypes.c_char_p, ctypes.c_longlong]
                 lib.clemu_take_output.restype = ctypes.c_longlong
                 cls._lib = lib
             return cls._lib
+
+
+_SITE_RE = re.compile(r"\{\{site:(.+?)\+(0x[0-9a-f]+)\}\}")
+
+
+def resolve_sites(text: str) -> str:
+    """Turn the runtime's {{site:MODULE+OFFSET}} tokens into source lines (addr2line on the module's
+    line tables; the innermost frame outside convlab's own headers, as where() names it)."""
+    found = _SITE_RE.findall(text)
+    names = {}
+    for so in {f[0] for f in found}:
+        offs = sorted({off for s, off in found if s == so})
+        try:
+            r = subprocess.run(["addr2line", "-i", "-a", "-e", so, *[hex(int(o, 16) - 1) for o in offs]],
+                               capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        frames, key = {}, None
+        for line in r.stdout.splitlines():
+            if line.startswith("0x"):
+                key = int(line, 16) + 1
+                frames[key] = []
+            elif key is not None:
+                frames[key].append(line.split(" (discriminator")[0].strip())
+        for off in offs:
+            for fr in frames.get(int(off, 16), []):
+                path, _, line = fr.rpartition(":")
+                if path and path != "??" and line.isdigit() and line != "0" and not path.startswith(str(INCLUDE)):
+                    names[(so, off)] = where(path, line)
+                    break
+    return _SITE_RE.sub(lambda m: names.get((m[1], m[2]), "an unknown line"), text)
 
 
 def _flush_printf(lib):
@@ -151,7 +204,7 @@ class EmuBackend:
         key = src.path.stem + "-" + hashlib.sha256(
             (text + header + " ".join(flags + libs + CXXFLAGS) + "".join(p.read_text() for p in src.includes)).encode()
         ).hexdigest()[:20]
-        so = _compile(text, key, flags, str(src.path), libs)
+        so = _compile(text, key, flags, display_name(src.path), libs, src)
         lib = ctypes.CDLL(str(so))
         uses_barriers = bool(_BARRIER_RE.search(src.all_text()))
         return EmuModule(self, rt, lib, src, uses_barriers)
@@ -174,7 +227,7 @@ class EmuBackend:
         flags = ["-I", str(INCLUDE), "-I", str(src.path.parent), "-O3"]
         flags += [f"-D{k}" if v is None else f"-D{k}={v}" for k, v in defines.items()] + list(options)
         key = src.path.stem + "-cpu-" + hashlib.sha256((text + " ".join(flags + CXXFLAGS)).encode()).hexdigest()[:20]
-        so = _compile(text, key, flags, str(src.path))
+        so = _compile(text, key, flags, display_name(src.path), source=src)
         return EmuModule(self, rt, ctypes.CDLL(str(so)), src, False, cpu_functions=functions)
 
 
@@ -239,8 +292,47 @@ class EmuModule:
         L.n_bufs = len(bufs)
         L.bufs = buf_arr
         L.buf_names = name_arr
-        status = self.rt.clemu_run(ctypes.byref(L))
+        detect = detect_setting()
+        if detect is None:
+            detect = grid[0] * grid[1] * grid[2] * block[0] * block[1] * block[2] <= AUTO_DETECT_THREADS
+        L.detect = int(bool(detect) and not self.cpu_functions)
+        status = self.rt.clemu_start(ctypes.byref(L))
+        elapsed, shown = 0.0, False
+        if status == 0:
+            t0 = time.monotonic()
+            try:
+                while not self.rt.clemu_wait(ctypes.byref(L), 0.1):
+                    elapsed = time.monotonic() - t0
+                    if elapsed > timeout:
+                        self.rt.clemu_stop(ctypes.byref(L), TIMEOUT)
+                        break
+                    if elapsed > PROGRESS_AFTER_S:
+                        total = grid[0] * grid[1] * grid[2]
+                        sys.stderr.write(f"\r{name}: {self.rt.clemu_progress():,} of {total:,} blocks started, "
+                                         f"{elapsed:.0f} s (stopped after {timeout:g} s; interrupt to stop it now) ")
+                        sys.stderr.flush()
+                        shown = True
+            except KeyboardInterrupt:
+                self.rt.clemu_stop(ctypes.byref(L), INTERRUPT)
+                elapsed = time.monotonic() - t0
+            if shown:
+                sys.stderr.write(f"\r{name}: {'done' if L.status == 0 else 'stopped'} after {time.monotonic() - t0:.1f} s"
+                                 + " " * 60 + "\n")
+                sys.stderr.flush()
+            status = L.status
         _flush_printf(self.rt)
         if status:
+            text = locate(resolve_sites(L.message.decode(errors="replace")), self.src)
+            # a race between two accesses of one line: the barrier goes after it, inside its loop
+            text = re.sub(r"between (.+?) and \1 \(", r"right after \1, inside its loop (", text)
+            if status == TIMEOUT:
+                text = (f"the kernel did not finish within {timeout:g} s and was stopped "
+                        f"({text or 'no running thread identified'}). Look for a loop whose end condition never "
+                        f"becomes true, e.g. a grid-stride loop that does not advance. If it is only slow, allow "
+                        f"more time: cl.set_timeout(60) for every launch, or timeout=60 in this launch.")
+            elif status == INTERRUPT:
+                raise KernelInterrupted(
+                    f"{name}: interrupted after {elapsed:.1f} s and stopped ({text or 'no running thread identified'}). "
+                    f"Nothing is left running; the notebook can go on.")
             cls = _STATUS.get(status, KernelFault)
-            raise cls(f"{name}: " + L.message.decode(errors="replace"))
+            raise cls(f"{name}: " + text)
