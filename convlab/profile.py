@@ -30,6 +30,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -244,10 +246,10 @@ class ProfileCard:
                 if label in cols:
                     label = f"{k.short_name} #{i + 1} (ncu)"
                 cols[label] = [k.value(m) for _, m in self.rows]
-        index = pd.MultiIndex.from_tuples([(label, m) for label, m in self.rows], names=["what", "ncu metric"])
-        df = pd.DataFrame(cols, index=index)
-        keep = [any(v is not None for v in row) for row in df.itertuples(index=False)]
-        return df[keep]
+        # a row only where some kernel has a value (the emulator has no timing, say)
+        keep = [r for r in range(len(self.rows)) if any(c[r] is not None for c in cols.values())]
+        index = pd.MultiIndex.from_tuples([self.rows[r] for r in keep], names=["what", "ncu metric"])
+        return pd.DataFrame({name: [c[r] for r in keep] for name, c in cols.items()}, index=index, dtype=object)
 
     def _shown(self):
         df = self.table()
@@ -526,8 +528,7 @@ def profile(fn, *args, name: str | None = None, metrics=None, **kwargs) -> Profi
     memory counters, with ncu's committed numbers beside them when name is given."""
     from . import backend
     if backend() == "emu":
-        from .emu import profiling
-        with profiling() as launches:
+        with emu_profiling() as launches:
             fn(*args, **kwargs)
         ref = committed(name) if name else None
         return ProfileCard(launches, "emulator counters (memory requests, sectors, bank conflicts; no timing)",
@@ -622,3 +623,30 @@ def count_trace(events, n_threads: int) -> dict:
         lib.clprof_access(int(thread), sites[key], int(addr), int(nbytes))
     lib.clprof_epoch(n_threads, 0)
     return emu_totals(lib)
+
+
+_sink = threading.local()
+
+
+def profile_sink():
+    """The list the emulator appends each launch's counters to, inside emu_profiling(); else None."""
+    return getattr(_sink, "launches", None)
+
+
+@contextmanager
+def emu_profiling():
+    """Count every emulator launch made inside: yields the list of their KernelProfiles."""
+    old, launches = profile_sink(), []
+    _sink.launches = launches
+    try:
+        yield launches
+    finally:
+        _sink.launches = old
+
+
+def emu_kernel_profile(lib, name: str, grid, block) -> KernelProfile:
+    """One finished emulator launch's counters (the runtime library holds them until the next)."""
+    metrics = emu_totals(_counters_lib(lib))
+    metrics["launch__block_size"] = float(block[0] * block[1] * block[2])
+    metrics["launch__grid_size"] = float(grid[0] * grid[1] * grid[2])
+    return KernelProfile(name, metrics, f"({grid[0]}, {grid[1]}, {grid[2]})", f"({block[0]}, {block[1]}, {block[2]})")

@@ -308,3 +308,103 @@ def test_atomics_are_counted_per_warp():
 def test_unknown_kind():
     with pytest.raises(ValueError, match="use one of global_ld"):
         count_trace([(0, "texture", 0, 4)], 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# The patterns of tests/features/profile_patterns.cu on the emulator, counted by hand. n = 1000
+# threads in blocks of 256: 31 full warps and one of 8 lanes (992..999).
+
+G_ATOM, S_ATOM = ATOMICS, "smsp__inst_executed_op_shared_atom.sum"
+PATTERNS = Path(__file__).resolve().parent / "features" / "profile_patterns.cu"
+N = 1000
+
+
+def _launch_cases():
+    pat = cl.load(PATTERNS)
+    v = cl.to_device(torch.randint(0, 1000, (N,), dtype=torch.int32))
+    return {
+        # 31 warps x 4 sectors + 8 floats (one sector)
+        "coalesced": ((pat.kernel("copy_coalesced"), cl.randn(N), cl.empty(N), N), {"grid": 4, "block": 256},
+                      {GLD_REQ: 32, GLD_SECT: 125, GST_REQ: 32, GST_SECT: 125}),
+        # a warp's 32 loads span 256 bytes: 8 sectors; the last warp's 8 loads 64 bytes: 2
+        "stride 2": ((pat.kernel("copy_strided"), cl.randn(2 * N), cl.empty(N), N, 2), {"grid": 4, "block": 256},
+                     {GLD_REQ: 32, GLD_SECT: 31 * 8 + 2, GST_REQ: 32, GST_SECT: 125}),
+        # every lane its own sector
+        "stride 32": ((pat.kernel("copy_strided"), cl.randn(32 * N), cl.empty(N), N, 32), {"grid": 4, "block": 256},
+                      {GLD_REQ: 32, GLD_SECT: 31 * 32 + 8, GST_REQ: 32, GST_SECT: 125}),
+        # 3 blocks x 8 warps x 4 rows: 96 requests each way; a column of tile[32][32] is one bank
+        "tile, no padding": ((pat.kernel("tile_transpose"), cl.randn(3 * 1024), cl.empty(3 * 1024)),
+                             {"grid": 3, "block": (32, 8)},
+                             {GLD_REQ: 96, GLD_SECT: 384, GST_REQ: 96, GST_SECT: 384, SST_REQ: 96, SST_WAVE: 96,
+                              SST_CONFL: 0, SLD_REQ: 96, SLD_WAVE: 96 * 32, SLD_CONFL: 96 * 31, BARRIER: 24}),
+        "tile, padded": ((cl.load(PATTERNS, defines={"PAD": 1}).kernel("tile_transpose"), cl.randn(3 * 1024),
+                          cl.empty(3 * 1024)), {"grid": 3, "block": (32, 8)},
+                         {GLD_REQ: 96, GLD_SECT: 384, GST_REQ: 96, GST_SECT: 384, SST_REQ: 96, SST_WAVE: 96,
+                          SST_CONFL: 0, SLD_REQ: 96, SLD_WAVE: 96, SLD_CONFL: 0, BARRIER: 24}),
+        # per block: warp 0 loads x[0..31] (4 sectors) and stores s; both warps read x[blockIdx.x] and
+        # s[5] (broadcasts: 1 sector, 1 wavefront) and store 32 floats
+        "broadcast": ((pat.kernel("broadcast"), cl.randn(64), cl.empty(128)), {"grid": 2, "block": 64},
+                      {GLD_REQ: 6, GLD_SECT: 12, GST_REQ: 4, GST_SECT: 16, SLD_REQ: 4, SLD_WAVE: 4, SLD_CONFL: 0,
+                       SST_REQ: 2, SST_WAVE: 2, BARRIER: 4}),
+        # per block: warp 0 zeroes s[0..7] (one wavefront), every warp with a thread below n adds to s,
+        # warp 0 reads s and adds it to bins; two barriers for each of the 32 warps
+        "histogram": ((pat.kernel("histogram"), v, cl.zeros(8, dtype=torch.int32), N), {"grid": 4, "block": 256},
+                      {GLD_REQ: 32, GLD_SECT: 125, S_ATOM: 32, G_ATOM: 4, SST_REQ: 4, SST_WAVE: 4, SLD_REQ: 4,
+                       SLD_WAVE: 4, BARRIER: 64}),
+    }
+
+
+@pytest.mark.emu_only
+@pytest.mark.parametrize("case", ["coalesced", "stride 2", "stride 32", "tile, no padding", "tile, padded",
+                                  "broadcast", "histogram"])
+def test_emulator_counts_the_patterns_exactly(case):
+    (fn, *args), launch, want = _launch_cases()[case]
+    card = cl.profile(fn, *args, **launch)
+    (k,) = card.kernels
+    got = {m: k.metrics[m] for m in want}
+    assert got == {m: float(v) for m, v in want.items()}
+    # and nothing else happened
+    rest = {m: v for m, v in k.metrics.items() if m not in want and not m.startswith("launch__") and v}
+    assert rest == {}
+
+
+@pytest.mark.emu_only
+def test_emulator_profile_of_a_launcher_lists_every_kernel():
+    from convlab.ops import im2col
+    x, w = cl.randn(1, 2, 9, 11), cl.randn(3, 2, 3, 3)
+    card = cl.profile(im2col.conv2d_im2col_gemm, x, w)
+    assert len(card) >= 2 and all(k.metrics[GLD_REQ] > 0 for k in card.kernels)
+    assert card.table().shape[1] == len(card)
+
+
+@pytest.mark.emu_only
+def test_profiled_launch_still_computes():
+    pat = cl.load(PATTERNS)
+    x, y = cl.randn(N), cl.empty(N)
+    cl.profile(pat.kernel("copy_coalesced"), x, y, N, grid=4, block=256)
+    assert torch.equal(x, y)
+
+
+@pytest.mark.emu_only
+def test_emulator_card_beside_the_committed_ncu_card(tmp_path, monkeypatch):
+    d = tmp_path / "book" / "data" / "profiles"
+    d.mkdir(parents=True)
+    (d / "tiny.csv").write_text((NCU / "ncu_tiny_raw.csv").read_text())
+    monkeypatch.setenv("CONVLAB_ROOT", str(tmp_path))
+    pat = cl.load(PATTERNS)
+    card = cl.profile(pat.kernel("copy_coalesced"), cl.randn(N), cl.empty(N), N, grid=4, block=256, name="tiny")
+    cols = list(card.table().columns)
+    assert cols[0] == "copy_coalesced" and cols[1] == "distribution_elementwise_grid_stride_kernel (ncu)"
+
+
+@pytest.mark.gpu_only
+@pytest.mark.parametrize("case", ["coalesced", "stride 2", "stride 32", "tile, no padding", "tile, padded",
+                                  "broadcast", "histogram"])
+def test_ncu_counts_the_patterns_as_the_emulator_does(case):
+    (fn, *args), launch, want = _launch_cases()[case]
+    try:
+        card = cl.profile(fn, *args, **launch)
+    except ProfileUnavailable as e:
+        pytest.skip(str(e))
+    (k,) = card.kernels
+    assert {m: k.value(m) for m in want} == {m: float(v) for m, v in want.items()}

@@ -23,6 +23,7 @@ from .._source import Source, display_name, locate, map_compiler_output, rewrite
 HERE = Path(__file__).resolve().parent
 INCLUDE = HERE / "include"
 RUNTIME_SRC = HERE / "runtime.cpp"
+PROFILE_SRC = HERE / "profile.cpp"
 STACK_BYTES = 128 * 1024          # per CUDA thread (fiber)
 CXX = os.environ.get("CXX", "g++")
 # -g1: line tables only, so a fault, a race or a stopped kernel can name its source line
@@ -64,7 +65,7 @@ class _Launch(ctypes.Structure):
                 ("n_workers", ctypes.c_int), ("use_fibers", ctypes.c_int), ("stack_bytes", ctypes.c_longlong),
                 ("body", ctypes.c_void_p), ("args", ctypes.POINTER(ctypes.c_void_p)), ("n_bufs", ctypes.c_int),
                 ("bufs", ctypes.POINTER(_Buf)), ("buf_names", ctypes.POINTER(ctypes.c_char_p)),
-                ("detect", ctypes.c_int), ("status", ctypes.c_int), ("message", ctypes.c_char * 4096)]
+                ("detect", ctypes.c_int), ("profile", ctypes.c_int), ("status", ctypes.c_int), ("message", ctypes.c_char * 4096)]
 
 
 def _compile(cpp_text: str, key: str, flags: list[str], display: str, libs: list[str] = (), source=None) -> Path:
@@ -101,9 +102,12 @@ class _Runtime:
         with cls._lock:
             if cls._lib is None:
                 text = RUNTIME_SRC.read_text() + (INCLUDE / "clemu_abi.h").read_text()
+                text += PROFILE_SRC.read_text() + (INCLUDE / "clemu_profile.h").read_text()
                 key = "runtime-" + hashlib.sha256((text + " ".join(CXXFLAGS)).encode()).hexdigest()[:20]
+                # the profiler (profile.cpp) is a second translation unit of the same library
                 so = _compile(RUNTIME_SRC.read_text(), key, ["-I", str(INCLUDE), "-pthread", "-fvisibility=hidden",
-                                                             "-fvisibility-inlines-hidden"], "emulator runtime")
+                                                             "-fvisibility-inlines-hidden"], "emulator runtime",
+                              [str(PROFILE_SRC)])
                 # RTLD_LOCAL: kernel modules link against this file by path instead (see compile)
                 lib = ctypes.CDLL(str(so), mode=ctypes.RTLD_LOCAL)
                 cls.path = so
@@ -296,6 +300,9 @@ class EmuModule:
         if detect is None:
             detect = grid[0] * grid[1] * grid[2] * block[0] * block[1] * block[2] <= AUTO_DETECT_THREADS
         L.detect = int(bool(detect) and not self.cpu_functions)
+        from ..profile import emu_kernel_profile, profile_sink
+        sink = profile_sink()
+        L.profile = int(sink is not None and not self.cpu_functions)
         status = self.rt.clemu_start(ctypes.byref(L))
         elapsed, shown = 0.0, False
         if status == 0:
@@ -321,6 +328,8 @@ class EmuModule:
                 sys.stderr.flush()
             status = L.status
         _flush_printf(self.rt)
+        if L.profile and not status:
+            sink.append(emu_kernel_profile(self.rt, name, grid, block))
         if status:
             text = locate(resolve_sites(L.message.decode(errors="replace")), self.src)
             # a race between two accesses of one line: the barrier goes after it, inside its loop

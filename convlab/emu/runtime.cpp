@@ -8,6 +8,7 @@
 // (about 20x slower). Faults (out-of-range access, broken barrier, timeout, segfault) stop
 // the launch with a message; the host process always survives.
 #include "clemu_abi.h"
+#include "clemu_profile.h"
 
 #include <atomic>
 #include <chrono>
@@ -135,6 +136,7 @@ struct clemu_launch {
     clemu_buf* bufs;           // buffer arguments, for fault messages
     const char** buf_names;
     int detect;                // run the race detector (one worker, so its verdict is deterministic)
+    int profile;               // count requests, sectors and bank conflicts (profile.cpp)
     // results
     int status;
     char message[4096];
@@ -389,6 +391,7 @@ extern "C" unsigned clemu_activemask() {
 // so the same kernel gives the same report on every run.
 int clemu_hook_on = 0;
 static bool detect_on = false;
+static bool prof_on = false;                                     // the profiler (profile.cpp) counts
 static thread_local const void* volatile hook_site = nullptr;   // inside clemu_access: the access's site
 static thread_local volatile int stop_pending = 0;               // the watchdog asked to stop meanwhile
 
@@ -467,6 +470,17 @@ static void report_race(const acc_rec& p, bool p_writes, const acc_rec& c, bool 
 
 extern "C" __attribute__((visibility("default")))
 void clemu_access(unsigned op, const volatile void* addr, unsigned bytes, const char* name, const void* base) {
+    if (prof_on && me()) {
+        // an atomic comes as a plain pointer: shared memory when it is in no buffer argument
+        if ((op & CLEMU_ATOM) && !(op & CLEMU_SHARED)) {
+            bool global = false;
+            for (int i = 0; L && i < L->n_bufs && !global; i++)
+                global = (const char*)addr >= (const char*)L->bufs[i].p &&
+                         (const char*)addr < (const char*)L->bufs[i].p + L->bufs[i].nbytes;
+            if (!global) op |= CLEMU_SHARED;
+        }
+        clprof_hook(op, (const void*)addr, bytes, __builtin_return_address(0), me()->pub.linear);
+    }
     if (!detect_on || (op & CLEMU_ATOM)) return;
     fiber_thread* t = me();
     if (!t || !W) return;
@@ -637,6 +651,7 @@ static bool release(worker* w, int n, bool& all_done) {
     int op = first->bar_op;
     bar_result = op == 0 ? count : op == 1 ? (count == n) : (count > 0);
     for (int i = 0; i < n; i++) { th[i].state = T_RUN; th[i].pred = 0; th[i].bar_op = 0; }
+    if (prof_on) clprof_epoch(n, 1);   // what each warp did since the last barrier becomes requests
     w->epoch++;
     return true;
 }
@@ -711,9 +726,10 @@ static void run_block(worker* w, long long b) {
         }
         w->running = nullptr;
         clemu_cur = nullptr;
+        if (prof_on) clprof_epoch(n, 0);
         return;
     }
-    run_block_fibers(w, order, n);
+    if (run_block_fibers(w, order, n) && prof_on) clprof_epoch(n, 0);
 }
 
 // ----------------------------------------------------------------------------------------
@@ -880,6 +896,8 @@ static void grow_pool(int n) {
 static std::atomic<int> busy{0};   // one launch at a time
 
 static void finish(clemu_launch* launch) {
+    prof_on = false;
+    clemu_hook_on = detect_on ? 1 : 0;
     if (detect_on) {
         detect_on = false;
         clemu_hook_on = 0;
@@ -925,6 +943,11 @@ extern "C" __attribute__((visibility("default"))) int clemu_start(clemu_launch* 
     detect_on = launch->detect != 0;
     n_races = 0;
     if (detect_on) clemu_hook_on = 1;
+    prof_on = launch->profile != 0;
+    if (prof_on) {
+        clprof_reset();
+        clemu_hook_on = 1;
+    }
     next_block.store(0);
     n_blocks = blocks;
     failed.store(0);

@@ -1,6 +1,8 @@
 // Access patterns whose memory counters are known by hand: the emulator's profiler must give them
 // exactly, and ncu on a GPU gives the same (nvcc neither vectorises nor merges these accesses).
-// Each kernel has one plain 4-byte access per line, so every access is one instruction.
+// Each kernel has one plain 4-byte access per line, so every access is one instruction, and every
+// access indexes a kernel parameter (the emulator counts those; not accesses through a pointer
+// copied into a local variable).
 
 // Thread i copies element i: a warp's 32 floats are 128 contiguous bytes, 4 sectors.
 __global__ void copy_coalesced(const float* x, float* y, int n) {
@@ -28,17 +30,15 @@ __global__ void copy_strided(const float* x, float* y, int n, int stride) {
 #endif
 __global__ void tile_transpose(const float* x, float* y) {
     __shared__ float tile[32][32 + PAD];
-    int tx = threadIdx.x, ty = threadIdx.y;
-    const float* src = x + blockIdx.x * 32 * 32;
-    float* dst = y + blockIdx.x * 32 * 32;
+    int tx = threadIdx.x, ty = threadIdx.y, base = blockIdx.x * 32 * 32;
     for (int r = ty; r < 32; r += 8) {
-        float v = src[r * 32 + tx];
+        float v = x[base + r * 32 + tx];
         tile[r][tx] = v;
     }
     __syncthreads();
     for (int r = ty; r < 32; r += 8) {
         float v = tile[tx][r];
-        dst[r * 32 + tx] = v;
+        y[base + r * 32 + tx] = v;
     }
 }
 
@@ -54,4 +54,18 @@ __global__ void broadcast(const float* x, float* y) {
     float a = x[blockIdx.x];
     float b = s[5];
     y[blockIdx.x * blockDim.x + t] = a + b;
+}
+
+// A histogram of 8 bins: one shared atomic per thread, one global atomic per bin and block.
+__global__ void histogram(const int* v, int* bins, int n) {
+    __shared__ int s[8];
+    int t = threadIdx.x, i = blockIdx.x * blockDim.x + t;
+    if (t < 8)
+        s[t] = 0;
+    __syncthreads();
+    if (i < n)
+        atomicAdd(&s[v[i] & 7], 1);
+    __syncthreads();
+    if (t < 8)
+        atomicAdd(&bins[t], s[t]);
 }

@@ -15,6 +15,8 @@ enum clprof_counter {         // per site and in total; convlab/profile.py names
     CLPROF_GATOM_REQ, CLPROF_SATOM_REQ, CLPROF_BARRIER, CLPROF_N_COUNTERS,
 };
 
+// Called from Python (ctypes) too: exported although the runtime hides its other symbols.
+#pragma GCC visibility push(default)
 extern "C" {
 // A site's id: the same key (the accessing instruction's address in the kernel's code) and kind
 // always give the same id.
@@ -34,3 +36,4 @@ int clprof_totals(long long* out);
 // One site's key, kind and counters; returns 0 when there is no such site.
 int clprof_site_info(int site, unsigned long long* key, int* kind, long long* out);
 }
+#pragma GCC visibility pop

@@ -147,8 +147,11 @@ static inline unsigned ballot(unsigned long long* s, unsigned mask) {
 // The value parameter is a non-deduced context (as CUDA's overloads behave): atomicAdd(&u, 1)
 // with an unsigned u works.
 namespace clemu { template <class T> using nd = typename std::common_type<T>::type; }
-template <class T> static inline T atomicAdd(T* a, clemu::nd<T> v) { return __atomic_fetch_add(a, v, __ATOMIC_RELAXED); }
-template <class T, class B> static inline T clemu_atomic_float(T* a, T v, B) {
+// Each atomic tells the per-access hook (clemu_abi.h) that it happened, for the profiler's counts.
+template <class T> static inline void clemu_atomic_hook(T* a) {
+    if (__builtin_expect(clemu_hook_on, 0)) clemu_access(CLEMU_ATOM, a, sizeof(T), nullptr, nullptr); }
+template <class T> static inline T atomicAdd(T* a, clemu::nd<T> v) { clemu_atomic_hook(a); return __atomic_fetch_add(a, v, __ATOMIC_RELAXED); }
+template <class T, class B> static inline T clemu_atomic_float(T* a, T v, B) { clemu_atomic_hook(a);
     B o = __atomic_load_n((B*)a, __ATOMIC_RELAXED), n;
     T old, want;
     do { memcpy(&old, &o, sizeof(T)); want = old + v; memcpy(&n, &want, sizeof(T)); }
@@ -156,25 +159,25 @@ template <class T, class B> static inline T clemu_atomic_float(T* a, T v, B) {
     return old; }
 static inline float atomicAdd(float* a, float v) { return clemu_atomic_float(a, v, 0u); }
 static inline double atomicAdd(double* a, double v) { return clemu_atomic_float(a, v, 0ull); }
-template <class T> static inline T atomicSub(T* a, clemu::nd<T> v) { return __atomic_fetch_sub(a, v, __ATOMIC_RELAXED); }
-template <class T> static inline T atomicExch(T* a, clemu::nd<T> v) { return __atomic_exchange_n(a, v, __ATOMIC_RELAXED); }
-static inline float atomicExch(float* a, float v) {
+template <class T> static inline T atomicSub(T* a, clemu::nd<T> v) { clemu_atomic_hook(a); return __atomic_fetch_sub(a, v, __ATOMIC_RELAXED); }
+template <class T> static inline T atomicExch(T* a, clemu::nd<T> v) { clemu_atomic_hook(a); return __atomic_exchange_n(a, v, __ATOMIC_RELAXED); }
+static inline float atomicExch(float* a, float v) { clemu_atomic_hook(a);
     unsigned n; memcpy(&n, &v, 4); unsigned o = __atomic_exchange_n((unsigned*)a, n, __ATOMIC_RELAXED);
     float r; memcpy(&r, &o, 4); return r; }
-template <class T> static inline T atomicCAS(T* a, clemu::nd<T> cmp, clemu::nd<T> v) {
+template <class T> static inline T atomicCAS(T* a, clemu::nd<T> cmp, clemu::nd<T> v) { clemu_atomic_hook(a);
     __atomic_compare_exchange_n(a, &cmp, v, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED); return cmp; }
-template <class T> static inline T atomicMax(T* a, clemu::nd<T> v) {
+template <class T> static inline T atomicMax(T* a, clemu::nd<T> v) { clemu_atomic_hook(a);
     T o = __atomic_load_n(a, __ATOMIC_RELAXED);
     while (o < v && !__atomic_compare_exchange_n(a, &o, v, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {}
     return o; }
-template <class T> static inline T atomicMin(T* a, clemu::nd<T> v) {
+template <class T> static inline T atomicMin(T* a, clemu::nd<T> v) { clemu_atomic_hook(a);
     T o = __atomic_load_n(a, __ATOMIC_RELAXED);
     while (v < o && !__atomic_compare_exchange_n(a, &o, v, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {}
     return o; }
-template <class T> static inline T atomicAnd(T* a, clemu::nd<T> v) { return __atomic_fetch_and(a, v, __ATOMIC_RELAXED); }
-template <class T> static inline T atomicOr(T* a, clemu::nd<T> v) { return __atomic_fetch_or(a, v, __ATOMIC_RELAXED); }
-template <class T> static inline T atomicXor(T* a, clemu::nd<T> v) { return __atomic_fetch_xor(a, v, __ATOMIC_RELAXED); }
-static inline unsigned atomicInc(unsigned* a, unsigned lim) {
+template <class T> static inline T atomicAnd(T* a, clemu::nd<T> v) { clemu_atomic_hook(a); return __atomic_fetch_and(a, v, __ATOMIC_RELAXED); }
+template <class T> static inline T atomicOr(T* a, clemu::nd<T> v) { clemu_atomic_hook(a); return __atomic_fetch_or(a, v, __ATOMIC_RELAXED); }
+template <class T> static inline T atomicXor(T* a, clemu::nd<T> v) { clemu_atomic_hook(a); return __atomic_fetch_xor(a, v, __ATOMIC_RELAXED); }
+static inline unsigned atomicInc(unsigned* a, unsigned lim) { clemu_atomic_hook(a);
     unsigned o = __atomic_load_n(a, __ATOMIC_RELAXED), n;
     do { n = o >= lim ? 0 : o + 1; } while (!__atomic_compare_exchange_n(a, &o, n, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
     return o; }
