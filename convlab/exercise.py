@@ -323,8 +323,9 @@ def check_value(name: str, got, expected, *, rel: float = 1e-9) -> Verdict:
         return _say(False, f"✗ {name}: expected a number, got {type(got).__name__}")
     if math.isclose(g, e, rel_tol=rel, abs_tol=0.0):
         return _say(True, f"✓ correct: {name} = {got:,}" if isinstance(got, int) else f"✓ correct: {name} = {g:.6g}")
-    ratio = g / e if e else math.inf
-    return _say(False, f"✗ {name} = {g:,.6g} is off by a factor of {ratio:.3g}: "
+    if e == 0:
+        return _say(False, f"✗ {name} = {g:,.6g}, but it should be 0")
+    return _say(False, f"✗ {name} = {g:,.6g} is off by a factor of {g / e:.3g}: "
                        f"recount (which factor is missing or extra?)")
 
 
