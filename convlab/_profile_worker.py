@@ -31,18 +31,21 @@ def _callable(job):
     return m.kernel(job["kernel"])
 
 
+def prepare(job: dict):
+    """The callable and its arguments, on the devices they were on in the notebook."""
+    return _callable(job), _to_device(job["args"]), _to_device(job["kwargs"])
+
+
 def main(job_file: str) -> None:
     job = torch.load(job_file, weights_only=False)
     torch.backends.cudnn.benchmark = job["cudnn_benchmark"]
-    fn = _callable(job)
-    args, kwargs = _to_device(job["args"]), _to_device(job["kwargs"])
+    fn, args, kwargs = prepare(job)
     fn(*args, **kwargs)
     torch.cuda.synchronize()
-    cudart = torch.cuda.cudart()
-    cudart.cudaProfilerStart()
+    torch.cuda.profiler.start()     # cudaProfilerStart: ncu profiles from here ...
     fn(*args, **kwargs)
     torch.cuda.synchronize()
-    cudart.cudaProfilerStop()
+    torch.cuda.profiler.stop()      # ... to here
 
 
 if __name__ == "__main__":

@@ -60,6 +60,9 @@ OCCUPANCY_LIMITS = ("blocks", "registers", "shared_mem", "warps", "barriers")
 # ncu splits atomics into ATOM (the old value is used) and RED (it is not); the emulator cannot
 # tell which one the compiler chose, so the card shows their sum.
 ATOMICS = "smsp__inst_executed_op_global_atom.sum + smsp__inst_executed_op_global_red.sum"
+# shared-memory atomics: ncu counts them in three metrics (as its nvprof translation table adds them)
+SHARED_ATOMICS = ("smsp__inst_executed_op_shared_atom.sum + smsp__inst_executed_op_shared_atom_dot_alu.sum"
+                  " + smsp__inst_executed_op_shared_atom_dot_cas.sum")
 
 
 def _stall(reason: str) -> str:
@@ -95,6 +98,7 @@ ROWS = [
     ("shared store wavefronts", "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum"),
     ("shared store bank conflicts", "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum"),
     ("global atomics, ATOM + RED (warp instructions)", "smsp__inst_executed_op_global_atom.sum + smsp__inst_executed_op_global_red.sum"),
+    ("shared atomics (warp instructions)", SHARED_ATOMICS),
     ("barriers (warp instructions)", "smsp__inst_executed_op_barrier.sum"),
     ("instructions executed (warp)", "smsp__inst_executed.sum"),
     ("FFMA (thread instructions)", "smsp__sass_thread_inst_executed_op_ffma_pred_on.sum"),
@@ -106,7 +110,7 @@ ROWS = [
 # What ncu is asked for: every plain row, the occupancy limits and the stall reasons behind the two
 # summary rows, and the sector-per-request inputs.
 NCU_METRICS = ([m for _, m in ROWS if "*" not in m and " + " not in m]
-               + ATOMICS.split(" + ")
+               + ATOMICS.split(" + ") + SHARED_ATOMICS.split(" + ")
                + [f"launch__occupancy_limit_{k}" for k in OCCUPANCY_LIMITS]
                + [_stall(r) for r in STALL_REASONS])
 
@@ -133,6 +137,7 @@ class KernelProfile:
     metrics: dict = field(default_factory=dict)
     grid: str = ""
     block: str = ""
+    sites: list = field(default_factory=list)   # emulator: (where token, kind, counters) per access site
 
     @property
     def short_name(self) -> str:
@@ -229,6 +234,14 @@ class ProfileCard:
                 return k
         have = ", ".join(k.short_name for k in self.kernels) or "none"
         raise KeyError(f"no kernel named like {name!r} in this card (it has: {have})")
+
+    def lines(self, kernel: int | str = 0):
+        """Emulator cards: the counts per source line of one kernel (its index or part of its name)."""
+        k = self.kernel(kernel) if isinstance(kernel, str) else self.kernels[kernel]
+        if not k.sites:
+            raise ProfileUnavailable("counts per source line come from the emulator; this card is ncu's "
+                                     "(open its report in Nsight Compute's Source page for lines on a GPU)")
+        return site_table(k)
 
     def table(self):
         import pandas as pd
@@ -564,8 +577,8 @@ EMU_COUNTERS = ("l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum", "l1tex__t_sec
                 "smsp__inst_executed_op_shared_ld.sum", "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum",
                 "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum", "smsp__inst_executed_op_shared_st.sum",
                 "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum",
-                "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum", ATOMICS,
-                "smsp__inst_executed_op_shared_atom.sum", "smsp__inst_executed_op_barrier.sum")
+                "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum", ATOMICS, SHARED_ATOMICS,
+                "smsp__inst_executed_op_barrier.sum")
 KINDS = {"global_ld": 0, "global_st": 1, "shared_ld": 2, "shared_st": 3, "global_atom": 4, "shared_atom": 5}
 
 
@@ -578,6 +591,11 @@ def _counters_lib(lib):
     lib.clprof_epoch.argtypes = [ctypes.c_int, ctypes.c_int]
     lib.clprof_totals.argtypes = [ctypes.POINTER(ctypes.c_longlong)]
     lib.clprof_totals.restype = ctypes.c_int
+    lib.clprof_site_info.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_ulonglong), ctypes.POINTER(ctypes.c_int),
+                                     ctypes.POINTER(ctypes.c_longlong)]
+    lib.clprof_site_info.restype = ctypes.c_int
+    lib.clprof_site_where.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
+    lib.clprof_site_where.restype = ctypes.c_int
     return lib
 
 
@@ -646,7 +664,50 @@ def emu_profiling():
 
 def emu_kernel_profile(lib, name: str, grid, block) -> KernelProfile:
     """One finished emulator launch's counters (the runtime library holds them until the next)."""
-    metrics = emu_totals(_counters_lib(lib))
+    import ctypes
+    lib = _counters_lib(lib)
+    metrics = emu_totals(lib)
     metrics["launch__block_size"] = float(block[0] * block[1] * block[2])
     metrics["launch__grid_size"] = float(grid[0] * grid[1] * grid[2])
-    return KernelProfile(name, metrics, f"({grid[0]}, {grid[1]}, {grid[2]})", f"({block[0]}, {block[1]}, {block[2]})")
+    sites = []
+    key, kind = ctypes.c_ulonglong(), ctypes.c_int()
+    counts = (ctypes.c_longlong * len(EMU_COUNTERS))()
+    buf = ctypes.create_string_buffer(2048)
+    n = lib.clprof_totals((ctypes.c_longlong * len(EMU_COUNTERS))())
+    for site in range(n):
+        if lib.clprof_site_info(site, ctypes.byref(key), ctypes.byref(kind), counts) and any(counts):
+            where = buf.value.decode() if lib.clprof_site_where(site, buf, len(buf)) else ""
+            sites.append((where, kind.value, tuple(counts)))
+    return KernelProfile(name, metrics, f"({grid[0]}, {grid[1]}, {grid[2]})", f"({block[0]}, {block[1]}, {block[2]})",
+                         sites)
+
+
+_KIND_NAMES = {0: "global load", 1: "global store", 2: "shared load", 3: "shared store", 4: "global atomic",
+               5: "shared atomic"}
+# per kind: (requests, sectors or wavefronts, bank conflicts) as indices into EMU_COUNTERS
+_KIND_COUNTERS = {0: (0, 1, None), 1: (2, 3, None), 2: (4, 5, 6), 3: (7, 8, 9), 4: (10, None, None),
+                  5: (11, None, None)}
+
+
+def site_table(kernel: KernelProfile):
+    """The emulator's counts per source line of one kernel: which access makes the traffic."""
+    import pandas as pd
+    from .emu import resolve_sites
+
+    where = resolve_sites("\n".join(w or "{{site:?+0x0}}" for w, _, _ in kernel.sites)).split("\n")
+    rows = {}
+    for line, (_, kind, c) in zip(where, kernel.sites):
+        req_i, unit_i, confl_i = _KIND_COUNTERS[kind]
+        r = rows.setdefault((line, _KIND_NAMES[kind]), [0, 0, 0])
+        r[0] += c[req_i]
+        r[1] += c[unit_i] if unit_i is not None else 0
+        r[2] += c[confl_i] if confl_i is not None else 0
+    out = []
+    for (line, what), (req, units, confl) in rows.items():
+        unit = "wavefronts" if what.startswith("shared") and "atomic" not in what else "sectors"
+        per = units / req if req and "atomic" not in what else None
+        out.append({"source line": line, "access": what, "requests": req,
+                    f"{unit} per request": per, "bank conflicts": confl if what.startswith("shared") else None})
+    df = pd.DataFrame(out)
+    # sectors and wavefronts in one column each, whichever the access has
+    return df.set_index(["source line", "access"]).astype(object).where(lambda d: d.notna(), None)

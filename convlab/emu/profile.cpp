@@ -9,6 +9,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
+#include <dlfcn.h>
 #include <cstdint>
 #include <cstring>
 #include <mutex>
@@ -184,4 +186,16 @@ extern "C" int clprof_site_info(int site, unsigned long long* key, int* kind, lo
         for (int i = 0; i < CLPROF_N_COUNTERS; i++) out[i] += w->counts[site][i];
     }
     return 1;
+}
+
+extern "C" int clprof_site_where(int site, char* buf, int cap) {
+    unsigned long long key;
+    {
+        std::lock_guard<std::mutex> g(mu);
+        if (site < 0 || site >= (int)sites.size()) return 0;
+        key = sites[site].key;
+    }
+    Dl_info info;
+    if (!dladdr((void*)(uintptr_t)key, &info) || !info.dli_fname) return 0;
+    return snprintf(buf, (size_t)cap, "{{site:%s+%#lx}}", info.dli_fname, (unsigned long)(key - (uintptr_t)info.dli_fbase));
 }

@@ -35,5 +35,8 @@ void clprof_reset();
 int clprof_totals(long long* out);
 // One site's key, kind and counters; returns 0 when there is no such site.
 int clprof_site_info(int site, unsigned long long* key, int* kind, long long* out);
+// Where a site is, as the runtime's {{site:MODULE+OFFSET}} token (convlab.emu.resolve_sites turns
+// it into a source line); returns 0 when the key is no address in a loaded module.
+int clprof_site_where(int site, char* buf, int cap);
 }
 #pragma GCC visibility pop
