@@ -537,12 +537,19 @@ def _fallback(name, why: str) -> ProfileCard:
 def profile(fn, *args, name: str | None = None, metrics=None, **kwargs) -> ProfileCard:
     """Profile one call: fn(*args, **kwargs), where fn is a Kernel (its launch keywords grid=,
     block=, shared= among kwargs) or a launcher. On a GPU: ncu's metrics for every kernel the call
-    launches (stored as book/data/profiles/NAME.csv when name is given). On the emulator: the
-    memory counters, with ncu's committed numbers beside them when name is given."""
-    from . import backend
-    if backend() == "emu":
-        with emu_profiling() as launches:
-            fn(*args, **kwargs)
+    launches, measured in a subprocess (the tensors here are left as they are), stored as
+    book/data/profiles/NAME.csv when name is given. On the emulator: the call runs here and its
+    memory counters are taken, with ncu's committed numbers beside them when name is given."""
+    import convlab
+    if convlab.backend() == "emu":
+        # counting makes a launch several times slower: give it ten times the usual time limit
+        limit = convlab.DEFAULT_TIMEOUT
+        convlab.set_timeout(10 * limit)
+        try:
+            with emu_profiling() as launches:
+                fn(*args, **kwargs)
+        finally:
+            convlab.set_timeout(limit)
         ref = committed(name) if name else None
         return ProfileCard(launches, "emulator counters (memory requests, sectors, bank conflicts; no timing)",
                            reference=ref)

@@ -32,6 +32,12 @@ struct worker_state {
     std::vector<std::vector<long long>> counts;  // per site
     long long barriers = 0;                      // barrier instructions, one per warp at each
     unsigned long long gen = 0;                  // the reset it belongs to
+    std::vector<int> kind;                       // per site, copied from the table as sites appear
+    // scratch, kept between epochs so counting allocates nothing
+    struct item { uint32_t site, k; uint64_t addr; int bytes; };
+    std::vector<item> items;
+    std::vector<int> k_next;
+    std::vector<uint64_t> units;
 };
 std::vector<worker_state*> workers;
 std::atomic<unsigned long long> reset_gen{1};
@@ -59,33 +65,49 @@ long long* counts_of(worker_state* w, int site) {
     return w->counts[site].data();
 }
 
-// One request: the lanes' (address, bytes) of one site's k-th execution.
-void count_request(long long* c, int kind, const std::vector<std::pair<uint64_t, int>>& acc) {
-    if (kind == CLPROF_GLOBAL_LD || kind == CLPROF_GLOBAL_ST) {
-        std::vector<uint64_t> sect;
-        for (auto& a : acc)
-            for (uint64_t s = a.first >> 5; s <= (a.first + a.second - 1) >> 5; s++) sect.push_back(s);
-        std::sort(sect.begin(), sect.end());
-        long long n = std::unique(sect.begin(), sect.end()) - sect.begin();
-        c[kind == CLPROF_GLOBAL_LD ? CLPROF_GLD_REQ : CLPROF_GST_REQ] += 1;
-        c[kind == CLPROF_GLOBAL_LD ? CLPROF_GLD_SECT : CLPROF_GST_SECT] += n;
+int kind_of(worker_state* w, int site) {
+    if ((int)w->kind.size() <= site) {
+        std::lock_guard<std::mutex> g(mu);
+        w->kind.resize(sites.size());
+        for (size_t i = 0; i < sites.size(); i++) w->kind[i] = sites[i].kind;
+    }
+    return w->kind[site];
+}
+
+// The distinct units (32-byte sectors: shift 5; 4-byte words: shift 2) a request's lanes touch.
+void distinct_units(worker_state* w, const worker_state::item* a, const worker_state::item* end, int shift) {
+    auto& u = w->units;
+    u.clear();
+    for (; a != end; ++a)
+        for (uint64_t x = a->addr >> shift; x <= (a->addr + a->bytes - 1) >> shift; x++) u.push_back(x);
+    std::sort(u.begin(), u.end());
+    u.erase(std::unique(u.begin(), u.end()), u.end());
+}
+
+// One request: the lanes' accesses of one site's k-th execution, [a, end).
+void count_request(worker_state* w, long long* c, int kind, const worker_state::item* a, const worker_state::item* end) {
+    switch (kind) {
+    case CLPROF_GLOBAL_LD: case CLPROF_GLOBAL_ST: {
+        distinct_units(w, a, end, 5);
+        bool ld = kind == CLPROF_GLOBAL_LD;
+        c[ld ? CLPROF_GLD_REQ : CLPROF_GST_REQ] += 1;
+        c[ld ? CLPROF_GLD_SECT : CLPROF_GST_SECT] += (long long)w->units.size();
         return;
     }
-    if (kind == CLPROF_GLOBAL_ATOM) { c[CLPROF_GATOM_REQ] += 1; return; }
-    if (kind == CLPROF_SHARED_ATOM) { c[CLPROF_SATOM_REQ] += 1; return; }
-    std::vector<uint64_t> words;
-    for (auto& a : acc)
-        for (uint64_t w = a.first >> 2; w <= (a.first + a.second - 1) >> 2; w++) words.push_back(w);
-    std::sort(words.begin(), words.end());
-    words.erase(std::unique(words.begin(), words.end()), words.end());
-    int per_bank[32] = {0};
-    int wave = 0;
-    for (uint64_t w : words) wave = std::max(wave, ++per_bank[w & 31]);
-    long long least = std::max<long long>(1, ((long long)words.size() + 31) / 32);
-    bool ld = kind == CLPROF_SHARED_LD;
-    c[ld ? CLPROF_SLD_REQ : CLPROF_SST_REQ] += 1;
-    c[ld ? CLPROF_SLD_WAVE : CLPROF_SST_WAVE] += wave;
-    c[ld ? CLPROF_SLD_CONFL : CLPROF_SST_CONFL] += wave - least;
+    case CLPROF_GLOBAL_ATOM: c[CLPROF_GATOM_REQ] += 1; return;
+    case CLPROF_SHARED_ATOM: c[CLPROF_SATOM_REQ] += 1; return;
+    default: {
+        distinct_units(w, a, end, 2);
+        int per_bank[32] = {0};
+        int wave = 0;
+        for (uint64_t word : w->units) wave = std::max(wave, ++per_bank[word & 31]);
+        long long least = std::max<long long>(1, ((long long)w->units.size() + 31) / 32);
+        bool ld = kind == CLPROF_SHARED_LD;
+        c[ld ? CLPROF_SLD_REQ : CLPROF_SST_REQ] += 1;
+        c[ld ? CLPROF_SLD_WAVE : CLPROF_SST_WAVE] += wave;
+        c[ld ? CLPROF_SLD_CONFL : CLPROF_SST_CONFL] += wave - least;
+    }
+    }
 }
 
 }  // namespace
@@ -110,7 +132,8 @@ extern "C" void clprof_access(int thread, int site, const void* addr, int bytes)
 // The emulator's per-access hook, as clemu_abi.h describes its op bits (read 1, write 2, atomic 4,
 // shared 8): a read-modify-write (x[i] += v) is a load and a store, as on a GPU.
 extern "C" void clprof_hook(unsigned op, const void* addr, unsigned bytes, const void* pc, int thread) {
-    static thread_local std::unordered_map<unsigned long long, int> cache;   // (pc, kind) -> site
+    struct slot { unsigned long long key; int site; };
+    static thread_local slot cache[256];                        // (pc, kind) -> site, direct-mapped
     bool shared = op & 8;
     int kinds[2], n = 0;
     if (op & 4) kinds[n++] = shared ? CLPROF_SHARED_ATOM : CLPROF_GLOBAL_ATOM;
@@ -120,39 +143,37 @@ extern "C" void clprof_hook(unsigned op, const void* addr, unsigned bytes, const
     }
     for (int i = 0; i < n; i++) {
         unsigned long long key = ((unsigned long long)(uintptr_t)pc << 3) | (unsigned)kinds[i];
-        auto it = cache.find(key);
-        int site = it != cache.end() ? it->second : (cache[key] = clprof_site((uintptr_t)pc, kinds[i]));
-        clprof_access(thread, site, addr, (int)bytes);
+        slot& s = cache[(key ^ (key >> 11)) & 255];
+        if (s.key != key + 1) s = {key + 1, clprof_site((uintptr_t)pc, kinds[i])};   // +1: 0 is empty
+        clprof_access(thread, s.site, addr, (int)bytes);
     }
 }
 
 extern "C" void clprof_epoch(int n_threads, int barrier) {
     worker_state* w = state();
-    std::vector<site_info> kinds;
-    {
-        std::lock_guard<std::mutex> g(mu);
-        kinds = sites;
-    }
     if ((int)w->pending.size() < n_threads) w->pending.resize(n_threads);
-    std::unordered_map<uint64_t, std::vector<std::pair<uint64_t, int>>> req;   // (site, k) -> lanes' accesses
-    std::vector<uint64_t> order;
-    std::unordered_map<int, int> k_of;
+    auto& items = w->items;
+    auto& k_next = w->k_next;
     for (int warp = 0; warp * 32 < n_threads; warp++) {
-        req.clear();
-        order.clear();
-        for (int lane = 0; lane < 32 && warp * 32 + lane < n_threads; lane++) {
-            k_of.clear();
-            for (const record& r : w->pending[warp * 32 + lane]) {
-                uint64_t key = ((uint64_t)(uint32_t)r.site << 32) | (uint32_t)(k_of[r.site]++);
-                auto& v = req[key];
-                if (v.empty()) order.push_back(key);
-                v.push_back({r.addr, r.bytes});
+        items.clear();
+        for (int t = warp * 32; t < warp * 32 + 32 && t < n_threads; t++) {
+            auto& mine = w->pending[t];
+            for (const record& r : mine) {
+                if ((int)k_next.size() <= r.site) k_next.resize(r.site + 1, 0);
+                items.push_back({(uint32_t)r.site, (uint32_t)k_next[r.site]++, r.addr, r.bytes});
             }
-            w->pending[warp * 32 + lane].clear();
+            for (const record& r : mine) k_next[r.site] = 0;
+            mine.clear();
         }
-        for (uint64_t key : order) {
-            int site = (int)(key >> 32);
-            count_request(counts_of(w, site), kinds[site].kind, req[key]);
+        // the lanes' k-th executions of one site side by side: each run is one request
+        std::sort(items.begin(), items.end(), [](const worker_state::item& x, const worker_state::item& y) {
+            return x.site != y.site ? x.site < y.site : x.k < y.k; });
+        for (size_t i = 0; i < items.size();) {
+            size_t j = i + 1;
+            while (j < items.size() && items[j].site == items[i].site && items[j].k == items[i].k) j++;
+            int site = (int)items[i].site;
+            count_request(w, counts_of(w, site), kind_of(w, site), &items[i], &items[0] + j);
+            i = j;
         }
         if (barrier) w->barriers += 1;
     }
