@@ -124,15 +124,18 @@ class _Runtime:
 
 
 _SITE_RE = re.compile(r"\{\{site:(.+?)\+(0x[0-9a-f]+)\}\}")
+_site_names: dict = {}
 
 
 def resolve_sites(text: str) -> str:
     """Turn the runtime's {{site:MODULE+OFFSET}} tokens into source lines (addr2line on the module's
     line tables; the innermost frame outside convlab's own headers, as where() names it)."""
     found = _SITE_RE.findall(text)
-    names = {}
+    names = _site_names   # a module file never changes under its name (content hash)
     for so in {f[0] for f in found}:
-        offs = sorted({off for s, off in found if s == so})
+        offs = sorted({off for s, off in found if s == so and (s, off) not in names})
+        if not offs:
+            continue
         try:
             r = subprocess.run(["addr2line", "-i", "-a", "-e", so, *[hex(int(o, 16) - 1) for o in offs]],
                                capture_output=True, text=True, timeout=30)
@@ -151,6 +154,7 @@ def resolve_sites(text: str) -> str:
                 if path and path != "??" and line.isdigit() and line != "0" and not path.startswith(str(INCLUDE)):
                     names[(so, off)] = where(path, line)
                     break
+            names.setdefault((so, off), "an unknown line")
     return _SITE_RE.sub(lambda m: names.get((m[1], m[2]), "an unknown line"), text)
 
 

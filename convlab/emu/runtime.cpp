@@ -154,6 +154,7 @@ struct fiber_thread {
     int bar_op;
     unsigned warp_mask;
     unsigned warp_gen;
+    unsigned seq;          // checked accesses since the block's last barrier (the race detector's program order)
 };
 
 static const long long MAX_DYN_SHARED = 232448;   // an H100/H200's opt-in maximum (227 KB)
@@ -179,6 +180,7 @@ struct worker {
     fiber_thread* running = nullptr;
     unsigned epoch = 0;                            // barriers the running block has passed
     void* stop_pc = nullptr;                       // where the watchdog's signal found the kernel
+    const void* last_site = nullptr;               // the last access the hook saw (when stop_pc is in the runtime)
 };
 
 static thread_local worker* W = nullptr;
@@ -395,7 +397,7 @@ static bool prof_on = false;                                     // the profiler
 static thread_local const void* volatile hook_site = nullptr;   // inside clemu_access: the access's site
 static thread_local volatile int stop_pending = 0;               // the watchdog asked to stop meanwhile
 
-struct acc_rec { const void* site; unsigned long long block; int thread; unsigned epoch; unsigned wgen; };
+struct acc_rec { const void* site; unsigned long long block; int thread; unsigned epoch; unsigned wgen; unsigned seq; };
 struct shadow_word { acc_rec w, r1, r2; };
 static std::unordered_map<uintptr_t, shadow_word> shadow;
 struct race_rec { const void* a; const void* b; };
@@ -460,10 +462,18 @@ static void report_race(const acc_rec& p, bool p_writes, const acc_rec& c, bool 
     else if (p_writes && (op & CLEMU_RD) && (op & CLEMU_WR))
         txt += "Several threads update the same element (read, add, write back): use atomicAdd at " + site(c.site) +
                " (or give each thread its own element and reduce them after a __syncthreads()).";
-    else
-        txt += "Put a __syncthreads() between " + pa + " and " + ca +
-               " (every thread of the block must reach it), so the " + (p_writes ? "write" : "read") +
-               " is finished before the " + (c_writes ? "write" : "read") + " starts.";
+    else {
+        // where the barrier goes: between the two lines in the order each thread runs them, which
+        // the count of each thread's accesses since the last barrier tells (the emulator ran the
+        // two threads in its own order, not necessarily that one)
+        bool p_first = p.seq <= c.seq;
+        const std::string& a = p_first ? pa : ca; const std::string& b2 = p_first ? ca : pa;
+        bool a_writes = p_first ? p_writes : c_writes, b_writes = p_first ? c_writes : p_writes;
+        txt += "Put a __syncthreads() between " + a + " and " + b2 +
+               " (every thread of the block must reach it), so the " + (a_writes ? "write" : "read") +
+               " at " + a + " is finished in every thread before the " + (b_writes ? "write" : "read") +
+               " at " + b2 + " starts.";
+    }
     if (!race_text.empty()) race_text += "\n";
     race_text += txt;
 }
@@ -485,7 +495,8 @@ void clemu_access(unsigned op, const volatile void* addr, unsigned bytes, const 
     fiber_thread* t = me();
     if (!t || !W) return;
     hook_site = __builtin_return_address(0);
-    acc_rec c{hook_site, W->blk.serial, t->pub.linear, W->epoch, t->warp_gen};
+    W->last_site = hook_site;
+    acc_rec c{hook_site, W->blk.serial, t->pub.linear, W->epoch, t->warp_gen, t->seq++};
     bool sh = op & CLEMU_SHARED;
     shadow_word& s = shadow[(uintptr_t)addr];
     if (op & CLEMU_RD) {
@@ -650,7 +661,7 @@ static bool release(worker* w, int n, bool& all_done) {
     for (int i = 0; i < n; i++) count += th[i].pred;
     int op = first->bar_op;
     bar_result = op == 0 ? count : op == 1 ? (count == n) : (count > 0);
-    for (int i = 0; i < n; i++) { th[i].state = T_RUN; th[i].pred = 0; th[i].bar_op = 0; }
+    for (int i = 0; i < n; i++) { th[i].state = T_RUN; th[i].pred = 0; th[i].bar_op = 0; th[i].seq = 0; }
     if (prof_on) clprof_epoch(n, 1);   // what each warp did since the last barrier becomes requests
     w->epoch++;
     return true;
@@ -703,6 +714,8 @@ static void run_block(worker* w, long long b) {
     make_order(order, n, l->order, l->seed ^ (unsigned)(b * 2654435761u));
     auto& th = w->threads;
     for (int i = 0; i < n; i++) {
+        th[i].seq = 0;
+        th[i].warp_gen = 0;
         th[i].pub.idx = uint3{(unsigned)(i % bx), (unsigned)((i / bx) % by), (unsigned)(i / (bx * by))};
         th[i].pub.blk = &w->blk;
         th[i].pub.linear = i;
@@ -953,7 +966,7 @@ extern "C" __attribute__((visibility("default"))) int clemu_start(clemu_launch* 
     failed.store(0);
     workers_done = 0;
     workers_active = n_workers;
-    for (int i = 0; i < n_workers; i++) pool[i]->stop_pc = nullptr;
+    for (int i = 0; i < n_workers; i++) { pool[i]->stop_pc = nullptr; pool[i]->last_site = nullptr; }
     launch_gen++;
     pool_cv.notify_all();
     return 0;
@@ -998,7 +1011,14 @@ extern "C" __attribute__((visibility("default"))) int clemu_stop(clemu_launch* l
         if (who[i].empty()) continue;
         if (!at.empty()) at += "; ";
         at += who[i];
-        if (i < (int)pool.size() && pool[i]) at += at_site(pool[i]->stop_pc);
+        if (i < (int)pool.size() && pool[i]) {
+            // stopped inside the runtime (the detector's bookkeeping): the last access is the kernel's place
+            Dl_info here, there;
+            const void* pc = pool[i]->stop_pc;
+            if (pc && dladdr((void*)&clemu_stop, &here) && dladdr(pc, &there) && here.dli_fbase == there.dli_fbase)
+                pc = pool[i]->last_site;
+            at += at_site(pc);
+        }
     }
     launch->status = status;
     snprintf(launch->message, sizeof launch->message, "%s", at.c_str());
