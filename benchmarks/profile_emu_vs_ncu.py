@@ -19,12 +19,15 @@ import argparse
 import csv
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
 
 import convlab as cl  # noqa: E402
 from convlab.profile import EMU_COUNTERS  # noqa: E402
@@ -52,6 +55,9 @@ def cases():
         "pattern_tile_pad1": (pad1.kernel("tile_transpose"), (cl.randn(3 * 1024), cl.empty(3 * 1024)),
                               {"grid": 3, "block": (32, 8)}),
         "pattern_broadcast": (pat.kernel("broadcast"), (cl.randn(64), cl.empty(128)), {"grid": 2, "block": 64}),
+        "pattern_histogram": (pat.kernel("histogram"),
+                              (cl.to_device(torch.randint(0, 1000, (n,), dtype=torch.int32)),
+                               cl.zeros(8, dtype=torch.int32), n), {"grid": 4, "block": 256}),
     }
     x, w = cl.randn(2, 3, 28, 28), cl.randn(8, 3, 5, 5)
     for mod in (naive, tiled, im2col, fused):
@@ -60,8 +66,8 @@ def cases():
         for label, fn in items:
             if "torch" in label:
                 continue
-            key = mod.__name__.rsplit(".", 1)[1] + "_" + "".join(ch if ch.isalnum() else "_" for ch in label)
-            out[key.strip("_").replace("__", "_")] = (fn, (x, w), {})
+            key = re.sub(r"[^A-Za-z0-9]+", "_", mod.__name__.rsplit(".", 1)[1] + " " + label).strip("_")
+            out[key] = (fn, (x, w), {})
     return out
 
 
