@@ -463,7 +463,10 @@ def run_ncu(job: dict, metrics, *, timeout: float = 600.0) -> tuple[str, str]:
         for _ in range(len(metrics)):
             cmd = [ncu, "--clock-control", "none", "--profile-from-start", "off", "--csv", "--page", "raw",
                    "--metrics", ",".join(metrics), sys.executable, "-m", "convlab._profile_worker", str(jf)]
-            env = dict(os.environ, CONVLAB_BACKEND=os.environ.get("CONVLAB_BACKEND") or "cuda")
+            # the worker imports this convlab, wherever the notebook found it
+            here = str(Path(__file__).resolve().parent.parent)
+            env = dict(os.environ, CONVLAB_BACKEND="cuda",
+                       PYTHONPATH=os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])))
             try:
                 r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
             except subprocess.TimeoutExpired:
@@ -475,10 +478,12 @@ def run_ncu(job: dict, metrics, *, timeout: float = 600.0) -> tuple[str, str]:
                 continue
             if '"Kernel Name"' in out and r.returncode == 0:
                 return r.stdout, ""
+            lines = [ln for ln in out.strip().splitlines() if ln.strip()]
+            if "Traceback (most recent call last)" in out:
+                return "", f"the call failed when it was repeated under ncu ({lines[-1].strip()})"
             why = refusal(out)
             if why is None:
-                tail = "\n".join(out.strip().splitlines()[-8:])
-                why = f"ncu exited with status {r.returncode} and no result:\n{tail}"
+                why = f"ncu exited with status {r.returncode} and no result ({lines[-1].strip() if lines else 'no output'})"
             return "", why
     return "", "ncu rejected every metric asked for"
 

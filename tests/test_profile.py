@@ -461,3 +461,11 @@ def test_ncu_cards_have_no_source_lines():
     card = ProfileCard(parse_ncu_csv((NCU / "ncu_conv_raw.csv").read_text()), "test")
     with pytest.raises(ProfileUnavailable, match="Source page"):
         card.lines()
+
+
+def test_run_ncu_when_the_repeated_call_fails(tmp_path, monkeypatch):
+    script = ('echo "==PROF== Connected to process 1"; echo "Traceback (most recent call last):" >&2; '
+              'echo "ValueError: w does not fit x" >&2; exit 1\n')
+    monkeypatch.setenv("NCU", _fake_ncu(tmp_path, script))
+    csv_text, why = run_ncu({"kind": "call"}, ["gpu__time_duration.sum"])
+    assert csv_text == "" and why == "the call failed when it was repeated under ncu (ValueError: w does not fit x)"
