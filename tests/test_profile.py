@@ -469,3 +469,17 @@ def test_run_ncu_when_the_repeated_call_fails(tmp_path, monkeypatch):
     monkeypatch.setenv("NCU", _fake_ncu(tmp_path, script))
     csv_text, why = run_ncu({"kind": "call"}, ["gpu__time_duration.sum"])
     assert csv_text == "" and why == "the call failed when it was repeated under ncu (ValueError: w does not fit x)"
+
+
+def test_sass_falls_back_to_the_committed_disassembly(tmp_path, monkeypatch, capsys):
+    d = tmp_path / "book" / "data" / "sass"
+    d.mkdir(parents=True)
+    (d / "coarse.sass").write_text((DATA / "sass" / "conv3d_coarse.sass").read_text())
+    monkeypatch.setenv("CONVLAB_ROOT", str(tmp_path))
+    monkeypatch.setattr(sys.modules["convlab.sass"], "_tool", lambda name: None)   # no nvcc, no cuobjdump
+    s = cl.sass(cl.KERNELS_DIR / "07_conv3d" / "conv3d_coarse.cu", name="coarse")
+    assert s.counts()["FFMA"] == 500
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and "is not installed here" in out[0] and "committed SASS" in out[0]
+    with pytest.raises(SassUnavailable, match="no committed book/data/sass/other.sass"):
+        cl.sass(cl.KERNELS_DIR / "07_conv3d" / "conv3d_coarse.cu", name="other")
