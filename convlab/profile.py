@@ -38,7 +38,8 @@ from pathlib import Path
 from ._errors import ConvlabError
 
 __all__ = ["profile", "profile_torch", "committed", "ProfileCard", "KernelProfile", "ProfileUnavailable",
-           "parse_ncu_csv", "NCU_METRICS", "TORCH_METRICS", "PROFILES_DIR"]
+           "parse_ncu_csv", "count_trace", "emu_profiling", "NCU_METRICS", "TORCH_METRICS", "EMU_COUNTERS",
+           "PROFILES_DIR"]
 
 PROFILES_DIR = "book/data/profiles"
 
