@@ -205,13 +205,16 @@ class EmuBackend:
         flags += ["-I", str(src.path.parent), "-I", str(KERNELS_DIR)]
         flags += [f"-D{k}" if v is None else f"-D{k}={v}" for k, v in defines.items()] + list(options)
         header = "".join(p.read_text() for p in sorted(INCLUDE.iterdir()))
-        key = src.path.stem + "-" + hashlib.sha256(
+        digest = hashlib.sha256(
             (text + header + " ".join(flags + libs + CXXFLAGS) + "".join(p.read_text() for p in src.includes)).encode()
         ).hexdigest()[:20]
-        so = _compile(text, key, flags, display_name(src.path), libs, src)
-        lib = ctypes.CDLL(str(so))
+
+        def build(hooks: bool):
+            key = f"{src.path.stem}-{'hooks-' if hooks else ''}{digest}"
+            so = _compile(text, key, flags + (["-DCLEMU_HOOKS"] if hooks else []), display_name(src.path), libs, src)
+            return ctypes.CDLL(str(so))
         uses_barriers = bool(_BARRIER_RE.search(src.all_text()))
-        return EmuModule(self, rt, lib, src, uses_barriers)
+        return EmuModule(self, rt, build, src, uses_barriers)
 
     def compile_cpu(self, src: Source, functions: dict, defines: dict, options: list[str]) -> "EmuModule":
         """Plain C++ (chapter 1): run each call as a one-thread launch, so a crash or an endless loop
@@ -236,18 +239,52 @@ class EmuBackend:
 
 
 class EmuModule:
-    def __init__(self, backend, rt, lib, src, uses_barriers, cpu_functions=None):
-        self.backend, self.rt, self.lib, self.src = backend, rt, lib, src
+    """A compiled kernel file. Two builds of it, each made when first needed: with the per-access
+    hooks (launches under the race detector) and without (launches at full speed). The hooked
+    build is made first, so compile errors show when the file is loaded; a kernel the hooked
+    build cannot compile runs without the detector."""
+
+    def __init__(self, backend, rt, build, src, uses_barriers, cpu_functions=None):
+        self.backend, self.rt, self.src = backend, rt, src
         self.uses_barriers = uses_barriers
         self.cpu_functions = cpu_functions or {}
+        self._constants = {}
+        if cpu_functions is not None:
+            self._build, self._libs = None, {False: build}
+            return
+        self._build, self._libs = build, {}
+        try:
+            self._libs[True] = build(True)
+        except CompileError:
+            self._libs[False] = build(False)   # raises the student's own compile error
+            self._libs[True] = None
 
-    def body(self, name: str) -> int:
-        return ctypes.cast(getattr(self.lib, f"__clemu_body_{name}"), ctypes.c_void_p).value
+    @property
+    def can_detect(self) -> bool:
+        return self._libs.get(True) is not None
+
+    def _lib(self, hooks: bool):
+        if hooks and self.can_detect:
+            return self._libs[True]
+        if False not in self._libs:
+            self._libs[False] = self._build(False)
+            for name, data in self._constants.items():
+                self._write_constant(self._libs[False], name, data)
+        return self._libs[False]
+
+    def body(self, name: str, hooks: bool = False) -> int:
+        return ctypes.cast(getattr(self._lib(hooks), f"__clemu_body_{name}"), ctypes.c_void_p).value
 
     def set_constant(self, name: str, data: bytes):
+        for lib in self._libs.values():
+            if lib is not None:
+                self._write_constant(lib, name, data)
+        self._constants[name] = data
+
+    def _write_constant(self, lib, name: str, data: bytes):
         n = ctypes.c_longlong()
         try:
-            f = getattr(self.lib, f"__clemu_const_{name}")
+            f = getattr(lib, f"__clemu_const_{name}")
         except AttributeError:
             raise ArgumentError(f"__constant__ {name} is not in this build of {self.src.path.name}: is it inside "
                                 f"an #if that the defines turned off?") from None
@@ -289,17 +326,18 @@ class EmuModule:
         L.n_workers = self.backend.threads
         L.use_fibers = int(self.uses_barriers if fibers is None else fibers)
         L.stack_bytes = STACK_BYTES
-        L.body = self.body(name)
+        detect = detect_setting()
+        if detect is None:
+            detect = grid[0] * grid[1] * grid[2] * block[0] * block[1] * block[2] <= AUTO_DETECT_THREADS
+        detect = bool(detect) and self.can_detect
+        L.body = self.body(name, hooks=detect)
         L.args = argv
         buf_arr = (_Buf * max(len(bufs), 1))(*bufs)
         name_arr = (ctypes.c_char_p * max(len(names), 1))(*names)
         L.n_bufs = len(bufs)
         L.bufs = buf_arr
         L.buf_names = name_arr
-        detect = detect_setting()
-        if detect is None:
-            detect = grid[0] * grid[1] * grid[2] * block[0] * block[1] * block[2] <= AUTO_DETECT_THREADS
-        L.detect = int(bool(detect) and not self.cpu_functions)
+        L.detect = int(detect)
         status = self.rt.clemu_start(ctypes.byref(L))
         elapsed, shown = 0.0, False
         if status == 0:

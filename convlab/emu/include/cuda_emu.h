@@ -191,7 +191,9 @@ static inline unsigned atomicInc(unsigned* a, unsigned lim) {
 namespace clemu {
 // An arithmetic element of checked memory (a kernel pointer parameter, a __shared__ array), as an
 // lvalue: reading it and writing it are told apart, so the per-access hook (clemu_abi.h) sees
-// which one happened. Other element types (half, float4, structs) come back as plain T&.
+// which one happened. Other element types (half, float4, structs) come back as plain T&. The
+// emulator builds each module twice, on demand: with CLEMU_HOOKS (these proxies, for the race
+// detector) and without (plain T&, for launches at full speed).
 template <class T> struct ref {
     typedef typename std::remove_cv<T>::type V;
     T* p; const char* name; const void* base; unsigned sp;
@@ -213,7 +215,11 @@ template <class T> struct ref {
     V operator++(int) { hook(CLEMU_RD | CLEMU_WR); V t = *p, r = t; ++t; *p = t; return r; }
     V operator--(int) { hook(CLEMU_RD | CLEMU_WR); V t = *p, r = t; --t; *p = t; return r; }
 };
+#ifdef CLEMU_HOOKS
 template <class T> struct is_plain : std::is_arithmetic<typename std::remove_cv<T>::type> {};
+#else
+template <class T> struct is_plain : std::false_type {};
+#endif
 template <class T> using elem = typename std::conditional<is_plain<T>::value, ref<T>, T&>::type;
 template <class T> static inline typename std::enable_if<is_plain<T>::value, ref<T>>::type
 at(T* p, unsigned sp, const char* name, const void* base) { return ref<T>(p, name, base, sp); }
