@@ -263,6 +263,15 @@ def test_default_timeout_says_how_to_raise_it(faults, features, monkeypatch):
     good_launch_still_works(features)
 
 
+def test_long_launch_shows_progress(faults, capsys):
+    mod = cl.load(faults / "never_returns.cu")
+    with pytest.raises(cl.KernelTimeout):
+        mod.never_returns(cl.empty(64), 64, grid=2, block=32, timeout=2.6)
+    err = capsys.readouterr().err
+    assert "never_returns: " in err and "of 2 blocks started" in err and "interrupt to stop it now" in err
+    assert "never_returns: stopped after 2." in err
+
+
 def test_interrupt_stops_a_launch_within_a_second(faults, features):
     mod = cl.load(faults / "never_returns.cu")
     timer = threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT))

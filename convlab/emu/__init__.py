@@ -37,6 +37,7 @@ TIMEOUT, INTERRUPT = 4, 11
 AUTO_DETECT_THREADS = 1 << 14
 PROGRESS_AFTER_S = 2.0        # a launch running longer shows a progress line
 _detect = threading.local()
+_one_launch = threading.Lock()   # the runtime runs one launch at a time; others wait their turn
 
 
 def detect_setting():
@@ -338,30 +339,8 @@ class EmuModule:
         L.bufs = buf_arr
         L.buf_names = name_arr
         L.detect = int(detect)
-        status = self.rt.clemu_start(ctypes.byref(L))
-        elapsed, shown = 0.0, False
-        if status == 0:
-            t0 = time.monotonic()
-            try:
-                while not self.rt.clemu_wait(ctypes.byref(L), 0.1):
-                    elapsed = time.monotonic() - t0
-                    if elapsed > timeout:
-                        self.rt.clemu_stop(ctypes.byref(L), TIMEOUT)
-                        break
-                    if elapsed > PROGRESS_AFTER_S:
-                        total = grid[0] * grid[1] * grid[2]
-                        sys.stderr.write(f"\r{name}: {self.rt.clemu_progress():,} of {total:,} blocks started, "
-                                         f"{elapsed:.0f} s (stopped after {timeout:g} s; interrupt to stop it now) ")
-                        sys.stderr.flush()
-                        shown = True
-            except KeyboardInterrupt:
-                self.rt.clemu_stop(ctypes.byref(L), INTERRUPT)
-                elapsed = time.monotonic() - t0
-            if shown:
-                sys.stderr.write(f"\r{name}: {'done' if L.status == 0 else 'stopped'} after {time.monotonic() - t0:.1f} s"
-                                 + " " * 60 + "\n")
-                sys.stderr.flush()
-            status = L.status
+        with _one_launch:
+            status, elapsed = self._run(L, name, grid, timeout)
         _flush_printf(self.rt)
         if status:
             text = locate(resolve_sites(L.message.decode(errors="replace")), self.src)
@@ -378,3 +357,30 @@ class EmuModule:
                     f"Nothing is left running; the notebook can go on.")
             cls = _STATUS.get(status, KernelFault)
             raise cls(f"{name}: " + text)
+
+    def _run(self, L, name, grid, timeout):
+        """Start the launch, wait for it in slices of 0.1 s (a progress line after 2 s; the interrupt
+        and the time limit stop it); (status, seconds it ran)."""
+        status = self.rt.clemu_start(ctypes.byref(L))
+        if status:
+            return status, 0.0
+        t0, elapsed, shown = time.monotonic(), 0.0, False
+        try:
+            while not self.rt.clemu_wait(ctypes.byref(L), 0.1):
+                elapsed = time.monotonic() - t0
+                if elapsed > timeout:
+                    self.rt.clemu_stop(ctypes.byref(L), TIMEOUT)
+                    break
+                if elapsed > PROGRESS_AFTER_S:
+                    total = grid[0] * grid[1] * grid[2]
+                    sys.stderr.write(f"\r{name}: {self.rt.clemu_progress():,} of {total:,} blocks started, "
+                                     f"{elapsed:.0f} s (stopped after {timeout:g} s; interrupt to stop it now) ")
+                    sys.stderr.flush()
+                    shown = True
+        except KeyboardInterrupt:
+            self.rt.clemu_stop(ctypes.byref(L), INTERRUPT)
+        elapsed = time.monotonic() - t0
+        if shown:
+            sys.stderr.write(f"\r{name}: {'done' if L.status == 0 else 'stopped'} after {elapsed:.1f} s" + " " * 60 + "\n")
+            sys.stderr.flush()
+        return L.status, elapsed
