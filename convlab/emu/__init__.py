@@ -31,7 +31,7 @@ CXXFLAGS = ["-std=c++17", "-O2", "-g1", "-fPIC", "-shared", "-fno-strict-aliasin
 _BARRIER_RE = re.compile(r"\b(__syncthreads\w*|__syncwarp|__shfl\w*|__ballot_sync|__any_sync|__all_sync)\b")
 _STATUS = {1: KernelFault, 2: BarrierError, 3: OutOfBoundsError, 4: KernelTimeout, 5: OutOfBoundsError,
            6: KernelFault, 7: KernelFault, 8: KernelFault, 9: LaunchError, 10: RaceError, 11: KernelInterrupted}
-TIMEOUT, INTERRUPT = 4, 11
+TIMEOUT, RACE, INTERRUPT = 4, 10, 11
 #: The race detector runs by itself on launches of at most this many threads (exercise sizes,
 #: where it stays well under a second); cl.detect_races() turns it on or off for any launch.
 AUTO_DETECT_THREADS = 1 << 14
@@ -153,6 +153,19 @@ def resolve_sites(text: str) -> str:
                     break
             names.setdefault((so, off), "an unknown line")
     return _SITE_RE.sub(lambda m: names.get((m[1], m[2]), "an unknown line"), text)
+
+
+def _one_report_per_fix(text: str) -> str:
+    """The runtime tells races apart by instruction; two instructions of the same lines (an
+    unrolled loop, say) make the same report to a student: keep the first per fix."""
+    seen, keep = set(), []
+    for line in text.split("\n"):
+        fix = line.split("nothing orders the two. ", 1)[-1]
+        if line.startswith("data race on") and fix in seen:
+            continue
+        seen.add(fix)
+        keep.append(line)
+    return "\n".join(keep)
 
 
 def _flush_printf(lib):
@@ -346,6 +359,8 @@ class EmuModule:
             text = locate(resolve_sites(L.message.decode(errors="replace")), self.src)
             # a race between two accesses of one line: the barrier goes after it, inside its loop
             text = re.sub(r"between (.+?) and \1 \(", r"right after \1, inside its loop (", text)
+            if status == RACE:
+                text = _one_report_per_fix(text)
             if status == TIMEOUT:
                 text = (f"the kernel did not finish within {timeout:g} s and was stopped "
                         f"({text or 'no running thread identified'}). Look for a loop whose end condition never "
