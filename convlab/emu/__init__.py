@@ -340,11 +340,13 @@ class EmuModule:
         L.n_workers = self.backend.threads
         L.use_fibers = int(self.uses_barriers if fibers is None else fibers)
         L.stack_bytes = STACK_BYTES
+        small = grid[0] * grid[1] * grid[2] * block[0] * block[1] * block[2] <= AUTO_DETECT_THREADS
         detect = detect_setting()
-        if detect is None:
-            detect = grid[0] * grid[1] * grid[2] * block[0] * block[1] * block[2] <= AUTO_DETECT_THREADS
-        detect = bool(detect) and self.can_detect
-        L.body = self.body(name, hooks=detect)
+        detect = bool(small if detect is None else detect) and self.can_detect
+        # a small launch without the detector takes the hooked build when the plain one is not made
+        # yet (hooks off cost little there), so it compiles no second build
+        hooked = detect or (small and self.can_detect and False not in self._libs)
+        L.body = self.body(name, hooks=hooked)
         L.args = argv
         buf_arr = (_Buf * max(len(bufs), 1))(*bufs)
         name_arr = (ctypes.c_char_p * max(len(names), 1))(*names)
