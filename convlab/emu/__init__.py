@@ -32,12 +32,13 @@ CXXFLAGS = ["-std=c++17", "-O2", "-g1", "-fPIC", "-shared", "-fno-strict-aliasin
 _BARRIER_RE = re.compile(r"\b(__syncthreads\w*|__syncwarp|__shfl\w*|__ballot_sync|__any_sync|__all_sync)\b")
 _STATUS = {1: KernelFault, 2: BarrierError, 3: OutOfBoundsError, 4: KernelTimeout, 5: OutOfBoundsError,
            6: KernelFault, 7: KernelFault, 8: KernelFault, 9: LaunchError, 10: RaceError, 11: KernelInterrupted}
-TIMEOUT, INTERRUPT = 4, 11
+TIMEOUT, RACE, INTERRUPT = 4, 10, 11
 #: The race detector runs by itself on launches of at most this many threads (exercise sizes,
 #: where it stays well under a second); cl.detect_races() turns it on or off for any launch.
 AUTO_DETECT_THREADS = 1 << 14
 PROGRESS_AFTER_S = 2.0        # a launch running longer shows a progress line
 _detect = threading.local()
+_one_launch = threading.Lock()   # the runtime runs one launch at a time; others wait their turn
 
 
 def detect_setting():
@@ -158,6 +159,19 @@ def resolve_sites(text: str) -> str:
     return _SITE_RE.sub(lambda m: names.get((m[1], m[2]), "an unknown line"), text)
 
 
+def _one_report_per_fix(text: str) -> str:
+    """The runtime tells races apart by instruction; two instructions of the same lines (an
+    unrolled loop, say) make the same report to a student: keep the first per fix."""
+    seen, keep = set(), []
+    for line in text.split("\n"):
+        fix = line.split("nothing orders the two. ", 1)[-1]
+        if line.startswith("data race on") and fix in seen:
+            continue
+        seen.add(fix)
+        keep.append(line)
+    return "\n".join(keep)
+
+
 def _flush_printf(lib):
     n = lib.clemu_take_output(None, 0)
     if n:
@@ -209,13 +223,16 @@ class EmuBackend:
         flags += ["-I", str(src.path.parent), "-I", str(KERNELS_DIR)]
         flags += [f"-D{k}" if v is None else f"-D{k}={v}" for k, v in defines.items()] + list(options)
         header = "".join(p.read_text() for p in sorted(INCLUDE.iterdir()))
-        key = src.path.stem + "-" + hashlib.sha256(
+        digest = hashlib.sha256(
             (text + header + " ".join(flags + libs + CXXFLAGS) + "".join(p.read_text() for p in src.includes)).encode()
         ).hexdigest()[:20]
-        so = _compile(text, key, flags, display_name(src.path), libs, src)
-        lib = ctypes.CDLL(str(so))
+
+        def build(hooks: bool):
+            key = f"{src.path.stem}-{'hooks-' if hooks else ''}{digest}"
+            so = _compile(text, key, flags + (["-DCLEMU_HOOKS"] if hooks else []), display_name(src.path), libs, src)
+            return ctypes.CDLL(str(so))
         uses_barriers = bool(_BARRIER_RE.search(src.all_text()))
-        return EmuModule(self, rt, lib, src, uses_barriers)
+        return EmuModule(self, rt, build, src, uses_barriers)
 
     def compile_cpu(self, src: Source, functions: dict, defines: dict, options: list[str]) -> "EmuModule":
         """Plain C++ (chapter 1): run each call as a one-thread launch, so a crash or an endless loop
@@ -240,18 +257,52 @@ class EmuBackend:
 
 
 class EmuModule:
-    def __init__(self, backend, rt, lib, src, uses_barriers, cpu_functions=None):
-        self.backend, self.rt, self.lib, self.src = backend, rt, lib, src
+    """A compiled kernel file. Two builds of it, each made when first needed: with the per-access
+    hooks (launches under the race detector) and without (launches at full speed). The hooked
+    build is made first, so compile errors show when the file is loaded; a kernel the hooked
+    build cannot compile runs without the detector."""
+
+    def __init__(self, backend, rt, build, src, uses_barriers, cpu_functions=None):
+        self.backend, self.rt, self.src = backend, rt, src
         self.uses_barriers = uses_barriers
         self.cpu_functions = cpu_functions or {}
+        self._constants = {}
+        if cpu_functions is not None:
+            self._build, self._libs = None, {False: build}
+            return
+        self._build, self._libs = build, {}
+        try:
+            self._libs[True] = build(True)
+        except CompileError:
+            self._libs[False] = build(False)   # raises the student's own compile error
+            self._libs[True] = None
 
-    def body(self, name: str) -> int:
-        return ctypes.cast(getattr(self.lib, f"__clemu_body_{name}"), ctypes.c_void_p).value
+    @property
+    def can_detect(self) -> bool:
+        return self._libs.get(True) is not None
+
+    def _lib(self, hooks: bool):
+        if hooks and self.can_detect:
+            return self._libs[True]
+        if False not in self._libs:
+            self._libs[False] = self._build(False)
+            for name, data in self._constants.items():
+                self._write_constant(self._libs[False], name, data)
+        return self._libs[False]
+
+    def body(self, name: str, hooks: bool = False) -> int:
+        return ctypes.cast(getattr(self._lib(hooks), f"__clemu_body_{name}"), ctypes.c_void_p).value
 
     def set_constant(self, name: str, data: bytes):
+        for lib in self._libs.values():
+            if lib is not None:
+                self._write_constant(lib, name, data)
+        self._constants[name] = data
+
+    def _write_constant(self, lib, name: str, data: bytes):
         n = ctypes.c_longlong()
         try:
-            f = getattr(self.lib, f"__clemu_const_{name}")
+            f = getattr(lib, f"__clemu_const_{name}")
         except AttributeError:
             raise ArgumentError(f"__constant__ {name} is not in this build of {self.src.path.name}: is it inside "
                                 f"an #if that the defines turned off?") from None
@@ -293,51 +344,39 @@ class EmuModule:
         L.n_workers = self.backend.threads
         L.use_fibers = int(self.uses_barriers if fibers is None else fibers)
         L.stack_bytes = STACK_BYTES
-        L.body = self.body(name)
+        small = grid[0] * grid[1] * grid[2] * block[0] * block[1] * block[2] <= AUTO_DETECT_THREADS
+        detect = detect_setting()
+        detect = bool(small if detect is None else detect) and self.can_detect
+        # cl.profile counts through the same hooks (convlab/emu/profile.cpp)
+        from ..profile import ProfileUnavailable, emu_kernel_profile, profile_sink
+        sink = profile_sink()
+        profiling = sink is not None and not self.cpu_functions
+        if profiling and not self.can_detect:
+            raise ProfileUnavailable(f"{name}: this file compiles only without the emulator's per-access hooks, "
+                                     f"so the emulator cannot count its memory accesses")
+        # a small launch without the detector takes the hooked build when the plain one is not made
+        # yet (hooks off cost little there), so it compiles no second build
+        hooked = detect or profiling or (small and self.can_detect and False not in self._libs)
+        L.body = self.body(name, hooks=hooked)
         L.args = argv
         buf_arr = (_Buf * max(len(bufs), 1))(*bufs)
         name_arr = (ctypes.c_char_p * max(len(names), 1))(*names)
         L.n_bufs = len(bufs)
         L.bufs = buf_arr
         L.buf_names = name_arr
-        detect = detect_setting()
-        if detect is None:
-            detect = grid[0] * grid[1] * grid[2] * block[0] * block[1] * block[2] <= AUTO_DETECT_THREADS
-        L.detect = int(bool(detect) and not self.cpu_functions)
-        from ..profile import emu_kernel_profile, profile_sink
-        sink = profile_sink()
-        L.profile = int(sink is not None and not self.cpu_functions)
-        status = self.rt.clemu_start(ctypes.byref(L))
-        elapsed, shown = 0.0, False
-        if status == 0:
-            t0 = time.monotonic()
-            try:
-                while not self.rt.clemu_wait(ctypes.byref(L), 0.1):
-                    elapsed = time.monotonic() - t0
-                    if elapsed > timeout:
-                        self.rt.clemu_stop(ctypes.byref(L), TIMEOUT)
-                        break
-                    if elapsed > PROGRESS_AFTER_S:
-                        total = grid[0] * grid[1] * grid[2]
-                        sys.stderr.write(f"\r{name}: {self.rt.clemu_progress():,} of {total:,} blocks started, "
-                                         f"{elapsed:.0f} s (stopped after {timeout:g} s; interrupt to stop it now) ")
-                        sys.stderr.flush()
-                        shown = True
-            except KeyboardInterrupt:
-                self.rt.clemu_stop(ctypes.byref(L), INTERRUPT)
-                elapsed = time.monotonic() - t0
-            if shown:
-                sys.stderr.write(f"\r{name}: {'done' if L.status == 0 else 'stopped'} after {time.monotonic() - t0:.1f} s"
-                                 + " " * 60 + "\n")
-                sys.stderr.flush()
-            status = L.status
+        L.detect = int(detect)
+        L.profile = int(profiling)
+        with _one_launch:
+            status, elapsed = self._run(L, name, grid, timeout)
+            if profiling and not status:      # the runtime keeps the counts until the next launch
+                sink.append(emu_kernel_profile(self.rt, name, grid, block))
         _flush_printf(self.rt)
-        if L.profile and not status:
-            sink.append(emu_kernel_profile(self.rt, name, grid, block))
         if status:
             text = locate(resolve_sites(L.message.decode(errors="replace")), self.src)
             # a race between two accesses of one line: the barrier goes after it, inside its loop
             text = re.sub(r"between (.+?) and \1 \(", r"right after \1, inside its loop (", text)
+            if status == RACE:
+                text = _one_report_per_fix(text)
             if status == TIMEOUT:
                 text = (f"the kernel did not finish within {timeout:g} s and was stopped "
                         f"({text or 'no running thread identified'}). Look for a loop whose end condition never "
@@ -349,3 +388,30 @@ class EmuModule:
                     f"Nothing is left running; the notebook can go on.")
             cls = _STATUS.get(status, KernelFault)
             raise cls(f"{name}: " + text)
+
+    def _run(self, L, name, grid, timeout):
+        """Start the launch, wait for it in slices of 0.1 s (a progress line after 2 s; the interrupt
+        and the time limit stop it); (status, seconds it ran)."""
+        status = self.rt.clemu_start(ctypes.byref(L))
+        if status:
+            return status, 0.0
+        t0, elapsed, shown = time.monotonic(), 0.0, False
+        try:
+            while not self.rt.clemu_wait(ctypes.byref(L), 0.1):
+                elapsed = time.monotonic() - t0
+                if elapsed > timeout:
+                    self.rt.clemu_stop(ctypes.byref(L), TIMEOUT)
+                    break
+                if elapsed > PROGRESS_AFTER_S:
+                    total = grid[0] * grid[1] * grid[2]
+                    sys.stderr.write(f"\r{name}: {self.rt.clemu_progress():,} of {total:,} blocks started, "
+                                     f"{elapsed:.0f} s (stopped after {timeout:g} s; interrupt to stop it now) ")
+                    sys.stderr.flush()
+                    shown = True
+        except KeyboardInterrupt:
+            self.rt.clemu_stop(ctypes.byref(L), INTERRUPT)
+        elapsed = time.monotonic() - t0
+        if shown:
+            sys.stderr.write(f"\r{name}: {'done' if L.status == 0 else 'stopped'} after {elapsed:.1f} s" + " " * 60 + "\n")
+            sys.stderr.flush()
+        return L.status, elapsed

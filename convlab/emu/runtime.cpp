@@ -918,7 +918,7 @@ static void finish(clemu_launch* launch) {
             launch->status = CLEMU_RACE;
             std::string more;
             if ((long long)races_seen.size() > MAX_RACE_REPORTS)
-                more = "\n(" + std::to_string(races_seen.size() - MAX_RACE_REPORTS) + " more pairs of lines race too)";
+                more = "\n(more accesses race too: fix these first)";
             snprintf(launch->message, sizeof launch->message, "%s%s", race_text.c_str(), more.c_str());
         }
         shadow.clear();

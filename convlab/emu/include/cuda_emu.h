@@ -147,9 +147,15 @@ static inline unsigned ballot(unsigned long long* s, unsigned mask) {
 // The value parameter is a non-deduced context (as CUDA's overloads behave): atomicAdd(&u, 1)
 // with an unsigned u works.
 namespace clemu { template <class T> using nd = typename std::common_type<T>::type; }
-// Each atomic tells the per-access hook (clemu_abi.h) that it happened, for the profiler's counts.
+// In the hooked build, each atomic tells the per-access hook (clemu_abi.h) that it happened, for
+// the profiler's counts.
 template <class T> static inline void clemu_atomic_hook(T* a) {
-    if (__builtin_expect(clemu_hook_on, 0)) clemu_access(CLEMU_ATOM, a, sizeof(T), nullptr, nullptr); }
+#ifdef CLEMU_HOOKS
+    if (__builtin_expect(clemu_hook_on, 0)) clemu_access(CLEMU_ATOM, a, sizeof(T), nullptr, nullptr);
+#else
+    (void)a;
+#endif
+}
 template <class T> static inline T atomicAdd(T* a, clemu::nd<T> v) { clemu_atomic_hook(a); return __atomic_fetch_add(a, v, __ATOMIC_RELAXED); }
 template <class T, class B> static inline T clemu_atomic_float(T* a, T v, B) { clemu_atomic_hook(a);
     B o = __atomic_load_n((B*)a, __ATOMIC_RELAXED), n;
@@ -194,7 +200,9 @@ static inline unsigned atomicInc(unsigned* a, unsigned lim) { clemu_atomic_hook(
 namespace clemu {
 // An arithmetic element of checked memory (a kernel pointer parameter, a __shared__ array), as an
 // lvalue: reading it and writing it are told apart, so the per-access hook (clemu_abi.h) sees
-// which one happened. Other element types (half, float4, structs) come back as plain T&.
+// which one happened. Other element types (half, float4, structs) come back as plain T&. The
+// emulator builds each module twice, on demand: with CLEMU_HOOKS (these proxies, for the race
+// detector) and without (plain T&, for launches at full speed).
 template <class T> struct ref {
     typedef typename std::remove_cv<T>::type V;
     T* p; const char* name; const void* base; unsigned sp;
@@ -216,7 +224,11 @@ template <class T> struct ref {
     V operator++(int) { hook(CLEMU_RD | CLEMU_WR); V t = *p, r = t; ++t; *p = t; return r; }
     V operator--(int) { hook(CLEMU_RD | CLEMU_WR); V t = *p, r = t; --t; *p = t; return r; }
 };
+#ifdef CLEMU_HOOKS
 template <class T> struct is_plain : std::is_arithmetic<typename std::remove_cv<T>::type> {};
+#else
+template <class T> struct is_plain : std::false_type {};
+#endif
 template <class T> using elem = typename std::conditional<is_plain<T>::value, ref<T>, T&>::type;
 template <class T> static inline typename std::enable_if<is_plain<T>::value, ref<T>>::type
 at(T* p, unsigned sp, const char* name, const void* base) { return ref<T>(p, name, base, sp); }
