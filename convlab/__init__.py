@@ -23,14 +23,18 @@ import torch
 
 from . import _args, _source
 from ._errors import (ArgumentError, BackendUnavailable, BarrierError, CheckError, CompileError, ConvlabError,
-                      KernelFault, KernelTimeout, LaunchError, OutOfBoundsError)
+                      KernelFault, KernelInterrupted, KernelTimeout, LaunchError, OutOfBoundsError, RaceError)
 from . import _limits, book, ref
 from .bench import Timing, bench
 from .check import CheckResult, check
+# cl.profile and cl.sass are functions; their modules stay reachable as sys.modules["convlab.profile"]
+from .profile import ProfileCard, ProfileUnavailable, profile, profile_torch
+from .sass import SassUnavailable, sass
 
 __all__ = ["device", "backend", "load", "load_source", "load_cpu", "randn", "empty", "zeros", "to_device",
            "seed", "out_size", "check", "bench", "sync", "ref", "thread_order", "set_timeout", "find_race", "debug",
-           "poisoning",
+           "poisoning", "detect_races", "RaceError", "KernelInterrupted",
+           "profile", "profile_torch", "sass", "ProfileCard", "ProfileUnavailable", "SassUnavailable",
            "Timing", "CheckResult", "ConvlabError", "CompileError", "LaunchError", "ArgumentError",
            "KernelFault", "BarrierError", "OutOfBoundsError", "KernelTimeout", "CheckError",
            "BackendUnavailable"]
@@ -38,7 +42,7 @@ __all__ = ["device", "backend", "load", "load_source", "load_cpu", "randn", "emp
 _backend = None
 _lock = threading.Lock()
 _settings = threading.local()
-DEFAULT_TIMEOUT = 60.0
+DEFAULT_TIMEOUT = 10.0   # emulator: exercise-size launches take well under a second
 
 
 def _get_backend():
@@ -140,7 +144,7 @@ def _load_text(text, p: Path, defines, options) -> "Module":
     m = _modules.get(key)
     if m is None:
         src = _source.parse(text, p, [book.repo_root() / "kernels"])
-        m = Module(b.compile(src, defines, options), src, defines)
+        m = Module(b.compile(src, defines, options), src, defines, options)
         _modules[key] = m
     return m
 
@@ -148,10 +152,11 @@ def _load_text(text, p: Path, defines, options) -> "Module":
 class Module:
     """A compiled kernel file: its kernels by name and its __constant__ memory."""
 
-    def __init__(self, impl, src, defines):
-        self._impl, self.src, self.defines = impl, src, defines
+    def __init__(self, impl, src, defines, options=()):
+        self._impl, self.src, self.defines, self.options = impl, src, defines, list(options)
         self.path = src.path
         self._kernels = {}
+        self.constants_set = {}       # name -> bytes, so cl.profile can repeat a launch elsewhere
 
     @property
     def kernels(self) -> list[str]:
@@ -183,7 +188,9 @@ class Module:
         need = _args.TYPES.get(_source._TYPE_ALIASES.get(want, want))
         if need is not None and need.dtypes and t.dtype not in need.dtypes:
             raise ArgumentError(f"__constant__ {want} {name} needs {need.dtypes[0]} values, got {t.dtype}")
-        self._impl.set_constant(name, t.numpy().tobytes())
+        data = t.numpy().tobytes()
+        self._impl.set_constant(name, data)
+        self.constants_set[name] = data
 
     def __repr__(self):
         return f"<convlab.Module {self.path.name}: {', '.join(self.kernels)} on {backend()}>"
@@ -207,8 +214,21 @@ def thread_order(order: str):
         _settings.order = old
 
 
+@contextlib.contextmanager
+def detect_races(on: bool = True):
+    """Run the emulator's race detector on every launch inside (on=True), or on none (False).
+    Outside, it runs by itself on launches of at most 16,384 threads. No effect on a GPU."""
+    from . import emu
+    old = emu.detect_setting()
+    emu.set_detect(bool(on))
+    try:
+        yield
+    finally:
+        emu.set_detect(old)
+
+
 def set_timeout(seconds: float):
-    """How long an emulator launch may run before it is stopped (default 60 s)."""
+    """How long an emulator launch may run before it is stopped (default 10 s)."""
     global DEFAULT_TIMEOUT
     DEFAULT_TIMEOUT = float(seconds)
 
@@ -426,27 +446,37 @@ def out_size(n: int, k: int, stride: int = 1, padding: int = 0) -> int:
     return (n + 2 * padding - k) // stride + 1
 
 
-def find_race(launch, outputs, orders=("forward", "reverse", "shuffled")) -> str | None:
-    """Run `launch()` with the threads of each block in several orders (emulator) and compare the
-    tensors in `outputs`. Returns None when they agree, else a message naming the difference."""
+def find_race(launch, outputs, orders=("forward", "reverse", "shuffled"), rtol: float = 1e-5) -> str | None:
+    """Look for a race in `launch()` (emulator): first with the race detector, which names both
+    source lines and the fix; then, as a second opinion, by running the threads of each block in
+    several orders and comparing the tensors in `outputs` (within rtol, since atomics legitimately
+    add in another order). Returns None when both find nothing, else the message."""
     outputs = [outputs] if isinstance(outputs, torch.Tensor) else list(outputs)
     results = {}
     for order in orders:
         for o in outputs:
             o.fill_(float("nan") if o.dtype.is_floating_point else -1)
-        with thread_order(order):
-            launch()
+        try:
+            with thread_order(order), detect_races(order == orders[0]):
+                launch()
+        except RaceError as e:
+            return str(e)
         sync()
         results[order] = [o.detach().cpu().clone() for o in outputs]
     base = orders[0]
     for order in orders[1:]:
         for i, (a, b) in enumerate(zip(results[base], results[order])):
-            same = (a == b) | (torch.isnan(a) & torch.isnan(b)) if a.dtype.is_floating_point else a == b
+            if a.dtype.is_floating_point:
+                a64, b64 = a.double(), b.double()
+                scale = float(a64[torch.isfinite(a64)].abs().max()) if bool(torch.isfinite(a64).any()) else 0.0
+                same = ((a64 - b64).abs() <= rtol * scale) | (torch.isnan(a64) & torch.isnan(b64))
+            else:
+                same = a == b
             if not bool(same.all()):
                 bad = (~same).nonzero()
                 idx = tuple(int(v) for v in bad[0])
                 return (f"output {i} differs between thread orders '{base}' and '{order}' at {bad.shape[0]} "
-                        f"elements (first at {idx}: {a[idx].item()} vs {b[idx].item()}): a race. Some thread "
-                        f"reads shared memory that another thread writes, with no __syncthreads() between the "
-                        f"write and the read (or reads a value before it is written).")
+                        f"elements (first at {idx}: {a[idx].item()} vs {b[idx].item()}): a race the detector did "
+                        f"not see (through a plain pointer, e.g. `float* p = &s[0]`, or a half/vector type). Look "
+                        f"for a thread that reads memory another thread writes, with no __syncthreads() between.")
     return None

@@ -40,3 +40,13 @@ class CheckError(ConvlabError, AssertionError):
 
 class BackendUnavailable(ConvlabError):
     """The backend that was asked for cannot run here; the message says why."""
+
+
+class RaceError(KernelFault):
+    """Threads that touch the same element with nothing ordering them, at least one writing
+    (the emulator's race detector); the message names both source lines and the fix."""
+
+
+class KernelInterrupted(KeyboardInterrupt):
+    """An emulator launch stopped by an interrupt (Jupyter's stop button, Ctrl-C); the message says
+    where its threads were. A KeyboardInterrupt, so the cell stops as it would for Python code."""

@@ -189,10 +189,16 @@ _EXTERN_SHARED_RE = re.compile(
     r"extern\s+__shared__\s+((?:__align__\s*\(\s*\d+\s*\)\s*)?)([^;\[]*?)\s*([A-Za-z_]\w*)\s*\[\s*\]\s*;")
 
 
+_STATIC_SHARED_RE = re.compile(
+    r"\b__shared__\s+((?:[^;{}=\[\],]|\([^;{}]*?\))*?)\s*\b([A-Za-z_]\w*)\s*((?:\[[^\[\];]+\]\s*)+);")
+_ALIGN_RE = re.compile(r"__align__\s*\(\s*\d+\s*\)")
+
+
 def rewrite_for_emulator(src: Source) -> str:
     """Pointer parameters of kernels become bounds-checked clemu::ptr<T>; `extern __shared__`
-    arrays become the block's NaN-filled dynamic buffer; `#pragma unroll` is dropped (g++ has
-    its own unroller and rejects non-constant counts)."""
+    arrays become the block's NaN-filled dynamic buffer; static `__shared__` arrays inside a
+    function become a checked view of a per-block store, poisoned for each block (cuda_emu.h);
+    `#pragma unroll` is dropped (g++ has its own unroller and rejects non-constant counts)."""
     text = src.text
     clean = strip_comments(text)
     edits = []   # (start, end, replacement)
@@ -207,6 +213,21 @@ def rewrite_for_emulator(src: Source) -> str:
         elem = " ".join(m.group(2).split())
         name = m.group(3)
         edits.append((m.start(), m.end(), f'static const ::clemu::dyn_shared<{elem}> {name}{{"{name}"}};'))
+    for m in _STATIC_SHARED_RE.finditer(clean):
+        if re.search(r"\bextern\s*$", clean[max(0, m.start() - 20):m.start()]):
+            continue
+        if clean.count("{", 0, m.start()) <= clean.count("}", 0, m.start()):
+            continue   # at file scope: stays a plain static thread_local array
+        elem = " ".join(_ALIGN_RE.sub(" ", m.group(1)).split())
+        name, dims = m.group(2), "".join(m.group(3).split())
+        if not elem or elem in ("static", "extern"):
+            continue
+        array = f"{elem}{dims}"
+        newlines = text[m.start():m.end()].count("\n")
+        edits.append((m.start(), m.end(),
+                      f"static thread_local ::clemu::shared_store<{array}> {name}__clemu; "
+                      f"const ::clemu::sview<{array}> {name} = ::clemu::shared_open({name}__clemu, \"{name}\");"
+                      + "\n" * newlines))
     for m in _CONST_RE.finditer(clean):
         # an accessor right after the declaration, on the same line, so it lives in the same #if branch
         name, depth, i = m.group(2), 0, m.end() - 1
@@ -235,6 +256,42 @@ def rewrite_for_nvcc(src: Source) -> str:
         last = m.end()
     out.append(src.text[last:])
     return "".join(out)
+
+
+_CELLS: dict[str, str] = {}   # the file name a %%cuda cell compiles as -> the cell's name
+
+
+def register_cell(path, name: str) -> None:
+    """Messages about `path` name the %%cuda cell `name` instead (convlab.magic calls this)."""
+    _CELLS[str(path)] = name
+
+
+def display_name(path) -> str:
+    """A source file as messages name it: "cell NAME", or its path relative to the repository."""
+    p = str(path)
+    if p in _CELLS:
+        return f"cell {_CELLS[p]}"
+    try:
+        from .book import repo_root
+
+        return str(Path(p).resolve().relative_to(repo_root()))
+    except ValueError:
+        return p
+
+
+def where(path, line) -> str:
+    """A source line as a student finds it: "cell NAME, line N" with N as Jupyter numbers the
+    cell's lines (the %%cuda line is line 1), or the file's path relative to the repository."""
+    if str(path) in _CELLS:
+        return f"{display_name(path)}, line {int(line) + 1}"
+    return f"{display_name(path)}:{line}"
+
+
+def locate(text: str, src: Source) -> str:
+    """Every `/abs/path/file.cu:LINE[:COL]` of the source (or its includes) in a message, as where() says it."""
+    for p in [src.path, *src.includes]:
+        text = re.sub(re.escape(str(p)) + r":(\d+)(?::\d+)?", lambda m, p=p: where(p, m[1]), text)
+    return text
 
 
 def map_compiler_output(output: str, limit: int = 25) -> str:

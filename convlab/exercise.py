@@ -4,15 +4,21 @@
     ex.check_kernel(launch)          # launch(x, w, y, stride, pad) runs your kernel into y
     ex.check_function(conv2d_numpy)  # conv2d_numpy(x, w, stride, pad) returns y (numpy)
     ex.check_value("FLOPs", flops, expected)
+    ex.check_prediction("sectors per request", predicted, measured)   # {case: number} each
 
-Verdicts: "correct"; "wrong at (b,m,h,w): expected … got …"; "N outputs never written";
-the emulator's fault messages (cl.ConvlabError subclasses) as they are; "not done yet" for an
-unfinished exercise (nothing written, or a function that returns None).
+Verdicts: "correct"; a named common mistake when the output matches one of them on the
+reference (flipped mask, swapped axes, padding or stride ignored, a tile not fully loaded, the
+result rebound instead of written into y); "wrong at (b,m,h,w): expected … got …"; "N outputs
+never written"; the emulator's fault messages (cl.ConvlabError subclasses: out of range, races,
+barriers, timeouts, each at its source line) as they are; "not done yet" for an unfinished
+exercise (nothing written, or a function that returns None). On the emulator, kernels run with
+the race detector, so a missing __syncthreads() or atomicAdd fails every time.
 Every check returns a Verdict, true when right, so a notebook (or a test) can go on either way;
 it shows nothing itself in a notebook, the printed line says it all.
 """
 from __future__ import annotations
 
+import dis
 import math
 import traceback
 from dataclasses import dataclass
@@ -88,15 +94,78 @@ def _fmt(v: float) -> str:
     return "NaN (never written)" if math.isnan(v) else f"{v:.6g}"
 
 
-def verdict(y, ref, *, rtol: float = 1e-4, atol: float | None = None, labels: str = "bmhw") -> tuple[bool, str]:
+#: NaN as the emulator's poisoned shared memory holds it (all bits set), unlike cl.empty's NaN:
+#: an output with these bits was computed from shared memory that no thread wrote.
+_POISON_BITS = 0xFFFFFFFF
+
+
+def _poisoned(y) -> int:
+    a = _as_numpy(y)
+    if a.dtype != np.float32:
+        return 0
+    return int((np.ascontiguousarray(a).view(np.uint32) == _POISON_BITS).sum())
+
+
+def _mistakes(x, w, stride: int, pad: int):
+    """(what, the output that mistake gives) for the common mistakes, computed on the reference."""
+    import torch
+    import torch.nn.functional as F
+
+    import convlab as cl
+
+    x, w = torch.as_tensor(x).detach().cpu().double(), torch.as_tensor(w).detach().cpu().double()
+    Ho, Wo = out_size(x.shape[-2], w.shape[-1], stride, pad), out_size(x.shape[-1], w.shape[-1], stride, pad)
+    conv = lambda xx, ww, s=stride, p=pad: cl.ref.conv2d(xx, ww, stride=s, padding=p)  # noqa: E731
+    yield ("the mask is flipped: that is convolution, but the course computes cross-correlation, "
+           "y[h][w] += x[h+p][w+q] * k[p][q] (not k[K-1-p][K-1-q])", lambda: conv(x, w.flip(-1, -2)))
+    yield ("the mask's axes are swapped: k[q][p] where k[p][q] belongs (p runs down the rows, q across)",
+           lambda: conv(x, w.transpose(-1, -2)))
+    if x.shape[-1] == x.shape[-2]:
+        yield ("h and w are swapped in the input's index: x[...][w][h] where x[...][h][w] belongs",
+               lambda: conv(x.transpose(-1, -2), w))
+    if Ho == Wo:
+        yield ("h and w are swapped in the output's index: y[...][w][h] where y[...][h][w] belongs",
+               lambda: conv(x, w).transpose(-1, -2))
+    if pad:
+        yield (f"the padding is ignored: the input row is h*stride + p, but it must be h*stride + p - pad "
+               f"(pad={pad}), with the bounds check treating rows and columns outside the image as 0",
+               lambda: conv(F.pad(x, (0, 2 * pad, 0, 2 * pad)), w, p=0))
+    if stride > 1:
+        yield (f"the stride is ignored: the input row is h + p, but it must be h*stride + p - pad (stride={stride})",
+               lambda: conv(x, w, s=1)[..., :Ho, :Wo])
+
+
+def diagnose(y, x, w, stride: int, pad: int, *, rtol: float = 1e-4) -> str | None:
+    """Which common mistake gives the output y for these inputs, or None."""
+    got = _as_numpy(y).astype(np.float64)
+    for what, make in _mistakes(x, w, stride, pad):
+        want = make().numpy()
+        if want.shape == got.shape:
+            atol = 1e-4 * max(float(np.sqrt(np.mean(want ** 2))), 1e-30)
+            if np.all(np.abs(got - want) <= atol + rtol * np.abs(want)):
+                return what
+    return None
+
+
+def verdict(y, ref, *, rtol: float = 1e-4, atol: float | None = None, labels: str = "bmhw",
+            inputs: tuple | None = None) -> tuple[bool, str]:
     """Compare an output with the fp64 reference: (ok, a one-line verdict). Like cl.check, atol
-    defaults to 1e-4 of the reference's RMS (fp32 sums of many products)."""
+    defaults to 1e-4 of the reference's RMS (fp32 sums of many products). With inputs=(x, w,
+    stride, pad) of a conv2d, a wrong output is also tried against the common mistakes."""
+    n_poisoned = _poisoned(y)
     got = _as_numpy(y).astype(np.float64)
     want = _as_numpy(ref).astype(np.float64)
     if atol is None:
         atol = 1e-4 * max(float(np.sqrt(np.mean(want ** 2))) if want.size else 0.0, 1e-30)
     if got.shape != want.shape:
         return False, f"wrong shape: your output is {tuple(got.shape)}, expected {tuple(want.shape)}"
+    if n_poisoned:
+        first = tuple(int(i) for i in np.argwhere(_as_numpy(y).view(np.uint32) == _POISON_BITS)[0])
+        where = "(" + ",".join(f"{n}={i}" for n, i in zip(labels, first)) + ")"
+        return False, (f"{n_poisoned} of {got.size} outputs were computed from __shared__ memory that no thread "
+                       f"wrote (the emulator fills it with NaN for each block), the first at {where}: does the "
+                       f"loop that loads the tile cover all of it, halo rows and columns included, and does "
+                       f"every thread wait at a __syncthreads() before reading it?")
     never = np.isnan(got)
     n_never = int(never.sum())
     if n_never == got.size:
@@ -106,6 +175,10 @@ def verdict(y, ref, *, rtol: float = 1e-4, atol: float | None = None, labels: st
     n_bad = int(bad.sum())
     if n_bad == 0:
         return True, "correct"
+    if inputs is not None and not n_never:
+        mistake = diagnose(y, *inputs, rtol=rtol)
+        if mistake:
+            return False, mistake
     first = tuple(int(i) for i in np.argwhere(bad)[0])
     where = "(" + ",".join(f"{n}={i}" for n, i in zip(labels, first)) + ")"
     if n_never:
@@ -150,8 +223,22 @@ def attempt(fn, *args, **kwargs):
         return None
 
 
+def _rebinds(fn, index: int) -> str | None:
+    """The name of fn's parameter `index` when fn's code assigns to it (`y = ...` rebinds the name
+    and leaves the caller's tensor as it was), else None."""
+    code = getattr(fn, "__code__", None)
+    if code is None or code.co_argcount <= index:
+        return None
+    name = code.co_varnames[index]
+    for ins in dis.get_instructions(code):
+        if ins.opname in ("STORE_FAST", "STORE_DEREF") and ins.argval == name:
+            return name
+    return None
+
+
 def _run_one(run, shape: Shape, *, on_device: bool):
-    """Make fresh inputs, run the student's code once; (output or None, reference, error text or None)."""
+    """Make fresh inputs, run the student's code once; (output or None, reference, error text or None,
+    inputs). On the emulator the race detector watches every launch."""
     import torch
 
     import convlab as cl
@@ -162,15 +249,16 @@ def _run_one(run, shape: Shape, *, on_device: bool):
     try:
         if on_device:
             y = cl.empty(shape.B, shape.M, shape.Ho, shape.Wo)
-            out = run(x, w, y, shape.stride, shape.pad)
+            with cl.detect_races(True):
+                out = run(x, w, y, shape.stride, shape.pad)
             cl.sync()  # a GPU launch is asynchronous: its faults show here
             if isinstance(out, torch.Tensor):
                 y = out
         else:
             y = run(x.cpu().numpy(), w.cpu().numpy(), shape.stride, shape.pad)
     except Exception as e:  # noqa: BLE001
-        return None, ref, describe_error(e)
-    return y, ref, None
+        return None, ref, describe_error(e), (x, w, shape.stride, shape.pad)
+    return y, ref, None, (x, w, shape.stride, shape.pad)
 
 
 def _say(ok: bool, text: str) -> Verdict:
@@ -181,13 +269,19 @@ def _say(ok: bool, text: str) -> Verdict:
 def _check(run, shapes, *, on_device: bool, name: str) -> Verdict:
     shapes = list(AWKWARD_SHAPES if shapes is None else shapes)
     for i, shape in enumerate(shapes):
-        y, ref, error = _run_one(run, shape, on_device=on_device)
+        y, ref, error, inputs = _run_one(run, shape, on_device=on_device)
         if error is not None:
             return _say(False, f"✗ {shape}: {error}")
         if y is None:
             return _say(False, f"not done yet: {name} returned None for {shape}")
-        ok, text = verdict(y, ref)
+        ok, text = verdict(y, ref, inputs=inputs)
         if not ok and text.startswith("not done yet"):
+            rebound = _rebinds(run, 2) if on_device else None
+            if rebound:
+                return _say(False, f"✗ none of the outputs was written: your launch function assigns to "
+                                   f"`{rebound}` (`{rebound} = ...`), which only makes the name point at a new "
+                                   f"tensor inside the function; the checked tensor stays as it was. Write into "
+                                   f"it instead: `{rebound}.copy_(...)` or `{rebound}[...] = ...`")
             return _say(False, text)
         if not ok:
             before = f"\n  ({i} shape{'s' if i > 1 else ''} before it passed)" if i else ""
@@ -229,6 +323,28 @@ def check_value(name: str, got, expected, *, rel: float = 1e-9) -> Verdict:
         return _say(False, f"✗ {name}: expected a number, got {type(got).__name__}")
     if math.isclose(g, e, rel_tol=rel, abs_tol=0.0):
         return _say(True, f"✓ correct: {name} = {got:,}" if isinstance(got, int) else f"✓ correct: {name} = {g:.6g}")
-    ratio = g / e if e else math.inf
-    return _say(False, f"✗ {name} = {g:,.6g} is off by a factor of {ratio:.3g}: "
+    if e == 0:
+        return _say(False, f"✗ {name} = {g:,.6g}, but it should be 0")
+    return _say(False, f"✗ {name} = {g:,.6g} is off by a factor of {g / e:.3g}: "
                        f"recount (which factor is missing or extra?)")
+
+
+def check_prediction(what: str, predicted: dict, measured: dict, *, rel: float = 1e-9) -> Verdict:
+    """Predictions (case -> number) against what the profiler measured for the same cases: says which
+    cases differ and by how much, so the reasoning can be revisited."""
+    if predicted is None or any(v is None for v in predicted.values()):
+        return _say(False, f"not done yet: fill in every predicted {what}")
+    missing = [k for k in measured if k not in predicted]
+    if missing:
+        return _say(False, f"✗ no prediction of {what} for {', '.join(map(str, missing))}")
+    wrong = []
+    for case, got in measured.items():
+        try:
+            p = float(predicted[case])
+        except (TypeError, ValueError):
+            return _say(False, f"✗ {what} for {case}: expected a number, got {type(predicted[case]).__name__}")
+        if not math.isclose(p, float(got), rel_tol=rel, abs_tol=0.0):
+            wrong.append(f"{case}: you predicted {p:g}, the profiler counted {float(got):g}")
+    if wrong:
+        return _say(False, f"✗ {what}: " + "; ".join(wrong))
+    return _say(True, f"✓ correct: every predicted {what} matches the profiler ({len(measured)} cases)")

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import re
 import shlex
+from pathlib import Path
 
 from IPython.core.magic import Magics, cell_magic, magics_class
 
 import convlab as cl
+from convlab import _source
 
 
 class CellNotCompiled(cl.ConvlabError):
@@ -88,12 +90,13 @@ def parse_line(line: str):
 
 def cell_message(message: str, name: str) -> str:
     """Point compiler messages at the cell: g++'s '/some/dir/NAME.cu:12:5: error' and nvcc's
-    'NAME.cu(12): error' both become 'cell NAME, line 12...'."""
-    pattern = re.compile(r"(?:[^\s:'‘`(]*[/\\])?" + re.escape(name) + r"\.cu(?::(\d+)|\((\d+)\))?")
+    'NAME.cu(12): error' both become 'cell NAME, line 13...': the source's line 12 is the cell's
+    line 13, as Jupyter numbers it (the %%cuda line is line 1)."""
+    pattern = re.compile(r"(?:[^\s:'‘`(]*[/\\])?" + re.escape(name) + r"\.cu(?::(\d+)(?::\d+)?|\((\d+)\))?")
 
     def where(m: re.Match) -> str:
         line = m[1] or m[2]
-        return f"cell {name}, line {line}" if line else f"cell {name}"
+        return f"cell {name}, line {int(line) + 1}" if line else f"cell {name}"
 
     return pattern.sub(where, message)
 
@@ -108,6 +111,8 @@ class CudaMagics(Magics):
         except ValueError as e:
             print(e)
             return
+        # every message of the emulator (faults, races, barriers, compile errors) names the cell
+        _source.register_cell(Path.cwd() / f"{name}.cu", name)
         try:
             module = cl.load_source(cell, name=name, defines=defines or None)
         except cl.CompileError as e:

@@ -128,7 +128,7 @@ def test_magic_binds_the_module(shell, capsys):
 def test_magic_prints_compile_errors_at_the_cell_line(shell, capsys):
     shell.run_cell_magic("cuda", "bad", "__global__ void k(float* y)\n{\n    y[0] = undefined_name;\n}")
     out = capsys.readouterr().out
-    assert "did not compile" in out and "cell bad, line 3" in out
+    assert "did not compile" in out and "cell bad, line 4" in out   # Jupyter counts the %%cuda line
     bad = shell.user_ns["bad"]
     from convlab.magic import CellNotCompiled
     with pytest.raises(CellNotCompiled, match="did not compile"):

@@ -10,25 +10,44 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import torch
 
 
-from .._errors import (ArgumentError, BarrierError, CompileError, KernelFault, KernelTimeout, LaunchError,
-                       OutOfBoundsError)
-from .._source import Source, map_compiler_output, rewrite_for_emulator
+from .._errors import (ArgumentError, BarrierError, CompileError, KernelFault, KernelInterrupted, KernelTimeout,
+                       LaunchError, OutOfBoundsError, RaceError)
+from .._source import Source, display_name, locate, map_compiler_output, rewrite_for_emulator, where
 
 HERE = Path(__file__).resolve().parent
 INCLUDE = HERE / "include"
 RUNTIME_SRC = HERE / "runtime.cpp"
+PROFILE_SRC = HERE / "profile.cpp"
 STACK_BYTES = 128 * 1024          # per CUDA thread (fiber)
 CXX = os.environ.get("CXX", "g++")
-CXXFLAGS = ["-std=c++17", "-O2", "-fPIC", "-shared", "-fno-strict-aliasing", "-fno-fast-math",
+# -g1: line tables only, so a fault, a race or a stopped kernel can name its source line
+CXXFLAGS = ["-std=c++17", "-O2", "-g1", "-fPIC", "-shared", "-fno-strict-aliasing", "-fno-fast-math",
             "-Wno-unknown-pragmas", "-Wno-attributes"]
 _BARRIER_RE = re.compile(r"\b(__syncthreads\w*|__syncwarp|__shfl\w*|__ballot_sync|__any_sync|__all_sync)\b")
 _STATUS = {1: KernelFault, 2: BarrierError, 3: OutOfBoundsError, 4: KernelTimeout, 5: OutOfBoundsError,
-           6: KernelFault, 7: KernelFault, 8: KernelFault, 9: LaunchError}
+           6: KernelFault, 7: KernelFault, 8: KernelFault, 9: LaunchError, 10: RaceError, 11: KernelInterrupted}
+TIMEOUT, RACE, INTERRUPT = 4, 10, 11
+#: The race detector runs by itself on launches of at most this many threads (exercise sizes,
+#: where it stays well under a second); cl.detect_races() turns it on or off for any launch.
+AUTO_DETECT_THREADS = 1 << 14
+PROGRESS_AFTER_S = 2.0        # a launch running longer shows a progress line
+_detect = threading.local()
+_one_launch = threading.Lock()   # the runtime runs one launch at a time; others wait their turn
+
+
+def detect_setting():
+    """True, False or None (automatic: launches up to AUTO_DETECT_THREADS threads)."""
+    return getattr(_detect, "value", None)
+
+
+def set_detect(value):
+    _detect.value = value
 
 
 def cache_dir() -> Path:
@@ -47,10 +66,10 @@ class _Launch(ctypes.Structure):
                 ("n_workers", ctypes.c_int), ("use_fibers", ctypes.c_int), ("stack_bytes", ctypes.c_longlong),
                 ("body", ctypes.c_void_p), ("args", ctypes.POINTER(ctypes.c_void_p)), ("n_bufs", ctypes.c_int),
                 ("bufs", ctypes.POINTER(_Buf)), ("buf_names", ctypes.POINTER(ctypes.c_char_p)),
-                ("status", ctypes.c_int), ("message", ctypes.c_char * 4096)]
+                ("detect", ctypes.c_int), ("profile", ctypes.c_int), ("status", ctypes.c_int), ("message", ctypes.c_char * 4096)]
 
 
-def _compile(cpp_text: str, key: str, flags: list[str], display: str, libs: list[str] = ()) -> Path:
+def _compile(cpp_text: str, key: str, flags: list[str], display: str, libs: list[str] = (), source=None) -> Path:
     """Compile once per content hash; concurrent processes race harmlessly (atomic rename)."""
     out = cache_dir() / f"{key}.so"
     if out.exists():
@@ -68,7 +87,8 @@ def _compile(cpp_text: str, key: str, flags: list[str], display: str, libs: list
                 f"({STACK_BYTES // 1024} KB; a GPU thread has far less fast local memory): make local arrays "
                 f"smaller or move them to shared memory.\n" + "\n".join(lines))
         if r.returncode != 0:
-            raise CompileError(f"{display} does not compile (g++, emulator):\n" + map_compiler_output(msg))
+            msg = map_compiler_output(msg)
+            raise CompileError(f"{display} does not compile (g++, emulator):\n" + (locate(msg, source) if source else msg))
         os.replace(so, out)
     return out
 
@@ -83,18 +103,73 @@ class _Runtime:
         with cls._lock:
             if cls._lib is None:
                 text = RUNTIME_SRC.read_text() + (INCLUDE / "clemu_abi.h").read_text()
+                text += PROFILE_SRC.read_text() + (INCLUDE / "clemu_profile.h").read_text()
                 key = "runtime-" + hashlib.sha256((text + " ".join(CXXFLAGS)).encode()).hexdigest()[:20]
+                # the profiler (profile.cpp) is a second translation unit of the same library
                 so = _compile(RUNTIME_SRC.read_text(), key, ["-I", str(INCLUDE), "-pthread", "-fvisibility=hidden",
-                                                             "-fvisibility-inlines-hidden"], "emulator runtime")
+                                                             "-fvisibility-inlines-hidden"], "emulator runtime",
+                              [str(PROFILE_SRC)])
                 # RTLD_LOCAL: kernel modules link against this file by path instead (see compile)
                 lib = ctypes.CDLL(str(so), mode=ctypes.RTLD_LOCAL)
                 cls.path = so
-                lib.clemu_run.argtypes = [ctypes.POINTER(_Launch)]
-                lib.clemu_run.restype = ctypes.c_int
+                for f in ("clemu_start", "clemu_stop", "clemu_wait"):
+                    getattr(lib, f).restype = ctypes.c_int
+                lib.clemu_start.argtypes = [ctypes.POINTER(_Launch)]
+                lib.clemu_stop.argtypes = [ctypes.POINTER(_Launch), ctypes.c_int]
+                lib.clemu_wait.argtypes = [ctypes.POINTER(_Launch), ctypes.c_double]
+                lib.clemu_progress.restype = ctypes.c_longlong
                 lib.clemu_take_output.argtypes = [ctypes.c_char_p, ctypes.c_longlong]
                 lib.clemu_take_output.restype = ctypes.c_longlong
                 cls._lib = lib
             return cls._lib
+
+
+_SITE_RE = re.compile(r"\{\{site:(.+?)\+(0x[0-9a-f]+)\}\}")
+_site_names: dict = {}
+
+
+def resolve_sites(text: str) -> str:
+    """Turn the runtime's {{site:MODULE+OFFSET}} tokens into source lines (addr2line on the module's
+    line tables; the innermost frame outside convlab's own headers, as where() names it)."""
+    found = _SITE_RE.findall(text)
+    names = _site_names   # a module file never changes under its name (content hash)
+    for so in {f[0] for f in found}:
+        offs = sorted({off for s, off in found if s == so and (s, off) not in names})
+        if not offs:
+            continue
+        try:
+            r = subprocess.run(["addr2line", "-i", "-a", "-e", so, *[hex(int(o, 16) - 1) for o in offs]],
+                               capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        frames, key = {}, None
+        for line in r.stdout.splitlines():
+            if line.startswith("0x"):
+                key = int(line, 16) + 1
+                frames[key] = []
+            elif key is not None:
+                frames[key].append(line.split(" (discriminator")[0].strip())
+        for off in offs:
+            for fr in frames.get(int(off, 16), []):
+                path, _, line = fr.rpartition(":")
+                if path and path != "??" and line.isdigit() and line != "0" and not path.startswith(str(INCLUDE)):
+                    names[(so, off)] = where(path, line)
+                    break
+            names.setdefault((so, off), "an unknown line")
+    return _SITE_RE.sub(lambda m: names.get((m[1], m[2]), "an unknown line"), text)
+
+
+def _one_report_per_fix(text: str) -> str:
+    """The runtime tells races apart by instruction; two instructions of the same lines (an
+    unrolled loop, say) make the same report to a student: keep the first per fix."""
+    seen, keep = set(), []
+    for line in text.split("\n"):
+        fix = line.split("nothing orders the two. ", 1)[-1]
+        if line.startswith("data race on") and fix in seen:
+            continue
+        seen.add(fix)
+        keep.append(line)
+    return "\n".join(keep)
 
 
 def _flush_printf(lib):
@@ -145,13 +220,16 @@ class EmuBackend:
         flags += ["-I", str(src.path.parent), "-I", str(repo_root() / "kernels")]
         flags += [f"-D{k}" if v is None else f"-D{k}={v}" for k, v in defines.items()] + list(options)
         header = "".join(p.read_text() for p in sorted(INCLUDE.iterdir()))
-        key = src.path.stem + "-" + hashlib.sha256(
+        digest = hashlib.sha256(
             (text + header + " ".join(flags + libs + CXXFLAGS) + "".join(p.read_text() for p in src.includes)).encode()
         ).hexdigest()[:20]
-        so = _compile(text, key, flags, str(src.path), libs)
-        lib = ctypes.CDLL(str(so))
+
+        def build(hooks: bool):
+            key = f"{src.path.stem}-{'hooks-' if hooks else ''}{digest}"
+            so = _compile(text, key, flags + (["-DCLEMU_HOOKS"] if hooks else []), display_name(src.path), libs, src)
+            return ctypes.CDLL(str(so))
         uses_barriers = bool(_BARRIER_RE.search(src.all_text()))
-        return EmuModule(self, rt, lib, src, uses_barriers)
+        return EmuModule(self, rt, build, src, uses_barriers)
 
     def compile_cpu(self, src: Source, functions: dict, defines: dict, options: list[str]) -> "EmuModule":
         """Plain C++ (chapter 1): run each call as a one-thread launch, so a crash or an endless loop
@@ -171,22 +249,57 @@ class EmuBackend:
         flags = ["-I", str(INCLUDE), "-I", str(src.path.parent), "-O3"]
         flags += [f"-D{k}" if v is None else f"-D{k}={v}" for k, v in defines.items()] + list(options)
         key = src.path.stem + "-cpu-" + hashlib.sha256((text + " ".join(flags + CXXFLAGS)).encode()).hexdigest()[:20]
-        so = _compile(text, key, flags, str(src.path))
-        return EmuModule(self, rt, ctypes.CDLL(str(so)), src, False)
+        so = _compile(text, key, flags, display_name(src.path), source=src)
+        return EmuModule(self, rt, ctypes.CDLL(str(so)), src, False, cpu=True)
 
 
 class EmuModule:
-    def __init__(self, backend, rt, lib, src, uses_barriers):
-        self.backend, self.rt, self.lib, self.src = backend, rt, lib, src
-        self.uses_barriers = uses_barriers
+    """A compiled kernel file. Two builds of it, each made when first needed: with the per-access
+    hooks (launches under the race detector) and without (launches at full speed). The hooked
+    build is made first, so compile errors show when the file is loaded; a kernel the hooked
+    build cannot compile runs without the detector."""
 
-    def body(self, name: str) -> int:
-        return ctypes.cast(getattr(self.lib, f"__clemu_body_{name}"), ctypes.c_void_p).value
+    def __init__(self, backend, rt, build, src, uses_barriers, cpu: bool = False):
+        self.backend, self.rt, self.src = backend, rt, src
+        self.uses_barriers = uses_barriers
+        self._constants = {}
+        self._cpu = cpu
+        if cpu:   # plain C++ (cl.load_cpu): one build, no hooks
+            self._build, self._libs = None, {False: build}
+            return
+        self._build, self._libs = build, {}
+        try:
+            self._libs[True] = build(True)
+        except CompileError:
+            self._libs[False] = build(False)   # raises the student's own compile error
+            self._libs[True] = None
+
+    @property
+    def can_detect(self) -> bool:
+        return self._libs.get(True) is not None
+
+    def _lib(self, hooks: bool):
+        if hooks and self.can_detect:
+            return self._libs[True]
+        if False not in self._libs:
+            self._libs[False] = self._build(False)
+            for name, data in self._constants.items():
+                self._write_constant(self._libs[False], name, data)
+        return self._libs[False]
+
+    def body(self, name: str, hooks: bool = False) -> int:
+        return ctypes.cast(getattr(self._lib(hooks), f"__clemu_body_{name}"), ctypes.c_void_p).value
 
     def set_constant(self, name: str, data: bytes):
+        for lib in self._libs.values():
+            if lib is not None:
+                self._write_constant(lib, name, data)
+        self._constants[name] = data
+
+    def _write_constant(self, lib, name: str, data: bytes):
         n = ctypes.c_longlong()
         try:
-            f = getattr(self.lib, f"__clemu_const_{name}")
+            f = getattr(lib, f"__clemu_const_{name}")
         except AttributeError:
             raise ArgumentError(f"__constant__ {name} is not in this build of {self.src.path.name}: is it inside "
                                 f"an #if that the defines turned off?") from None
@@ -228,15 +341,74 @@ class EmuModule:
         L.n_workers = self.backend.threads
         L.use_fibers = int(self.uses_barriers if fibers is None else fibers)
         L.stack_bytes = STACK_BYTES
-        L.body = self.body(name)
+        small = grid[0] * grid[1] * grid[2] * block[0] * block[1] * block[2] <= AUTO_DETECT_THREADS
+        detect = detect_setting()
+        detect = bool(small if detect is None else detect) and self.can_detect
+        # cl.profile counts through the same hooks (convlab/emu/profile.cpp)
+        from ..profile import ProfileUnavailable, emu_kernel_profile, profile_sink
+        sink = profile_sink()
+        profiling = sink is not None and not self._cpu
+        if profiling and not self.can_detect:
+            raise ProfileUnavailable(f"{name}: this file compiles only without the emulator's per-access hooks, "
+                                     f"so the emulator cannot count its memory accesses")
+        # a small launch without the detector takes the hooked build when the plain one is not made
+        # yet (hooks off cost little there), so it compiles no second build
+        hooked = detect or profiling or (small and self.can_detect and False not in self._libs)
+        L.body = self.body(name, hooks=hooked)
         L.args = argv
         buf_arr = (_Buf * max(len(bufs), 1))(*bufs)
         name_arr = (ctypes.c_char_p * max(len(names), 1))(*names)
         L.n_bufs = len(bufs)
         L.bufs = buf_arr
         L.buf_names = name_arr
-        status = self.rt.clemu_run(ctypes.byref(L))
+        L.detect = int(detect)
+        L.profile = int(profiling)
+        with _one_launch:
+            status, elapsed = self._run(L, name, grid, timeout)
+            if profiling and not status:      # the runtime keeps the counts until the next launch
+                sink.append(emu_kernel_profile(self.rt, name, grid, block))
         _flush_printf(self.rt)
         if status:
+            text = locate(resolve_sites(L.message.decode(errors="replace")), self.src)
+            # a race between two accesses of one line: the barrier goes after it, inside its loop
+            text = re.sub(r"between (.+?) and \1 \(", r"right after \1, inside its loop (", text)
+            if status == RACE:
+                text = _one_report_per_fix(text)
+            if status == TIMEOUT:
+                text = (f"the kernel did not finish within {timeout:g} s and was stopped "
+                        f"({text or 'no running thread identified'}). Look for a loop whose end condition never "
+                        f"becomes true, e.g. a grid-stride loop that does not advance. If it is only slow, allow "
+                        f"more time: cl.set_timeout(60) for every launch, or timeout=60 in this launch.")
+            elif status == INTERRUPT:
+                raise KernelInterrupted(
+                    f"{name}: interrupted after {elapsed:.1f} s and stopped ({text or 'no running thread identified'}). "
+                    f"Nothing is left running; the notebook can go on.")
             cls = _STATUS.get(status, KernelFault)
-            raise cls(f"{name}: " + L.message.decode(errors="replace"))
+            raise cls(f"{name}: " + text)
+
+    def _run(self, L, name, grid, timeout):
+        """Start the launch, wait for it in slices of 0.1 s (a progress line after 2 s; the interrupt
+        and the time limit stop it); (status, seconds it ran)."""
+        status = self.rt.clemu_start(ctypes.byref(L))
+        if status:
+            return status, 0.0
+        t0, elapsed, shown = time.monotonic(), 0.0, False
+        try:
+            while not self.rt.clemu_wait(ctypes.byref(L), 0.1):
+                elapsed = time.monotonic() - t0
+                if elapsed > timeout:
+                    self.rt.clemu_stop(ctypes.byref(L), TIMEOUT)
+                    break
+                if elapsed > PROGRESS_AFTER_S:
+                    total = grid[0] * grid[1] * grid[2]
+                    sys.stderr.write(f"\r{name}: {self.rt.clemu_progress():,} of {total:,} blocks started, "
+                                     f"{elapsed:.0f} s (stopped after {timeout:g} s; interrupt to stop it now) ")
+                    sys.stderr.flush()
+                    shown = True
+        except KeyboardInterrupt:
+            self.rt.clemu_stop(ctypes.byref(L), INTERRUPT)
+        elapsed = time.monotonic() - t0
+        if shown:
+            sys.stderr.write(f"\r{name}: {'done' if L.status == 0 else 'stopped'} after {elapsed:.1f} s" + " " * 60 + "\n")
+            sys.stderr.flush()
+        return L.status, elapsed

@@ -8,6 +8,7 @@
 // (about 20x slower). Faults (out-of-range access, broken barrier, timeout, segfault) stop
 // the launch with a message; the host process always survives.
 #include "clemu_abi.h"
+#include "clemu_profile.h"
 
 #include <atomic>
 #include <chrono>
@@ -25,8 +26,11 @@
 #include <condition_variable>
 #include <string>
 #include <vector>
+#include <unordered_map>
+#include <dlfcn.h>
 #include <pthread.h>
 #include <sys/mman.h>
+#include <ucontext.h>
 #include <unistd.h>
 
 thread_local clemu_thread* clemu_cur = nullptr;
@@ -131,6 +135,8 @@ struct clemu_launch {
     int n_bufs;
     clemu_buf* bufs;           // buffer arguments, for fault messages
     const char** buf_names;
+    int detect;                // run the race detector (one worker, so its verdict is deterministic)
+    int profile;               // count requests, sectors and bank conflicts (profile.cpp)
     // results
     int status;
     char message[4096];
@@ -148,6 +154,7 @@ struct fiber_thread {
     int bar_op;
     unsigned warp_mask;
     unsigned warp_gen;
+    unsigned seq;          // checked accesses since the block's last barrier (the race detector's program order)
 };
 
 static const long long MAX_DYN_SHARED = 232448;   // an H100/H200's opt-in maximum (227 KB)
@@ -171,6 +178,9 @@ struct worker {
     sigjmp_buf jmp;
     char* altstack = nullptr;
     fiber_thread* running = nullptr;
+    unsigned epoch = 0;                            // barriers the running block has passed
+    void* stop_pc = nullptr;                       // where the watchdog's signal found the kernel
+    const void* last_site = nullptr;               // the last access the hook saw (when stop_pc is in the runtime)
 };
 
 static thread_local worker* W = nullptr;
@@ -190,6 +200,8 @@ static clemu_launch* L = nullptr;
 static std::atomic<long long> next_block{0};
 static long long n_blocks = 0;
 static std::atomic<int> failed{0};
+static std::atomic<unsigned long long> block_serial{0};
+static std::unordered_map<unsigned long long, uint3> serial_block;   // detector launches: serial -> blockIdx
 static std::mutex out_mu;
 static std::string out_buf;
 static bool out_truncated = false;
@@ -205,6 +217,22 @@ static void set_failure(int status, const char* fmt, ...) {
     // The other workers see `failed` at their next block or fiber switch. They are not signalled:
     // a signal could land in malloc or in an exception's unwinding, and jumping out of those
     // breaks the process. Only the watchdog signals, and only a kernel that never returns.
+}
+
+// A source site as a token that Python turns into "cell NAME, line N" or "path:N" (addr2line on
+// the module, which is built with line tables): {{site:MODULE+OFFSET}}. `pc` is a return
+// address or an interrupted instruction inside a kernel module.
+static std::string site(const void* pc) {
+    Dl_info info;
+    if (!pc || !dladdr(pc, &info) || !info.dli_fname) return "";
+    char s[1200];
+    snprintf(s, sizeof s, "{{site:%s+%#lx}}", info.dli_fname, (unsigned long)((uintptr_t)pc - (uintptr_t)info.dli_fbase));
+    return s;
+}
+
+static std::string at_site(const void* pc) {
+    std::string s = site(pc);
+    return s.empty() ? s : " at " + s;
 }
 
 static std::string where(const clemu_thread* t) {
@@ -228,22 +256,43 @@ static std::string block_str(const clemu_block* b) {
 }
 
 extern "C" [[noreturn]] void clemu_fault_oob(int arg, long long elem, long long n, long long esize) {
+    std::string at = at_site(__builtin_return_address(0));
     const char* name = (L && arg >= 0 && arg < L->n_bufs) ? L->buf_names[arg] : "?";
     char hint[200] = "";
     if (elem == n) snprintf(hint, sizeof hint, " (one past the end: a bounds check `if (i < n)` missing or off by one?)");
     else if (elem < 0) snprintf(hint, sizeof hint, " (before the start: a negative index, e.g. a halo row or column above or left of the input that needs a bounds check)");
     set_failure(CLEMU_OOB,
-        "out-of-range access: %s[%lld] by %s, but %s has %lld elements of %lld bytes (valid indices 0..%lld)%s",
-        name, elem, where(clemu_cur).c_str(), name, n, esize, n - 1, hint);
+        "out-of-range access%s: %s[%lld] by %s, but %s has %lld elements of %lld bytes (valid indices 0..%lld)%s",
+        at.c_str(), name, elem, where(clemu_cur).c_str(), name, n, esize, n - 1, hint);
     throw clemu_fault_exc();
 }
 
 extern "C" [[noreturn]] void clemu_fault_shared(const char* name, long long elem, long long n, long long esize) {
+    std::string at = at_site(__builtin_return_address(0));
     set_failure(CLEMU_OOB,
-        "out-of-range access: extern __shared__ %s[%lld] by %s, but the launch gave shared=%lld bytes, "
+        "out-of-range access%s: extern __shared__ %s[%lld] by %s, but the launch gave shared=%lld bytes, "
         "%lld elements of %lld bytes (valid indices 0..%lld): pass a larger shared= (e.g. the tile's "
         "(TILE+K-1)^2 elements times sizeof(float)), or check the index",
-        name, elem, where(clemu_cur).c_str(), n * esize, n, esize, n - 1);
+        at.c_str(), name, elem, where(clemu_cur).c_str(), n * esize, n, esize, n - 1);
+    throw clemu_fault_exc();
+}
+
+extern "C" [[noreturn]] void clemu_fault_shared_index(const char* name, int dim, long long index, long long extent,
+                                                      const long long* prefix, int rank) {
+    std::string at = at_site(__builtin_return_address(0));
+    std::string idx = name;
+    for (int d = 0; d < dim && d < 4; d++) idx += "[" + std::to_string(prefix[d]) + "]";
+    idx += "[" + std::to_string(index) + "]";
+    char dimtxt[80] = "";
+    if (rank > 1) snprintf(dimtxt, sizeof dimtxt, " of dimension %d", dim + 1);
+    char hint[200] = "";
+    if (index == extent) snprintf(hint, sizeof hint, " (one past the end: a bound `< n` written `<= n`, or a tile "
+                                                   "index plus a halo or partner offset that runs over?)");
+    else if (index < 0) snprintf(hint, sizeof hint, " (a negative index)");
+    set_failure(CLEMU_OOB,
+        "out-of-range access%s: __shared__ %s by %s, but index %lld%s is outside its %lld elements "
+        "(valid 0..%lld)%s",
+        at.c_str(), idx.c_str(), where(clemu_cur).c_str(), index, dimtxt, extent, extent - 1, hint);
     throw clemu_fault_exc();
 }
 
@@ -329,6 +378,141 @@ extern "C" unsigned clemu_activemask() {
         if (s != T_DONE && s != T_FAULT) m |= 1u << l;
     }
     return m;
+}
+
+// ----------------------------------------------------------------------------------------
+// The per-access hook (clemu_abi.h) and the race detector, its first user.
+//
+// Shadow state per accessed element: its last writer and two of its readers, each with the
+// block, the thread, the block's barrier epoch and the thread's warp-operation count at the
+// access. Two accesses by different threads conflict when at least one writes and nothing
+// orders them: threads of different blocks (global memory) are never ordered; threads of one
+// block are ordered by a __syncthreads() between them (a different epoch) and lanes of one warp
+// also by a warp operation. Atomics never conflict. Shared-memory records of an earlier block
+// are stale: that memory was the earlier block's. Launches with the detector run on one worker,
+// so the same kernel gives the same report on every run.
+int clemu_hook_on = 0;
+static bool detect_on = false;
+static bool prof_on = false;                                     // the profiler (profile.cpp) counts
+static thread_local const void* volatile hook_site = nullptr;   // inside clemu_access: the access's site
+static thread_local volatile int stop_pending = 0;               // the watchdog asked to stop meanwhile
+
+struct acc_rec { const void* site; unsigned long long block; int thread; unsigned epoch; unsigned wgen; unsigned seq; };
+struct shadow_word { acc_rec w, r1, r2; };
+static std::unordered_map<uintptr_t, shadow_word> shadow;
+struct race_rec { const void* a; const void* b; };
+static std::vector<race_rec> races_seen;
+static std::string race_text;
+static long long n_races = 0;
+static const int MAX_RACE_REPORTS = 3;
+
+static bool conflict(const acc_rec& p, const acc_rec& c, bool shared) {
+    if (!p.block) return false;
+    if (p.block != c.block) return !shared;
+    if (p.thread == c.thread || p.epoch != c.epoch) return false;
+    return !(p.thread / 32 == c.thread / 32 && p.wgen != c.wgen);
+}
+
+static std::string thread_in_block(int linear, const dim3& d) {
+    char s[64];
+    snprintf(s, sizeof s, "(%d,%d,%d)", linear % (int)d.x, (linear / (int)d.x) % (int)d.y, linear / (int)(d.x * d.y));
+    return s;
+}
+
+static std::string block_of_serial(unsigned long long serial) {
+    auto it = serial_block.find(serial);
+    if (it == serial_block.end()) return "?";
+    char s[64];
+    snprintf(s, sizeof s, "(%u,%u,%u)", it->second.x, it->second.y, it->second.z);
+    return s;
+}
+
+static void report_race(const acc_rec& p, bool p_writes, const acc_rec& c, bool c_writes, unsigned op,
+                        const volatile void* addr, unsigned bytes, const char* name, const void* base) {
+    n_races++;
+    for (auto& r : races_seen) if (r.a == p.site && r.b == c.site) return;   // each race once
+    races_seen.push_back({p.site, c.site});
+    if ((int)races_seen.size() > MAX_RACE_REPORTS) return;
+    std::string what;
+    char s[600];
+    if (op & CLEMU_SHARED) {
+        snprintf(s, sizeof s, "__shared__ %s[%lld]", name ? name : "?", (long long)(((const char*)addr - (const char*)base) / bytes));
+        what = s;
+    } else {
+        what = "global memory";
+        for (int i = 0; L && i < L->n_bufs; i++) {
+            const char* lo = (const char*)L->bufs[i].p;
+            if ((const char*)addr >= lo && (const char*)addr < lo + L->bufs[i].nbytes) {
+                snprintf(s, sizeof s, "%s[%lld]", L->buf_names[i], (long long)(((const char*)addr - lo) / bytes));
+                what = s;
+            }
+        }
+    }
+    const dim3& d = W->blk.dim;
+    std::string pa = site(p.site), ca = site(c.site);
+    bool blocks = p.block != c.block;
+    std::string txt = "data race on " + what + ": thread " + thread_in_block(p.thread, d) + " of block " +
+        block_of_serial(p.block) + (p_writes ? " writes it" : " reads it") + (pa.empty() ? "" : " at " + pa) +
+        ", then thread " + thread_in_block(c.thread, d) + " of block " + block_str(&W->blk) +
+        (c_writes ? " writes it" : " reads it") + (ca.empty() ? "" : " at " + ca) + ", and nothing orders the two. ";
+    const void* w_site = c_writes ? c.site : p.site;
+    if (blocks)
+        txt += "Threads of different blocks are never ordered (a barrier holds inside one block only): "
+               "combine their contributions with atomicAdd at " + site(w_site) + " instead of a plain `+=` or store.";
+    else if (p_writes && (op & CLEMU_RD) && (op & CLEMU_WR))
+        txt += "Several threads update the same element (read, add, write back): use atomicAdd at " + site(c.site) +
+               " (or give each thread its own element and reduce them after a __syncthreads()).";
+    else {
+        // where the barrier goes: between the two lines in the order each thread runs them, which
+        // the count of each thread's accesses since the last barrier tells (the emulator ran the
+        // two threads in its own order, not necessarily that one)
+        bool p_first = p.seq <= c.seq;
+        const std::string& a = p_first ? pa : ca; const std::string& b2 = p_first ? ca : pa;
+        bool a_writes = p_first ? p_writes : c_writes, b_writes = p_first ? c_writes : p_writes;
+        txt += "Put a __syncthreads() between " + a + " and " + b2 +
+               " (every thread of the block must reach it), so the " + (a_writes ? "write" : "read") +
+               " at " + a + " is finished in every thread before the " + (b_writes ? "write" : "read") +
+               " at " + b2 + " starts.";
+    }
+    if (!race_text.empty()) race_text += "\n";
+    race_text += txt;
+}
+
+extern "C" __attribute__((visibility("default")))
+void clemu_access(unsigned op, const volatile void* addr, unsigned bytes, const char* name, const void* base) {
+    if (prof_on && me()) {
+        // an atomic comes as a plain pointer: shared memory when it is in no buffer argument
+        if ((op & CLEMU_ATOM) && !(op & CLEMU_SHARED)) {
+            bool global = false;
+            for (int i = 0; L && i < L->n_bufs && !global; i++)
+                global = (const char*)addr >= (const char*)L->bufs[i].p &&
+                         (const char*)addr < (const char*)L->bufs[i].p + L->bufs[i].nbytes;
+            if (!global) op |= CLEMU_SHARED;
+        }
+        clprof_hook(op, (const void*)addr, bytes, __builtin_return_address(0), me()->pub.linear);
+    }
+    if (!detect_on || (op & CLEMU_ATOM)) return;
+    fiber_thread* t = me();
+    if (!t || !W) return;
+    hook_site = __builtin_return_address(0);
+    W->last_site = hook_site;
+    acc_rec c{hook_site, W->blk.serial, t->pub.linear, W->epoch, t->warp_gen, t->seq++};
+    bool sh = op & CLEMU_SHARED;
+    shadow_word& s = shadow[(uintptr_t)addr];
+    if (op & CLEMU_RD) {
+        if (conflict(s.w, c, sh)) report_race(s.w, true, c, false, op, addr, bytes, name, base);
+        bool stale = !s.r1.block || (sh && s.r1.block != c.block) || (s.r1.block == c.block && s.r1.epoch != c.epoch);
+        if (stale || (s.r1.block == c.block && s.r1.thread == c.thread)) s.r1 = c;
+        else s.r2 = c;
+    }
+    if (op & CLEMU_WR) {
+        if (conflict(s.w, c, sh)) report_race(s.w, true, c, true, op, addr, bytes, name, base);
+        else if (conflict(s.r1, c, sh)) report_race(s.r1, false, c, true, op, addr, bytes, name, base);
+        else if (conflict(s.r2, c, sh)) report_race(s.r2, false, c, true, op, addr, bytes, name, base);
+        s.w = c;
+    }
+    hook_site = nullptr;
+    if (stop_pending) { stop_pending = 0; throw clemu_fault_exc(); }
 }
 
 // ----------------------------------------------------------------------------------------
@@ -477,7 +661,9 @@ static bool release(worker* w, int n, bool& all_done) {
     for (int i = 0; i < n; i++) count += th[i].pred;
     int op = first->bar_op;
     bar_result = op == 0 ? count : op == 1 ? (count == n) : (count > 0);
-    for (int i = 0; i < n; i++) { th[i].state = T_RUN; th[i].pred = 0; th[i].bar_op = 0; }
+    for (int i = 0; i < n; i++) { th[i].state = T_RUN; th[i].pred = 0; th[i].bar_op = 0; th[i].seq = 0; }
+    if (prof_on) clprof_epoch(n, 1);   // what each warp did since the last barrier becomes requests
+    w->epoch++;
     return true;
 }
 
@@ -518,6 +704,9 @@ static void run_block(worker* w, long long b) {
     const clemu_launch* l = L;
     unsigned gx = l->grid[0], gy = l->grid[1];
     w->blk.idx = uint3{(unsigned)(b % gx), (unsigned)((b / gx) % gy), (unsigned)(b / ((long long)gx * gy))};
+    w->blk.serial = block_serial.fetch_add(1) + 1;
+    w->epoch = 0;
+    if (detect_on) serial_block[w->blk.serial] = w->blk.idx;
     if (l->shared_bytes) memset(w->dyn_shared, 0xFF, (size_t)l->shared_bytes);   // NaN: unloaded shared memory shows
     int bx = l->block[0], by = l->block[1];
     int n = l->block[0] * l->block[1] * l->block[2];
@@ -525,6 +714,8 @@ static void run_block(worker* w, long long b) {
     make_order(order, n, l->order, l->seed ^ (unsigned)(b * 2654435761u));
     auto& th = w->threads;
     for (int i = 0; i < n; i++) {
+        th[i].seq = 0;
+        th[i].warp_gen = 0;
         th[i].pub.idx = uint3{(unsigned)(i % bx), (unsigned)((i / bx) % by), (unsigned)(i / (bx * by))};
         th[i].pub.blk = &w->blk;
         th[i].pub.linear = i;
@@ -548,9 +739,10 @@ static void run_block(worker* w, long long b) {
         }
         w->running = nullptr;
         clemu_cur = nullptr;
+        if (prof_on) clprof_epoch(n, 0);
         return;
     }
-    run_block_fibers(w, order, n);
+    if (run_block_fibers(w, order, n) && prof_on) clprof_epoch(n, 0);
 }
 
 // ----------------------------------------------------------------------------------------
@@ -588,23 +780,43 @@ static std::string describe_address(uintptr_t a) {
     return s;
 }
 
+static void* fault_pc(void* uctx) {
+#if defined(__x86_64__)
+    // +1: sites are return addresses elsewhere, and the name lookup steps back one byte
+    return (void*)(((ucontext_t*)uctx)->uc_mcontext.gregs[REG_RIP] + 1);
+#else
+    (void)uctx;
+    return nullptr;
+#endif
+}
+
 static void on_signal(int sig, siginfo_t* info, void* uctx) {
     worker* w = W;
     if (w && sig == SIGUSR2) {
         // the watchdog's stop: jump out of a kernel that is running; a worker that has already
         // left it ignores the late signal (its default action would end the whole process)
-        if (w->in_kernel.load() && w->running) siglongjmp(w->jmp, 1);
+        if (w->in_kernel.load() && w->running) {
+            if (hook_site) {
+                // inside the detector's bookkeeping (it allocates): stop when the hook returns
+                w->stop_pc = (void*)hook_site;
+                stop_pending = 1;
+                return;
+            }
+            w->stop_pc = fault_pc(uctx);
+            siglongjmp(w->jmp, 1);
+        }
         return;
     }
     if (w && w->in_kernel.load()) {
         const clemu_thread* t = clemu_cur;
+        std::string at = at_site(fault_pc(uctx));
         if (sig == SIGFPE)
-            set_failure(CLEMU_FPE, "arithmetic fault (integer division or remainder by zero?) in %s", where(t).c_str());
+            set_failure(CLEMU_FPE, "arithmetic fault (integer division or remainder by zero?)%s in %s", at.c_str(), where(t).c_str());
         else {
             std::string d = describe_address((uintptr_t)info->si_addr);
             bool stack = d.rfind("a stack overflow", 0) == 0;
-            set_failure(stack ? CLEMU_STACK : CLEMU_SEGV, "%s in %s: %s",
-                        stack ? "stack overflow" : "invalid memory access", where(t).c_str(), d.c_str());
+            set_failure(stack ? CLEMU_STACK : CLEMU_SEGV, "%s%s in %s: %s",
+                        stack ? "stack overflow" : "invalid memory access", stack ? "" : at.c_str(), where(t).c_str(), d.c_str());
         }
         siglongjmp(w->jmp, 1);
     }
@@ -692,59 +904,127 @@ static void grow_pool(int n) {
     }
 }
 
-static std::mutex launch_mu;   // one launch at a time
+// A launch is started, waited for in short slices (so Python can show progress and take
+// Jupyter's interrupt, SIGINT, between them) and stopped when Python decides (timeout, interrupt).
+static std::atomic<int> busy{0};   // one launch at a time
 
-extern "C" __attribute__((visibility("default"))) int clemu_run(clemu_launch* launch) {
-    std::lock_guard<std::mutex> one(launch_mu);
+static void finish(clemu_launch* launch) {
+    prof_on = false;
+    clemu_hook_on = detect_on ? 1 : 0;
+    if (detect_on) {
+        detect_on = false;
+        clemu_hook_on = 0;
+        if (launch->status == CLEMU_OK && n_races) {
+            launch->status = CLEMU_RACE;
+            std::string more;
+            if ((long long)races_seen.size() > MAX_RACE_REPORTS)
+                more = "\n(more accesses race too: fix these first)";
+            snprintf(launch->message, sizeof launch->message, "%s%s", race_text.c_str(), more.c_str());
+        }
+        shadow.clear();
+        serial_block.clear();
+        races_seen.clear();
+        race_text.clear();
+    }
+    L = nullptr;
+    busy.store(0);
+}
+
+extern "C" __attribute__((visibility("default"))) int clemu_start(clemu_launch* launch) {
+    int expected = 0;
     launch->status = CLEMU_OK;
     launch->message[0] = 0;
+    if (!busy.compare_exchange_strong(expected, 1)) {
+        launch->status = CLEMU_LAUNCH;
+        snprintf(launch->message, sizeof launch->message, "another emulator launch is still running (one at a time)");
+        return launch->status;
+    }
     if (launch->shared_bytes > MAX_DYN_SHARED) {
         launch->status = CLEMU_LAUNCH;
         snprintf(launch->message, sizeof launch->message, "dynamic shared memory of %lld bytes is over the %lld a GPU can give a block",
                  launch->shared_bytes, MAX_DYN_SHARED);
+        busy.store(0);
         return launch->status;
     }
     long long blocks = (long long)launch->grid[0] * launch->grid[1] * launch->grid[2];
     int n_workers = launch->n_workers < 1 ? 1 : launch->n_workers;
+    if (launch->detect) n_workers = 1;
     if (blocks < n_workers) n_workers = (int)blocks;
     std::unique_lock<std::mutex> g(pool_mu);
     grow_pool(n_workers);
     L = launch;
+    detect_on = launch->detect != 0;
+    n_races = 0;
+    if (detect_on) clemu_hook_on = 1;
+    prof_on = launch->profile != 0;
+    if (prof_on) {
+        clprof_reset();
+        clemu_hook_on = 1;
+    }
     next_block.store(0);
     n_blocks = blocks;
     failed.store(0);
     workers_done = 0;
     workers_active = n_workers;
+    for (int i = 0; i < n_workers; i++) { pool[i]->stop_pc = nullptr; pool[i]->last_site = nullptr; }
     launch_gen++;
     pool_cv.notify_all();
-    auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(launch->timeout_s);
-    if (!done_cv.wait_until(g, deadline, [&] { return workers_done == workers_active; })) {
-        // a kernel that never returns: note where the workers are, then stop them
-        std::string at;
-        for (int i = 0; i < workers_active; i++) {
-            worker* w = pool[i];
-            fiber_thread* t = w->running;
-            if (w->in_kernel.load() && t) { at = where(&t->pub); break; }
-        }
-        int expected = 0;
-        if (failed.compare_exchange_strong(expected, 1)) {
-            launch->status = CLEMU_TIMEOUT;
-            snprintf(launch->message, sizeof launch->message,
-                     "the kernel did not finish within %.3g s and was stopped (%s was still running). "
-                     "Look for a loop whose end condition never becomes true, e.g. a grid-stride loop that "
-                     "does not advance, or raise the limit with timeout=.",
-                     launch->timeout_s, at.empty() ? "no thread identified" : at.c_str());
-        }
-        for (int i = 0; i < workers_active; i++)
-            if (pool[i]->in_kernel.load()) pthread_kill(pool[i]->tid, SIGUSR2);
-        if (!done_cv.wait_for(g, std::chrono::seconds(10), [&] { return workers_done == workers_active; })) {
-            // a worker that does not come back (blocked outside the kernel): abandon it
-            for (int i = 0; i < workers_active; i++) pool[i] = nullptr;
-            pool.clear();
+    return 0;
+}
+
+// 1 when the launch has finished (its status and message are set), 0 while it still runs.
+extern "C" __attribute__((visibility("default"))) int clemu_wait(clemu_launch* launch, double seconds) {
+    std::unique_lock<std::mutex> g(pool_mu);
+    if (!done_cv.wait_for(g, std::chrono::duration<double>(seconds), [&] { return workers_done == workers_active; }))
+        return 0;
+    g.unlock();
+    finish(launch);
+    return 1;
+}
+
+// How many blocks have started (for the progress line).
+extern "C" __attribute__((visibility("default"))) long long clemu_progress() {
+    long long b = next_block.load();
+    return b < n_blocks ? b : n_blocks;
+}
+
+// Stop a running launch with `status`; its message says where the running threads were
+// ("thread (..) of block (..) at {{site:..}}", or nothing when none could be told).
+extern "C" __attribute__((visibility("default"))) int clemu_stop(clemu_launch* launch, int status) {
+    std::unique_lock<std::mutex> g(pool_mu);
+    std::string at;
+    std::vector<std::string> who(workers_active);
+    for (int i = 0; i < workers_active; i++) {
+        worker* w = pool[i];
+        fiber_thread* t = w->running;
+        if (w->in_kernel.load() && t) who[i] = where(&t->pub);
+    }
+    failed.store(1);
+    for (int i = 0; i < workers_active; i++)
+        if (pool[i]->in_kernel.load()) pthread_kill(pool[i]->tid, SIGUSR2);
+    if (!done_cv.wait_for(g, std::chrono::seconds(1), [&] { return workers_done == workers_active; })) {
+        // a worker that does not come back (blocked outside the kernel): abandon it
+        for (int i = 0; i < workers_active; i++) pool[i] = nullptr;
+        pool.clear();
+    }
+    for (int i = 0; i < (int)who.size(); i++) {
+        if (who[i].empty()) continue;
+        if (!at.empty()) at += "; ";
+        at += who[i];
+        if (i < (int)pool.size() && pool[i]) {
+            // stopped inside the runtime (the detector's bookkeeping): the last access is the kernel's place
+            Dl_info here, there;
+            const void* pc = pool[i]->stop_pc;
+            if (pc && dladdr((void*)&clemu_stop, &here) && dladdr(pc, &there) && here.dli_fbase == there.dli_fbase)
+                pc = pool[i]->last_site;
+            at += at_site(pc);
         }
     }
-    L = nullptr;
-    return launch->status;
+    launch->status = status;
+    snprintf(launch->message, sizeof launch->message, "%s", at.c_str());
+    g.unlock();
+    finish(launch);
+    return status;
 }
 
 extern "C" __attribute__((visibility("default"))) long long clemu_take_output(char* dst, long long cap) {
@@ -758,4 +1038,4 @@ extern "C" __attribute__((visibility("default"))) long long clemu_take_output(ch
     return n;
 }
 
-extern "C" __attribute__((visibility("default"))) int clemu_abi_version() { return 1; }
+extern "C" __attribute__((visibility("default"))) int clemu_abi_version() { return 2; }

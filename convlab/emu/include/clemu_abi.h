@@ -16,6 +16,7 @@ struct clemu_block {           // the block a worker runs now
     dim3 dim, grid;
     unsigned char* dyn_shared;
     long long dyn_bytes;       // the launch's shared= bytes
+    unsigned long long serial; // unique per block run on this OS thread: static __shared__ arrays poison on a new one
 };
 
 struct clemu_thread {          // one CUDA thread of the running block
@@ -32,7 +33,21 @@ struct clemu_buf { void* p; long long nbytes; };
 #pragma GCC visibility push(default)
 extern thread_local clemu_thread* clemu_cur;
 
+// The per-access hook. Every element access that goes through a checked kernel pointer
+// (clemu::ptr), a static or extern __shared__ array calls
+//     clemu_access(op, addr, bytes, name, base)
+// while clemu_hook_on is nonzero:
+//   op    CLEMU_RD / CLEMU_WR (both for x[i] += v) or CLEMU_ATOM, plus CLEMU_SHARED for shared memory
+//   addr  the element's address; bytes its size
+//   name  the shared array's name (nullptr for global memory: the runtime finds the buffer argument)
+//   base  the start of that array or buffer, so index = (addr - base) / bytes
+// The source site is the hook's return address (the instruction in the kernel that accessed);
+// the thread and block are clemu_cur's. The race detector is one user; a profiler counting
+// requests, sectors and bank conflicts per warp and per site can be another.
+enum { CLEMU_RD = 1, CLEMU_WR = 2, CLEMU_ATOM = 4, CLEMU_SHARED = 8 };
+
 extern "C" {
+extern int clemu_hook_on;
 void clemu_syncthreads(const char* file, int line);
 int clemu_syncthreads_reduce(int pred, int op, const char* file, int line);   // op: 0 count, 1 and, 2 or
 unsigned long long* clemu_warp_exchange(unsigned mask, unsigned long long value, const char* file, int line);
@@ -41,10 +56,14 @@ unsigned clemu_activemask();
 [[noreturn]] void clemu_fault(int kind, const char* fmt, ...);
 [[noreturn]] void clemu_fault_shared(const char* name, long long elem, long long n_elems, long long elem_size);
 void clemu_printf(const char* fmt, ...);
+void clemu_access(unsigned op, const volatile void* addr, unsigned bytes, const char* name, const void* base);
+[[noreturn]] void clemu_fault_shared_index(const char* name, int dim, long long index, long long extent,
+                                           const long long* prefix, int rank);
 }
 #pragma GCC visibility pop
 
 enum clemu_status {
     CLEMU_OK = 0, CLEMU_FAULT = 1, CLEMU_BARRIER = 2, CLEMU_OOB = 3, CLEMU_TIMEOUT = 4,
-    CLEMU_SEGV = 5, CLEMU_ASSERT = 6, CLEMU_FPE = 7, CLEMU_STACK = 8, CLEMU_LAUNCH = 9,
+    CLEMU_SEGV = 5, CLEMU_ASSERT = 6, CLEMU_FPE = 7, CLEMU_STACK = 8, CLEMU_LAUNCH = 9, CLEMU_RACE = 10,
+    CLEMU_INTERRUPT = 11,
 };

@@ -147,8 +147,17 @@ static inline unsigned ballot(unsigned long long* s, unsigned mask) {
 // The value parameter is a non-deduced context (as CUDA's overloads behave): atomicAdd(&u, 1)
 // with an unsigned u works.
 namespace clemu { template <class T> using nd = typename std::common_type<T>::type; }
-template <class T> static inline T atomicAdd(T* a, clemu::nd<T> v) { return __atomic_fetch_add(a, v, __ATOMIC_RELAXED); }
-template <class T, class B> static inline T clemu_atomic_float(T* a, T v, B) {
+// In the hooked build, each atomic tells the per-access hook (clemu_abi.h) that it happened, for
+// the profiler's counts.
+template <class T> static inline void clemu_atomic_hook(T* a) {
+#ifdef CLEMU_HOOKS
+    if (__builtin_expect(clemu_hook_on, 0)) clemu_access(CLEMU_ATOM, a, sizeof(T), nullptr, nullptr);
+#else
+    (void)a;
+#endif
+}
+template <class T> static inline T atomicAdd(T* a, clemu::nd<T> v) { clemu_atomic_hook(a); return __atomic_fetch_add(a, v, __ATOMIC_RELAXED); }
+template <class T, class B> static inline T clemu_atomic_float(T* a, T v, B) { clemu_atomic_hook(a);
     B o = __atomic_load_n((B*)a, __ATOMIC_RELAXED), n;
     T old, want;
     do { memcpy(&old, &o, sizeof(T)); want = old + v; memcpy(&n, &want, sizeof(T)); }
@@ -156,25 +165,25 @@ template <class T, class B> static inline T clemu_atomic_float(T* a, T v, B) {
     return old; }
 static inline float atomicAdd(float* a, float v) { return clemu_atomic_float(a, v, 0u); }
 static inline double atomicAdd(double* a, double v) { return clemu_atomic_float(a, v, 0ull); }
-template <class T> static inline T atomicSub(T* a, clemu::nd<T> v) { return __atomic_fetch_sub(a, v, __ATOMIC_RELAXED); }
-template <class T> static inline T atomicExch(T* a, clemu::nd<T> v) { return __atomic_exchange_n(a, v, __ATOMIC_RELAXED); }
-static inline float atomicExch(float* a, float v) {
+template <class T> static inline T atomicSub(T* a, clemu::nd<T> v) { clemu_atomic_hook(a); return __atomic_fetch_sub(a, v, __ATOMIC_RELAXED); }
+template <class T> static inline T atomicExch(T* a, clemu::nd<T> v) { clemu_atomic_hook(a); return __atomic_exchange_n(a, v, __ATOMIC_RELAXED); }
+static inline float atomicExch(float* a, float v) { clemu_atomic_hook(a);
     unsigned n; memcpy(&n, &v, 4); unsigned o = __atomic_exchange_n((unsigned*)a, n, __ATOMIC_RELAXED);
     float r; memcpy(&r, &o, 4); return r; }
-template <class T> static inline T atomicCAS(T* a, clemu::nd<T> cmp, clemu::nd<T> v) {
+template <class T> static inline T atomicCAS(T* a, clemu::nd<T> cmp, clemu::nd<T> v) { clemu_atomic_hook(a);
     __atomic_compare_exchange_n(a, &cmp, v, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED); return cmp; }
-template <class T> static inline T atomicMax(T* a, clemu::nd<T> v) {
+template <class T> static inline T atomicMax(T* a, clemu::nd<T> v) { clemu_atomic_hook(a);
     T o = __atomic_load_n(a, __ATOMIC_RELAXED);
     while (o < v && !__atomic_compare_exchange_n(a, &o, v, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {}
     return o; }
-template <class T> static inline T atomicMin(T* a, clemu::nd<T> v) {
+template <class T> static inline T atomicMin(T* a, clemu::nd<T> v) { clemu_atomic_hook(a);
     T o = __atomic_load_n(a, __ATOMIC_RELAXED);
     while (v < o && !__atomic_compare_exchange_n(a, &o, v, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {}
     return o; }
-template <class T> static inline T atomicAnd(T* a, clemu::nd<T> v) { return __atomic_fetch_and(a, v, __ATOMIC_RELAXED); }
-template <class T> static inline T atomicOr(T* a, clemu::nd<T> v) { return __atomic_fetch_or(a, v, __ATOMIC_RELAXED); }
-template <class T> static inline T atomicXor(T* a, clemu::nd<T> v) { return __atomic_fetch_xor(a, v, __ATOMIC_RELAXED); }
-static inline unsigned atomicInc(unsigned* a, unsigned lim) {
+template <class T> static inline T atomicAnd(T* a, clemu::nd<T> v) { clemu_atomic_hook(a); return __atomic_fetch_and(a, v, __ATOMIC_RELAXED); }
+template <class T> static inline T atomicOr(T* a, clemu::nd<T> v) { clemu_atomic_hook(a); return __atomic_fetch_or(a, v, __ATOMIC_RELAXED); }
+template <class T> static inline T atomicXor(T* a, clemu::nd<T> v) { clemu_atomic_hook(a); return __atomic_fetch_xor(a, v, __ATOMIC_RELAXED); }
+static inline unsigned atomicInc(unsigned* a, unsigned lim) { clemu_atomic_hook(a);
     unsigned o = __atomic_load_n(a, __ATOMIC_RELAXED), n;
     do { n = o >= lim ? 0 : o + 1; } while (!__atomic_compare_exchange_n(a, &o, n, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
     return o; }
@@ -182,11 +191,91 @@ static inline unsigned atomicInc(unsigned* a, unsigned lim) {
 #define atomicAdd_system atomicAdd
 
 // ---- printf, assert, trap ----------------------------------------------------------------
-#define printf(...) clemu_printf(__VA_ARGS__)
 #undef assert
 #define assert(c) ((c) ? (void)0 : clemu_fault(CLEMU_ASSERT, "assertion `%s` failed at %s:%d", #c, __FILE__, __LINE__))
 #define __trap() clemu_fault(CLEMU_ASSERT, "__trap() at %s:%d", __FILE__, __LINE__)
 #define __brkpt() ((void)0)
+
+// ---- checked elements ---------------------------------------------------------------------
+namespace clemu {
+// An arithmetic element of checked memory (a kernel pointer parameter, a __shared__ array), as an
+// lvalue: reading it and writing it are told apart, so the per-access hook (clemu_abi.h) sees
+// which one happened. Other element types (half, float4, structs) come back as plain T&. The
+// emulator builds each module twice, on demand: with CLEMU_HOOKS (these proxies, for the race
+// detector) and without (plain T&, for launches at full speed).
+template <class T> struct ref {
+    typedef typename std::remove_cv<T>::type V;
+    T* p; const char* name; const void* base; unsigned sp;
+    ref(T* p_, const char* n, const void* b, unsigned s) : p(p_), name(n), base(b), sp(s) {}
+    ref(const ref&) = default;
+    inline void hook(unsigned op) const {
+        if (__builtin_expect(clemu_hook_on, 0)) clemu_access(op | sp, p, sizeof(T), name, base); }
+    operator V() const { hook(CLEMU_RD); return *p; }
+    T* operator&() const { return p; }
+    ref& operator=(const V& v) { hook(CLEMU_WR); *p = v; return *this; }
+    ref& operator=(const ref& o) { V v = o; return *this = v; }
+#define CLEMU_REF_OP(OP) template <class U> ref& operator OP(const U& v) { \
+        hook(CLEMU_RD | CLEMU_WR); V t = *p; t OP v; *p = t; return *this; }
+    CLEMU_REF_OP(+=) CLEMU_REF_OP(-=) CLEMU_REF_OP(*=) CLEMU_REF_OP(/=) CLEMU_REF_OP(%=)
+    CLEMU_REF_OP(&=) CLEMU_REF_OP(|=) CLEMU_REF_OP(^=) CLEMU_REF_OP(<<=) CLEMU_REF_OP(>>=)
+#undef CLEMU_REF_OP
+    ref& operator++() { hook(CLEMU_RD | CLEMU_WR); V t = *p; ++t; *p = t; return *this; }
+    ref& operator--() { hook(CLEMU_RD | CLEMU_WR); V t = *p; --t; *p = t; return *this; }
+    V operator++(int) { hook(CLEMU_RD | CLEMU_WR); V t = *p, r = t; ++t; *p = t; return r; }
+    V operator--(int) { hook(CLEMU_RD | CLEMU_WR); V t = *p, r = t; --t; *p = t; return r; }
+};
+#ifdef CLEMU_HOOKS
+template <class T> struct is_plain : std::is_arithmetic<typename std::remove_cv<T>::type> {};
+#else
+template <class T> struct is_plain : std::false_type {};
+#endif
+template <class T> using elem = typename std::conditional<is_plain<T>::value, ref<T>, T&>::type;
+template <class T> static inline typename std::enable_if<is_plain<T>::value, ref<T>>::type
+at(T* p, unsigned sp, const char* name, const void* base) { return ref<T>(p, name, base, sp); }
+template <class T> static inline typename std::enable_if<!is_plain<T>::value, T&>::type
+at(T* p, unsigned, const char*, const void*) { return *p; }
+template <class T> static inline T unref(T v) { return v; }
+template <class T> static inline typename ref<T>::V unref(const ref<T>& r) { return r; }
+template <class... A> static inline void printf_(const char* fmt, A... a) { clemu_printf(fmt, unref(a)...); }
+}
+#undef printf
+#define printf(...) clemu::printf_(__VA_ARGS__)
+
+// ---- static shared memory ------------------------------------------------------------------
+// `__shared__ T name[N0][N1]...;` inside a function becomes a store per OS thread and a view of
+// it (convlab/_source.py rewrites the declaration in place):
+//     static thread_local clemu::shared_store<T[N0][N1]> name__clemu; const clemu::sview<T[N0][N1]> name = clemu::shared_open(name__clemu, "name");
+// The first thread of each block that reaches the declaration fills the store with 0xFF bytes
+// (NaN for floating types, -1 for integers), so values left by the previous block, or never
+// loaded, show. Every index is checked against its dimension; the view converts to a pointer
+// (as an array decays) where one is needed, and accesses through that pointer are not checked.
+namespace clemu {
+template <class A> struct alignas(256) shared_store { A data; unsigned long long serial; };
+template <class A> struct sview;
+template <class E, size_t N> struct sview<E[N]> {
+    E* p; const char* name; const void* base; int depth, rank; long long prefix[4];
+    operator E*() const { return p; }
+    template <class U> explicit operator U*() const { return (U*)p; }
+    template <class I, class = typename std::enable_if<std::is_integral<I>::value || std::is_enum<I>::value>::type>
+    typename std::conditional<std::is_array<E>::value, sview<E>, elem<E>>::type operator[](I i) const {
+        long long k = (long long)i;
+        if (__builtin_expect(k < 0 || k >= (long long)N, 0))
+            clemu_fault_shared_index(name, depth, k, (long long)N, prefix, rank);
+        return sub(k, std::is_array<E>());
+    }
+    sview<E> sub(long long k, std::true_type) const {
+        sview<E> r{p[k], name, base, depth + 1, rank, {prefix[0], prefix[1], prefix[2], prefix[3]}};
+        if (depth < 4) r.prefix[depth] = k;
+        return r;
+    }
+    elem<E> sub(long long k, std::false_type) const { return at(p + k, CLEMU_SHARED, name, base); }
+};
+template <class A> static inline sview<A> shared_open(shared_store<A>& s, const char* name) {
+    unsigned long long serial = clemu_cur->blk->serial;
+    if (s.serial != serial) { memset((void*)&s.data, 0xFF, sizeof(A)); s.serial = serial; }
+    return sview<A>{s.data, name, (const void*)&s.data, 0, (int)std::rank<A>::value, {0, 0, 0, 0}};
+}
+}
 
 // ---- dynamic shared memory -----------------------------------------------------------------
 static inline void* clemu_dyn_shared() { return clemu_cur->blk->dyn_shared; }
@@ -197,11 +286,11 @@ template <class T> struct dyn_shared {
     const char* name;
     operator T*() const { return (T*)clemu_dyn_shared(); }
     template <class U> explicit operator U*() const { return (U*)clemu_dyn_shared(); }
-    template <class I> T& operator[](I i) const {
+    template <class I, class U = T> elem<U> operator[](I i) const {
         long long n = clemu_cur->blk->dyn_bytes / (long long)sizeof(T);
         if (__builtin_expect((long long)i < 0 || (long long)i >= n, 0))
             clemu_fault_shared(name, (long long)i, n, (long long)sizeof(T));
-        return ((T*)clemu_dyn_shared())[i]; }
+        return at((U*)clemu_dyn_shared() + (long long)i, CLEMU_SHARED, name, clemu_dyn_shared()); }
 };
 }
 
@@ -230,9 +319,9 @@ template <class T> struct ptr {
     }
     operator T*() const { return p; }
     template <class U> explicit operator U*() const { return (U*)p; }
-    template <class I, class = typename std::enable_if<std::is_integral<I>::value || std::is_enum<I>::value>::type>
-    T& operator[](I i) const { check(p + (long long)i); return p[(long long)i]; }
-    T& operator*() const { check(p); return *p; }
+    template <class I, class U = T, class = typename std::enable_if<std::is_integral<I>::value || std::is_enum<I>::value>::type>
+    elem<U> operator[](I i) const { check(p + (long long)i); return at(p + (long long)i, 0u, nullptr, (const void*)lo); }
+    template <class U = T> elem<U> operator*() const { check(p); return at(p, 0u, nullptr, (const void*)lo); }
     T* operator->() const { check(p); return p; }
     template <class I> ptr operator+(I i) const { return ptr(p + (long long)i, lo, hi, arg); }
     template <class I> ptr operator-(I i) const { return ptr(p - (long long)i, lo, hi, arg); }

@@ -1,0 +1,129 @@
+"""The emulator's memory counters beside Nsight Compute's, on the same launches.
+
+On a GPU machine with ncu (from the repository root):
+
+    python benchmarks/profile_emu_vs_ncu.py
+
+profiles every case below with ncu (cl.profile; each case's raw CSV is kept in
+book/data/profiles/NAME.csv), runs the same cases on the emulator in a subprocess
+(CONVLAB_BACKEND=emu), and writes book/data/profiles/emu_vs_ncu.csv: one row per case, kernel and
+counter, with both values and their ratio. The simple patterns (tests/features/profile_patterns.cu)
+must agree exactly; the chapters' kernels within 10% where nvcc neither vectorises nor caches
+their loads (the book says why where they differ).
+
+    python benchmarks/profile_emu_vs_ncu.py --emu out.json   # the emulator's half only (any machine)
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+import convlab as cl  # noqa: E402
+from convlab.profile import EMU_COUNTERS  # noqa: E402
+
+PATTERNS = ROOT / "tests" / "features" / "profile_patterns.cu"
+OUT = ROOT / "book" / "data" / "profiles" / "emu_vs_ncu.csv"
+
+
+def cases():
+    """name -> (function, args, kwargs): each a call cl.profile can repeat."""
+    from convlab.ops import fused, im2col, naive, tiled
+    pat = cl.load(PATTERNS)
+    pad1 = cl.load(PATTERNS, defines={"PAD": 1})
+    n = 1000
+    cl.seed(11)
+    out = {
+        "pattern_copy_coalesced": (pat.kernel("copy_coalesced"), (cl.randn(n), cl.empty(n), n),
+                                   {"grid": 4, "block": 256}),
+        "pattern_copy_stride2": (pat.kernel("copy_strided"), (cl.randn(2 * n), cl.empty(n), n, 2),
+                                 {"grid": 4, "block": 256}),
+        "pattern_copy_stride32": (pat.kernel("copy_strided"), (cl.randn(32 * n), cl.empty(n), n, 32),
+                                  {"grid": 4, "block": 256}),
+        "pattern_tile_pad0": (pat.kernel("tile_transpose"), (cl.randn(3 * 1024), cl.empty(3 * 1024)),
+                              {"grid": 3, "block": (32, 8)}),
+        "pattern_tile_pad1": (pad1.kernel("tile_transpose"), (cl.randn(3 * 1024), cl.empty(3 * 1024)),
+                              {"grid": 3, "block": (32, 8)}),
+        "pattern_broadcast": (pat.kernel("broadcast"), (cl.randn(64), cl.empty(128)), {"grid": 2, "block": 64}),
+        "pattern_histogram": (pat.kernel("histogram"),
+                              (cl.to_device(torch.randint(0, 1000, (n,), dtype=torch.int32)),
+                               cl.zeros(8, dtype=torch.int32), n), {"grid": 4, "block": 256}),
+    }
+    x, w = cl.randn(2, 3, 28, 28), cl.randn(8, 3, 5, 5)
+    for mod in (naive, tiled, im2col, fused):
+        impls = mod.IMPLEMENTATIONS
+        items = impls.items() if isinstance(impls, dict) else ((i.name, i.launcher) for i in impls)
+        for label, fn in items:
+            if "torch" in label:
+                continue
+            key = re.sub(r"[^A-Za-z0-9]+", "_", mod.__name__.rsplit(".", 1)[1] + " " + label).strip("_")
+            out[key] = (fn, (x, w), {})
+    return out
+
+
+def emulator_half(path: str) -> None:
+    result = {}
+    for name, (fn, args, kwargs) in cases().items():
+        try:
+            card = cl.profile(fn, *args, **kwargs)
+        except cl.ConvlabError as e:
+            print(f"# {name}: {e}")
+            continue
+        result[name] = [{"kernel": k.short_name, "metrics": k.metrics} for k in card.kernels]
+    Path(path).write_text(json.dumps(result))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--emu", metavar="JSON", help="only run the emulator's half and write its counters here")
+    a = ap.parse_args()
+    if a.emu:
+        emulator_half(a.emu)
+        return 0
+    if cl.backend() != "cuda":
+        print("run this on a GPU machine (with ncu); --emu JSON runs the emulator's half anywhere")
+        return 2
+    emu_json = ROOT / ".convlab-cache" / "profile_emu.json"
+    emu_json.parent.mkdir(exist_ok=True)
+    subprocess.run([sys.executable, __file__, "--emu", str(emu_json)], check=True,
+                   env=dict(os.environ, CONVLAB_BACKEND="emu"))
+    emu = json.loads(emu_json.read_text())
+    rows = []
+    for name, (fn, args, kwargs) in cases().items():
+        card = cl.profile(fn, *args, name=f"emu_vs_ncu_{name}", **kwargs)
+        theirs = emu.get(name, [])
+        if len(theirs) != len(card.kernels):
+            print(f"# {name}: ncu saw {len(card.kernels)} kernels, the emulator {len(theirs)}")
+        for k, e in zip(card.kernels, theirs):
+            for metric in EMU_COUNTERS:
+                ours = e["metrics"].get(metric)
+                ncu = k.value(metric)
+                if ours is None or not isinstance(ncu, (int, float)):
+                    continue
+                ratio = ours / ncu if ncu else (1.0 if ours == 0 else float("inf"))
+                rows.append({"case": name, "kernel": k.short_name, "metric": metric, "emulator": ours,
+                             "ncu": ncu, "emulator/ncu": round(ratio, 4)})
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    with open(OUT, "w", newline="") as f:
+        wr = csv.DictWriter(f, fieldnames=["case", "kernel", "metric", "emulator", "ncu", "emulator/ncu"])
+        wr.writeheader()
+        wr.writerows(rows)
+    print(f"# wrote {OUT} ({len(rows)} rows)")
+    off = [r for r in rows if r["case"].startswith("pattern_") and r["emulator"] != r["ncu"]]
+    for r in off:
+        print(f"# pattern differs: {r}")
+    return 1 if off else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,42 @@
+// clemu_profile.h — the emulator's profiler (profile.cpp): it groups each warp's memory accesses
+// into requests and counts them as Nsight Compute does. A request is the k-th execution of one
+// access site (a load or store in the source) by the lanes of one warp, between two barriers.
+// Only linked into a launch that cl.profile asked for; plain launches never call it.
+#pragma once
+
+enum clprof_kind {            // what an access site does
+    CLPROF_GLOBAL_LD = 0, CLPROF_GLOBAL_ST = 1, CLPROF_SHARED_LD = 2, CLPROF_SHARED_ST = 3,
+    CLPROF_GLOBAL_ATOM = 4, CLPROF_SHARED_ATOM = 5,
+};
+
+enum clprof_counter {         // per site and in total; convlab/profile.py names them after ncu's metrics
+    CLPROF_GLD_REQ, CLPROF_GLD_SECT, CLPROF_GST_REQ, CLPROF_GST_SECT,
+    CLPROF_SLD_REQ, CLPROF_SLD_WAVE, CLPROF_SLD_CONFL, CLPROF_SST_REQ, CLPROF_SST_WAVE, CLPROF_SST_CONFL,
+    CLPROF_GATOM_REQ, CLPROF_SATOM_REQ, CLPROF_BARRIER, CLPROF_N_COUNTERS,
+};
+
+// Called from Python (ctypes) too: exported although the runtime hides its other symbols.
+#pragma GCC visibility push(default)
+extern "C" {
+// A site's id: the same key (the accessing instruction's address in the kernel's code) and kind
+// always give the same id.
+int clprof_site(unsigned long long key, int kind);
+// One thread's access: its linear index in the block, the site, the address and size in bytes.
+void clprof_access(int thread, int site, const void* addr, int bytes);
+// The emulator's per-access hook (op bits as clemu_abi.h's CLEMU_RD/WR/ATOM/SHARED; pc: the
+// accessing instruction, which names the site).
+void clprof_hook(unsigned op, const void* addr, unsigned bytes, const void* pc, int thread);
+// The block's threads all reached a barrier (or the block ended): group what they did since the
+// last one into requests. n_threads: the block's size. barrier: 1 at a __syncthreads().
+void clprof_epoch(int n_threads, int barrier);
+// Start counting afresh (before a launch).
+void clprof_reset();
+// Totals of every worker into out[CLPROF_N_COUNTERS]; returns the number of sites.
+int clprof_totals(long long* out);
+// One site's key, kind and counters; returns 0 when there is no such site.
+int clprof_site_info(int site, unsigned long long* key, int* kind, long long* out);
+// Where a site is, as the runtime's {{site:MODULE+OFFSET}} token (convlab.emu.resolve_sites turns
+// it into a source line); returns 0 when the key is no address in a loaded module.
+int clprof_site_where(int site, char* buf, int cap);
+}
+#pragma GCC visibility pop

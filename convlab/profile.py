@@ -1,0 +1,726 @@
+"""Profile cards: Nsight Compute's metrics for one call, on a GPU; the same memory counters from the
+emulator, for a machine without one.
+
+    card = cl.profile(conv, x, w, y, 2, 3, 8, 32, 32, 5, grid=g, block=b)   # a kernel and its arguments
+    card = cl.profile(cl.ops.naive.conv2d_naive_z, x, w, name="ch2_naive_z") # a launcher call
+    card = cl.profile_torch(torch.nn.functional.conv2d, x, w, name="ch2_torch")
+
+On a GPU the call runs again in a subprocess under `ncu --clock-control none` (the GPU's clocks are
+never changed): once to warm up (compile, load), then once between cudaProfilerStart/Stop, so only
+the kernels of that one call are profiled. The card lists each kernel with ncu's metric names, so
+every number can be looked up in Nsight Compute's metrics reference. With name=..., the CSV that ncu
+wrote is kept in book/data/profiles/NAME.csv; where ncu is missing or may not read the counters,
+one line says so and the card shows that committed result instead.
+
+On the emulator, cl.profile runs the call in this process and counts every warp's global and
+shared-memory requests, 32-byte sectors, bank conflicts (wavefronts), atomics and barriers under
+the same metric names; timing, throughput and occupancy are the GPU's alone. With name=..., ncu's
+committed numbers stand beside the emulator's.
+"""
+from __future__ import annotations
+
+import csv
+import datetime as _dt
+import io
+import math
+import os
+import pickle
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ._errors import ConvlabError
+
+__all__ = ["profile", "profile_torch", "committed", "ProfileCard", "KernelProfile", "ProfileUnavailable",
+           "parse_ncu_csv", "count_trace", "emu_profiling", "NCU_METRICS", "TORCH_METRICS", "EMU_COUNTERS",
+           "PROFILES_DIR"]
+
+PROFILES_DIR = "book/data/profiles"
+
+
+class ProfileUnavailable(ConvlabError):
+    """No profile can be taken here and none was committed; the message says why and what to do."""
+
+
+# ---------------------------------------------------------------------------------------------
+# What a card shows: (row label, ncu metric name). The names are ncu's own (Nsight Compute's
+# "Metrics Reference" and `ncu --query-metrics` explain each one).
+
+STALL_REASONS = ("barrier", "branch_resolving", "dispatch_stall", "drain", "imc_miss", "lg_throttle",
+                 "long_scoreboard", "math_pipe_throttle", "membar", "mio_throttle", "misc", "no_instruction",
+                 "not_selected", "selected", "short_scoreboard", "sleeping", "tex_throttle", "wait")
+OCCUPANCY_LIMITS = ("blocks", "registers", "shared_mem", "warps", "barriers")
+
+
+# ncu splits atomics into ATOM (the old value is used) and RED (it is not); the emulator cannot
+# tell which one the compiler chose, so the card shows their sum.
+ATOMICS = "smsp__inst_executed_op_global_atom.sum + smsp__inst_executed_op_global_red.sum"
+# shared-memory atomics: ncu counts them in three metrics (as its nvprof translation table adds them)
+SHARED_ATOMICS = ("smsp__inst_executed_op_shared_atom.sum + smsp__inst_executed_op_shared_atom_dot_alu.sum"
+                  " + smsp__inst_executed_op_shared_atom_dot_cas.sum")
+
+
+def _stall(reason: str) -> str:
+    return f"smsp__average_warps_issue_stalled_{reason}_per_issue_active.ratio"
+
+
+ROWS = [
+    ("duration (us)", "gpu__time_duration.sum"),
+    ("DRAM throughput (% of peak)", "dram__throughput.avg.pct_of_peak_sustained_elapsed"),
+    ("L2 throughput (% of peak)", "lts__throughput.avg.pct_of_peak_sustained_elapsed"),
+    ("SM throughput (% of peak)", "sm__throughput.avg.pct_of_peak_sustained_elapsed"),
+    ("issue slots busy (%)", "smsp__issue_active.avg.pct_of_peak_sustained_active"),
+    ("tensor pipe busy (%)", "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active"),
+    ("achieved occupancy (%)", "sm__warps_active.avg.pct_of_peak_sustained_active"),
+    ("theoretical occupancy (%)", "sm__maximum_warps_per_active_cycle_pct"),
+    ("occupancy limited by", "launch__occupancy_limit_*"),
+    ("registers per thread", "launch__registers_per_thread"),
+    ("block size", "launch__block_size"),
+    ("grid size", "launch__grid_size"),
+    ("DRAM bytes read", "dram__bytes_read.sum"),
+    ("DRAM bytes written", "dram__bytes_write.sum"),
+    ("L1 hit rate (%)", "l1tex__t_sector_hit_rate.pct"),
+    ("global load requests", "l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum"),
+    ("global load sectors", "l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum"),
+    ("global load sectors per request", "l1tex__average_t_sectors_per_request_pipe_lsu_mem_global_op_ld.ratio"),
+    ("global store requests", "l1tex__t_requests_pipe_lsu_mem_global_op_st.sum"),
+    ("global store sectors", "l1tex__t_sectors_pipe_lsu_mem_global_op_st.sum"),
+    ("global store sectors per request", "l1tex__average_t_sectors_per_request_pipe_lsu_mem_global_op_st.ratio"),
+    ("shared load requests", "smsp__inst_executed_op_shared_ld.sum"),
+    ("shared load wavefronts", "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum"),
+    ("shared load bank conflicts", "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum"),
+    ("shared store requests", "smsp__inst_executed_op_shared_st.sum"),
+    ("shared store wavefronts", "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum"),
+    ("shared store bank conflicts", "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum"),
+    ("global atomics, ATOM + RED (warp instructions)", "smsp__inst_executed_op_global_atom.sum + smsp__inst_executed_op_global_red.sum"),
+    ("shared atomics (warp instructions)", SHARED_ATOMICS),
+    ("barriers (warp instructions)", "smsp__inst_executed_op_barrier.sum"),
+    ("instructions executed (warp)", "smsp__inst_executed.sum"),
+    ("FFMA (thread instructions)", "smsp__sass_thread_inst_executed_op_ffma_pred_on.sum"),
+    ("HFMA2 and HFMA (thread instructions)", "smsp__sass_thread_inst_executed_op_hfma_pred_on.sum"),
+    ("tensor-core HMMA (warp instructions)", "smsp__inst_executed_pipe_tensor_op_hmma.sum"),
+    ("top warp stalls (cycles per issue)", "smsp__average_warps_issue_stalled_*_per_issue_active.ratio"),
+]
+
+# What ncu is asked for: every plain row, the occupancy limits and the stall reasons behind the two
+# summary rows, and the sector-per-request inputs.
+NCU_METRICS = ([m for _, m in ROWS if "*" not in m and " + " not in m]
+               + ATOMICS.split(" + ") + SHARED_ATOMICS.split(" + ")
+               + [f"launch__occupancy_limit_{k}" for k in OCCUPANCY_LIMITS]
+               + [_stall(r) for r in STALL_REASONS])
+
+# torch's own call: which kernels ran, how long, how busy they kept the GPU.
+TORCH_METRICS = ["gpu__time_duration.sum", "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+                 "lts__throughput.avg.pct_of_peak_sustained_elapsed", "sm__throughput.avg.pct_of_peak_sustained_elapsed",
+                 "smsp__issue_active.avg.pct_of_peak_sustained_active",
+                 "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active",
+                 "sm__warps_active.avg.pct_of_peak_sustained_active", "launch__registers_per_thread",
+                 "launch__block_size", "launch__grid_size", "dram__bytes_read.sum", "dram__bytes_write.sum"]
+
+_TIME_NS = {"nsecond": 1.0, "ns": 1.0, "usecond": 1e3, "us": 1e3, "msecond": 1e6, "ms": 1e6, "second": 1e9, "s": 1e9}
+_BYTES = {"byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "Tbyte": 1e12, "KB": 1e3, "MB": 1e6, "GB": 1e9}
+
+
+# ---------------------------------------------------------------------------------------------
+# One kernel's numbers, and the card
+
+@dataclass
+class KernelProfile:
+    """One profiled kernel launch: its name as ncu printed it, and metric -> value (durations in
+    ns, sizes in bytes; text where ncu gave text)."""
+    name: str
+    metrics: dict = field(default_factory=dict)
+    grid: str = ""
+    block: str = ""
+    sites: list = field(default_factory=list)   # emulator: (where token, kind, counters) per access site
+
+    @property
+    def short_name(self) -> str:
+        """The name without its parameter list or template arguments' noise (`conv2d_naive_z`)."""
+        n = re.sub(r"^void\s+", "", self.name.strip())
+        n = re.split(r"[<(]", n, maxsplit=1)[0].strip()
+        n = n.rsplit("::", 1)[-1] or self.name
+        return n if len(n) <= 72 else n[:69] + "..."
+
+    def get(self, metric: str):
+        return self.metrics.get(metric)
+
+    def sectors_per_request(self, op: str = "ld"):
+        m = self.metrics
+        ratio = m.get(f"l1tex__average_t_sectors_per_request_pipe_lsu_mem_global_op_{op}.ratio")
+        if isinstance(ratio, (int, float)):
+            return float(ratio)
+        req = m.get(f"l1tex__t_requests_pipe_lsu_mem_global_op_{op}.sum")
+        sec = m.get(f"l1tex__t_sectors_pipe_lsu_mem_global_op_{op}.sum")
+        if isinstance(req, (int, float)) and isinstance(sec, (int, float)) and req:
+            return sec / req
+        return None
+
+    def occupancy_limiter(self):
+        """Which resource caps the blocks per SM: the smallest launch__occupancy_limit_* (ties listed)."""
+        lim = {k: self.metrics.get(f"launch__occupancy_limit_{k}") for k in OCCUPANCY_LIMITS}
+        lim = {k: v for k, v in lim.items() if isinstance(v, (int, float))}
+        if not lim:
+            return None
+        low = min(lim.values())
+        names = [k for k, v in lim.items() if v == low]
+        return f"{' and '.join(names)} ({low:g} blocks/SM)"
+
+    def top_stalls(self, n: int = 3):
+        vals = [(r, self.metrics.get(_stall(r))) for r in STALL_REASONS if r != "selected"]
+        vals = sorted(((r, v) for r, v in vals if isinstance(v, (int, float)) and v > 0), key=lambda rv: -rv[1])
+        if not vals:
+            return None
+        return ", ".join(f"{r} {v:.3g}" for r, v in vals[:n])
+
+    def value(self, metric: str):
+        """A row's value: the metric, or the derived summaries (limiter, stalls, sectors/request)."""
+        if metric == "launch__occupancy_limit_*":
+            return self.occupancy_limiter()
+        if metric.startswith("smsp__average_warps_issue_stalled_*"):
+            return self.top_stalls()
+        if metric.startswith("l1tex__average_t_sectors_per_request_pipe_lsu_mem_global_op_"):
+            return self.sectors_per_request(metric.rsplit("_op_", 1)[1].split(".")[0])
+        if " + " in metric and metric not in self.metrics:
+            parts = [self.metrics.get(m) for m in metric.split(" + ")]
+            nums = [p for p in parts if isinstance(p, (int, float))]
+            return sum(nums) if nums else None
+        v = self.metrics.get(metric)
+        if metric == "gpu__time_duration.sum" and isinstance(v, (int, float)):
+            return v / 1e3
+        return v
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "—"
+    if isinstance(v, str):
+        return v
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
+    if float(v).is_integer() and abs(v) < 1e15:
+        return f"{int(v):,}"
+    return f"{v:,.4g}" if abs(v) < 1e4 else f"{v:,.0f}"
+
+
+class ProfileCard:
+    """A few metrics per kernel of one call, with ncu's names. `card.table()` is a DataFrame (rows:
+    what and the ncu metric; one column per kernel); `card[metric]` the first kernel's value;
+    `card.kernels` the KernelProfile list. Shown as a table in a notebook."""
+
+    def __init__(self, kernels: list, source: str, reference: "ProfileCard | None" = None, rows=None):
+        self.kernels = list(kernels)
+        self.source = source          # where the numbers come from: ncu on which GPU, or the emulator
+        self.reference = reference    # ncu's committed card beside an emulator card
+        self.rows = rows or ROWS
+
+    def __getitem__(self, metric: str):
+        if not self.kernels:
+            raise KeyError(f"{metric}: the call launched no kernel")
+        return self.kernels[0].value(metric)
+
+    def __len__(self):
+        return len(self.kernels)
+
+    def kernel(self, name: str) -> KernelProfile:
+        """The first kernel whose name contains `name`."""
+        for k in self.kernels:
+            if name in k.name:
+                return k
+        have = ", ".join(k.short_name for k in self.kernels) or "none"
+        raise KeyError(f"no kernel named like {name!r} in this card (it has: {have})")
+
+    def lines(self, kernel: int | str = 0):
+        """Emulator cards: the counts per source line of one kernel (its index or part of its name)."""
+        k = self.kernel(kernel) if isinstance(kernel, str) else self.kernels[kernel]
+        if not k.sites:
+            raise ProfileUnavailable("counts per source line come from the emulator; this card is ncu's "
+                                     "(open its report in Nsight Compute's Source page for lines on a GPU)")
+        return site_table(k)
+
+    def table(self):
+        import pandas as pd
+
+        cols, names = {}, []
+        for i, k in enumerate(self.kernels):
+            label = k.short_name
+            if label in names:
+                label = f"{label} #{i + 1}"
+            names.append(label)
+            cols[label] = [k.value(m) for _, m in self.rows]
+        if self.reference is not None:
+            for i, k in enumerate(self.reference.kernels):
+                label = f"{k.short_name} (ncu)"
+                if label in cols:
+                    label = f"{k.short_name} #{i + 1} (ncu)"
+                cols[label] = [k.value(m) for _, m in self.rows]
+        # a row only where some kernel has a value (the emulator has no timing, say)
+        keep = [r for r in range(len(self.rows)) if any(c[r] is not None for c in cols.values())]
+        index = pd.MultiIndex.from_tuples([self.rows[r] for r in keep], names=["what", "ncu metric"])
+        return pd.DataFrame({name: [c[r] for r in keep] for name, c in cols.items()}, index=index, dtype=object)
+
+    def _shown(self):
+        df = self.table()
+        return df.apply(lambda col: col.map(_fmt)) if len(df.columns) else df
+
+    def _caption(self) -> str:
+        s = self.source
+        if self.reference is not None:
+            s += f"; (ncu) columns: {self.reference.source}"
+        return s
+
+    def __repr__(self):
+        return f"{self._caption()}\n{self._shown().to_string()}"
+
+    def _repr_html_(self):
+        return f"<p><small>{self._caption()}</small></p>" + self._shown().to_html()
+
+
+# ---------------------------------------------------------------------------------------------
+# ncu's CSV
+
+def _number(text: str):
+    t = text.strip()
+    if t in ("", "n/a", "N/A"):
+        return None
+    try:
+        return float(t.replace(",", ""))
+    except ValueError:
+        return t
+
+
+def _normalise(metric: str, value, unit: str):
+    if not isinstance(value, float):
+        return value
+    if unit in _TIME_NS:
+        return value * _TIME_NS[unit]
+    if unit in _BYTES and metric.startswith(("dram__bytes", "lts__t_bytes", "l1tex__t_bytes")):
+        return value * _BYTES[unit]
+    return value
+
+
+def parse_ncu_csv(text: str) -> list:
+    """ncu's --csv output, either `--page raw` (one row per kernel, one column per metric, a row of
+    units under the header) or the default details page (one row per metric). Lines that are not
+    CSV (ncu's ==PROF== lines, the program's output, '#' comments) are skipped. Numbers lose their
+    thousands separators; durations become ns and byte counts bytes."""
+    start = text.find('"ID",')
+    if start < 0:
+        raise ValueError("no ncu CSV in this text (no header row starting with \"ID\"); ncu said:\n"
+                         + "\n".join(text.splitlines()[:20]))
+    rows = list(csv.reader(io.StringIO(text[start:])))
+    head = rows[0]
+    col = {h: i for i, h in enumerate(head)}
+    if "Kernel Name" not in col:
+        raise ValueError(f"an ncu CSV header without a \"Kernel Name\" column: {head[:8]}")
+    # ncu's own lines (==PROF==, ==WARNING==) can land between rows: they are not rows of the table
+    # (details rows without a rule stop after Metric Value)
+    need = col["Metric Value"] + 1 if "Metric Value" in col else len(head)
+    rows = [head] + [r for r in rows[1:] if len(r) >= need]
+    kernels: dict = {}
+    order = []
+
+    def kernel_of(r):
+        key = r[col["ID"]] if "ID" in col else str(len(order))
+        if key not in kernels:
+            kernels[key] = KernelProfile(r[col["Kernel Name"]], {}, r[col["Grid Size"]] if "Grid Size" in col else "",
+                                         r[col["Block Size"]] if "Block Size" in col else "")
+            order.append(key)
+        return kernels[key]
+
+    if "Metric Name" in col:            # details page: one metric per row
+        for r in rows[1:]:
+            if not r[col["Metric Name"]]:
+                continue
+            m = r[col["Metric Name"]]
+            kernel_of(r).metrics[m] = _normalise(m, _number(r[col["Metric Value"]]), r[col["Metric Unit"]])
+        return [kernels[k] for k in order]
+    units = None
+    for r in rows[1:]:
+        if units is None and not r[col["Kernel Name"]]:
+            units = r                   # the raw page's row of units
+            continue
+        k = kernel_of(r)
+        for i, h in enumerate(head):
+            if "__" not in h:           # ID, Kernel Name, NVTX ranges, ...: not metrics
+                continue
+            k.metrics[h] = _normalise(h, _number(r[i]), units[i] if units else "")
+    return [kernels[k] for k in order]
+
+
+# ---------------------------------------------------------------------------------------------
+# Where ncu is, and what it says when it cannot work
+
+def ncu_path() -> str | None:
+    """The ncu executable: $NCU, then PATH, then the CUDA toolkit's usual places."""
+    env = os.environ.get("NCU")
+    if env:
+        return env if Path(env).exists() else None
+    found = shutil.which("ncu")
+    if found:
+        return found
+    roots = [os.environ.get("CUDA_HOME", ""), "/usr/local/cuda"]
+    for root in filter(None, roots):
+        p = Path(root) / "bin" / "ncu"
+        if p.exists():
+            return str(p)
+    for p in sorted(Path("/opt/nvidia").glob("nsight-compute/*/ncu"), reverse=True):
+        return str(p)
+    return None
+
+
+_REFUSALS = [
+    ("ERR_NVGPUCTRPERM", "this user may not read the GPU's performance counters (ERR_NVGPUCTRPERM; an "
+                         "administrator can allow it, see NVIDIA's ERR_NVGPUCTRPERM page)"),
+    ("LibraryNotLoaded", "ncu could not load its profiling library on this machine (LibraryNotLoaded)"),
+    ("Failed to initialize the profiler", "ncu could not start its profiler on this machine"),
+    ("Profiling is not supported on this device", "ncu does not support this GPU"),
+    ("No kernels were profiled", "ncu saw no kernel in the call"),
+]
+
+
+def refusal(output: str) -> str | None:
+    """The reason, in words, when ncu's output says it could not profile; None when it did."""
+    for needle, words in _REFUSALS:
+        if needle in output:
+            return words
+    errors = [ln for ln in output.splitlines() if ln.startswith("==ERROR==")]
+    if errors:
+        return "ncu failed: " + errors[0][len("==ERROR=="):].strip()
+    return None
+
+
+_UNKNOWN_METRIC = re.compile(r"==ERROR==.*?[Mm]etric[^\n]*?\b([a-z0-9]+__[A-Za-z0-9_.]+)")
+
+
+def unknown_metric(output: str) -> str | None:
+    """The metric name ncu rejected (its name differs on some GPUs and ncu versions), if any."""
+    m = _UNKNOWN_METRIC.search(output)
+    return m.group(1).rstrip(".") if m else None
+
+
+# ---------------------------------------------------------------------------------------------
+# The call, written down so a subprocess can repeat it
+
+def _to_cpu(v):
+    import torch
+    if isinstance(v, torch.Tensor):
+        return ("__tensor__", v.detach().cpu(), v.is_cuda)
+    if isinstance(v, (list, tuple)):
+        return type(v)(_to_cpu(a) for a in v)
+    if isinstance(v, dict):
+        return {k: _to_cpu(a) for k, a in v.items()}
+    return v
+
+
+def _job(fn, args, kwargs) -> dict:
+    """What the worker needs to run fn(*args, **kwargs) again: a Kernel by its module's source, or
+    any function Python can pickle by name (a launcher, an Impl, torch's own functions)."""
+    import torch
+    from . import Kernel
+    args, kwargs = _to_cpu(list(args)), _to_cpu(dict(kwargs))
+    if isinstance(fn, Kernel):
+        m = fn.module
+        return {"kind": "kernel", "text": m.src.text, "path": str(m.path), "defines": m.defines,
+                "options": m.options, "constants": dict(m.constants_set),
+                "kernel": fn.name, "args": args, "kwargs": kwargs, "cudnn_benchmark": torch.backends.cudnn.benchmark}
+    target = getattr(fn, "launcher", fn)    # an Impl: its launcher (its config is resolved inside)
+    try:
+        pickle.dumps(target)
+    except Exception as e:  # noqa: BLE001 - any pickling failure means the same thing here
+        raise ProfileUnavailable(
+            f"cl.profile runs the call again in a separate process under ncu, so it needs a kernel or a "
+            f"function defined at the top of a module (a launcher such as cl.ops.naive.conv2d_naive_z, or "
+            f"torch.nn.functional.conv2d), not {fn!r} ({e}). Pass the function and its arguments: "
+            f"cl.profile(f, x, w, stride=1) instead of a lambda.") from None
+    return {"kind": "call", "fn": target, "args": args, "kwargs": kwargs,
+            "cudnn_benchmark": torch.backends.cudnn.benchmark}
+
+
+def _device_name() -> str:
+    try:
+        import torch
+        return torch.cuda.get_device_name()
+    except Exception:  # noqa: BLE001
+        return "GPU"
+
+
+def run_ncu(job: dict, metrics, *, timeout: float = 600.0) -> tuple[str, str]:
+    """Run the job under ncu. Returns (csv_text, "") or ("", why it could not)."""
+    ncu = ncu_path()
+    if ncu is None:
+        return "", "ncu (Nsight Compute) is not installed here (not on PATH, nor in /usr/local/cuda/bin; set NCU=/path/to/ncu)"
+    metrics = list(metrics)
+    with tempfile.TemporaryDirectory() as tmp:
+        jf = Path(tmp) / "job.pt"
+        import torch
+        torch.save(job, jf)
+        for _ in range(len(metrics)):
+            cmd = [ncu, "--clock-control", "none", "--profile-from-start", "off", "--csv", "--page", "raw",
+                   "--metrics", ",".join(metrics), sys.executable, "-m", "convlab._profile_worker", str(jf)]
+            # the worker imports this convlab, wherever the notebook found it
+            here = str(Path(__file__).resolve().parent.parent)
+            env = dict(os.environ, CONVLAB_BACKEND="cuda",
+                       PYTHONPATH=os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])))
+            try:
+                r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+            except subprocess.TimeoutExpired:
+                return "", f"ncu did not finish within {timeout:.0f} s"
+            out = (r.stdout or "") + "\n" + (r.stderr or "")
+            bad = unknown_metric(out)
+            if bad and bad in metrics:
+                metrics.remove(bad)      # this GPU or ncu version names it differently: leave it out
+                continue
+            if '"Kernel Name"' in out and r.returncode == 0:
+                return r.stdout, ""
+            lines = [ln for ln in out.strip().splitlines() if ln.strip()]
+            if "Traceback (most recent call last)" in out:
+                return "", f"the call failed when it was repeated under ncu ({lines[-1].strip()})"
+            why = refusal(out)
+            if why is None:
+                why = f"ncu exited with status {r.returncode} and no result ({lines[-1].strip() if lines else 'no output'})"
+            return "", why
+    return "", "ncu rejected every metric asked for"
+
+
+# ---------------------------------------------------------------------------------------------
+# Committed results
+
+def _profiles_dir() -> Path:
+    from . import book
+    return book.path(PROFILES_DIR)
+
+
+def committed(name: str) -> "ProfileCard | None":
+    """The card a GPU run stored as book/data/profiles/NAME.csv, or None when there is none."""
+    p = _profiles_dir() / f"{name}.csv"
+    if not p.exists():
+        return None
+    text = p.read_text()
+    first = text.splitlines()[0] if text else ""
+    source = first[1:].strip() if first.startswith("#") else f"ncu, committed in {PROFILES_DIR}/{name}.csv"
+    return ProfileCard(parse_ncu_csv(text), source)
+
+
+def _store(name: str, csv_text: str, what: str) -> str:
+    d = _profiles_dir()
+    d.mkdir(parents=True, exist_ok=True)
+    day = _dt.date.today().isoformat()
+    source = f"ncu on {_device_name()}, {day}: {what}"
+    body = "\n".join(ln for ln in csv_text.splitlines() if ln.startswith('"'))
+    (d / f"{name}.csv").write_text(f"# {source}\n{body}\n")
+    return source
+
+
+def _describe(fn, args) -> str:
+    from . import Kernel
+    if isinstance(fn, Kernel):
+        return f"{fn.module.path.name}:{fn.name}"
+    name = getattr(fn, "name", None) or getattr(fn, "__qualname__", None) or repr(fn)
+    shapes = ", ".join("x".join(str(s) for s in a.shape) for a in args if hasattr(a, "shape"))
+    return f"{name}({shapes})"
+
+
+def _fallback(name, why: str) -> ProfileCard:
+    card = committed(name) if name else None
+    if card is None:
+        where = (f"no committed result {PROFILES_DIR}/{name}.csv either" if name else
+                 "pass name=... to fall back to a result a GPU run committed")
+        raise ProfileUnavailable(f"no profile here: {why}; {where}.")
+    print(f"cl.profile: {why}; showing the committed result ({card.source}).")
+    return card
+
+
+# ---------------------------------------------------------------------------------------------
+# The entry points
+
+def profile(fn, *args, name: str | None = None, metrics=None, **kwargs) -> ProfileCard:
+    """Profile one call: fn(*args, **kwargs), where fn is a Kernel (its launch keywords grid=,
+    block=, shared= among kwargs) or a launcher. On a GPU: ncu's metrics for every kernel the call
+    launches, measured in a subprocess (the tensors here are left as they are), stored as
+    book/data/profiles/NAME.csv when name is given. On the emulator: the call runs here and its
+    memory counters are taken, with ncu's committed numbers beside them when name is given."""
+    import convlab
+    if convlab.backend() == "emu":
+        # counting makes a launch several times slower: give it ten times the usual time limit
+        limit = convlab.DEFAULT_TIMEOUT
+        convlab.set_timeout(10 * limit)
+        try:
+            with emu_profiling() as launches:
+                fn(*args, **kwargs)
+        finally:
+            convlab.set_timeout(limit)
+        ref = committed(name) if name else None
+        return ProfileCard(launches, "emulator counters (memory requests, sectors, bank conflicts; no timing)",
+                           reference=ref)
+    csv_text, why = run_ncu(_job(fn, args, kwargs), metrics or NCU_METRICS)
+    if why:
+        return _fallback(name, why)
+    what = _describe(fn, args)
+    source = _store(name, csv_text, what) if name else f"ncu on {_device_name()}: {what}"
+    return ProfileCard(parse_ncu_csv(csv_text), source)
+
+
+def profile_torch(fn, *args, name: str | None = None, **kwargs) -> ProfileCard:
+    """torch's own call under ncu, e.g. profile_torch(torch.nn.functional.conv2d, x, w, padding=1):
+    which cuDNN or cuBLAS kernels ran, how long each took and how busy it kept the GPU. Without a
+    GPU, the result a GPU run committed under name."""
+    from . import backend
+    if backend() == "emu":
+        return _fallback(name, "no GPU here, so torch runs its CPU code and has no cuDNN kernels to profile")
+    csv_text, why = run_ncu(_job(fn, args, kwargs), TORCH_METRICS)
+    if why:
+        return _fallback(name, why)
+    what = _describe(fn, args)
+    source = _store(name, csv_text, what) if name else f"ncu on {_device_name()}: {what}"
+    return ProfileCard(parse_ncu_csv(csv_text), source, rows=[r for r in ROWS if r[1] in TORCH_METRICS])
+
+
+# ---------------------------------------------------------------------------------------------
+# The emulator's counters (convlab/emu/profile.cpp), in the order of its enum clprof_counter
+
+EMU_COUNTERS = ("l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum", "l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum",
+                "l1tex__t_requests_pipe_lsu_mem_global_op_st.sum", "l1tex__t_sectors_pipe_lsu_mem_global_op_st.sum",
+                "smsp__inst_executed_op_shared_ld.sum", "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum",
+                "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum", "smsp__inst_executed_op_shared_st.sum",
+                "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum",
+                "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum", ATOMICS, SHARED_ATOMICS,
+                "smsp__inst_executed_op_barrier.sum")
+KINDS = {"global_ld": 0, "global_st": 1, "shared_ld": 2, "shared_st": 3, "global_atom": 4, "shared_atom": 5}
+
+
+def _counters_lib(lib):
+    """Declare profile.cpp's C functions on a ctypes library that contains them."""
+    import ctypes
+    lib.clprof_site.argtypes = [ctypes.c_ulonglong, ctypes.c_int]
+    lib.clprof_site.restype = ctypes.c_int
+    lib.clprof_access.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+    lib.clprof_epoch.argtypes = [ctypes.c_int, ctypes.c_int]
+    lib.clprof_totals.argtypes = [ctypes.POINTER(ctypes.c_longlong)]
+    lib.clprof_totals.restype = ctypes.c_int
+    lib.clprof_site_info.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_ulonglong), ctypes.POINTER(ctypes.c_int),
+                                     ctypes.POINTER(ctypes.c_longlong)]
+    lib.clprof_site_info.restype = ctypes.c_int
+    lib.clprof_site_where.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
+    lib.clprof_site_where.restype = ctypes.c_int
+    return lib
+
+
+def emu_totals(lib) -> dict:
+    """The counters since the last clprof_reset, by ncu metric name."""
+    import ctypes
+    out = (ctypes.c_longlong * len(EMU_COUNTERS))()
+    lib.clprof_totals(out)
+    return {name: float(out[i]) for i, name in enumerate(EMU_COUNTERS)}
+
+
+_standalone = None
+
+
+def count_trace(events, n_threads: int) -> dict:
+    """Count an access trace as the emulator's profiler does, without running a kernel: the metric
+    math on its own. events: (thread, kind, address, bytes) or (thread, kind, address, bytes, site)
+    tuples in the order the threads made them (kind: one of KINDS; site: any int naming the source
+    instruction, by default one site per kind), and "barrier" where the block's threads all meet a
+    __syncthreads(). Returns ncu metric name -> count for that one block."""
+    global _standalone
+    import ctypes
+    import hashlib
+    from .emu import HERE, INCLUDE, _compile
+    if _standalone is None:
+        text = (HERE / "profile.cpp").read_text() + (INCLUDE / "clemu_profile.h").read_text()
+        key = "profile-" + hashlib.sha256(text.encode()).hexdigest()[:20]
+        so = _compile((HERE / "profile.cpp").read_text(), key, ["-I", str(INCLUDE)], "emulator profiler")
+        _standalone = _counters_lib(ctypes.CDLL(str(so)))
+    lib = _standalone
+    lib.clprof_reset()
+    sites = {}
+    for ev in events:
+        if ev == "barrier":
+            lib.clprof_epoch(n_threads, 1)
+            continue
+        thread, kind, addr, nbytes, *site = ev
+        if kind not in KINDS:
+            raise ValueError(f"kind {kind!r}: use one of {', '.join(KINDS)}")
+        key = (site[0] if site else -1 - KINDS[kind], KINDS[kind])
+        if key not in sites:
+            sites[key] = lib.clprof_site(key[0] & 0xFFFFFFFFFFFFFFFF, key[1])
+        lib.clprof_access(int(thread), sites[key], int(addr), int(nbytes))
+    lib.clprof_epoch(n_threads, 0)
+    return emu_totals(lib)
+
+
+_sink = threading.local()
+
+
+def profile_sink():
+    """The list the emulator appends each launch's counters to, inside emu_profiling(); else None."""
+    return getattr(_sink, "launches", None)
+
+
+@contextmanager
+def emu_profiling():
+    """Count every emulator launch made inside: yields the list of their KernelProfiles."""
+    old, launches = profile_sink(), []
+    _sink.launches = launches
+    try:
+        yield launches
+    finally:
+        _sink.launches = old
+
+
+def emu_kernel_profile(lib, name: str, grid, block) -> KernelProfile:
+    """One finished emulator launch's counters (the runtime library holds them until the next)."""
+    import ctypes
+    lib = _counters_lib(lib)
+    metrics = emu_totals(lib)
+    metrics["launch__block_size"] = float(block[0] * block[1] * block[2])
+    metrics["launch__grid_size"] = float(grid[0] * grid[1] * grid[2])
+    sites = []
+    key, kind = ctypes.c_ulonglong(), ctypes.c_int()
+    counts = (ctypes.c_longlong * len(EMU_COUNTERS))()
+    buf = ctypes.create_string_buffer(2048)
+    n = lib.clprof_totals((ctypes.c_longlong * len(EMU_COUNTERS))())
+    for site in range(n):
+        if lib.clprof_site_info(site, ctypes.byref(key), ctypes.byref(kind), counts) and any(counts):
+            where = buf.value.decode() if lib.clprof_site_where(site, buf, len(buf)) else ""
+            sites.append((where, kind.value, tuple(counts)))
+    return KernelProfile(name, metrics, f"({grid[0]}, {grid[1]}, {grid[2]})", f"({block[0]}, {block[1]}, {block[2]})",
+                         sites)
+
+
+_KIND_NAMES = {0: "global load", 1: "global store", 2: "shared load", 3: "shared store", 4: "global atomic",
+               5: "shared atomic"}
+# per kind: (requests, sectors or wavefronts, bank conflicts) as indices into EMU_COUNTERS
+_KIND_COUNTERS = {0: (0, 1, None), 1: (2, 3, None), 2: (4, 5, 6), 3: (7, 8, 9), 4: (10, None, None),
+                  5: (11, None, None)}
+
+
+def site_table(kernel: KernelProfile):
+    """The emulator's counts per source line of one kernel: which access makes the traffic."""
+    import pandas as pd
+    from .emu import resolve_sites
+
+    where = resolve_sites("\n".join(w or "{{site:?+0x0}}" for w, _, _ in kernel.sites)).split("\n")
+    rows = {}
+    for line, (_, kind, c) in zip(where, kernel.sites):
+        req_i, unit_i, confl_i = _KIND_COUNTERS[kind]
+        r = rows.setdefault((line, _KIND_NAMES[kind]), [0, 0, 0])
+        r[0] += c[req_i]
+        r[1] += c[unit_i] if unit_i is not None else 0
+        r[2] += c[confl_i] if confl_i is not None else 0
+    out = []
+    for (line, what), (req, units, confl) in rows.items():
+        unit = "wavefronts" if what.startswith("shared") and "atomic" not in what else "sectors"
+        per = units / req if req and "atomic" not in what else None
+        out.append({"source line": line, "access": what, "requests": req,
+                    f"{unit} per request": per, "bank conflicts": confl if what.startswith("shared") else None})
+    df = pd.DataFrame(out)
+    # sectors and wavefronts in one column each, whichever the access has
+    return df.set_index(["source line", "access"]).astype(object).where(lambda d: d.notna(), None)

@@ -1,0 +1,485 @@
+"""Profiling: ncu's CSV parsed from real recorded output, the card's derived rows, what happens when
+ncu is missing or refuses the GPU, the SASS helper on recorded cuobjdump output, and the emulator's
+counters (requests, sectors, wavefronts, bank conflicts), exact on the simple patterns."""
+import os
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import convlab as cl
+from convlab.profile import (ATOMICS, NCU_METRICS, SHARED_ATOMICS, ProfileCard, ProfileUnavailable, committed, count_trace,
+                             parse_ncu_csv, refusal, run_ncu, unknown_metric)
+from convlab.sass import SassUnavailable, compile_cubin, parse_sass
+
+DATA = Path(__file__).resolve().parent / "data"
+NCU = DATA / "ncu"
+
+GLD_REQ, GLD_SECT = "l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum", "l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum"
+GST_REQ, GST_SECT = "l1tex__t_requests_pipe_lsu_mem_global_op_st.sum", "l1tex__t_sectors_pipe_lsu_mem_global_op_st.sum"
+SLD_REQ, SLD_WAVE = "smsp__inst_executed_op_shared_ld.sum", "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum"
+SLD_CONFL = "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum"
+SST_REQ, SST_WAVE = "smsp__inst_executed_op_shared_st.sum", "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum"
+SST_CONFL = "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum"
+BARRIER = "smsp__inst_executed_op_barrier.sum"
+
+
+# ---------------------------------------------------------------------------------------------
+# ncu's CSV, as an H200 wrote it (tests/data/ncu: `ncu --csv --page raw` and the details page)
+
+def test_raw_page_one_kernel_per_row_with_units():
+    ks = parse_ncu_csv((NCU / "ncu_tiny_raw.csv").read_text())
+    assert [k.short_name for k in ks] == ["distribution_elementwise_grid_stride_kernel",
+                                          "vectorized_elementwise_kernel", "vectorized_elementwise_kernel"]
+    k = ks[1]
+    assert k.metrics["gpu__time_duration.sum"] == 4128.0                 # ns
+    assert k.metrics["launch__grid_size"] == 1024.0
+    assert k.metrics[GLD_REQ] == 8192.0 and k.metrics[GLD_SECT] == 131072.0
+    assert k.sectors_per_request("ld") == 16.0                            # LDG.128: 512 bytes a request
+    assert ks[0].metrics["launch__grid_size"] == 1056.0                   # "1,056": separators dropped
+    assert all("Domain" not in m for m in k.metrics)                      # NVTX columns are not metrics
+
+
+def test_raw_page_of_a_cudnn_kernel():
+    (k,) = parse_ncu_csv((NCU / "ncu_conv_raw.csv").read_text())
+    assert k.short_name.startswith("sm80_xmma_fprop_implicit_gemm")
+    assert k.metrics["gpu__time_duration.sum"] == 362592.0
+    assert k.occupancy_limiter() == "registers (2 blocks/SM)"
+    assert k.metrics["launch__registers_per_thread"] == 255.0
+
+
+def test_details_page_one_metric_per_row():
+    (k,) = parse_ncu_csv((NCU / "ncu_tiny_details_kernel0.csv").read_text())
+    assert k.metrics["Duration"] == 6208.0                                # "usecond" or "nsecond" -> ns
+    assert k.metrics["Registers Per Thread"] == 44.0
+    assert k.metrics["Grid Size"] == 1056.0
+
+
+def test_card_table_rows_and_values():
+    card = ProfileCard(parse_ncu_csv((NCU / "ncu_tiny_raw.csv").read_text()), "H200 test")
+    df = card.table()
+    assert list(df.columns) == ["distribution_elementwise_grid_stride_kernel", "vectorized_elementwise_kernel",
+                                "vectorized_elementwise_kernel #3"]
+    metrics = df.index.get_level_values("ncu metric")
+    assert "gpu__time_duration.sum" in metrics and "launch__occupancy_limit_*" in metrics
+    assert card["gpu__time_duration.sum"] == pytest.approx(6.08)          # us on the card
+    assert card["launch__occupancy_limit_*"] == "registers (5 blocks/SM)"
+    assert card.kernel("vectorized").value("l1tex__average_t_sectors_per_request_pipe_lsu_mem_global_op_ld.ratio") == 16
+    assert "registers (5 blocks/SM)" in repr(card) and "H200 test" in card._repr_html_()
+    with pytest.raises(KeyError, match="no kernel named like 'conv'"):
+        card.kernel("conv")
+
+
+def test_top_stalls_and_atomics_sum():
+    from convlab.profile import KernelProfile
+    k = KernelProfile("k(float*)", {"smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio": 7.5,
+                                    "smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio": 1.25,
+                                    "smsp__average_warps_issue_stalled_selected_per_issue_active.ratio": 1.0,
+                                    "smsp__average_warps_issue_stalled_wait_per_issue_active.ratio": 2.0,
+                                    "smsp__average_warps_issue_stalled_mio_throttle_per_issue_active.ratio": 0.5,
+                                    "smsp__inst_executed_op_global_atom.sum": 3.0,
+                                    "smsp__inst_executed_op_global_red.sum": 5.0})
+    assert k.top_stalls() == "long_scoreboard 7.5, wait 2, barrier 1.25"   # "selected" is no stall
+    assert k.value(ATOMICS) == 8.0
+
+
+def test_parser_says_what_it_got_when_there_is_no_table():
+    with pytest.raises(ValueError, match="ERR_NVGPUCTRPERM"):
+        parse_ncu_csv("==ERROR== ERR_NVGPUCTRPERM - The user does not have permission\n")
+
+
+def test_metric_list_has_the_issues_metrics():
+    for m in ("gpu__time_duration.sum", "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+              "launch__occupancy_limit_registers", "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum",
+              "l1tex__t_sector_hit_rate.pct", "smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio",
+              "smsp__inst_executed_op_global_red.sum"):
+        assert m in NCU_METRICS
+    assert not any("*" in m or " " in m for m in NCU_METRICS)
+
+
+# ---------------------------------------------------------------------------------------------
+# ncu missing, refusing, or not knowing a metric: one clear line, then the committed result
+
+@pytest.mark.parametrize("text, words", [
+    ("==ERROR== ERR_NVGPUCTRPERM - The user does not have permission to access NVIDIA GPU Performance Counters",
+     "may not read the GPU's performance counters"),
+    ("==ERROR== Failed to initialize the profiler: LibraryNotLoaded", "LibraryNotLoaded"),
+    ("==WARNING== No kernels were profiled.", "saw no kernel"),
+    ("==ERROR== something new", "ncu failed: something new"),
+])
+def test_refusals_in_words(text, words):
+    assert words in refusal(text)
+
+
+def test_a_normal_run_is_no_refusal():
+    assert refusal((NCU / "ncu_tiny_raw.csv").read_text()) is None
+
+
+def test_unknown_metric_is_named():
+    assert unknown_metric('==ERROR== Failed to find metric regex:^smsp__inst_executed_op_barrier.sum$') == \
+        "smsp__inst_executed_op_barrier.sum"
+    assert unknown_metric("==PROF== Disconnected") is None
+
+
+def _fake_ncu(tmp_path, script: str) -> str:
+    p = tmp_path / "ncu"
+    p.write_text("#!/bin/sh\n" + script)
+    p.chmod(p.stat().st_mode | stat.S_IEXEC)
+    return str(p)
+
+
+def test_run_ncu_without_ncu(monkeypatch):
+    # (cl.profile is the function; its module is convlab.profile in sys.modules)
+    monkeypatch.setattr(sys.modules["convlab.profile"], "ncu_path", lambda: None)
+    csv_text, why = run_ncu({"kind": "call"}, ["gpu__time_duration.sum"])
+    assert csv_text == "" and "ncu (Nsight Compute) is not installed" in why
+
+
+def test_run_ncu_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("NCU", _fake_ncu(tmp_path, 'echo "==ERROR== ERR_NVGPUCTRPERM - no permission"; exit 1\n'))
+    csv_text, why = run_ncu({"kind": "call"}, ["gpu__time_duration.sum"])
+    assert csv_text == "" and "ERR_NVGPUCTRPERM" in why
+
+
+def test_run_ncu_drops_a_metric_it_does_not_know(tmp_path, monkeypatch):
+    # the fake ncu rejects smsp__inst_executed_op_barrier.sum, then prints a recorded result
+    script = (f'case "$*" in *smsp__inst_executed_op_barrier.sum*) '
+              f'echo "==ERROR== Failed to find metric regex:^smsp__inst_executed_op_barrier.sum$"; exit 1;; esac\n'
+              f'cat "{NCU / "ncu_tiny_raw.csv"}"\n')
+    monkeypatch.setenv("NCU", _fake_ncu(tmp_path, script))
+    csv_text, why = run_ncu({"kind": "call"}, ["gpu__time_duration.sum", "smsp__inst_executed_op_barrier.sum"])
+    assert why == "" and len(parse_ncu_csv(csv_text)) == 3
+
+
+def test_committed_result_when_profiling_is_impossible(tmp_path, monkeypatch, capsys):
+    d = tmp_path / "book" / "data" / "profiles"
+    d.mkdir(parents=True)
+    (d / "tiny.csv").write_text("# ncu on NVIDIA H200, 2026-11-22: tiny.py\n" + (NCU / "ncu_tiny_raw.csv").read_text())
+    monkeypatch.setenv("CONVLAB_ROOT", str(tmp_path))
+    card = cl.profile_torch(torch.mul, torch.ones(4), 2.0, name="tiny") if cl.backend() == "emu" else committed("tiny")
+    assert len(card) == 3 and card.source == "ncu on NVIDIA H200, 2026-11-22: tiny.py"
+    if cl.backend() == "emu":
+        out = capsys.readouterr().out.strip().splitlines()
+        assert len(out) == 1 and out[0].startswith("cl.profile: no GPU here") and "committed result" in out[0]
+    with pytest.raises(ProfileUnavailable, match="no committed result book/data/profiles/other.csv"):
+        from convlab.profile import _fallback
+        _fallback("other", "ncu is not installed here")
+
+
+def test_a_lambda_cannot_be_sent_to_ncu():
+    from convlab.profile import _job
+    with pytest.raises(ProfileUnavailable, match="instead of a lambda"):
+        _job(lambda x: x, (torch.ones(2),), {})
+
+
+def test_a_kernel_call_is_written_down_with_its_constants():
+    from convlab.profile import _job
+    mod = cl.load_source("__constant__ float c[4];\n__global__ void k(float* y) { y[threadIdx.x] = c[threadIdx.x]; }\n",
+                         name="profile_job_test")
+    mod.set_constant("c", torch.arange(4, dtype=torch.float32))
+    job = _job(mod.kernel("k"), (cl.empty(4),), {"grid": 1, "block": 4})
+    assert job["kind"] == "kernel" and job["kernel"] == "k" and "__constant__ float c[4]" in job["text"]
+    assert job["constants"]["c"] == torch.arange(4, dtype=torch.float32).numpy().tobytes()
+    assert job["args"][0][0] == "__tensor__" and job["kwargs"] == {"grid": 1, "block": 4}
+
+
+# ---------------------------------------------------------------------------------------------
+# SASS (tests/data/sass: cuobjdump --dump-sass of kernels/07_conv3d/conv3d_coarse.cu on sm_90)
+
+@pytest.fixture(scope="module")
+def coarse():
+    return parse_sass((DATA / "sass" / "conv3d_coarse.sass").read_text(), "recorded")
+
+
+def test_sass_functions_and_counts(coarse):
+    assert list(coarse.functions) == ["conv3d_coarse"]
+    code = coarse.function()
+    assert len(code) == 832 and code[0].opcode == "LDC" and code[0].operands == "R1, c[0x0][0x28]"
+    c = coarse.counts()
+    assert c["FFMA"] == 500 and c["LDG"] == 131 and c["BAR"] == 2 and c["ULDC"] == 7
+
+
+def test_sass_loop_body(coarse):
+    body = coarse.loop()
+    assert body[-1].base == "BRA" and int(body[-1].operands.split()[0], 16) == body[0].address
+    c = coarse.counts(body)
+    assert c["FFMA"] == 500 and c["LDS"] == 10 and c["BAR"] == 1     # every FFMA is inside the loop
+    s = coarse.summary(loop=True)
+    assert s.loc["FFMA", "innermost loop"] == 500 and s.loc["LDG (global loads)", "function"] == 131
+    assert "FFMA with a c[0x3][...] operand" not in s.index             # the mask is not a constant operand here
+
+
+def test_sass_predicates_and_constant_operands():
+    text = ("\tcode for sm_90\n\t\tFunction : k\n"
+            "        /*0000*/                   FFMA R4, R2, c[0x3][0x10], R4 ;   /* 0x0 */\n"
+            "        /*0010*/               @!P0 BRA 0x0 ;   /* 0x0 */\n"
+            "        /*0020*/                   EXIT ;   /* 0x0 */\n")
+    s = parse_sass(text)
+    ffma, bra, _ = s.function("k")
+    assert ffma.constant_bank and bra.predicate == "@!P0" and len(s.loop()) == 2
+    assert s.summary().loc["FFMA with a c[0x3][...] operand", "function"] == 1
+    with pytest.raises(SassUnavailable, match="no function 'x'"):
+        s.function("x")
+
+
+def test_sass_of_text_that_is_not_sass():
+    with pytest.raises(SassUnavailable, match="Function : name"):
+        parse_sass("cuobjdump info : File 'k.cubin' does not contain device code")
+
+
+@pytest.mark.skipif(not any(Path(p, "nvcc").exists() for p in os.environ.get("PATH", "").split(os.pathsep)),
+                    reason="no nvcc on this machine")
+def test_compile_cubin(tmp_path):
+    out = compile_cubin(cl.KERNELS_DIR / "07_conv3d" / "conv3d_coarse.cu", tmp_path / "k.cubin")
+    assert out.read_bytes()[:4] == b"\x7fELF"
+
+
+# ---------------------------------------------------------------------------------------------
+# The emulator's metric math on access traces (one warp of 32 lanes unless said otherwise)
+
+def _warp(kind, addr, nbytes=4, lanes=32, thread0=0, site=None):
+    return [(thread0 + t, kind, addr(t), nbytes) + ((site,) if site is not None else ()) for t in range(lanes)]
+
+
+@pytest.mark.parametrize("addr, sectors", [
+    (lambda t: 4096 + 4 * t, 4),          # coalesced floats: 128 bytes, 4 sectors
+    (lambda t: 4096 + 4 + 4 * t, 5),      # shifted by one float: 5 sectors
+    (lambda t: 4096 + 8 * t, 8),          # every second float
+    (lambda t: 4096 + 128 * t, 32),       # a column of a 32-wide row-major matrix
+    (lambda t: 4096, 1),                  # broadcast
+])
+def test_global_sectors_per_request(addr, sectors):
+    r = count_trace(_warp("global_ld", addr), 32)
+    assert (r[GLD_REQ], r[GLD_SECT]) == (1, sectors)
+
+
+def test_global_8_and_16_byte_loads():
+    assert count_trace(_warp("global_ld", lambda t: 8 * t, 8), 32)[GLD_SECT] == 8
+    assert count_trace(_warp("global_st", lambda t: 16 * t, 16), 32)[GST_SECT] == 16
+
+
+def test_requests_are_per_warp_and_per_execution():
+    # 64 threads, each loading twice from one site: 2 warps x 2 executions = 4 requests
+    ev = [(t, "global_ld", 4 * t + 1024 * k, 4) for t in range(64) for k in range(2)]
+    r = count_trace(ev, 64)
+    assert (r[GLD_REQ], r[GLD_SECT]) == (4, 16)
+
+
+def test_partial_warp_and_two_sites():
+    ev = _warp("global_ld", lambda t: 4 * t, lanes=8, site=1) + _warp("global_ld", lambda t: 4 * t + 64, lanes=8, site=2)
+    r = count_trace(ev, 8)
+    assert (r[GLD_REQ], r[GLD_SECT]) == (2, 2)
+
+
+@pytest.mark.parametrize("words, wavefronts", [
+    (lambda t: t, 1),                     # a row of a tile: 32 banks
+    (lambda t: 32 * t, 32),               # a column of tile[32][32]: one bank
+    (lambda t: 33 * t, 1),                # a column of tile[32][33]: padded, 32 banks
+    (lambda t: 2 * t, 2),                 # stride 2: two words per bank
+    (lambda t: 0, 1),                     # broadcast: one word
+    (lambda t: t % 4, 1),                 # 4 words, 8 lanes each: broadcasts
+])
+def test_shared_bank_conflicts(words, wavefronts):
+    r = count_trace(_warp("shared_ld", lambda t: 4 * words(t)), 32)
+    assert (r[SLD_REQ], r[SLD_WAVE], r[SLD_CONFL]) == (1, wavefronts, wavefronts - 1)
+
+
+def test_shared_wide_accesses_need_no_conflict_to_take_more_wavefronts():
+    r = count_trace(_warp("shared_st", lambda t: 8 * t, 8), 32)                 # 256 bytes: 2 wavefronts
+    assert (r[SST_REQ], r[SST_WAVE], r[SST_CONFL]) == (1, 2, 0)
+    r = count_trace(_warp("shared_ld", lambda t: 16 * t, 16), 32)               # LDS.128: 4
+    assert (r[SLD_WAVE], r[SLD_CONFL]) == (4, 0)
+
+
+def test_barriers_split_executions_and_count_per_warp():
+    # lane 0 loads twice before the barrier, the others once: the barrier keeps the next load apart
+    ev = _warp("shared_ld", lambda t: 4 * t) + [(0, "shared_ld", 512, 4)] + ["barrier"] + _warp("shared_ld", lambda t: 4 * t)
+    r = count_trace(ev, 64)
+    assert r[SLD_REQ] == 3 and r[BARRIER] == 2
+
+
+def test_atomics_are_counted_per_warp():
+    r = count_trace(_warp("global_atom", lambda t: 0), 32)
+    assert r[ATOMICS] == 1 and r[GLD_REQ] == 0
+
+
+def test_unknown_kind():
+    with pytest.raises(ValueError, match="use one of global_ld"):
+        count_trace([(0, "texture", 0, 4)], 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# The patterns of tests/features/profile_patterns.cu on the emulator, counted by hand. n = 1000
+# threads in blocks of 256: 31 full warps and one of 8 lanes (992..999).
+
+G_ATOM, S_ATOM = ATOMICS, SHARED_ATOMICS
+PATTERNS = Path(__file__).resolve().parent / "features" / "profile_patterns.cu"
+N = 1000
+
+
+def _launch_cases():
+    pat = cl.load(PATTERNS)
+    v = cl.to_device(torch.randint(0, 1000, (N,), dtype=torch.int32))
+    return {
+        # 31 warps x 4 sectors + 8 floats (one sector)
+        "coalesced": ((pat.kernel("copy_coalesced"), cl.randn(N), cl.empty(N), N), {"grid": 4, "block": 256},
+                      {GLD_REQ: 32, GLD_SECT: 125, GST_REQ: 32, GST_SECT: 125}),
+        # a warp's 32 loads span 256 bytes: 8 sectors; the last warp's 8 loads 64 bytes: 2
+        "stride 2": ((pat.kernel("copy_strided"), cl.randn(2 * N), cl.empty(N), N, 2), {"grid": 4, "block": 256},
+                     {GLD_REQ: 32, GLD_SECT: 31 * 8 + 2, GST_REQ: 32, GST_SECT: 125}),
+        # every lane its own sector
+        "stride 32": ((pat.kernel("copy_strided"), cl.randn(32 * N), cl.empty(N), N, 32), {"grid": 4, "block": 256},
+                      {GLD_REQ: 32, GLD_SECT: 31 * 32 + 8, GST_REQ: 32, GST_SECT: 125}),
+        # 3 blocks x 8 warps x 4 rows: 96 requests each way; a column of tile[32][32] is one bank
+        "tile, no padding": ((pat.kernel("tile_transpose"), cl.randn(3 * 1024), cl.empty(3 * 1024)),
+                             {"grid": 3, "block": (32, 8)},
+                             {GLD_REQ: 96, GLD_SECT: 384, GST_REQ: 96, GST_SECT: 384, SST_REQ: 96, SST_WAVE: 96,
+                              SST_CONFL: 0, SLD_REQ: 96, SLD_WAVE: 96 * 32, SLD_CONFL: 96 * 31, BARRIER: 24}),
+        "tile, padded": ((cl.load(PATTERNS, defines={"PAD": 1}).kernel("tile_transpose"), cl.randn(3 * 1024),
+                          cl.empty(3 * 1024)), {"grid": 3, "block": (32, 8)},
+                         {GLD_REQ: 96, GLD_SECT: 384, GST_REQ: 96, GST_SECT: 384, SST_REQ: 96, SST_WAVE: 96,
+                          SST_CONFL: 0, SLD_REQ: 96, SLD_WAVE: 96, SLD_CONFL: 0, BARRIER: 24}),
+        # per block: warp 0 loads x[0..31] (4 sectors) and stores s; both warps read x[blockIdx.x] and
+        # s[5] (broadcasts: 1 sector, 1 wavefront) and store 32 floats
+        "broadcast": ((pat.kernel("broadcast"), cl.randn(64), cl.empty(128)), {"grid": 2, "block": 64},
+                      {GLD_REQ: 6, GLD_SECT: 12, GST_REQ: 4, GST_SECT: 16, SLD_REQ: 4, SLD_WAVE: 4, SLD_CONFL: 0,
+                       SST_REQ: 2, SST_WAVE: 2, BARRIER: 4}),
+        # per block: warp 0 zeroes s[0..7] (one wavefront), every warp with a thread below n adds to s,
+        # warp 0 reads s and adds it to bins; two barriers for each of the 32 warps
+        "histogram": ((pat.kernel("histogram"), v, cl.zeros(8, dtype=torch.int32), N), {"grid": 4, "block": 256},
+                      {GLD_REQ: 32, GLD_SECT: 125, S_ATOM: 32, G_ATOM: 4, SST_REQ: 4, SST_WAVE: 4, SLD_REQ: 4,
+                       SLD_WAVE: 4, BARRIER: 64}),
+    }
+
+
+@pytest.mark.emu_only
+@pytest.mark.parametrize("case", ["coalesced", "stride 2", "stride 32", "tile, no padding", "tile, padded",
+                                  "broadcast", "histogram"])
+def test_emulator_counts_the_patterns_exactly(case):
+    (fn, *args), launch, want = _launch_cases()[case]
+    card = cl.profile(fn, *args, **launch)
+    (k,) = card.kernels
+    got = {m: k.metrics[m] for m in want}
+    assert got == {m: float(v) for m, v in want.items()}
+    # and nothing else happened
+    rest = {m: v for m, v in k.metrics.items() if m not in want and not m.startswith("launch__") and v}
+    assert rest == {}
+
+
+@pytest.mark.emu_only
+def test_emulator_profile_of_a_launcher_lists_every_kernel():
+    from convlab.ops import im2col
+    x, w = cl.randn(1, 2, 9, 11), cl.randn(3, 2, 3, 3)
+    card = cl.profile(im2col.conv2d_im2col_gemm, x, w)
+    assert len(card) >= 2 and all(k.metrics[GLD_REQ] > 0 for k in card.kernels)
+    assert card.table().shape[1] == len(card)
+
+
+@pytest.mark.emu_only
+def test_profiled_launch_still_computes():
+    pat = cl.load(PATTERNS)
+    x, y = cl.randn(N), cl.empty(N)
+    cl.profile(pat.kernel("copy_coalesced"), x, y, N, grid=4, block=256)
+    assert torch.equal(x, y)
+
+
+@pytest.mark.emu_only
+def test_emulator_card_beside_the_committed_ncu_card(tmp_path, monkeypatch):
+    d = tmp_path / "book" / "data" / "profiles"
+    d.mkdir(parents=True)
+    (d / "tiny.csv").write_text((NCU / "ncu_tiny_raw.csv").read_text())
+    monkeypatch.setenv("CONVLAB_ROOT", str(tmp_path))
+    pat = cl.load(PATTERNS)
+    card = cl.profile(pat.kernel("copy_coalesced"), cl.randn(N), cl.empty(N), N, grid=4, block=256, name="tiny")
+    cols = list(card.table().columns)
+    assert cols[0] == "copy_coalesced" and cols[1] == "distribution_elementwise_grid_stride_kernel (ncu)"
+
+
+@pytest.mark.gpu_only
+@pytest.mark.parametrize("case", ["coalesced", "stride 2", "stride 32", "tile, no padding", "tile, padded",
+                                  "broadcast", "histogram"])
+def test_ncu_counts_the_patterns_as_the_emulator_does(case):
+    (fn, *args), launch, want = _launch_cases()[case]
+    try:
+        card = cl.profile(fn, *args, **launch)
+    except ProfileUnavailable as e:
+        pytest.skip(str(e))
+    (k,) = card.kernels
+    got = {m: k.value(m) for m in want}
+    if got.get(BARRIER, 0) is None:        # ncu versions that have no barrier counter under this name
+        del got[BARRIER], want[BARRIER]
+    assert got == {m: float(v) for m, v in want.items()}
+
+
+def test_the_worker_repeats_a_kernel_call_with_its_constants():
+    """What the ncu subprocess runs, replayed here: the kernel recompiled from its source, the
+    __constant__ values set again, the arguments back on their device."""
+    from convlab._profile_worker import prepare
+    from convlab.profile import _job
+    mod = cl.load_source("__constant__ float c[4];\n__global__ void k(float* y) { y[threadIdx.x] = 2.0f * c[threadIdx.x]; }\n",
+                         name="profile_worker_test")
+    c = cl.randn(4)
+    mod.set_constant("c", c)
+    job = _job(mod.kernel("k"), (cl.empty(4),), {"grid": 1, "block": 4})
+    fn, args, kwargs = prepare(job)
+    fn(*args, **kwargs)
+    cl.sync()
+    assert args[0].device == c.device and torch.equal(args[0], 2 * c)
+
+
+def test_the_worker_repeats_a_launcher_call():
+    from convlab._profile_worker import prepare
+    from convlab.ops import naive
+    from convlab.profile import _job
+    x, w = cl.randn(1, 2, 7, 9), cl.randn(3, 2, 3, 3)
+    fn, args, kwargs = prepare(_job(naive.conv2d_naive_flat, (x, w), {}))
+    cl.check(fn(*args, **kwargs), cl.ref.conv2d(x, w))
+
+
+@pytest.mark.emu_only
+def test_emulator_counts_per_source_line():
+    text = PATTERNS.read_text().splitlines()
+    line = {s: next(i + 1 for i, t in enumerate(text) if s in t)
+            for s in ("x[base + r * 32 + tx]", "tile[r][tx] = v", "tile[tx][r];", "y[base + r * 32 + tx]")}
+    k = cl.profile(cl.load(PATTERNS).kernel("tile_transpose"), cl.randn(3 * 1024), cl.empty(3 * 1024),
+                   grid=3, block=(32, 8))
+    df = k.lines()
+    rows = {(src.rsplit(":", 1)[1], what): r for (src, what), r in df.iterrows()}
+    assert set(rows) == {(str(line["x[base + r * 32 + tx]"]), "global load"),
+                         (str(line["tile[r][tx] = v"]), "shared store"),
+                         (str(line["tile[tx][r];"]), "shared load"),
+                         (str(line["y[base + r * 32 + tx]"]), "global store")}
+    shared_load = rows[(str(line["tile[tx][r];"]), "shared load")]
+    assert shared_load["requests"] == 96 and shared_load["wavefronts per request"] == 32
+    assert shared_load["bank conflicts"] == 96 * 31
+    assert rows[(str(line["x[base + r * 32 + tx]"]), "global load")]["sectors per request"] == 4
+
+
+def test_ncu_cards_have_no_source_lines():
+    card = ProfileCard(parse_ncu_csv((NCU / "ncu_conv_raw.csv").read_text()), "test")
+    with pytest.raises(ProfileUnavailable, match="Source page"):
+        card.lines()
+
+
+def test_run_ncu_when_the_repeated_call_fails(tmp_path, monkeypatch):
+    script = ('echo "==PROF== Connected to process 1"; echo "Traceback (most recent call last):" >&2; '
+              'echo "ValueError: w does not fit x" >&2; exit 1\n')
+    monkeypatch.setenv("NCU", _fake_ncu(tmp_path, script))
+    csv_text, why = run_ncu({"kind": "call"}, ["gpu__time_duration.sum"])
+    assert csv_text == "" and why == "the call failed when it was repeated under ncu (ValueError: w does not fit x)"
+
+
+def test_sass_falls_back_to_the_committed_disassembly(tmp_path, monkeypatch, capsys):
+    d = tmp_path / "book" / "data" / "sass"
+    d.mkdir(parents=True)
+    (d / "coarse.sass").write_text((DATA / "sass" / "conv3d_coarse.sass").read_text())
+    monkeypatch.setenv("CONVLAB_ROOT", str(tmp_path))
+    monkeypatch.setattr(sys.modules["convlab.sass"], "_tool", lambda name: None)   # no nvcc, no cuobjdump
+    s = cl.sass(cl.KERNELS_DIR / "07_conv3d" / "conv3d_coarse.cu", name="coarse")
+    assert s.counts()["FFMA"] == 500
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and "is not installed here" in out[0] and "committed SASS" in out[0]
+    with pytest.raises(SassUnavailable, match="no committed book/data/sass/other.sass"):
+        cl.sass(cl.KERNELS_DIR / "07_conv3d" / "conv3d_coarse.cu", name="other")
