@@ -135,8 +135,8 @@ def resolve_sites(text: str) -> str:
     names = _site_names   # a module file never changes under its name (content hash)
     for so in {f[0] for f in found}:
         offs = sorted({off for s, off in found if s == so and (s, off) not in names})
-        if not offs:
-            continue
+        if not offs or Path(so).parent != cache_dir():
+            continue   # outside the kernel modules (the C library, say): no line of the student's
         try:
             r = subprocess.run(["addr2line", "-i", "-a", "-e", so, *[hex(int(o, 16) - 1) for o in offs]],
                                capture_output=True, text=True, timeout=30)

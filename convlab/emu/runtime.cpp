@@ -1012,12 +1012,9 @@ extern "C" __attribute__((visibility("default"))) int clemu_stop(clemu_launch* l
         if (!at.empty()) at += "; ";
         at += who[i];
         if (i < (int)pool.size() && pool[i]) {
-            // stopped inside the runtime (the detector's bookkeeping): the last access is the kernel's place
-            Dl_info here, there;
-            const void* pc = pool[i]->stop_pc;
-            if (pc && dladdr((void*)&clemu_stop, &here) && dladdr(pc, &there) && here.dli_fbase == there.dli_fbase)
-                pc = pool[i]->last_site;
-            at += at_site(pc);
+            // under the detector the signal mostly lands in its bookkeeping (the runtime, the C
+            // library): the last access the hook saw is then the kernel's place
+            at += at_site(pool[i]->last_site ? pool[i]->last_site : pool[i]->stop_pc);
         }
     }
     launch->status = status;
