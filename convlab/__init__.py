@@ -3,10 +3,10 @@ no GPU, on a CPU emulator that runs the very same .cu files.
 
     import convlab as cl
     mod = cl.load("kernels/02_naive/conv2d_naive.cu")
-    conv = mod.kernel("conv2d_naive")
+    conv = mod.kernel("conv2d_naive_flat")
     x, w = cl.randn(2, 3, 32, 32), cl.randn(8, 3, 5, 5)
     y = cl.empty(2, 8, 28, 28)                       # NaN until written
-    conv(x, w, y, 2, 3, 8, 32, 32, 5, grid=..., block=...)
+    conv(x, w, y, 2, 3, 8, 32, 32, 5, 0, 1, grid=25, block=256)   # ..., K, padding, stride
     cl.check(y, cl.ref.conv2d(x, w))
 
 docs/convlab-api.md lists everything.
@@ -24,16 +24,16 @@ import torch
 from . import _args, _source
 from ._errors import (ArgumentError, BackendUnavailable, BarrierError, CheckError, CompileError, ConvlabError,
                       KernelFault, KernelTimeout, LaunchError, OutOfBoundsError)
-from ._source import KERNELS_DIR, REPO_ROOT
-from . import ref
+from . import _limits, book, ref
 from .bench import Timing, bench
 from .check import CheckResult, check
 
 __all__ = ["device", "backend", "load", "load_source", "load_cpu", "randn", "empty", "zeros", "to_device",
-           "seed", "out_size", "check", "bench", "sync", "ref", "thread_order", "set_timeout", "find_race",
+           "seed", "out_size", "check", "bench", "sync", "ref", "thread_order", "set_timeout", "find_race", "debug",
+           "poisoning",
            "Timing", "CheckResult", "ConvlabError", "CompileError", "LaunchError", "ArgumentError",
            "KernelFault", "BarrierError", "OutOfBoundsError", "KernelTimeout", "CheckError",
-           "BackendUnavailable", "REPO_ROOT", "KERNELS_DIR"]
+           "BackendUnavailable"]
 
 _backend = None
 _lock = threading.Lock()
@@ -43,6 +43,8 @@ DEFAULT_TIMEOUT = 60.0
 
 def _get_backend():
     global _backend
+    if _backend is not None:
+        return _backend
     with _lock:
         if _backend is None:
             want = os.environ.get("CONVLAB_BACKEND", "").strip().lower()
@@ -101,15 +103,18 @@ def backend() -> str:
 def _resolve(path) -> Path:
     p = Path(path)
     if not p.is_absolute():
-        for base in (Path.cwd(), REPO_ROOT):
+        root = book.repo_root()
+        for base in (Path.cwd(), root):
             if (base / p).exists():
                 return (base / p).resolve()
-        raise FileNotFoundError(f"no kernel file {path} (looked in {Path.cwd()} and {REPO_ROOT})")
+        raise FileNotFoundError(f"no kernel file {path} (looked in {Path.cwd()} and {root})")
     if not p.exists():
         raise FileNotFoundError(f"no kernel file {p}")
     return p
 
 
+# The one module cache: keyed by the source text (and defines, options, backend), so an edited file
+# compiles again and going back to an earlier text finds its module again.
 _modules: dict = {}
 
 
@@ -134,7 +139,7 @@ def _load_text(text, p: Path, defines, options) -> "Module":
     key = (b.name, str(p), text, tuple(sorted((k, str(v)) for k, v in defines.items())), tuple(options))
     m = _modules.get(key)
     if m is None:
-        src = _source.parse(text, p, [KERNELS_DIR])
+        src = _source.parse(text, p, [book.repo_root() / "kernels"])
         m = Module(b.compile(src, defines, options), src, defines)
         _modules[key] = m
     return m
@@ -146,16 +151,21 @@ class Module:
     def __init__(self, impl, src, defines):
         self._impl, self.src, self.defines = impl, src, defines
         self.path = src.path
+        self._kernels = {}
 
     @property
     def kernels(self) -> list[str]:
         return list(self.src.kernels)
 
     def kernel(self, name: str) -> "Kernel":
-        if name not in self.src.kernels:
-            have = ", ".join(self.src.kernels) or "none"
-            raise ArgumentError(f"{self.path.name} has no __global__ function `{name}` (it has: {have})")
-        return Kernel(self, name)
+        """The kernel `name`: the same Kernel object on every call, so its launch plan is kept."""
+        k = self._kernels.get(name)
+        if k is None:
+            if name not in self.src.kernels:
+                have = ", ".join(self.src.kernels) or "none"
+                raise ArgumentError(f"{self.path.name} has no __global__ function `{name}` (it has: {have})")
+            k = self._kernels[name] = Kernel(self, name)
+        return k
 
     def __getattr__(self, name):
         if name.startswith("_") or name not in self.__dict__.get("src").kernels:
@@ -203,12 +213,49 @@ def set_timeout(seconds: float):
     DEFAULT_TIMEOUT = float(seconds)
 
 
+_debug = False
+
+
+class debug:
+    """Poison the outputs that launchers allocate with NaN, so an output a kernel never writes
+    shows in cl.check: `cl.debug(True)` from now on (`cl.debug(False)` back off), or
+    `with cl.debug(): ...` for a block. The emulator always poisons; on a GPU launchers otherwise
+    allocate with torch.empty, as torch does (a NaN fill is one more full write of the output)."""
+
+    def __init__(self, on: bool = True):
+        global _debug
+        self._before = _debug
+        _debug = bool(on)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        global _debug
+        _debug = self._before
+        return False
+
+    def __repr__(self):
+        return f"<convlab.debug: outputs {'poisoned' if poisoning() else 'not poisoned'}>"
+
+
+def poisoning() -> bool:
+    """Whether launchers fill the outputs they allocate with NaN now: under cl.debug, and always on
+    the emulator (where the students' checks run)."""
+    return _debug or (_backend or _get_backend()).name == "emu"
+
+
 class Kernel:
-    """A __global__ function: call it with its arguments and grid=, block=, shared=."""
+    """A __global__ function: call it with its arguments and grid=, block=, shared=.
+
+    The first call builds a launch plan (how to check and pack each argument, the compiled
+    function, its limits); later calls only compare each argument with the plan and launch.
+    Error messages are built only when something is wrong."""
 
     def __init__(self, module: Module, name: str):
         self.module, self.name = module, name
         self.params = module.src.kernels[name].params
+        self._plan = None
 
     @property
     def signature(self) -> str:
@@ -222,34 +269,67 @@ class Kernel:
         """What the GPU's driver reports for the compiled kernel: registers per thread, static
         shared memory in bytes, the most threads a block of it may have. None on the emulator,
         which has no registers to count."""
-        impl = self.module._impl
-        if not hasattr(impl, "limits"):
-            return {"registers": None, "static_shared": None, "max_threads": None}
-        checked = [(p, _args.ctype_of(p, self.name), None) for p in self.params]
-        lim = impl.limits(self.name, checked)
-        return {"registers": lim["registers"], "static_shared": lim["static_shared"],
-                "max_threads": lim["max_threads"]}
+        lim = self._get_plan().limits
+        return {k: lim.get(k) for k in ("registers", "static_shared", "max_threads")}
+
+    def _get_plan(self) -> "_LaunchPlan":
+        if self._plan is None:
+            self._plan = _LaunchPlan(self)
+        return self._plan
 
     def __call__(self, *args, grid, block, shared: int = 0, max_shared: int | None = None,
                  order: str | None = None, timeout: float | None = None, seed: int = 0):
-        b = _get_backend()
-        checked = _args.check_args(self.name, self.params, args, b.device_type)
-        impl = self.module._impl
-        limits = impl.limits(self.name, checked) if hasattr(impl, "limits") else {}
-        registers = limits.pop("registers", None)
-        limit_shared = max_shared if max_shared is not None else 48 * 1024
-        try:
-            g, bl = _args.check_launch(self.name, grid, block, int(shared), max_shared=limit_shared, **limits)
-        except LaunchError as e:
-            if "threads" in str(e) and limits.get("max_threads", 1024) < 1024:
-                raise LaunchError(f"{e} (this kernel uses {registers} registers per thread, so "
-                                  f"at most {limits['max_threads']} threads fit in a block)") from None
-            raise
-        if b.name == "emu":
-            impl.launch(self.name, checked, g, bl, int(shared), order=order or _setting("order", "forward"),
-                        timeout=timeout or DEFAULT_TIMEOUT, seed=seed)
+        plan = self._plan or self._get_plan()
+        values = plan.args.values(args)
+        # the usual launch: 3-tuples of ints within the limits (anything else: check_launch says why)
+        if (max_shared is None and type(grid) is tuple and type(block) is tuple and len(grid) == 3
+                and len(block) == 3 and type(shared) is int):
+            gx, gy, gz = grid
+            bx, by, bz = block
+            if not (type(gx) is int and type(gy) is int and type(gz) is int and type(bx) is int
+                    and type(by) is int and type(bz) is int and 0 < gx <= plan.gx and 0 < gy <= plan.gy
+                    and 0 < gz <= plan.gz and 0 < bx and 0 < by and 0 < bz and bz <= 64
+                    and bx * by * bz <= plan.max_threads and 0 <= shared <= plan.shared_left):
+                grid, block = plan.check_launch(grid, block, shared, max_shared)
         else:
-            impl.launch(self.name, checked, g, bl, int(shared), max_shared=max_shared)
+            grid, block = plan.check_launch(grid, block, int(shared), max_shared)
+            shared = int(shared)
+        if plan.emu:
+            plan.impl.launch(self.name, list(zip(self.params, plan.args.ctypes, values)), grid, block, shared,
+                             order=order or _setting("order", "forward"), timeout=timeout or DEFAULT_TIMEOUT,
+                             seed=seed)
+        else:
+            plan.launch(values, grid, block, shared)
+
+
+class _LaunchPlan:
+    """What a Kernel works out on its first call and keeps: the argument checks, the backend's
+    launch function, and the compiled kernel's limits."""
+
+    def __init__(self, kernel: Kernel):
+        b = _get_backend()
+        self.kernel, self.impl, self.emu = kernel.name, kernel.module._impl, b.name == "emu"
+        self.args = _args.ArgPlan(kernel.name, kernel.params, b.device_type)
+        self.limits = {"registers": None, "static_shared": None, "max_threads": None}
+        if not self.emu:
+            self.limits = self.impl.limits(kernel.name)
+        self.max_threads = self.limits["max_threads"] or _limits.BLOCK_THREADS_MAX
+        self.static_shared = self.limits["static_shared"] or 0
+        self.gx, self.gy, self.gz = self.limits.get("max_grid") or _limits.MAX_GRID
+        self.shared_left = _limits.SHARED_DEFAULT_MAX - self.static_shared
+        self.launch = None if self.emu else self.impl.launcher(kernel.name, kernel.params, self.args.ctypes)
+
+    def check_launch(self, grid, block, shared, max_shared):
+        try:
+            return _args.check_launch(self.kernel, grid, block, shared,
+                                      max_shared=_limits.SHARED_DEFAULT_MAX if max_shared is None else max_shared,
+                                      max_threads=self.max_threads, static_shared=self.static_shared,
+                                      max_grid=(self.gx, self.gy, self.gz))
+        except LaunchError as e:
+            if "threads" in str(e) and self.max_threads < _limits.BLOCK_THREADS_MAX:
+                raise LaunchError(f"{e} (this kernel uses {self.limits['registers']} registers per thread, so "
+                                  f"at most {self.max_threads} threads fit in a block)") from None
+            raise
 
 
 def load_cpu(path, defines: dict | None = None, options: list | None = None) -> "CpuModule":
@@ -262,7 +342,7 @@ def load_cpu(path, defines: dict | None = None, options: list | None = None) -> 
     key = ("cpu", str(p), text, tuple(sorted((k, str(v)) for k, v in defines.items())), tuple(options or []))
     m = _modules.get(key)
     if m is None:
-        src = _source.parse(text, p, [KERNELS_DIR])
+        src = _source.parse(text, p, [book.repo_root() / "kernels"])
         functions = _source.parse_extern_c(text, p)
         m = CpuModule(EmuBackend().compile_cpu(src, functions, defines, list(options or [])), functions, p)
         _modules[key] = m

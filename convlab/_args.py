@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from . import _limits
 from ._errors import ArgumentError, LaunchError
 from ._source import Param
 
@@ -19,7 +20,6 @@ class CType:
     kind: str                     # "f" float, "i" signed int, "u" unsigned int, "b" bool, "v" vector/void
     dtypes: tuple                 # tensor dtypes a pointer to it accepts (empty: any)
     ctype: object                 # ctypes type of a scalar of it (None: pointer only)
-    np_type: object               # numpy type for a PyCUDA scalar argument
     pycuda_code: str              # struct code for PyCUDA's prepared call
 
 
@@ -27,39 +27,39 @@ _F32, _F64, _F16 = (torch.float32,), (torch.float64,), (torch.float16,)
 _I32 = (torch.int32,)
 _I64 = (torch.int64,)
 TYPES = {
-    "float": CType("f", _F32, ctypes.c_float, np.float32, "f"),
-    "double": CType("f", _F64, ctypes.c_double, np.float64, "d"),
-    "half": CType("f", _F16, ctypes.c_uint16, np.float16, "H"),
-    "half2": CType("v", _F16, None, None, ""),
-    "int": CType("i", _I32, ctypes.c_int32, np.int32, "i"),
-    "int32_t": CType("i", _I32, ctypes.c_int32, np.int32, "i"),
-    "unsigned int": CType("u", (torch.int32, torch.uint32), ctypes.c_uint32, np.uint32, "I"),
-    "uint32_t": CType("u", (torch.int32, torch.uint32), ctypes.c_uint32, np.uint32, "I"),
-    "long": CType("i", _I64, ctypes.c_int64, np.int64, "q"),
-    "long long": CType("i", _I64, ctypes.c_int64, np.int64, "q"),
-    "int64_t": CType("i", _I64, ctypes.c_int64, np.int64, "q"),
-    "ptrdiff_t": CType("i", _I64, ctypes.c_int64, np.int64, "q"),
-    "size_t": CType("u", _I64, ctypes.c_uint64, np.uint64, "Q"),
-    "unsigned long": CType("u", _I64, ctypes.c_uint64, np.uint64, "Q"),
-    "unsigned long long": CType("u", (torch.int64, torch.uint64), ctypes.c_uint64, np.uint64, "Q"),
-    "uint64_t": CType("u", (torch.int64, torch.uint64), ctypes.c_uint64, np.uint64, "Q"),
-    "short": CType("i", (torch.int16,), ctypes.c_int16, np.int16, "h"),
-    "int16_t": CType("i", (torch.int16,), ctypes.c_int16, np.int16, "h"),
-    "unsigned short": CType("u", (torch.int16, torch.uint16), ctypes.c_uint16, np.uint16, "H"),
-    "uint16_t": CType("u", (torch.int16, torch.uint16), ctypes.c_uint16, np.uint16, "H"),
-    "char": CType("i", (torch.int8, torch.uint8), ctypes.c_int8, np.int8, "b"),
-    "signed char": CType("i", (torch.int8,), ctypes.c_int8, np.int8, "b"),
-    "int8_t": CType("i", (torch.int8,), ctypes.c_int8, np.int8, "b"),
-    "unsigned char": CType("u", (torch.uint8, torch.bool), ctypes.c_uint8, np.uint8, "B"),
-    "uint8_t": CType("u", (torch.uint8, torch.bool), ctypes.c_uint8, np.uint8, "B"),
-    "bool": CType("b", (torch.bool,), ctypes.c_bool, np.bool_, "?"),
-    "float2": CType("v", _F32, None, None, ""),
-    "float4": CType("v", _F32, None, None, ""),
-    "double2": CType("v", _F64, None, None, ""),
-    "int2": CType("v", _I32, None, None, ""),
-    "int4": CType("v", _I32, None, None, ""),
-    "uchar4": CType("v", (torch.uint8,), None, None, ""),
-    "void": CType("v", (), None, None, ""),
+    "float": CType("f", _F32, ctypes.c_float, "f"),
+    "double": CType("f", _F64, ctypes.c_double, "d"),
+    "half": CType("f", _F16, ctypes.c_uint16, "H"),
+    "half2": CType("v", _F16, None, ""),
+    "int": CType("i", _I32, ctypes.c_int32, "i"),
+    "int32_t": CType("i", _I32, ctypes.c_int32, "i"),
+    "unsigned int": CType("u", (torch.int32, torch.uint32), ctypes.c_uint32, "I"),
+    "uint32_t": CType("u", (torch.int32, torch.uint32), ctypes.c_uint32, "I"),
+    "long": CType("i", _I64, ctypes.c_int64, "q"),
+    "long long": CType("i", _I64, ctypes.c_int64, "q"),
+    "int64_t": CType("i", _I64, ctypes.c_int64, "q"),
+    "ptrdiff_t": CType("i", _I64, ctypes.c_int64, "q"),
+    "size_t": CType("u", _I64, ctypes.c_uint64, "Q"),
+    "unsigned long": CType("u", _I64, ctypes.c_uint64, "Q"),
+    "unsigned long long": CType("u", (torch.int64, torch.uint64), ctypes.c_uint64, "Q"),
+    "uint64_t": CType("u", (torch.int64, torch.uint64), ctypes.c_uint64, "Q"),
+    "short": CType("i", (torch.int16,), ctypes.c_int16, "h"),
+    "int16_t": CType("i", (torch.int16,), ctypes.c_int16, "h"),
+    "unsigned short": CType("u", (torch.int16, torch.uint16), ctypes.c_uint16, "H"),
+    "uint16_t": CType("u", (torch.int16, torch.uint16), ctypes.c_uint16, "H"),
+    "char": CType("i", (torch.int8, torch.uint8), ctypes.c_int8, "b"),
+    "signed char": CType("i", (torch.int8,), ctypes.c_int8, "b"),
+    "int8_t": CType("i", (torch.int8,), ctypes.c_int8, "b"),
+    "unsigned char": CType("u", (torch.uint8, torch.bool), ctypes.c_uint8, "B"),
+    "uint8_t": CType("u", (torch.uint8, torch.bool), ctypes.c_uint8, "B"),
+    "bool": CType("b", (torch.bool,), ctypes.c_bool, "?"),
+    "float2": CType("v", _F32, None, ""),
+    "float4": CType("v", _F32, None, ""),
+    "double2": CType("v", _F64, None, ""),
+    "int2": CType("v", _I32, None, ""),
+    "int4": CType("v", _I32, None, ""),
+    "uchar4": CType("v", (torch.uint8,), None, ""),
+    "void": CType("v", (), None, ""),
 }
 
 _INT_RANGE = {"i": {1: 7, 2: 15, 4: 31, 8: 63}, "u": {1: 8, 2: 16, 4: 32, 8: 64}}
@@ -145,28 +145,20 @@ def dim3(v, what: str) -> tuple[int, int, int]:
     return v + (1,) * (3 - len(v))
 
 
-def check_launch(kernel: str, grid, block, shared: int, *, max_shared: int = 48 * 1024,
-                 max_threads: int = 1024, static_shared: int = 0, max_grid=(2**31 - 1, 65535, 65535)):
-    """The limits every CUDA GPU since compute capability 3.0 enforces."""
+def check_launch(kernel: str, grid, block, shared: int, *, max_shared: int = _limits.SHARED_DEFAULT_MAX,
+                 max_threads: int = _limits.BLOCK_THREADS_MAX, static_shared: int = 0,
+                 max_grid=_limits.MAX_GRID):
+    """(grid, block) as 3-tuples, or cl.LaunchError naming the limit a GPU would refuse the launch for."""
     g, b = dim3(grid, "grid"), dim3(block, "block")
-    if min(g) < 1:
-        raise LaunchError(f"{kernel}: grid {g} has a zero or negative dimension; every dimension must be "
-                          f">= 1 (a size rounded down to 0 blocks? use ceil division: (n + b - 1) // b)")
+    _limits.check_grid(kernel, g, max_grid)
     if min(b) < 1:
         raise LaunchError(f"{kernel}: block {b} has a zero or negative dimension")
     threads = b[0] * b[1] * b[2]
     if threads > max_threads:
         raise LaunchError(f"{kernel}: a block of {b[0]}x{b[1]}x{b[2]} = {threads} threads is over the "
                           f"{max_threads} threads a block may have: use smaller blocks and more of them")
-    if b[0] > 1024 or b[1] > 1024 or b[2] > 64:
-        raise LaunchError(f"{kernel}: block {b} is over the per-dimension limits (1024, 1024, 64)")
-    names = "xyz"
-    for i in range(3):
-        if g[i] > max_grid[i]:
-            raise LaunchError(
-                f"{kernel}: grid {names[i]} = {g[i]:,} is over the limit of {max_grid[i]:,} blocks for "
-                f"gridDim.{names[i]}. Only gridDim.x may go up to 2^31-1: map the large extent (e.g. "
-                f"B*M) to x, or loop over it inside the kernel")
+    if any(b[i] > _limits.BLOCK_DIM_MAX[i] for i in range(3)):
+        raise LaunchError(f"{kernel}: block {b} is over the per-dimension limits {_limits.BLOCK_DIM_MAX}")
     if shared < 0:
         raise LaunchError(f"{kernel}: shared={shared} bytes is negative")
     if shared + static_shared > max_shared:
@@ -176,3 +168,53 @@ def check_launch(kernel: str, grid, block, shared: int, *, max_shared: int = 48 
             f"without opting in: use a smaller tile, or pass max_shared=<bytes> to opt in (up to 232,448 on "
             f"an H100/H200)")
     return g, b
+
+
+class ArgPlan:
+    """A kernel's argument checks, worked out once from its signature. values(args) checks a call's
+    arguments with a few comparisons each and returns them (tensors and Python numbers); anything
+    unusual (a numpy integer, a wrong dtype, ...) goes to check_args, which accepts what it can and
+    otherwise raises with its message, so messages are built only when something is wrong."""
+
+    _POINTER, _INT, _FLOAT, _OTHER = range(4)
+
+    def __init__(self, kernel: str, params: list[Param], device: str):
+        self.kernel, self.params, self.device = kernel, params, device
+        self.ctypes = [ctype_of(p, kernel) for p in params]
+        self.n = len(params)
+        self.on_cuda = device == "cuda"
+        specs = []
+        for p, t in zip(params, self.ctypes):
+            if p.pointer:
+                specs.append((self._POINTER, frozenset(t.dtypes), None))
+            elif t.kind in "iu" and t.ctype is not None:
+                bits = _INT_RANGE[t.kind][ctypes.sizeof(t.ctype)]
+                specs.append((self._INT, -(1 << bits) if t.kind == "i" else 0, (1 << bits) - 1))
+            elif t.kind == "f" and p.base != "half":
+                specs.append((self._FLOAT, None, None))
+            else:
+                specs.append((self._OTHER, None, None))
+        self.specs = specs
+
+    def values(self, args: tuple) -> list:
+        if len(args) == self.n:
+            out = []
+            on_cuda = self.on_cuda
+            for (kind, a1, a2), a in zip(self.specs, args):
+                if kind == 0:        # pointer: a contiguous tensor of an accepted dtype on the device
+                    if (isinstance(a, torch.Tensor) and a.is_cuda == on_cuda and (on_cuda or a.is_cpu)
+                            and (not a1 or a.dtype in a1) and a.is_contiguous()):
+                        out.append(a)
+                        continue
+                elif kind == 1:      # int: a Python int in range
+                    if type(a) is int and a1 <= a <= a2:
+                        out.append(a)
+                        continue
+                elif kind == 2:      # float: a Python float or int
+                    if type(a) is float or type(a) is int:
+                        out.append(float(a))
+                        continue
+                break
+            else:
+                return out
+        return [v for _, _, v in check_args(self.kernel, self.params, args, self.device)]

@@ -2,15 +2,11 @@
 backend needs. Both backends parse the same way, so argument checks agree on CPU and GPU."""
 from __future__ import annotations
 
-import hashlib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ._errors import CompileError
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
-KERNELS_DIR = REPO_ROOT / "kernels"
 
 
 @dataclass(frozen=True)
@@ -40,14 +36,6 @@ class Source:
     kernels: dict[str, KernelDecl]
     constants: dict[str, str]       # name -> type
     includes: list[Path]            # resolved quoted includes, recursively
-
-    def digest(self, *extra: str) -> str:
-        h = hashlib.sha256(self.text.encode())
-        for p in self.includes:
-            h.update(p.read_bytes())
-        for e in extra:
-            h.update(e.encode())
-        return h.hexdigest()[:24]
 
     def all_text(self) -> str:
         return self.text + "".join(p.read_text(errors="replace") for p in self.includes)
@@ -82,7 +70,6 @@ def strip_comments(text: str) -> str:
     return "".join(out)
 
 
-_QUALIFIERS = {"const", "volatile", "__restrict__", "__restrict", "restrict", "struct", "unsigned", "signed"}
 _TYPE_ALIASES = {
     "unsigned": "unsigned int", "signed": "int", "signed int": "int", "uint": "unsigned int",
     "__half": "half", "__half2": "half2", "long int": "long", "long long int": "long long",

@@ -26,12 +26,6 @@ class Timing:
     is_gpu: bool
     device: str
 
-    def gflops(self, flops: float) -> float:
-        return flops / (self.ms * 1e-3) / 1e9
-
-    def gbs(self, nbytes: float) -> float:
-        return nbytes / (self.ms * 1e-3) / 1e9
-
     def __str__(self):
         if self.is_gpu:
             return (f"{self.ms:.4g} ms (median of {len(self.samples)}, IQR {self.p25:.4g}-{self.p75:.4g}) "

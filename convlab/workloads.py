@@ -26,29 +26,44 @@ class Workload:
     W: int
     K: int
     stride: int = 1
-    pad: int = 0
+    padding: int = 0
     note: str = ""
     D: int | None = None
+
+    @classmethod
+    def of(cls, x, w, stride: int = 1, padding: int = 0, name: str = "") -> "Workload":
+        """The layer of input x and mask w: x (B, C, H, W) and w (M, C, K, K); or x (B, C, D, H, W)
+        and w (M, C, K, K, K); or a single channel x (D, H, W) and w (K, K, K)."""
+        xs, ws = tuple(int(s) for s in x.shape), tuple(int(s) for s in w.shape)
+        if len(xs) == 3 and len(ws) == 3:
+            xs, ws = (1, 1, *xs), (1, 1, *ws)
+        if len(xs) not in (4, 5) or len(ws) != len(xs):
+            raise ValueError(f"expected x (B, C, [D,] H, W) and w (M, C, K, K[, K]), got {xs} and {ws}")
+        if ws[1] != xs[1] or len(set(ws[2:])) != 1:
+            raise ValueError(f"w {ws} does not fit x {xs}: need (M, {xs[1]}) and a cubic or square mask")
+        D = xs[2] if len(xs) == 5 else None
+        return cls(name, B=xs[0], C=xs[1], M=ws[0], H=xs[-2], W=xs[-1], K=ws[-1], stride=int(stride),
+                   padding=int(padding), D=D)
 
     @property
     def dims(self) -> int:
         return 2 if self.D is None else 3
 
     @staticmethod
-    def _out(n: int, K: int, stride: int, pad: int) -> int:
-        return (n + 2 * pad - K) // stride + 1
+    def _out(n: int, K: int, stride: int, padding: int) -> int:
+        return (n + 2 * padding - K) // stride + 1
 
     @property
     def Do(self) -> int | None:
-        return None if self.D is None else self._out(self.D, self.K, self.stride, self.pad)
+        return None if self.D is None else self._out(self.D, self.K, self.stride, self.padding)
 
     @property
     def Ho(self) -> int:
-        return self._out(self.H, self.K, self.stride, self.pad)
+        return self._out(self.H, self.K, self.stride, self.padding)
 
     @property
     def Wo(self) -> int:
-        return self._out(self.W, self.K, self.stride, self.pad)
+        return self._out(self.W, self.K, self.stride, self.padding)
 
     # shapes, in the order the kernels take them
     @property
@@ -104,8 +119,8 @@ class Workload:
         extra = []
         if self.stride != 1:
             extra.append(f"stride {self.stride}")
-        if self.pad:
-            extra.append(f"pad {self.pad}")
+        if self.padding:
+            extra.append(f"pad {self.padding}")
         tail = (", " + ", ".join(extra)) if extra else ""
         return f"B={self.B}, C={self.C}→M={self.M}, {spatial}, K={mask}{tail}"
 
@@ -129,7 +144,7 @@ class Workload:
         """The emulator's twin: B=2, at most 16 channels each way, spatial size cut to ≤ 20 outputs."""
         def cut(n: int) -> int:
             # keep the input big enough for K and stride, and awkward (not a multiple of 16)
-            return min(n, (20 - 1) * self.stride + self.K - 2 * self.pad)
+            return min(n, (20 - 1) * self.stride + self.K - 2 * self.padding)
 
         return replace(
             self,
@@ -156,9 +171,9 @@ WORKLOADS: dict[str, Workload] = {
                  note="ECE408 (FA23) modified LeNet-5, layer 2"),
         Workload("fa17", B=10000, C=1, M=50, H=28, W=28, K=5,
                  note="an earlier ECE408 project; B·M = 500,000"),
-        Workload("days100", B=1, C=32, M=128, H=256, W=256, K=3, pad=1,
+        Workload("days100", B=1, C=32, M=128, H=256, W=256, K=3, padding=1,
                  note="the PyCUDA blog's sweep, same padding"),
-        Workload("resnet", B=64, C=64, M=64, H=56, W=56, K=3, pad=1,
+        Workload("resnet", B=64, C=64, M=64, H=56, W=56, K=3, padding=1,
                  note="a compute-bound ResNet layer"),
         Workload("conv3d", B=1, C=1, M=1, D=256, H=128, W=128, K=5,
                  note="the LeetGPU 3D challenge, valid"),

@@ -52,12 +52,14 @@ class _LaunchRecorder:
 
 @pytest.fixture
 def record_launches(monkeypatch):
-    """record_launches(*launcher_modules) -> the list every launch of those modules is appended to,
-    as (kernel, grid, block, shared, defines)."""
-    def record(*modules):
+    """record_launches() -> the list every launcher's launch is appended to from then on, as
+    (kernel, grid, block, shared, defines): the launchers find their modules through
+    convlab.ops._kernels.module, which this replaces."""
+    from convlab.ops import _kernels
+
+    def record():
         launches = []
-        fake = lambda path, defines=None: _LaunchRecorder(launches, dict(defines or {}))  # noqa: E731
-        for mod in modules:
-            monkeypatch.setattr(mod, "module", fake)
+        fake = lambda path, defines=(): _LaunchRecorder(launches, dict(defines or {}))  # noqa: E731
+        monkeypatch.setattr(_kernels, "module", fake)
         return launches
     return record

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import convlab as cl
-from convlab import ops, workloads
+from convlab import _limits, workloads
 from convlab.exercise import AWKWARD_SHAPES, VALID_SHAPES
 from convlab.ops import naive
 
@@ -15,8 +15,8 @@ MORE_SHAPES = [
     # a block's worth plus one, wide masks, more channels
     dict(B=1, C=1, M=1, H=17, W=17, K=1),
     dict(B=2, C=5, M=3, H=33, W=9, K=7),
-    dict(B=1, C=2, M=2, H=7, W=7, K=7, pad=3),
-    dict(B=2, C=3, M=2, H=19, W=22, K=3, stride=3, pad=1),
+    dict(B=1, C=2, M=2, H=7, W=7, K=7, padding=3),
+    dict(B=2, C=3, M=2, H=19, W=22, K=3, stride=3, padding=1),
 ]
 
 
@@ -26,15 +26,15 @@ def _ascii(shape) -> str:
 
 def _cases():
     for s in AWKWARD_SHAPES:
-        yield pytest.param(dict(B=s.B, C=s.C, M=s.M, H=s.H, W=s.W, K=s.K, stride=s.stride, pad=s.pad), id=_ascii(s))
+        yield pytest.param(dict(B=s.B, C=s.C, M=s.M, H=s.H, W=s.W, K=s.K, stride=s.stride, padding=s.pad), id=_ascii(s))
     for d in MORE_SHAPES:
         yield pytest.param(d, id=" ".join(f"{k}={v}" for k, v in d.items()))
 
 
-def _inputs(B, C, M, H, W, K, stride=1, pad=0):
+def _inputs(B, C, M, H, W, K, stride=1, padding=0):
     x, w = cl.randn(B, C, H, W), cl.randn(M, C, K, K)
     assert not torch.all(x == 0)  # never zeros: a kernel that writes 0 must not pass
-    return x, w, cl.ref.conv2d(x, w, stride=stride, padding=pad)
+    return x, w, cl.ref.conv2d(x, w, stride=stride, padding=padding)
 
 
 @pytest.fixture(scope="module")
@@ -55,29 +55,29 @@ def test_chapter1_cpu_loop_nest(conv2d_cpu, shape):
 
 
 @pytest.mark.parametrize("shape", list(_cases()))
-@pytest.mark.parametrize("impl", list(naive.IMPLEMENTATIONS))
+@pytest.mark.parametrize("impl", naive.IMPLEMENTATIONS, ids=lambda i: i.name)
 def test_chapter2_naive_kernels(impl, shape):
     x, w, ref = _inputs(**shape)
-    y = naive.IMPLEMENTATIONS[impl](x, w, stride=shape.get("stride", 1), pad=shape.get("pad", 0))
-    cl.check(y, ref, name=impl)
+    y = impl(x, w, stride=shape.get("stride", 1), padding=shape.get("padding", 0))
+    cl.check(y, ref, name=impl.name)
 
 
 @pytest.mark.parametrize("max_blocks", [1, 3])
 def test_flat_kernel_grid_stride_loop_covers_every_output(max_blocks):
-    x, w, ref = _inputs(B=2, C=2, M=3, H=21, W=15, K=5, stride=2, pad=2)
-    y = naive.conv2d_naive_flat(x, w, stride=2, pad=2, block=64, max_blocks=max_blocks)
+    x, w, ref = _inputs(B=2, C=2, M=3, H=21, W=15, K=5, stride=2, padding=2)
+    y = naive.conv2d_naive_flat(x, w, stride=2, padding=2, block=64, max_blocks=max_blocks)
     cl.check(y, ref)
 
 
 def test_flat_kernel_at_a_small_workload():
     wl = workloads.get("fa17").small()
-    x, w, ref = _inputs(wl.B, wl.C, wl.M, wl.H, wl.W, wl.K, wl.stride, wl.pad)
-    cl.check(naive.conv2d_naive_flat(x, w, stride=wl.stride, pad=wl.pad), ref)
+    x, w, ref = _inputs(wl.B, wl.C, wl.M, wl.H, wl.W, wl.K, wl.stride, wl.padding)
+    cl.check(naive.conv2d_naive_flat(x, w, stride=wl.stride, padding=wl.padding), ref)
 
 
 def test_z_mapping_cannot_launch_past_65535():
     B, M = 1024, 65  # B·M = 66,560, tiny images: the launch is refused before anything runs
-    assert B * M > ops.GRID_YZ_LIMIT
+    assert B * M > _limits.GRID_YZ_MAX
     x, w = cl.randn(B, 1, 3, 3), cl.randn(M, 1, 3, 3)
     with pytest.raises(cl.LaunchError, match="65,?535"):
         naive.conv2d_naive_z(x, w)
@@ -104,3 +104,13 @@ def test_launchers_refuse_shapes_that_do_not_fit():
         naive.conv2d_naive_flat(cl.randn(1, 1, 2, 2), cl.randn(1, 1, 3, 3))
     with pytest.raises(ValueError, match="shape"):
         naive.conv2d_naive_flat(cl.randn(1, 1, 8, 8), cl.randn(1, 1, 3, 3), cl.empty(1, 1, 5, 5))
+
+
+def test_pick_and_implementations():
+    from convlab.workloads import Workload
+    assert naive.pick(workloads.get("fa17")) is naive.NAIVE_FLAT
+    assert not naive.NAIVE_Z.applies(workloads.get("fa17")) and naive.NAIVE_Z.applies(workloads.get("lenet_c1"))
+    assert [i.name for i in naive.IMPLEMENTATIONS] == ["naive z (B·M on grid z)", "naive flat (1D grid)"]
+    x, w = cl.randn(2, 3, 9, 8), cl.randn(4, 3, 3, 3)
+    best = naive.pick(Workload.of(x, w, padding=1))
+    cl.check(best(x, w, padding=1), cl.ref.conv2d(x, w, padding=1), name=best.name)

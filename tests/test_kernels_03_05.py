@@ -9,18 +9,18 @@ import pytest
 import torch
 
 import convlab as cl
-from convlab import ops
+from convlab import _limits
 from convlab._args import check_launch
 from convlab.ops import fused, im2col, tiled
 
-# (B, C, M, H, W, K, stride, pad)
+# (B, C, M, H, W, K, stride, padding)
 SHAPES = [
     dict(B=1, C=1, M=1, H=17, W=19, K=3),                       # B=1, C=1, M=1
-    dict(B=2, C=3, M=5, H=19, W=21, K=5, pad=2),                # "same" padding, odd sizes
-    dict(B=2, C=2, M=3, H=23, W=18, K=7, pad=1),                # K=7, two tiles per side, ragged
+    dict(B=2, C=3, M=5, H=19, W=21, K=5, padding=2),                # "same" padding, odd sizes
+    dict(B=2, C=2, M=3, H=23, W=18, K=7, padding=1),                # K=7, two tiles per side, ragged
     dict(B=3, C=4, M=6, H=15, W=16, K=4),                       # even K
     dict(B=1, C=2, M=7, H=9, W=40, K=1),                        # K=1, a wide image
-    dict(B=2, C=2, M=3, H=21, W=20, K=3, stride=2, pad=1),      # stride 2
+    dict(B=2, C=2, M=3, H=21, W=20, K=3, stride=2, padding=1),      # stride 2
     dict(B=1, C=3, M=2, H=26, W=17, K=5, stride=3),             # stride 3, no padding
 ]
 
@@ -35,7 +35,7 @@ def _strided(d):
 
 def _case(shape):
     B, C, M, H, W, K = (shape[k] for k in "B C M H W K".split())
-    s, p = shape.get("stride", 1), shape.get("pad", 0)
+    s, p = shape.get("stride", 1), shape.get("padding", 0)
     x, w = cl.randn(B, C, H, W), cl.randn(M, C, K, K)
     assert not torch.all(x == 0)
     y = cl.empty(B, M, cl.out_size(H, K, s, p), cl.out_size(W, K, s, p))   # NaN until written
@@ -44,7 +44,7 @@ def _case(shape):
 
 def _run(fn, shape, **tunables):
     x, w, y, s, p, ref = _case(shape)
-    out = fn(x, w, y, stride=s, pad=p, **tunables)
+    out = fn(x, w, y, stride=s, padding=p, **tunables)
     assert out is y
     cl.check(y, ref, name=f"{fn.__name__} {tunables}")
 
@@ -76,7 +76,7 @@ def test_tiled_cached_halo(shape, mask):
     (tiled.conv2d_tiled_cached_halo, {"TILE": 16}),
 ])
 def test_tiled_tunables(fn, tunables):
-    _run(fn, dict(B=2, C=2, M=3, H=23, W=18, K=7, pad=1), **tunables)
+    _run(fn, dict(B=2, C=2, M=3, H=23, W=18, K=7, padding=1), **tunables)
 
 
 def test_tiled_mask_update_is_seen():
@@ -107,9 +107,9 @@ def test_tiled_refusals():
 def test_unroll_matches_torch_unfold(shape):
     """Our U (B, C·K·K, Ho·Wo) has exactly the layout of torch's unfold: same values, bit for bit."""
     B, C, H, W, K = (shape[k] for k in "B C H W K".split())
-    s, p = shape.get("stride", 1), shape.get("pad", 0)
+    s, p = shape.get("stride", 1), shape.get("padding", 0)
     x = cl.randn(B, C, H, W)
-    u = im2col.unroll(x, K, stride=s, pad=p)
+    u = im2col.unroll(x, K, stride=s, padding=p)
     want = torch.nn.functional.unfold(x.cpu(), K, padding=p, stride=s)
     assert tuple(u.shape) == tuple(want.shape) == im2col.unrolled_shape(B, C, H, W, K, s, p)
     assert torch.equal(u.cpu(), want), "unrolled matrix differs from torch.nn.functional.unfold"
@@ -170,8 +170,8 @@ def test_implicit_gemm_reg(shape):
     dict(BM=128, BN=128, BK=16, TM=8, TN=8),   # 256 threads, the days100 pick
 ], ids=lambda t: " ".join(f"{k}={v}" for k, v in t.items()))
 @pytest.mark.parametrize("shape", [
-    dict(B=3, C=5, M=9, H=13, W=11, K=3, pad=1),        # P = 143: scalar stores, N ragged
-    dict(B=2, C=3, M=20, H=12, W=12, K=5, pad=2),       # P = 144: 16-byte stores
+    dict(B=3, C=5, M=9, H=13, W=11, K=3, padding=1),        # P = 143: scalar stores, N ragged
+    dict(B=2, C=3, M=20, H=12, W=12, K=5, padding=2),       # P = 144: 16-byte stores
 ], ids=_id)
 def test_implicit_gemm_reg_tunables(shape, tunables):
     _run(fused.conv2d_implicit_gemm_reg, shape, **tunables)
@@ -204,22 +204,45 @@ def test_direct_refusals():
 
 def test_pick_rules_for_the_course_layers():
     from convlab import workloads
+    from convlab.workloads import Workload
     picks = {wl.name: fused.pick(wl) for wl in workloads.WORKLOADS_2D}
     for name in ("lenet_c1", "lenet_c3", "fa17"):
-        assert picks[name][1] is fused.conv2d_direct_regtile, name
-    assert picks["fa17"][2]["MT"] * ((50 + picks["fa17"][2]["MT"] - 1) // picks["fa17"][2]["MT"]) >= 50
+        assert picks[name] is fused.DIRECT_REGTILE, name
+    mt = fused.DIRECT_REGTILE.config(workloads.get("fa17"))["MT"]
+    assert mt == 28 and mt * ((50 + mt - 1) // mt) >= 50
     for name in ("resnet", "days100"):
-        assert picks[name][1] is fused.conv2d_implicit_gemm_reg, name
-    assert picks["days100"][2]["BM"] == 128 and picks["resnet"][2]["BM"] == 64
-    assert fused.pick("fa17")[1] is fused.conv2d_direct_regtile                # by name too
-    assert fused.pick(dict(B=1, C=3, M=8, H=9, W=9, K=3))[1] is fused.conv2d_direct_regtile
+        assert picks[name] is fused.IMPLICIT_GEMM_REG, name
+    assert picks["days100"].config(workloads.get("days100"))["BM"] == 128
+    assert picks["resnet"].config(workloads.get("resnet"))["BM"] == 64
+    assert fused.pick("fa17") is fused.DIRECT_REGTILE                           # by name too
+    assert fused.pick(Workload("", B=1, C=3, M=8, H=9, W=9, K=3)) is fused.DIRECT_REGTILE
+    # the one GEMM tile rule: 32 maps or fewer get a 32-map tile
+    assert fused.gemm_config(32)["BM"] == 32 and fused.gemm_config(33)["BM"] == 64
+    for M in (1, 32, 64, 127, 128, 256):
+        fused.check_reg_tunables(**fused.gemm_config(M))
+
+
+@pytest.mark.parametrize("module", [tiled, im2col, fused], ids=lambda m: m.__name__.split(".")[-1])
+def test_implementations_and_pick(module):
+    """Each implementation under its one name, called as pick() returns it: best(x, w) with the
+    tunables of best.config(shape), on an awkward shape."""
+    from convlab.workloads import Workload
+    x, w = cl.randn(2, 3, 13, 11), cl.randn(5, 3, 3, 3)
+    shape = Workload.of(x, w, padding=1)
+    names = [impl.name for impl in module.IMPLEMENTATIONS]
+    assert len(set(names)) == len(names)
+    best = module.pick(shape)
+    assert best in module.IMPLEMENTATIONS and best.applies(shape)
+    ref = cl.ref.conv2d(x, w, padding=1)
+    cl.check(best(x, w, padding=1), ref, name=best.name)
+    cl.check(best(x, w, padding=1, **best.config(shape)), ref, name=f"{best.name} {best.config(shape)}")
 
 
 @pytest.mark.parametrize("name", ["lenet_c1", "lenet_c3", "fa17", "days100", "resnet"])
 def test_best_at_the_small_twins(name):
     from convlab import workloads
     wl = workloads.get(name).small()
-    shape = dict(B=wl.B, C=wl.C, M=wl.M, H=wl.H, W=wl.W, K=wl.K, stride=wl.stride, pad=wl.pad)
+    shape = dict(B=wl.B, C=wl.C, M=wl.M, H=wl.H, W=wl.W, K=wl.K, stride=wl.stride, padding=wl.padding)
     _run(fused.conv2d_best, shape)
 
 
@@ -227,7 +250,7 @@ def test_best_at_the_small_twins(name):
 
 @pytest.fixture
 def recorded(record_launches):
-    return record_launches(tiled, im2col, fused)
+    return record_launches()
 
 
 FULL = {
@@ -260,12 +283,12 @@ def test_every_launcher_respects_the_launch_limits(recorded, name):
         calls.append((fused.conv2d_direct_regtile, {}))
     for fn, tunables in calls:
         recorded.clear()
-        fn(x, w, y, stride=s, pad=p, **tunables)
+        fn(x, w, y, stride=s, padding=p, **tunables)
         assert recorded, fn.__name__
         covered = 0
         for kname, grid, block, shared, defines in recorded:
             check_launch(kname, grid, block, shared)          # raises cl.LaunchError past a limit
-            assert grid[1] <= ops.GRID_YZ_LIMIT and grid[2] <= ops.GRID_YZ_LIMIT
+            assert grid[1] <= _limits.GRID_YZ_MAX and grid[2] <= _limits.GRID_YZ_MAX
             if kname in ("conv2d_tiled_halo_multi_pass", "conv2d_tiled_input_block", "conv2d_tiled_cached_halo",
                          "conv2d_implicit_gemm"):
                 covered += grid[2]                            # images on gridDim.z, chunk by chunk
@@ -286,7 +309,7 @@ def test_every_launcher_respects_the_launch_limits(recorded, name):
     (fused.conv2d_direct_regtile, {"MT": 8, "ROWS": 2, "BLOCK": 64}),
 ], ids=lambda v: getattr(v, "__name__", None) or " ".join(f"{k}={x}" for k, x in v.items()))
 def test_no_race_under_other_thread_orders(fn, tunables):
-    x, w, y, s, p, ref = _case(dict(B=2, C=3, M=5, H=19, W=21, K=5, pad=2))
-    problem = cl.find_race(lambda: fn(x, w, y, stride=s, pad=p, **tunables), y)
+    x, w, y, s, p, ref = _case(dict(B=2, C=3, M=5, H=19, W=21, K=5, padding=2))
+    problem = cl.find_race(lambda: fn(x, w, y, stride=s, padding=p, **tunables), y)
     assert problem is None, problem
     cl.check(y, ref)

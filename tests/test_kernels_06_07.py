@@ -21,17 +21,17 @@ from convlab.ops import conv3d, fp16
 
 # ==== chapter 6 ======================================================================================
 
-# (B, C, M, H, W, K, stride, pad)
+# (B, C, M, H, W, K, stride, padding)
 SHAPES = [
     dict(B=1, C=1, M=1, H=17, W=19, K=3),                       # B=1, C=1, M=1
-    dict(B=2, C=3, M=5, H=13, W=11, K=3, pad=1),                # "same" padding, odd sizes
+    dict(B=2, C=3, M=5, H=13, W=11, K=3, padding=1),                # "same" padding, odd sizes
     dict(B=1, C=4, M=16, H=14, W=13, K=7),                      # lenet_c3's channels and mask, small
-    dict(B=2, C=2, M=3, H=15, W=12, K=7, pad=2),                # K=7, ragged
+    dict(B=2, C=2, M=3, H=15, W=12, K=7, padding=2),                # K=7, ragged
     dict(B=2, C=5, M=6, H=11, W=10, K=4),                       # even K, C=5 (padded to 8 channels)
-    dict(B=1, C=32, M=20, H=9, W=10, K=3, pad=1),               # C a multiple of 32: one tap per tile
-    dict(B=1, C=3, M=4, H=17, W=15, K=5, stride=2, pad=2),      # stride 2
-    dict(B=2, C=16, M=9, H=11, W=12, K=3, stride=2, pad=1),     # stride 2 on WMMA's one-tap path
-    dict(B=1, C=32, M=70, H=6, W=7, K=3, pad=1),                # maps over several blocks / groups
+    dict(B=1, C=32, M=20, H=9, W=10, K=3, padding=1),               # C a multiple of 32: one tap per tile
+    dict(B=1, C=3, M=4, H=17, W=15, K=5, stride=2, padding=2),      # stride 2
+    dict(B=2, C=16, M=9, H=11, W=12, K=3, stride=2, padding=1),     # stride 2 on WMMA's one-tap path
+    dict(B=1, C=32, M=70, H=6, W=7, K=3, padding=1),                # maps over several blocks / groups
 ]
 
 
@@ -41,7 +41,7 @@ def _id(d):
 
 def _unpack(shape):
     B, C, M, H, W, K = (shape[k] for k in "B C M H W K".split())
-    return B, C, M, H, W, K, shape.get("stride", 1), shape.get("pad", 0)
+    return B, C, M, H, W, K, shape.get("stride", 1), shape.get("padding", 0)
 
 
 def _case(shape):
@@ -56,7 +56,7 @@ def _case(shape):
 
 def _run(fn, shape, accumulate, **tunables):
     x, w, xh, wh, y, s, p = _case(shape)
-    out = fn(xh, wh, y, stride=s, pad=p, **tunables)
+    out = fn(xh, wh, y, stride=s, padding=p, **tunables)
     assert out is y and y.dtype == torch.float16
     C, K = shape["C"], shape["K"]
     fp16.check_fp16(y, cl.ref.conv2d(x, w, stride=s, padding=p), C, K, accumulate, name=f"{fn.__name__} {tunables}")
@@ -125,7 +125,7 @@ def test_half_direct(fn, shape):
                          ids=lambda t: " ".join(f"{k}={v}" for k, v in t.items()))
 @pytest.mark.parametrize("fn", [fp16.conv2d_half, fp16.conv2d_half2], ids=["half", "half2"])
 def test_half_direct_tunables(fn, tunables):
-    _run(fn, dict(B=2, C=3, M=7, H=13, W=12, K=5, pad=1), "half", **tunables)
+    _run(fn, dict(B=2, C=3, M=7, H=13, W=12, K=5, padding=1), "half", **tunables)
 
 
 @pytest.mark.parametrize("shape", [SHAPES[1], SHAPES[2], SHAPES[6]], ids=_id)
@@ -135,7 +135,7 @@ def test_half_direct_computes_the_sums_it_claims(fn, shape):
     bit. (Not all: the emulator's __hfma rounds twice, to float then to half, and so differs from a
     single rounding by one unit in ~1 of 20,000 operations; a GPU rounds once.)"""
     x, w, xh, wh, y, s, p = _case(shape)
-    fn(xh, wh, y, stride=s, pad=p)
+    fn(xh, wh, y, stride=s, padding=p)
     model = half_model(xh, wh, s, p)
     got = y.cpu()
     same = (got.view(torch.int16) == model.view(torch.int16)).double().mean().item()
@@ -165,8 +165,8 @@ def test_wmma(shape):
     dict(BM=32, BN=64, BK=32, WARPS_M=2, WARPS_N=1),     # RSTEP 2: two U-tile rows per pass
     dict(BM=64, BN=32, BK=16, WARPS_M=2, WARPS_N=1),     # 64 threads, 16 column pairs: RSTEP 4
 ], ids=lambda t: " ".join(f"{k}={v}" for k, v in t.items()))
-@pytest.mark.parametrize("shape", [dict(B=2, C=16, M=20, H=7, W=9, K=3, pad=1),    # one tap per tile (BK=16)
-                                   dict(B=1, C=3, M=17, H=9, W=8, K=5, pad=2)],      # the general path, P even
+@pytest.mark.parametrize("shape", [dict(B=2, C=16, M=20, H=7, W=9, K=3, padding=1),    # one tap per tile (BK=16)
+                                   dict(B=1, C=3, M=17, H=9, W=8, K=5, padding=2)],      # the general path, P even
                          ids=_id)
 def test_wmma_tunables(shape, tunables):
     _wmma_checks(shape, **tunables)
@@ -194,7 +194,7 @@ def test_wmma_smallc(shape):
 
 @pytest.mark.parametrize("tunables", [dict(WARPS=1), dict(WARPS=2, BAND=3), dict(BAND=1)],
                          ids=["one warp", "bands of 3 rows", "bands of 1 row"])
-@pytest.mark.parametrize("shape", [dict(B=2, C=4, M=19, H=12, W=11, K=5, pad=1),    # two map groups, Wo odd
+@pytest.mark.parametrize("shape", [dict(B=2, C=4, M=19, H=12, W=11, K=5, padding=1),    # two map groups, Wo odd
                                    dict(B=1, C=8, M=3, H=10, W=14, K=3)],            # 8 channels: no phases
                          ids=_id)
 def test_wmma_smallc_tunables(shape, tunables):
@@ -229,11 +229,11 @@ def test_fp16_tolerance_grows_with_the_reduction_for_half_sums_only():
 def test_tensor_cores_are_more_accurate_on_a_long_reduction():
     """resnet's reduction length (C·K² = 576): half sums err several times more than float sums of
     the same half inputs."""
-    shape = dict(B=1, C=64, M=16, H=6, W=7, K=3, pad=1)
+    shape = dict(B=1, C=64, M=16, H=6, W=7, K=3, padding=1)
     x, w, xh, wh, y, s, p = _case(shape)
     ref = cl.ref.conv2d(x, w, padding=1)
-    err_half = (fp16.conv2d_half2(xh, wh, pad=1).cpu().double() - ref).abs().max().item()
-    err_wmma = (fp16.conv2d_wmma(xh, wh, pad=1).cpu().double() - ref).abs().max().item()
+    err_half = (fp16.conv2d_half2(xh, wh, padding=1).cpu().double() - ref).abs().max().item()
+    err_wmma = (fp16.conv2d_wmma(xh, wh, padding=1).cpu().double() - ref).abs().max().item()
     assert err_wmma * 2 < err_half, (err_wmma, err_half)
 
 
@@ -241,11 +241,11 @@ def test_tensor_cores_are_more_accurate_on_a_long_reduction():
 
 @pytest.mark.parametrize("impl", [None, fp16.conv2d_half2, fp16.conv2d_wmma], ids=["best", "half2", "wmma"])
 def test_conv2d_fp16_float32_in_and_out(impl):
-    shape = dict(B=2, C=4, M=6, H=12, W=13, K=5, pad=2)
+    shape = dict(B=2, C=4, M=6, H=12, W=13, K=5, padding=2)
     B, C, M, H, W, K, s, p = _unpack(shape)
     x, w = cl.randn(B, C, H, W), cl.randn(M, C, K, K)
     y = cl.empty(B, M, H, W)
-    assert fp16.conv2d_fp16(x, w, y, pad=p, impl=impl) is y and y.dtype == torch.float32
+    assert fp16.conv2d_fp16(x, w, y, padding=p, impl=impl) is y and y.dtype == torch.float32
     fp16.check_fp16(y, cl.ref.conv2d(x, w, padding=p), C, K, "half" if impl is fp16.conv2d_half2 else "float")
 
 
@@ -253,26 +253,28 @@ def test_pick_rules_for_the_course_layers():
     from convlab import workloads
     picks = {wl.name: fp16.pick(wl) for wl in workloads.WORKLOADS_2D}
     for name in ("lenet_c1", "lenet_c3", "fa17"):
-        assert picks[name][1] is fp16.conv2d_wmma_smallc, name
+        assert picks[name] is fp16.WMMA_SMALLC, name
     for name in ("resnet", "days100"):
-        assert picks[name][1] is fp16.conv2d_wmma, name
-    assert picks["resnet"][2] == {"BM": 64, "BN": 128, "BK": 32, "WARPS_M": 2, "WARPS_N": 2}
-    assert fp16.pick("lenet_c3", tensor_cores=False)[1] is fp16.conv2d_half2
+        assert picks[name] is fp16.WMMA, name
+    assert picks["resnet"].config(workloads.get("resnet")) == {"BM": 64, "BN": 128, "BK": 32, "WARPS_M": 2, "WARPS_N": 2}
+    assert fp16.HALF2.config(workloads.get("lenet_c3")) == {"MT": 16, "ROWS": 4, "BLOCK": 128}
     assert fp16.direct_config(16, 4, 7) == {"MT": 16, "ROWS": 4, "BLOCK": 128}
     cfg = fp16.smallc_config(4, 7, 40, 40)
     assert cfg == {"RP": 40, "BAND": 34, "WARPS": 4}                # lenet_c3: the whole image per block
     assert fp16.smallc_shared(4, 7, **cfg) <= 48 * 1024
+    assert [fp16.accumulation(i) for i in fp16.IMPLEMENTATIONS[:4]] == ["half", "half", "float", "float"]
 
 
 @pytest.mark.parametrize("name", ["lenet_c1", "lenet_c3", "fa17", "days100", "resnet"])
-@pytest.mark.parametrize("tensor_cores", [True, False], ids=["tensor cores", "half2"])
-def test_best_at_the_small_twins(name, tensor_cores):
+@pytest.mark.parametrize("best", ["pick", "half2"])
+def test_best_at_the_small_twins(name, best):
     from convlab import workloads
     wl = workloads.get(name).small()
-    shape = dict(B=wl.B, C=wl.C, M=wl.M, H=wl.H, W=wl.W, K=wl.K, stride=wl.stride, pad=wl.pad)
+    shape = dict(B=wl.B, C=wl.C, M=wl.M, H=wl.H, W=wl.W, K=wl.K, stride=wl.stride, padding=wl.padding)
     x, w, xh, wh, y, s, p = _case(shape)
-    fp16.conv2d_fp16_best(xh, wh, y, stride=s, pad=p, tensor_cores=tensor_cores)
-    fp16.check_fp16(y, cl.ref.conv2d(x, w, stride=s, padding=p), wl.C, wl.K, "float" if tensor_cores else "half")
+    impl = fp16.pick(wl) if best == "pick" else fp16.HALF2
+    assert (fp16.conv2d_fp16_best if best == "pick" else impl)(xh, wh, y, stride=s, padding=p) is y
+    fp16.check_fp16(y, cl.ref.conv2d(x, w, stride=s, padding=p), wl.C, wl.K, fp16.accumulation(impl))
 
 
 # ==== chapter 7 ======================================================================================
@@ -375,13 +377,16 @@ def test_conv3d_refusals():
         conv3d.conv3d_tiled(cl.randn(16, 16, 16), cl.randn(15, 15, 15), TX=32, TY=8, TZ=4)
     with pytest.raises(ValueError, match="registers"):
         conv3d.conv3d_coarse(cl.randn(9, 9, 9), cl.randn(7, 7, 7), MASK_REGS=1)
+    with pytest.raises(ValueError, match="stride 1 and padding 0"):
+        conv3d.conv3d_best(x, cl.randn(3, 3, 3), padding=1)
 
 
 def test_conv3d_pick_and_small_twin():
     from convlab import workloads
     wl = workloads.get("conv3d")
-    name, fn, tun = conv3d.pick(wl)
-    assert fn is conv3d.conv3d_coarse and tun == {"TX": 4, "TY": 1, "BY": 8, "ZC": 32, "MASK_REGS": 1}
+    best = conv3d.pick(wl)
+    assert best is conv3d.COARSE and best.config(wl) == {"TX": 4, "TY": 1, "BY": 8, "ZC": 32, "MASK_REGS": 1}
+    assert all(impl.applies(wl) and impl.op == "conv3d" for impl in conv3d.IMPLEMENTATIONS)
     small = wl.small()
     x, w, y, ref = _case3((small.D, small.H, small.W, (wl.K,) * 3))
     conv3d.conv3d_best(x, w, y)
@@ -392,7 +397,7 @@ def test_conv3d_pick_and_small_twin():
 
 @pytest.fixture
 def recorded(record_launches):
-    return record_launches(fp16, conv3d)
+    return record_launches()
 
 
 FULL = {
@@ -408,14 +413,14 @@ def test_fp16_launchers_respect_the_launch_limits(recorded, name):
     xh = torch.empty(B, C, H, W, device="meta", dtype=torch.float16)
     wh = torch.empty(M, C, K, K, device="meta", dtype=torch.float16)
     y = torch.empty(B, M, cl.out_size(H, K, s, p), cl.out_size(W, K, s, p), device="meta", dtype=torch.float16)
-    calls = [(fp16.conv2d_wmma, {}), (fp16.conv2d_fp16_best, {}), (fp16.conv2d_fp16_best, {"tensor_cores": False})]
+    calls = [(fp16.conv2d_wmma, {}), (fp16.conv2d_fp16_best, {})]
     if fp16.direct_fits(M, C, K):
         calls += [(fp16.conv2d_half, {}), (fp16.conv2d_half2, {})]
     if fp16.smallc_fits(C, K, H, W, p, s):
         calls.append((fp16.conv2d_wmma_smallc, {}))
     for fn, kw in calls:
         recorded.clear()
-        fn(xh, wh, y, stride=s, pad=p, **kw)
+        fn(xh, wh, y, stride=s, padding=p, **kw)
         assert recorded, fn.__name__
         for kname, grid, block, shared, defines in recorded:
             check_launch(kname, grid, block, shared)
@@ -447,9 +452,9 @@ def test_conv3d_launchers_respect_the_launch_limits(recorded):
     (fp16.conv2d_wmma_smallc, {"WARPS": 2, "BAND": 4}),
 ], ids=lambda v: getattr(v, "__name__", None) or " ".join(f"{k}={x}" for k, x in v.items()))
 def test_no_race_fp16(fn, tunables):
-    shape = dict(B=1, C=3, M=5, H=9, W=11, K=3, pad=1)
+    shape = dict(B=1, C=3, M=5, H=9, W=11, K=3, padding=1)
     x, w, xh, wh, y, s, p = _case(shape)
-    problem = cl.find_race(lambda: fn(xh, wh, y, stride=s, pad=p, **tunables), y)
+    problem = cl.find_race(lambda: fn(xh, wh, y, stride=s, padding=p, **tunables), y)
     assert problem is None, problem
     fp16.check_fp16(y, cl.ref.conv2d(x, w, padding=p), 3, 3, "half" if "half" in fn.__name__ else "float")
 

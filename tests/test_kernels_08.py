@@ -18,16 +18,16 @@ import convlab as cl
 from convlab import lenet
 from convlab.ops import backprop as bp
 
-# (B, C, M, H, W, K, stride, pad)
+# (B, C, M, H, W, K, stride, padding)
 SHAPES = [
     dict(B=1, C=1, M=1, H=17, W=19, K=3),                       # B=1, C=1, M=1
-    dict(B=2, C=3, M=5, H=19, W=21, K=5, pad=2),                # "same" padding, odd sizes
-    dict(B=2, C=2, M=3, H=23, W=18, K=7, pad=1),                # K=7, C=2 (two channels, two maps per load)
+    dict(B=2, C=3, M=5, H=19, W=21, K=5, padding=2),                # "same" padding, odd sizes
+    dict(B=2, C=2, M=3, H=23, W=18, K=7, padding=1),                # K=7, C=2 (two channels, two maps per load)
     dict(B=3, C=4, M=6, H=15, W=16, K=4),                       # even K
-    dict(B=2, C=2, M=3, H=21, W=20, K=3, stride=2, pad=1),      # stride 2
+    dict(B=2, C=2, M=3, H=21, W=20, K=3, stride=2, padding=1),      # stride 2
     dict(B=1, C=3, M=2, H=26, W=17, K=5, stride=3),             # stride 3, no padding
     dict(B=2, C=1, M=4, H=30, W=27, K=7),                       # lenet_c1's character
-    dict(B=1, C=33, M=6, H=9, W=10, K=3, pad=1),                # many channels, C no multiple of 8
+    dict(B=1, C=33, M=6, H=9, W=10, K=3, padding=1),                # many channels, C no multiple of 8
 ]
 
 
@@ -37,7 +37,7 @@ def _id(d):
 
 def _unpack(shape):
     B, C, M, H, W, K = (shape[k] for k in "B C M H W K".split())
-    return B, C, M, H, W, K, shape.get("stride", 1), shape.get("pad", 0)
+    return B, C, M, H, W, K, shape.get("stride", 1), shape.get("padding", 0)
 
 
 def _case(shape):
@@ -51,7 +51,7 @@ def _case(shape):
 def _dx(fn, shape, **tunables):
     x, w, dy, s, p = _case(shape)
     dx = cl.empty(*x.shape)                         # NaN until written
-    out = fn(dy, w, x.shape, dx, stride=s, pad=p, **tunables)
+    out = fn(dy, w, dx, stride=s, padding=p, input_size=x.shape[2:], **tunables)
     assert out is dx
     cl.check(dx, cl.ref.conv2d_input_grad(x.shape, w, dy, stride=s, padding=p), name=f"dx {fn.__name__} {tunables}")
 
@@ -59,7 +59,7 @@ def _dx(fn, shape, **tunables):
 def _dw(fn, shape, **tunables):
     x, w, dy, s, p = _case(shape)
     dw = cl.empty(*w.shape)
-    out = fn(x, dy, w.shape, dw, stride=s, pad=p, **tunables)
+    out = fn(x, dy, dw, stride=s, padding=p, kernel_size=w.shape[2], **tunables)
     assert out is dw
     cl.check(dw, cl.ref.conv2d_weight_grad(x, w.shape, dy, stride=s, padding=p), name=f"dw {fn.__name__} {tunables}")
 
@@ -129,8 +129,8 @@ def test_weight_grad_second_pass_is_deterministic():
     """The two-pass reductions add in a fixed order: the same bits on every run."""
     x, w, dy, s, p = _case(SHAPES[1])
     for fn in (bp.conv2d_weight_grad_direct, bp.conv2d_weight_grad_gemm):
-        a = fn(x, dy, w.shape, stride=s, pad=p).clone()
-        b = fn(x, dy, w.shape, stride=s, pad=p)
+        a = fn(x, dy, stride=s, padding=p).clone()
+        b = fn(x, dy, stride=s, padding=p)
         assert torch.equal(a, b), fn.__name__
 
 
@@ -148,44 +148,70 @@ def test_reduce_partials():
 def test_best_at_the_small_twins(name):
     from convlab import workloads
     wl = workloads.get(name).small()
-    shape = dict(B=wl.B, C=wl.C, M=wl.M, H=wl.H, W=wl.W, K=wl.K, stride=wl.stride, pad=wl.pad)
+    shape = dict(B=wl.B, C=wl.C, M=wl.M, H=wl.H, W=wl.W, K=wl.K, stride=wl.stride, padding=wl.padding)
     _dx(bp.conv2d_input_grad_best, shape)
     _dw(bp.conv2d_weight_grad_best, shape)
 
 
 def test_pick_rules_for_the_course_layers():
     from convlab import workloads
-    dx = {wl.name: bp.pick_input_grad(wl.B, wl.C, wl.M, wl.H, wl.W, wl.K, wl.stride, wl.pad)[1]
-          for wl in workloads.WORKLOADS_2D}
-    dw = {wl.name: bp.pick_weight_grad(wl.B, wl.C, wl.M, wl.H, wl.W, wl.K, wl.stride, wl.pad)[1]
-          for wl in workloads.WORKLOADS_2D}
+    from convlab.workloads import Workload
+    dx = {wl.name: bp.pick_input_grad(wl) for wl in workloads.WORKLOADS_2D}
+    dw = {wl.name: bp.pick_weight_grad(wl) for wl in workloads.WORKLOADS_2D}
     for name in ("lenet_c1", "lenet_c3", "fa17"):
-        assert dx[name] is bp.conv2d_input_grad_gather, name
+        assert dx[name] is bp.DX_GATHER, name
     for name in ("resnet", "days100"):
-        assert dx[name] is bp.conv2d_input_grad_forward, name
+        assert dx[name] is bp.DX_FORWARD, name
     for name in ("lenet_c1", "fa17"):
-        assert dw[name] is bp.conv2d_weight_grad_direct, name
+        assert dw[name] is bp.DW_DIRECT, name
     for name in ("lenet_c3", "resnet", "days100"):
-        assert dw[name] is bp.conv2d_weight_grad_gemm, name
+        assert dw[name] is bp.DW_GEMM, name
     # stride 2 never goes to the forward kernel
-    assert bp.pick_input_grad(1, 64, 64, 20, 20, 3, 2, 1)[1] is bp.conv2d_input_grad_gather
+    assert bp.pick_input_grad(Workload("", B=1, C=64, M=64, H=20, W=20, K=3, stride=2, padding=1)) is bp.DX_GATHER
+    assert {i.op for i in bp.IMPLEMENTATIONS} == {"conv2d_dx", "conv2d_dw"}
+
+
+@pytest.mark.parametrize("impl", bp.IMPLEMENTATIONS, ids=lambda i: i.name)
+def test_implementations_with_their_config(impl):
+    """Each implementation by its one name, with the tunables its config gives, stride 2 included."""
+    from convlab.workloads import Workload
+    shape = dict(B=2, C=3, M=5, H=13, W=12, K=3, stride=1 if impl is bp.DX_FORWARD else 2, padding=1)
+    x, w, dy, s, p = _case(shape)
+    tunables = impl.config(Workload("", **shape))
+    if impl.op == "conv2d_dx":
+        got = impl(dy, w, stride=s, padding=p, input_size=(13, 12), **tunables)
+        cl.check(got, cl.ref.conv2d_input_grad(x.shape, w, dy, stride=s, padding=p), name=impl.name)
+    else:
+        got = impl(x, dy, stride=s, padding=p, kernel_size=3, **tunables)
+        cl.check(got, cl.ref.conv2d_weight_grad(x, w.shape, dy, stride=s, padding=p), name=impl.name)
+
+
+def test_sizes_follow_from_dy_at_stride_1_only():
+    x, w, dy, s, p = _case(SHAPES[1])
+    cl.check(bp.conv2d_input_grad_best(dy, w, padding=p), cl.ref.conv2d_input_grad(x.shape, w, dy, padding=p))
+    cl.check(bp.conv2d_weight_grad_best(x, dy, padding=p), cl.ref.conv2d_weight_grad(x, w.shape, dy, padding=p))
+    x, w, dy, s, p = _case(SHAPES[4])
+    with pytest.raises(ValueError, match="input_size"):
+        bp.conv2d_input_grad_gather(dy, w, stride=s, padding=p)
+    with pytest.raises(ValueError, match="kernel_size"):
+        bp.conv2d_weight_grad_gemm(x, dy, stride=s, padding=p)
 
 
 def test_refusals():
     x, w = cl.randn(1, 2, 9, 9), cl.randn(3, 2, 3, 3)
     dy = cl.randn(1, 3, 7, 7)
     with pytest.raises(ValueError, match="dy has shape"):
-        bp.conv2d_input_grad_gather(dy, w, x.shape, pad=1)
+        bp.conv2d_input_grad_gather(dy, w, padding=1, input_size=(9, 9))
     with pytest.raises(ValueError, match="stride 1"):
-        bp.conv2d_input_grad_forward(cl.randn(1, 3, 4, 4), w, x.shape, stride=2)
+        bp.conv2d_input_grad_forward(cl.randn(1, 3, 4, 4), w, stride=2, input_size=(9, 9))
     with pytest.raises(TypeError, match="float32"):
-        bp.conv2d_weight_grad_direct(x.double(), dy, w.shape)
+        bp.conv2d_weight_grad_direct(x.double(), dy)
     with pytest.raises(ValueError, match="final"):
-        bp.conv2d_weight_grad_gemm(x, dy, w.shape, final="tree")
+        bp.conv2d_weight_grad_gemm(x, dy, final="tree")
     with pytest.raises(ValueError, match="does not split"):
-        bp.conv2d_weight_grad_gemm(x, dy, w.shape, TM=6)
+        bp.conv2d_weight_grad_gemm(x, dy, TM=6)
     with pytest.raises(ValueError, match="mchunk"):
-        bp.conv2d_input_grad_gather(dy, w, x.shape, MV=2, mchunk=3)
+        bp.conv2d_input_grad_gather(dy, w, MV=2, mchunk=3)
 
 
 # ---- launch limits at the course's full sizes (meta tensors: nothing runs) ------------------------
@@ -200,19 +226,19 @@ def test_launchers_respect_the_launch_limits(record_launches, name):
     from convlab._args import check_launch
     from convlab.ops import fused
 
-    launches = record_launches(bp, fused)
+    launches = record_launches()
     B, C, M, H, W, K, s, p = FULL[name]
     Ho, Wo = cl.out_size(H, K, s, p), cl.out_size(W, K, s, p)
     x = torch.empty(B, C, H, W, device="meta")
     w = torch.empty(M, C, K, K, device="meta")
     dy = torch.empty(B, M, Ho, Wo, device="meta")
-    calls = [lambda: bp.conv2d_input_grad_scatter(dy, w, x.shape, stride=s, pad=p),
-             lambda: bp.conv2d_input_grad_gather(dy, w, x.shape, stride=s, pad=p),
-             lambda: bp.conv2d_input_grad_best(dy, w, x.shape, stride=s, pad=p),
-             lambda: bp.conv2d_weight_grad_atomic(x, dy, w.shape, stride=s, pad=p),
-             lambda: bp.conv2d_weight_grad_direct(x, dy, w.shape, stride=s, pad=p),
-             lambda: bp.conv2d_weight_grad_gemm(x, dy, w.shape, stride=s, pad=p),
-             lambda: bp.conv2d_weight_grad_best(x, dy, w.shape, stride=s, pad=p)]
+    calls = [lambda: bp.conv2d_input_grad_scatter(dy, w, stride=s, padding=p, input_size=(H, W)),
+             lambda: bp.conv2d_input_grad_gather(dy, w, stride=s, padding=p, input_size=(H, W)),
+             lambda: bp.conv2d_input_grad_best(dy, w, stride=s, padding=p, input_size=(H, W)),
+             lambda: bp.conv2d_weight_grad_atomic(x, dy, stride=s, padding=p, kernel_size=K),
+             lambda: bp.conv2d_weight_grad_direct(x, dy, stride=s, padding=p, kernel_size=K),
+             lambda: bp.conv2d_weight_grad_gemm(x, dy, stride=s, padding=p, kernel_size=K),
+             lambda: bp.conv2d_weight_grad_best(x, dy, stride=s, padding=p, kernel_size=K)]
     for call in calls:
         launches.clear()
         call()
@@ -229,12 +255,12 @@ def test_no_race_under_other_thread_orders(what):
     x, w, dy, s, p = _case(SHAPES[1])
     if what == "gather":
         out = cl.empty(*x.shape)
-        launch = lambda: bp.conv2d_input_grad_gather(dy, w, x.shape, out, pad=p, BLOCK=64, mchunk=2)  # noqa: E731
+        launch = lambda: bp.conv2d_input_grad_gather(dy, w, out, padding=p, BLOCK=64, mchunk=2)  # noqa: E731
         ref = cl.ref.conv2d_input_grad(x.shape, w, dy, padding=p)
     else:
         out = cl.empty(*w.shape)
         fn = bp.conv2d_weight_grad_direct if what == "direct" else bp.conv2d_weight_grad_gemm
-        launch = lambda: fn(x, dy, w.shape, out, pad=p)  # noqa: E731
+        launch = lambda: fn(x, dy, out, padding=p)  # noqa: E731
         ref = cl.ref.conv2d_weight_grad(x, w.shape, dy, padding=p)
     problem = cl.find_race(launch, out)
     assert problem is None, problem

@@ -44,7 +44,7 @@ def test_the_numbers_quoted_in_chapter_1():
 
 
 def test_stride_and_padding():
-    w = Workload("t", B=1, C=1, M=1, H=23, W=18, K=3, stride=2, pad=1)
+    w = Workload("t", B=1, C=1, M=1, H=23, W=18, K=3, stride=2, padding=1)
     assert (w.Ho, w.Wo) == ((23 + 2 - 3) // 2 + 1, (18 + 2 - 3) // 2 + 1) == (12, 9)
 
 
@@ -53,7 +53,7 @@ def test_small_twins_keep_the_character(name):
     full = workloads.get(name)
     small = full.small()
     assert small.B <= 2 and small.dims == full.dims
-    assert (small.K, small.stride, small.pad) == (full.K, full.stride, full.pad)
+    assert (small.K, small.stride, small.padding) == (full.K, full.stride, full.padding)
     assert small.Ho >= 1 and small.Wo >= 1 and small.Ho <= 20 and small.Wo <= 20
     assert small.flops < full.flops and small.flops < 1e8  # emulator-sized
     assert small.name.startswith(full.name)
@@ -64,7 +64,20 @@ def test_cpu_sized_twins(name):
     full = workloads.get(name)
     cut = full.scaled_to(2e8)
     assert 0.5e8 < cut.flops <= 1.5 * 2e8
-    assert (cut.C, cut.M, cut.K, cut.pad) == (full.C, full.M, full.K, full.pad)
+    assert (cut.C, cut.M, cut.K, cut.padding) == (full.C, full.M, full.K, full.padding)
+
+
+def test_workload_of_tensors():
+    import torch
+    x, w = torch.empty(3, 4, 23, 18, device="meta"), torch.empty(5, 4, 3, 3, device="meta")
+    wl = Workload.of(x, w, stride=2, padding=1, name="t")
+    assert wl == Workload("t", B=3, C=4, M=5, H=23, W=18, K=3, stride=2, padding=1)
+    assert wl.y_shape == (3, 5, 12, 9)
+    w3 = Workload.of(torch.empty(1, 1, 9, 8, 7, device="meta"), torch.empty(1, 1, 3, 3, 3, device="meta"))
+    assert (w3.D, w3.dims, w3.y_shape) == (9, 3, (1, 1, 7, 6, 5))
+    assert Workload.of(torch.empty(9, 8, 7, device="meta"), torch.empty(3, 3, 3, device="meta")) == w3
+    with pytest.raises(ValueError, match="does not fit"):
+        Workload.of(x, torch.empty(5, 3, 3, 3, device="meta"))
 
 
 def test_roofline_floor():

@@ -123,9 +123,6 @@ class EmuBackend:
     def __init__(self):
         self.threads = int(os.environ.get("CONVLAB_EMU_THREADS") or os.cpu_count() or 1)
 
-    def describe(self) -> str:
-        return f"CPU emulator, {self.threads} threads"
-
     def compile(self, src: Source, defines: dict, options: list[str]) -> "EmuModule":
         rt = _Runtime.get()
         body = rewrite_for_emulator(src)
@@ -144,8 +141,8 @@ class EmuBackend:
         text = (f'#line 1 "{src.path}"\n{body}\n#line 1 "<convlab launchers>"\n' + "\n".join(launchers) + "\n")
         flags = ["-I", str(INCLUDE), "-include", "cuda_emu.h", f"-Wstack-usage={STACK_BYTES - 16 * 1024}"]
         libs = ["-Wl,--no-as-needed", str(_Runtime.path)]
-        from .._source import KERNELS_DIR
-        flags += ["-I", str(src.path.parent), "-I", str(KERNELS_DIR)]
+        from ..book import repo_root
+        flags += ["-I", str(src.path.parent), "-I", str(repo_root() / "kernels")]
         flags += [f"-D{k}" if v is None else f"-D{k}={v}" for k, v in defines.items()] + list(options)
         header = "".join(p.read_text() for p in sorted(INCLUDE.iterdir()))
         key = src.path.stem + "-" + hashlib.sha256(
@@ -175,14 +172,13 @@ class EmuBackend:
         flags += [f"-D{k}" if v is None else f"-D{k}={v}" for k, v in defines.items()] + list(options)
         key = src.path.stem + "-cpu-" + hashlib.sha256((text + " ".join(flags + CXXFLAGS)).encode()).hexdigest()[:20]
         so = _compile(text, key, flags, str(src.path))
-        return EmuModule(self, rt, ctypes.CDLL(str(so)), src, False, cpu_functions=functions)
+        return EmuModule(self, rt, ctypes.CDLL(str(so)), src, False)
 
 
 class EmuModule:
-    def __init__(self, backend, rt, lib, src, uses_barriers, cpu_functions=None):
+    def __init__(self, backend, rt, lib, src, uses_barriers):
         self.backend, self.rt, self.lib, self.src = backend, rt, lib, src
         self.uses_barriers = uses_barriers
-        self.cpu_functions = cpu_functions or {}
 
     def body(self, name: str) -> int:
         return ctypes.cast(getattr(self.lib, f"__clemu_body_{name}"), ctypes.c_void_p).value

@@ -2,59 +2,32 @@
 
 Notebooks, tests and benchmarks call these, so a chapter's figure times exactly the launch its
 tests check. One module per chapter (naive.py for chapter 2; later chapters add tiled.py, ...).
-A launcher takes torch tensors on the backend's device, allocates the output with cl.empty when
-none is given (poisoned with NaN, so an output never written shows), launches, and returns it.
+Every launcher keeps one contract:
+
+    conv2d (and conv2d_fp16, with half tensors):
+        f(x, w, y=None, *, stride=1, padding=0, **tunables) -> y
+    conv3d: the same, x (1, 1, D, H, W) or (D, H, W), w (1, 1, KD, KH, KW) or (KD, KH, KW)
+    conv2d_dx: f(dy, w, dx=None, *, stride=1, padding=0, input_size=(H, W), **tunables) -> dx
+    conv2d_dw: f(x, dy, dw=None, *, stride=1, padding=0, kernel_size=K, **tunables) -> dw
+
+Tunables default to None: the kernel's config function fills them in for the shape (the same
+function the chapter's pick() uses). An output not given is allocated with torch.empty, like
+torch's own ops; under cl.debug and on the emulator it is filled with NaN first, so an output
+a kernel never writes shows in cl.check. A launcher works out its launch (grid, block, defines,
+scalar arguments) once per shape and keeps it, so a repeated call costs little Python.
+
+Each module lists its kernels once, as IMPLEMENTATIONS (Impl records: the name figures, CSV
+files and text use, the launcher, the shapes it takes, its tunables), and pick(shape) returns the
+Impl a layer shape gets.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Callable
 
-INT32_MAX = 2**31 - 1
-GRID_YZ_LIMIT = 65_535  # the most blocks along gridDim.y and gridDim.z
-GRID_X_LIMIT = INT32_MAX  # gridDim.x
+import torch
 
-
-def ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def out_size(n: int, K: int, stride: int = 1, pad: int = 0) -> int:
-    """(n + 2·pad − K) // stride + 1, the output size of a convolution along one axis."""
-    return (n + 2 * pad - K) // stride + 1
-
-
-def conv2d_shapes(x, w, stride: int = 1, pad: int = 0):
-    """(B, C, M, H, W, K, Ho, Wo) from an NCHW input and an MCKK mask; checks that they fit."""
-    if x.dim() != 4 or w.dim() != 4:
-        raise ValueError(f"expected x (B, C, H, W) and w (M, C, K, K), got {tuple(x.shape)} and {tuple(w.shape)}")
-    B, C, H, W = (int(s) for s in x.shape)
-    M, Cw, K, K2 = (int(s) for s in w.shape)
-    if Cw != C or K2 != K:
-        raise ValueError(f"w {tuple(w.shape)} does not fit x {tuple(x.shape)}: need (M, {C}, K, K)")
-    Ho, Wo = out_size(H, K, stride, pad), out_size(W, K, stride, pad)
-    if Ho < 1 or Wo < 1:
-        raise ValueError(f"no output: input {H}×{W}, K={K}, stride {stride}, pad {pad}")
-    for name, n in (("x", B * C * H * W), ("y", B * M * Ho * Wo)):
-        if n > INT32_MAX // 2:  # the kernels index with int; keep headroom for the grid stride
-            raise ValueError(f"{name} has {n:,} elements: too many for int indices")
-    return B, C, M, H, W, K, Ho, Wo
-
-
-def check_output(y, shape) -> None:
-    if tuple(y.shape) != tuple(shape):
-        raise ValueError(f"y has shape {tuple(y.shape)}, expected {tuple(shape)}")
-    if not y.is_contiguous():
-        raise ValueError("y must be contiguous")
-
-
-def nbytes(*tensors) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors)
-
-
-def prod(xs) -> int:
-    return math.prod(int(v) for v in xs)
+from .._limits import INT32_MAX
 
 
 def _always(shape) -> bool:
@@ -67,15 +40,63 @@ def _no_tunables(shape) -> dict:
 
 @dataclass(frozen=True)
 class Impl:
-    """One implementation, named once: what figures, CSVs and text call it, its launcher (the
-    contract of its op), which shapes it can take, and its default tunables (the function pick
-    uses). Calling it calls the launcher."""
+    """One implementation: called like its launcher. config(shape) gives the tunables it uses
+    for a convlab.workloads.Workload when none are passed (the same function pick() uses)."""
 
-    name: str
-    launcher: Callable
-    op: str = "conv2d"      # "conv2d" | "conv2d_fp16" | "conv3d" | "conv2d_dx" | "conv2d_dw" | "conv2d_train"
-    applies: Callable = _always
-    config: Callable = _no_tunables
+    name: str                   # the one name used by figures, CSV files and text
+    launcher: Callable          # the contract above
+    op: str = "conv2d"          # "conv2d" | "conv2d_fp16" | "conv3d" | "conv2d_dx" | "conv2d_dw"
+    applies: Callable = _always         # Workload -> bool: which shapes it can take
+    config: Callable = _no_tunables     # Workload -> dict: its default tunables
 
     def __call__(self, *args, **kwargs):
         return self.launcher(*args, **kwargs)
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def out_size(n: int, K: int, stride: int = 1, padding: int = 0) -> int:
+    """(n + 2·padding − K) // stride + 1, the output size of a convolution along one axis."""
+    return (n + 2 * padding - K) // stride + 1
+
+
+def conv2d_shapes(x, w, stride: int = 1, padding: int = 0):
+    """(B, C, M, H, W, K, Ho, Wo) from an NCHW input and an MCKK mask; checks that they fit."""
+    if x.dim() != 4 or w.dim() != 4:
+        raise ValueError(f"expected x (B, C, H, W) and w (M, C, K, K), got {tuple(x.shape)} and {tuple(w.shape)}")
+    B, C, H, W = (int(s) for s in x.shape)
+    M, Cw, K, K2 = (int(s) for s in w.shape)
+    if Cw != C or K2 != K:
+        raise ValueError(f"w {tuple(w.shape)} does not fit x {tuple(x.shape)}: need (M, {C}, K, K)")
+    if stride < 1 or padding < 0:
+        raise ValueError(f"stride {stride} and padding {padding}: need stride >= 1, padding >= 0")
+    Ho, Wo = out_size(H, K, stride, padding), out_size(W, K, stride, padding)
+    if Ho < 1 or Wo < 1:
+        raise ValueError(f"no output: input {H}×{W}, K={K}, stride {stride}, padding {padding}")
+    for name, n in (("x", B * C * H * W), ("y", B * M * Ho * Wo)):
+        if n > INT32_MAX // 2:  # the kernels index with int; keep headroom for the grid stride
+            raise ValueError(f"{name} has {n:,} elements: too many for int indices")
+    return B, C, M, H, W, K, Ho, Wo
+
+
+def new_output(shape, like: torch.Tensor, dtype=None) -> torch.Tensor:
+    """An output on like's device: torch.empty, or NaN-filled under cl.debug and on the emulator."""
+    import convlab as cl
+
+    dtype = dtype or like.dtype
+    if cl.poisoning():
+        return torch.full(shape, float("nan"), dtype=dtype, device=like.device)
+    return torch.empty(shape, dtype=dtype, device=like.device)
+
+
+def output(y, shape, like: torch.Tensor, dtype=None, name: str = "y") -> torch.Tensor:
+    """y when given (checked: its shape and layout), else a new output (new_output)."""
+    if y is None:
+        return new_output(shape, like, dtype)
+    if y.shape != shape:
+        raise ValueError(f"{name} has shape {tuple(y.shape)}, expected {tuple(shape)}")
+    if not y.is_contiguous():
+        raise ValueError(f"{name} must be contiguous: pass {name}.contiguous(), or leave it out")
+    return y

@@ -1,36 +1,91 @@
-"""Helpers shared by the chapter 3–5 launchers (tiled.py, im2col.py, fused.py).
+"""What the launchers share to compile and launch their kernels.
 
-- module(): a kernel file compiled with a set of defines, loaded once per process and backend;
+- module(path, defines): a kernel file compiled with a set of defines, through cl.load (whose cache
+  is keyed by the source text). Each call looks at the file's modification time and size, one
+  os.stat, and loads it again when they changed: an edited .cu recompiles through a launcher in a
+  live notebook, and going back to an earlier text finds its compiled module again.
+- Launch: one launch worked out by a launcher for one shape (file, defines, kernel, grid, block,
+  shared memory, scalar arguments), kept so that a repeated call only launches it.
 - set_mask(): fill a module's __constant__ mask, skipped when the same weights are already there
   (on the GPU each fill is a host round trip that would otherwise sit inside every timing);
-- batch_chunks(): split a batch that would put more than 65,535 blocks on gridDim.y or z;
-- output(): the output tensor, given or allocated (cl.empty, NaN-poisoned), checked.
+- batch_chunks(): split a batch that would put more than 65,535 blocks on gridDim.y or z.
 """
 from __future__ import annotations
 
-import functools
+import os
 import weakref
 
-from . import GRID_YZ_LIMIT, check_output
+from .._limits import GRID_YZ_MAX
 
 
-def _key(defines: dict | None) -> tuple:
+def defines_key(defines: dict | None) -> tuple:
+    """Defines as a hashable key, the same for the same names and values in any order."""
     return tuple(sorted((str(k), str(v)) for k, v in (defines or {}).items()))
 
 
-def module(path: str, defines: dict | None = None):
-    """cl.load(path, defines), cached in-process by (backend, path, defines)."""
-    import convlab as cl
+class _ModuleRef:
+    """The module of one (file, defines), compiled again when the file or what it includes changes."""
 
-    return _module(cl.backend(), path, _key(defines))
+    __slots__ = ("path", "defines", "files", "stamp", "mod")
+
+    def __init__(self, path: str, defines: tuple):
+        from convlab import book
+
+        self.path, self.defines = str(book.path(path)), dict(defines)
+        self.files, self.stamp, self.mod = (self.path,), None, None
+
+    def get(self):
+        stamp = [(s.st_mtime_ns, s.st_size) for s in map(os.stat, self.files)]
+        if stamp != self.stamp:
+            import convlab as cl
+
+            self.mod = cl.load(self.path, defines=self.defines)
+            self.files = (self.path, *(str(p) for p in self.mod.src.includes))
+            self.stamp = [(s.st_mtime_ns, s.st_size) for s in map(os.stat, self.files)]
+        return self.mod
 
 
-@functools.lru_cache(maxsize=None)
-def _module(backend: str, path: str, key: tuple):
-    import convlab as cl
-    from convlab import book
+_refs: dict = {}
 
-    return cl.load(book.path(path), defines=dict(key))
+
+def module(path: str, defines: tuple | dict = ()):
+    """cl.load(path, defines) on the active backend, found again cheaply (see the module's doc).
+    defines: a dict, or a defines_key() tuple (what Launch keeps)."""
+    key = (path, defines if type(defines) is tuple else defines_key(defines))
+    ref = _refs.get(key)
+    if ref is None:
+        ref = _refs[key] = _ModuleRef(path, key[1])
+    return ref.get()
+
+
+class Launch:
+    """One kernel launch as a launcher works it out for a shape; launch(*tensors) runs it with the
+    kept scalar arguments after the tensors."""
+
+    __slots__ = ("path", "defines", "kernel", "scalars", "grid", "block", "shared")
+
+    def __init__(self, path: str, kernel: str, defines: dict | None = None, scalars: tuple = (), *,
+                 grid: tuple, block: tuple, shared: int = 0):
+        self.path, self.kernel, self.defines = path, kernel, defines_key(defines)
+        self.scalars = tuple(int(s) for s in scalars)
+        self.grid = tuple(int(g) for g in grid) + (1,) * (3 - len(grid))
+        self.block = tuple(int(b) for b in block) + (1,) * (3 - len(block))
+        self.shared = int(shared)
+
+    def module(self):
+        return module(self.path, self.defines)
+
+    def __call__(self, *tensors):
+        module(self.path, self.defines).kernel(self.kernel)(*tensors, *self.scalars, grid=self.grid,
+                                                            block=self.block, shared=self.shared)
+
+
+def remember(cache: dict, key, build):
+    """cache[key], built by build() the first time (a launcher's plan for one call signature)."""
+    plan = cache.get(key)
+    if plan is None:
+        plan = cache[key] = build()
+    return plan
 
 
 # (id(module), name) -> (weakref to the tensor, its _version): the weights the constant holds now.
@@ -49,21 +104,6 @@ def set_mask(mod, w, name: str = "c_mask") -> None:
     _mask_state[key] = (weakref.ref(w), w._version)
 
 
-def batch_chunks(B: int, limit: int = GRID_YZ_LIMIT):
+def batch_chunks(B: int, limit: int = GRID_YZ_MAX):
     """(b0, b1) ranges of at most `limit` images: for kernels with the batch on gridDim.y or z."""
-    for b0 in range(0, B, limit):
-        yield b0, min(B, b0 + limit)
-
-
-def output(y, shape):
-    import convlab as cl
-
-    if y is None:
-        return cl.empty(*shape)
-    check_output(y, shape)
-    return y
-
-
-def padding(pad: int, padding_alias: int | None) -> int:
-    """The launchers take pad= like chapter 2's; padding= is accepted as torch's name for it."""
-    return int(pad if padding_alias is None else padding_alias)
+    return [(b0, min(B, b0 + limit)) for b0 in range(0, B, limit)]

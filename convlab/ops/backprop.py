@@ -1,18 +1,19 @@
 """Chapter 8 launchers: the backward pass of a convolution layer (kernels/08_backprop/), and a
 torch.autograd.Function that trains with the course's own kernels.
 
-dE/dX (the input gradient), fn(dy, w, x_shape, dx=None, *, stride, pad, **tunables) -> dx
-(x_shape: x or its shape; with stride > 1 several input sizes give one output size):
+dE/dX (the input gradient), f(dy, w, dx=None, *, stride=1, padding=0, input_size=(H, W), **tunables)
+-> dx. input_size may be left out for stride 1 (it follows from dy); with stride > 1 several input
+sizes give one output size, so it is needed then.
 - conv2d_input_grad_scatter: the course's pseudo-code, one thread per dy element, atomicAdd into
   every dx element it came from (dx zeroed first). Any stride and padding.
 - conv2d_input_grad_gather: a transposed convolution with the flipped mask, one thread per
   CT channels x ROWS rows of a dx column, no atomics. Any stride (row/column phases) and padding.
 - conv2d_input_grad_forward: stride 1 only: flip and transpose the mask (mask_flip.cu), then run
-  chapter 5's best forward kernel on dy with padding K-1-pad. For the many-channel layers.
-- conv2d_input_grad_best / pick_input_grad: which of these a layer shape gets.
+  chapter 5's pick for the transposed layer on dy with padding K-1-padding. For many channels.
+- pick_input_grad(shape) / conv2d_input_grad_best: which of these a layer shape gets.
 
-dE/dW (the weight gradient), fn(x, dy, w_shape, dw=None, *, stride, pad, **tunables) -> dw
-(w_shape: w or its shape; only the shape is read):
+dE/dW (the weight gradient), f(x, dy, dw=None, *, stride=1, padding=0, kernel_size=K, **tunables)
+-> dw. kernel_size likewise may be left out for stride 1.
 - conv2d_weight_grad_atomic: the course's pseudo-code, one thread per dy element, atomicAdd into
   all C*K*K weights of its map (dw zeroed first). Any stride and padding.
 - conv2d_weight_grad_direct: sums in registers over many pixels per thread, then warp shuffles and
@@ -20,7 +21,7 @@ dE/dW (the weight gradient), fn(x, dy, w_shape, dw=None, *, stride, pad, **tunab
   deterministic) or, final="atomic", atomicAdded by each block. For small C*K*K (lenet_c1, fa17).
 - conv2d_weight_grad_gemm: split-K implicit GEMM, dW = dY . U^T over the batch's pixels, partial
   sums per split, then the same second pass (or final="atomic"). For the many-channel layers.
-- conv2d_weight_grad_best / pick_weight_grad.
+- pick_weight_grad(shape) / conv2d_weight_grad_best.
 
 Conv2dFunction (autograd) and CourseConv2d (an nn.Module like nn.Conv2d): forward with
 convlab.ops.fused.conv2d_best, backward with the two *_best launchers; the bias, if any, is added
@@ -29,12 +30,15 @@ on a GPU: whatever device the active backend puts tensors on.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
 
-from . import GRID_X_LIMIT, GRID_YZ_LIMIT, INT32_MAX, ceil_div, out_size
-from ._kernels import module, output, padding
+from .._limits import GRID_X_MAX, GRID_YZ_MAX, INT32_MAX, SHARED_DEFAULT_MAX
+from ..workloads import Workload
+from . import Impl, ceil_div, new_output, out_size, output
+from ._kernels import Launch, remember
 
 DX_SCATTER_FILE = "kernels/08_backprop/conv2d_dx_scatter.cu"
 DX_GATHER_FILE = "kernels/08_backprop/conv2d_dx_gather.cu"
@@ -44,37 +48,63 @@ DW_GEMM_FILE = "kernels/08_backprop/conv2d_dw_gemm.cu"
 REDUCE_FILE = "kernels/08_backprop/reduce_partials.cu"
 FLIP_FILE = "kernels/08_backprop/mask_flip.cu"
 
-MAX_SHARED = 48 * 1024          # bytes of shared memory a block may use without opting in
+MAX_SHARED = SHARED_DEFAULT_MAX
 FINALS = ("partials", "atomic")
+
+_plans: dict = {}
 
 
 # ---- shapes ------------------------------------------------------------------------------------
 
-def _shape_of(t_or_shape):
+def _dims(t_or_shape):
     return tuple(int(s) for s in (t_or_shape.shape if isinstance(t_or_shape, torch.Tensor) else t_or_shape))
 
 
-def grad_shapes(x_shape, w_shape, dy_shape, stride: int = 1, pad: int = 0):
+def grad_shapes(x_shape, w_shape, dy_shape, stride: int = 1, padding: int = 0):
     """(B, C, M, H, W, K, Ho, Wo), checking that x, w and dy belong to one convolution."""
-    x_shape, w_shape, dy_shape = _shape_of(x_shape), _shape_of(w_shape), _shape_of(dy_shape)
+    x_shape, w_shape, dy_shape = _dims(x_shape), _dims(w_shape), _dims(dy_shape)
     if len(x_shape) != 4 or len(w_shape) != 4 or len(dy_shape) != 4:
         raise ValueError(f"expected x (B,C,H,W), w (M,C,K,K), dy (B,M,Ho,Wo); got {x_shape}, {w_shape}, {dy_shape}")
     B, C, H, W = x_shape
     M, Cw, K, K2 = w_shape
     if Cw != C or K2 != K:
         raise ValueError(f"w {w_shape} does not fit x {x_shape}: need (M, {C}, K, K)")
-    if stride < 1 or pad < 0:
-        raise ValueError(f"stride {stride} and pad {pad}: need stride >= 1, pad >= 0")
-    Ho, Wo = out_size(H, K, stride, pad), out_size(W, K, stride, pad)
+    if stride < 1 or padding < 0:
+        raise ValueError(f"stride {stride} and padding {padding}: need stride >= 1, padding >= 0")
+    Ho, Wo = out_size(H, K, stride, padding), out_size(W, K, stride, padding)
     if Ho < 1 or Wo < 1:
-        raise ValueError(f"no output: input {H}x{W}, K={K}, stride {stride}, pad {pad}")
+        raise ValueError(f"no output: input {H}x{W}, K={K}, stride {stride}, padding {padding}")
     if dy_shape != (B, M, Ho, Wo):
-        raise ValueError(f"dy has shape {dy_shape}, but x {x_shape}, w {w_shape}, stride {stride}, pad {pad} "
-                         f"give y the shape {(B, M, Ho, Wo)}")
+        raise ValueError(f"dy has shape {dy_shape}, but x {x_shape}, w {w_shape}, stride {stride}, padding "
+                         f"{padding} give y the shape {(B, M, Ho, Wo)}")
     for name, n in (("x", B * C * H * W), ("dy", B * M * Ho * Wo)):
         if n > INT32_MAX // 2:
             raise ValueError(f"{name} has {n:,} elements: too many for int indices")
     return B, C, M, H, W, K, Ho, Wo
+
+
+def _x_shape(dy, w, stride, padding, input_size):
+    """x's shape for a dX launcher: (B from dy, C from w, input_size), which stride 1 implies."""
+    B, M, Ho, Wo = _dims(dy)
+    C, K = int(w.shape[1]), int(w.shape[2])
+    if input_size is None:
+        if stride != 1:
+            raise ValueError(f"with stride {stride} several input sizes give dy's {Ho}x{Wo}: pass input_size=(H, W)")
+        input_size = (Ho - 1 + K - 2 * padding, Wo - 1 + K - 2 * padding)
+    H, W = (int(v) for v in input_size)
+    return (B, C, H, W)
+
+
+def _w_shape(x, dy, stride, padding, kernel_size):
+    """w's shape for a dW launcher: (M from dy, C from x, kernel_size), which stride 1 implies."""
+    B, C, H, W = _dims(x)
+    M, Ho = int(dy.shape[1]), int(dy.shape[2])
+    if kernel_size is None:
+        if stride != 1:
+            raise ValueError(f"with stride {stride} several mask sizes give dy's {Ho} rows: pass kernel_size=K")
+        kernel_size = H + 2 * padding - Ho + 1
+    K = int(kernel_size)
+    return (M, C, K, K)
 
 
 def _check_in(t, name):
@@ -91,38 +121,35 @@ def _sms() -> int:
     return max(1, int(cl.device().threads))
 
 
-def _workspace(n: int, like: torch.Tensor) -> torch.Tensor:
-    """Scratch for partial sums. On the emulator poisoned with NaN, so a partial never written shows
-    in the result; on a GPU uninitialised (every slot is written before it is read)."""
-    import convlab as cl
-    if cl.backend() == "emu":
-        return torch.full((n,), float("nan"), dtype=torch.float32, device=like.device)
-    return torch.empty(n, dtype=torch.float32, device=like.device)
-
-
 def reduce_partials(partial, out, nparts: int, n: int, PARTS_Y: int | None = None):
     """out[i] = sum over j < nparts of partial[j*n + i], in a fixed order (kernels/08_backprop/reduce_partials.cu).
     PARTS_Y rows are read at once: 32 (blocks of 1,024 threads) for many rows, 8 for a few."""
-    PARTS_Y = int(PARTS_Y or (32 if nparts >= 256 else 8))
-    kern = module(REDUCE_FILE, {"PARTS_Y": PARTS_Y}).kernel("reduce_partials")
-    kern(partial, out, nparts, n, grid=(ceil_div(n, 32), 1, 1), block=(32, PARTS_Y, 1))
+    parts_y = int(PARTS_Y or (32 if nparts >= 256 else 8))
+    launch = remember(_plans, ("reduce", nparts, n, parts_y), lambda: Launch(
+        REDUCE_FILE, "reduce_partials", {"PARTS_Y": parts_y}, (nparts, n), grid=(ceil_div(n, 32),), block=(32, parts_y)))
+    launch(partial, out)
     return out
 
 
 # ---- dE/dX -------------------------------------------------------------------------------------
 
-def conv2d_input_grad_scatter(dy, w, x_shape, dx=None, *, stride: int = 1, pad: int = 0,
-                              padding: int | None = None, BLOCK: int = 256):
+def conv2d_input_grad_scatter(dy, w, dx=None, *, stride: int = 1, padding: int = 0, input_size=None,
+                              BLOCK: int | None = None):
     """dx by scatter with atomics (kernels/08_backprop/conv2d_dx_scatter.cu); zeroes dx first."""
-    pad = _pad(pad, padding)
+    def build():
+        B, C, M, H, W, K, Ho, Wo = grad_shapes(x_shape, w, dy, stride, padding)
+        blocks = min(ceil_div(B * M * Ho * Wo, block), GRID_X_MAX)
+        return Launch(DX_SCATTER_FILE, "conv2d_dx_scatter", {"BLOCK": block}, (B, C, M, H, W, K, padding, stride),
+                      grid=(blocks,), block=(block,))
+
     _check_in(dy, "dy")
     _check_in(w, "w")
-    B, C, M, H, W, K, Ho, Wo = grad_shapes(x_shape, w, dy, stride, pad)
-    dx = output(dx, (B, C, H, W))
+    x_shape = _x_shape(dy, w, stride, padding, input_size)
+    block = int(BLOCK or 256)
+    launch = remember(_plans, ("dx_scatter", dy.shape, w.shape, stride, padding, x_shape, block), build)
+    dx = output(dx, x_shape, dy, name="dx")
     dx.zero_()
-    kern = module(DX_SCATTER_FILE, {"BLOCK": BLOCK}).kernel("conv2d_dx_scatter")
-    blocks = min(ceil_div(B * M * Ho * Wo, BLOCK), GRID_X_LIMIT)
-    kern(dy, w, dx, B, C, M, H, W, K, pad, stride, grid=(blocks, 1, 1), block=(BLOCK, 1, 1))
+    launch(dy, w, dx)
     return dx
 
 
@@ -163,39 +190,45 @@ def gather_config(C: int, M: int, K: int, stride: int = 1, H: int | None = None)
     return {"CT": CT, "MV": MV, "ROWS": rows, "BLOCK": 128, "MIN_BLOCKS": mb}
 
 
-def conv2d_input_grad_gather(dy, w, x_shape, dx=None, *, stride: int = 1, pad: int = 0,
-                             padding: int | None = None, CT: int | None = None, MV: int | None = None,
-                             ROWS: int | None = None, BLOCK: int | None = None, MIN_BLOCKS: int | None = None,
-                             mchunk: int | None = None):
-    """dx by gather, no atomics (kernels/08_backprop/conv2d_dx_gather.cu). mchunk: maps whose mask
-    slice shared memory holds at once (default: as many as fit in 48 KB)."""
-    pad = _pad(pad, padding)
+def conv2d_input_grad_gather(dy, w, dx=None, *, stride: int = 1, padding: int = 0, input_size=None,
+                             CT: int | None = None, MV: int | None = None, ROWS: int | None = None,
+                             BLOCK: int | None = None, MIN_BLOCKS: int | None = None, mchunk: int | None = None):
+    """dx by gather, no atomics (kernels/08_backprop/conv2d_dx_gather.cu). Tunables left out come from
+    gather_config; mchunk: maps whose mask slice shared memory holds at once (default: as many as fit
+    in 48 KB)."""
+    def build():
+        B, C, M, H, W, K, Ho, Wo = grad_shapes(x_shape, w, dy, stride, padding)
+        cfg = gather_config(C, M, K, stride, H)
+        ct, mv = int(CT or cfg["CT"]), int(MV or cfg["MV"])
+        rows, block = int(ROWS or cfg["ROWS"]), int(BLOCK or cfg["BLOCK"])
+        min_blocks = int(MIN_BLOCKS or cfg["MIN_BLOCKS"])
+        KS = ceil_div(K, stride)
+        KP = KS * stride
+        per_group = KP * KP * mv * ct * 4                   # bytes of mask per group of MV maps
+        fit = MAX_SHARED // per_group * mv
+        if fit < mv:
+            raise ValueError(f"one group of MV={mv} maps x CT={ct} channels of a {K}x{K} mask needs {per_group:,} "
+                             "bytes of shared memory, over 48 KB: lower CT or MV")
+        chunk = min(ceil_div(M, mv) * mv, fit) if mchunk is None else int(mchunk)
+        if chunk % mv or chunk < mv or chunk * KP * KP * ct * 4 > MAX_SHARED:
+            raise ValueError(f"mchunk={chunk}: must be a multiple of MV={mv} whose mask slice fits in 48 KB")
+        strips = ceil_div(ceil_div(H, stride), rows)
+        threads = B * stride * strips * W
+        if threads > INT32_MAX // 2:
+            raise ValueError(f"{threads:,} threads: too many for int indices")
+        defines = {"KSIZE": K, "STRIDE": stride, "CT": ct, "MV": mv, "ROWS": rows, "BLOCK": block,
+                   "MIN_BLOCKS": min_blocks}
+        return Launch(DX_GATHER_FILE, "conv2d_dx_gather", defines, (B, C, M, H, W, padding, chunk),
+                      grid=(ceil_div(threads, block), ceil_div(C, ct), 1), block=(block,),
+                      shared=chunk * KP * KP * ct * 4)
+
     _check_in(dy, "dy")
     _check_in(w, "w")
-    B, C, M, H, W, K, Ho, Wo = grad_shapes(x_shape, w, dy, stride, pad)
-    cfg = gather_config(C, M, K, stride, H)
-    CT, MV = int(CT or cfg["CT"]), int(MV or cfg["MV"])
-    ROWS, BLOCK = int(ROWS or cfg["ROWS"]), int(BLOCK or cfg["BLOCK"])
-    MIN_BLOCKS = int(MIN_BLOCKS or cfg["MIN_BLOCKS"])
-    KS = ceil_div(K, stride)
-    KP = KS * stride
-    per_group = KP * KP * MV * CT * 4                   # bytes of mask per group of MV maps
-    fit = MAX_SHARED // per_group * MV
-    if fit < MV:
-        raise ValueError(f"one group of MV={MV} maps x CT={CT} channels of a {K}x{K} mask needs {per_group:,} bytes "
-                         "of shared memory, over 48 KB: lower CT or MV")
-    mchunk = min(ceil_div(M, MV) * MV, fit) if mchunk is None else int(mchunk)
-    if mchunk % MV or mchunk < MV or mchunk * KP * KP * CT * 4 > MAX_SHARED:
-        raise ValueError(f"mchunk={mchunk}: must be a multiple of MV={MV} whose mask slice fits in 48 KB")
-    dx = output(dx, (B, C, H, W))
-    strips = ceil_div(ceil_div(H, stride), ROWS)
-    threads = B * stride * strips * W
-    if threads > INT32_MAX // 2:
-        raise ValueError(f"{threads:,} threads: too many for int indices")
-    grid = (ceil_div(threads, BLOCK), ceil_div(C, CT), 1)
-    defines = {"KSIZE": K, "STRIDE": stride, "CT": CT, "MV": MV, "ROWS": ROWS, "BLOCK": BLOCK, "MIN_BLOCKS": MIN_BLOCKS}
-    kern = module(DX_GATHER_FILE, defines).kernel("conv2d_dx_gather")
-    kern(dy, w, dx, B, C, M, H, W, pad, mchunk, grid=grid, block=(BLOCK, 1, 1), shared=mchunk * KP * KP * CT * 4)
+    x_shape = _x_shape(dy, w, stride, padding, input_size)
+    launch = remember(_plans, ("dx_gather", dy.shape, w.shape, stride, padding, x_shape, CT, MV, ROWS, BLOCK,
+                               MIN_BLOCKS, mchunk), build)
+    dx = output(dx, x_shape, dy, name="dx")
+    launch(dy, w, dx)
     return dx
 
 
@@ -203,73 +236,58 @@ def flip_transpose(w, wt=None):
     """wt[c][m][ky][kx] = w[m][c][K-1-ky][K-1-kx] (kernels/08_backprop/mask_flip.cu)."""
     _check_in(w, "w")
     M, C, K, _ = (int(s) for s in w.shape)
-    wt = output(wt, (C, M, K, K))
-    n = M * C * K * K
-    module(FLIP_FILE).kernel("mask_flip_transpose")(w, wt, M, C, K, grid=(ceil_div(n, 256), 1, 1), block=(256, 1, 1))
+    wt = output(wt, (C, M, K, K), w, name="wt")
+    launch = remember(_plans, ("flip", w.shape), lambda: Launch(
+        FLIP_FILE, "mask_flip_transpose", None, (M, C, K), grid=(ceil_div(M * C * K * K, 256),), block=(256,)))
+    launch(w, wt)
     return wt
 
 
-def conv2d_input_grad_forward(dy, w, x_shape, dx=None, *, stride: int = 1, pad: int = 0,
-                              padding: int | None = None):
+def conv2d_input_grad_forward(dy, w, dx=None, *, stride: int = 1, padding: int = 0, input_size=None):
     """dx as a forward convolution: chapter 5's pick for the transposed layer (M channels in, C maps
-    out) on dy with the flipped, transposed mask and padding K-1-pad; a 32-map GEMM tile when C <= 32.
-    Stride 1 and pad <= K-1 only."""
+    out, so fused.gemm_config(C)'s tile for a GEMM) on dy with the flipped, transposed mask and
+    padding K-1-padding. Stride 1 and padding <= K-1 only."""
     from . import fused
 
-    pad = _pad(pad, padding)
+    def build():
+        B, C, M, H, W, K, Ho, Wo = grad_shapes(x_shape, w, dy, stride, padding)
+        if stride != 1:
+            raise ValueError("conv2d_input_grad_forward needs stride 1 (with stride s the transposed convolution "
+                             "would need dy spread out with s-1 zeros between pixels): use the gather kernel")
+        if padding > K - 1:
+            raise ValueError(f"padding {padding} > K-1 = {K - 1}: the forward would need negative padding; use the "
+                             "gather kernel")
+        shape = Workload("", B=B, C=M, M=C, H=Ho, W=Wo, K=K, stride=1, padding=K - 1 - padding)
+        impl = fused.pick(shape)
+        return impl.launcher, impl.config(shape), K - 1 - padding
+
     _check_in(dy, "dy")
     _check_in(w, "w")
-    B, C, M, H, W, K, Ho, Wo = grad_shapes(x_shape, w, dy, stride, pad)
-    if stride != 1:
-        raise ValueError("conv2d_input_grad_forward needs stride 1 (with stride s the transposed convolution "
-                         "would need dy spread out with s-1 zeros between pixels): use the gather kernel")
-    if pad > K - 1:
-        raise ValueError(f"pad {pad} > K-1 = {K - 1}: the forward would need negative padding; use the gather kernel")
-    dx = output(dx, (B, C, H, W))
-    wt = flip_transpose(w)
-    _, fn, tunables = fused.pick({"B": B, "C": M, "M": C, "H": Ho, "W": Wo, "K": K, "stride": 1, "pad": K - 1 - pad})
-    if fn is fused.conv2d_implicit_gemm_reg and C <= 32:
-        # C maps out: a 64-map tile would be half empty (days100: 32); 32 x 128 with 4 x 8 per thread.
-        tunables = {"BM": 32, "BN": 128, "BK": 16, "TM": 4, "TN": 8}
-    return fn(dy, wt, dx, stride=1, pad=K - 1 - pad, **tunables)
-
-
-def pick_input_grad(B: int, C: int, M: int, H: int, W: int, K: int, stride: int = 1, pad: int = 0) -> tuple:
-    """(name, launcher, tunables) for dE/dX of a layer shape.
-
-    - Many input channels (C >= 32: resnet, days100), stride 1, pad <= K-1: the flipped mask
-      through chapter 5's forward (it picks the register-tiled implicit GEMM there: the transposed
-      convolution has M channels in and C maps out, a GEMM of C x M*K*K x B*H*W).
-    - Otherwise the gather kernel, with gather_config(): few channels (lenet_c1, lenet_c3, fa17),
-      any stride.
-    The scatter kernel is never the pick: its atomics cost more than the gather's loads."""
-    if stride == 1 and pad <= K - 1 and C >= 32:
-        return "forward of the flipped mask (chapter 5 best)", conv2d_input_grad_forward, {}
-    return "gather (transposed convolution)", conv2d_input_grad_gather, gather_config(C, M, K, stride, H)
-
-
-def conv2d_input_grad_best(dy, w, x_shape, dx=None, *, stride: int = 1, pad: int = 0, padding: int | None = None):
-    pad = _pad(pad, padding)
-    B, C, H, W = _shape_of(x_shape)
-    M, _, K, _ = _shape_of(w)
-    _, fn, tunables = pick_input_grad(B, C, M, H, W, K, stride, pad)
-    return fn(dy, w, x_shape, dx, stride=stride, pad=pad, **tunables)
+    x_shape = _x_shape(dy, w, stride, padding, input_size)
+    launcher, tunables, pad_t = remember(_plans, ("dx_forward", dy.shape, w.shape, stride, padding, x_shape), build)
+    dx = output(dx, x_shape, dy, name="dx")
+    return launcher(dy, flip_transpose(w), dx, stride=1, padding=pad_t, **tunables)
 
 
 # ---- dE/dW -------------------------------------------------------------------------------------
 
-def conv2d_weight_grad_atomic(x, dy, w_shape, dw=None, *, stride: int = 1, pad: int = 0,
-                              padding: int | None = None, BLOCK: int = 256):
+def conv2d_weight_grad_atomic(x, dy, dw=None, *, stride: int = 1, padding: int = 0, kernel_size=None,
+                              BLOCK: int | None = None):
     """dw with one atomicAdd per product (kernels/08_backprop/conv2d_dw_atomic.cu); zeroes dw first."""
-    pad = _pad(pad, padding)
+    def build():
+        B, C, M, H, W, K, Ho, Wo = grad_shapes(x, w_shape, dy, stride, padding)
+        blocks = min(ceil_div(B * M * Ho * Wo, block), GRID_X_MAX)
+        return Launch(DW_ATOMIC_FILE, "conv2d_dw_atomic", {"BLOCK": block}, (B, C, M, H, W, K, padding, stride),
+                      grid=(blocks,), block=(block,))
+
     _check_in(x, "x")
     _check_in(dy, "dy")
-    B, C, M, H, W, K, Ho, Wo = grad_shapes(x, w_shape, dy, stride, pad)
-    dw = output(dw, (M, C, K, K))
+    w_shape = _w_shape(x, dy, stride, padding, kernel_size)
+    block = int(BLOCK or 256)
+    launch = remember(_plans, ("dw_atomic", x.shape, dy.shape, stride, padding, w_shape, block), build)
+    dw = output(dw, w_shape, x, name="dw")
     dw.zero_()
-    kern = module(DW_ATOMIC_FILE, {"BLOCK": BLOCK}).kernel("conv2d_dw_atomic")
-    blocks = min(ceil_div(B * M * Ho * Wo, BLOCK), GRID_X_LIMIT)
-    kern(x, dy, dw, B, C, M, H, W, K, pad, stride, grid=(blocks, 1, 1), block=(BLOCK, 1, 1))
+    launch(x, dy, dw)
     return dw
 
 
@@ -287,45 +305,57 @@ def direct_dw_fits(C: int, M: int, K: int) -> bool:
     return C * K * K <= 64
 
 
-def conv2d_weight_grad_direct(x, dy, w_shape, dw=None, *, stride: int = 1, pad: int = 0,
-                              padding: int | None = None, MT: int | None = None, ROWS: int | None = None,
-                              BLOCK: int | None = None, MIN_BLOCKS: int | None = None,
-                              chunks: int | None = None, final: str = "partials"):
-    """dw by reduction (kernels/08_backprop/conv2d_dw_direct.cu). final="partials": per-block sums,
-    then reduce_partials (deterministic); final="atomic": each block atomicAdds its sums into dw."""
-    pad = _pad(pad, padding)
-    _check_in(x, "x")
-    _check_in(dy, "dy")
-    if final not in FINALS:
-        raise ValueError(f"final must be one of {FINALS}, got {final!r}")
-    B, C, M, H, W, K, Ho, Wo = grad_shapes(x, w_shape, dy, stride, pad)
-    cfg = direct_dw_config(C, M, K, stride, Ho)
-    MT, ROWS = int(MT or cfg["MT"]), int(ROWS or cfg["ROWS"])
-    BLOCK, MIN_BLOCKS = int(BLOCK or cfg["BLOCK"]), int(MIN_BLOCKS or cfg["MIN_BLOCKS"])
-    if BLOCK % 32 or BLOCK > 1024:
-        raise ValueError(f"BLOCK={BLOCK}: a multiple of 32, at most 1024 (the block sum uses whole warps)")
-    if (BLOCK // 32) * MT * K * K * 4 > MAX_SHARED:
-        raise ValueError(f"MT={MT}, K={K}, BLOCK={BLOCK}: the per-warp sums need more than 48 KB of shared memory")
-    dw = output(dw, (M, C, K, K))
-    pairs = ceil_div(M, MT) * C
-    tasks = B * ceil_div(Ho, ROWS) * Wo
-    if chunks is None:   # about 4 waves of resident blocks in all, at least one task per thread
-        chunks = max(1, min(ceil_div(tasks, BLOCK), ceil_div(4 * _sms() * MIN_BLOCKS, pairs)))
-    chunks = int(chunks)
-    if chunks * pairs > GRID_X_LIMIT:
-        raise ValueError(f"{chunks} chunks x {pairs} (map group, channel) pairs: over the grid's x limit")
-    defines = {"KSIZE": K, "STRIDE": stride, "MT": MT, "ROWS": ROWS, "BLOCK": BLOCK, "MIN_BLOCKS": MIN_BLOCKS,
-               "FINAL_ATOMIC": int(final == "atomic")}
-    kern = module(DW_DIRECT_FILE, defines).kernel("conv2d_dw_direct")
-    n = M * C * K * K
+def _second_pass(launch, n, nparts, a, b, dw, final):
+    """Run a reduction kernel straight into dw (final="atomic") or into partial sums, then add those."""
     if final == "atomic":
         dw.zero_()
-        kern(x, dy, dw, B, C, M, H, W, pad, chunks, grid=(chunks * pairs, 1, 1), block=(BLOCK, 1, 1))
+        launch(a, b, dw)
     else:
-        partial = _workspace(chunks * n, dy)
-        kern(x, dy, partial, B, C, M, H, W, pad, chunks, grid=(chunks * pairs, 1, 1), block=(BLOCK, 1, 1))
-        reduce_partials(partial, dw, chunks, n)
+        partial = new_output((nparts * n,), dw)        # NaN under cl.debug and on the emulator
+        launch(a, b, partial)
+        reduce_partials(partial, dw, nparts, n)
     return dw
+
+
+def conv2d_weight_grad_direct(x, dy, dw=None, *, stride: int = 1, padding: int = 0, kernel_size=None,
+                              MT: int | None = None, ROWS: int | None = None, BLOCK: int | None = None,
+                              MIN_BLOCKS: int | None = None, chunks: int | None = None, final: str | None = None):
+    """dw by reduction (kernels/08_backprop/conv2d_dw_direct.cu). final="partials" (default): per-block
+    sums, then reduce_partials (deterministic); final="atomic": each block atomicAdds its sums into dw.
+    Tunables left out come from direct_dw_config; chunks: about 4 waves of resident blocks."""
+    def build():
+        B, C, M, H, W, K, Ho, Wo = grad_shapes(x, w_shape, dy, stride, padding)
+        cfg = direct_dw_config(C, M, K, stride, Ho)
+        mt, rows = int(MT or cfg["MT"]), int(ROWS or cfg["ROWS"])
+        block, min_blocks = int(BLOCK or cfg["BLOCK"]), int(MIN_BLOCKS or cfg["MIN_BLOCKS"])
+        if block % 32 or block > 1024:
+            raise ValueError(f"BLOCK={block}: a multiple of 32, at most 1024 (the block sum uses whole warps)")
+        if (block // 32) * mt * K * K * 4 > MAX_SHARED:
+            raise ValueError(f"MT={mt}, K={K}, BLOCK={block}: the per-warp sums need more than 48 KB of shared memory")
+        pairs = ceil_div(M, mt) * C
+        tasks = B * ceil_div(Ho, rows) * Wo
+        n_chunks = chunks
+        if n_chunks is None:   # about 4 waves of resident blocks in all, at least one task per thread
+            n_chunks = max(1, min(ceil_div(tasks, block), ceil_div(4 * _sms() * min_blocks, pairs)))
+        n_chunks = int(n_chunks)
+        if n_chunks * pairs > GRID_X_MAX:
+            raise ValueError(f"{n_chunks} chunks x {pairs} (map group, channel) pairs: over the grid's x limit")
+        defines = {"KSIZE": K, "STRIDE": stride, "MT": mt, "ROWS": rows, "BLOCK": block, "MIN_BLOCKS": min_blocks,
+                   "FINAL_ATOMIC": int(final_ == "atomic")}
+        return M * C * K * K, n_chunks, Launch(DW_DIRECT_FILE, "conv2d_dw_direct", defines,
+                                               (B, C, M, H, W, padding, n_chunks), grid=(n_chunks * pairs,),
+                                               block=(block,))
+
+    _check_in(x, "x")
+    _check_in(dy, "dy")
+    final_ = final or "partials"
+    if final_ not in FINALS:
+        raise ValueError(f"final must be one of {FINALS}, got {final!r}")
+    w_shape = _w_shape(x, dy, stride, padding, kernel_size)
+    n, n_chunks, launch = remember(_plans, ("dw_direct", x.shape, dy.shape, stride, padding, w_shape, MT, ROWS, BLOCK,
+                                            MIN_BLOCKS, chunks, final_), build)
+    dw = output(dw, w_shape, x, name="dw")
+    return _second_pass(launch, n, n_chunks, x, dy, dw, final_)
 
 
 def gemm_dw_config(C: int, M: int, K: int) -> dict:
@@ -358,87 +388,114 @@ def check_gemm_dw_tunables(BM: int, BN: int, BK: int, TM: int, TN: int) -> None:
         raise ValueError(f"tile BM={BM} BN={BN} BK={BK} needs {smem:,} bytes of shared memory, over 48 KB")
 
 
-def conv2d_weight_grad_gemm(x, dy, w_shape, dw=None, *, stride: int = 1, pad: int = 0,
-                            padding: int | None = None, BM: int | None = None, BN: int | None = None,
-                            BK: int | None = None, TM: int | None = None, TN: int | None = None,
-                            splits: int | None = None, final: str = "partials"):
+def conv2d_weight_grad_gemm(x, dy, dw=None, *, stride: int = 1, padding: int = 0, kernel_size=None,
+                            BM: int | None = None, BN: int | None = None, BK: int | None = None,
+                            TM: int | None = None, TN: int | None = None, splits: int | None = None,
+                            final: str | None = None):
     """dw by split-K implicit GEMM (kernels/08_backprop/conv2d_dw_gemm.cu), then reduce_partials
-    (final="partials", deterministic) or block atomics (final="atomic")."""
-    pad = _pad(pad, padding)
+    (final="partials", the default: deterministic) or block atomics (final="atomic"). Tiles left out
+    come from gemm_dw_config; splits: about 2 x 2,048 resident threads per SM in all."""
+    def build():
+        B, C, M, H, W, K, Ho, Wo = grad_shapes(x, w_shape, dy, stride, padding)
+        cfg = gemm_dw_config(C, M, K)
+        t = {k: int(v or cfg[k]) for k, v in (("BM", BM), ("BN", BN), ("BK", BK), ("TM", TM), ("TN", TN))}
+        check_gemm_dw_tunables(**t)
+        N, KD = B * Ho * Wo, C * K * K
+        nthreads = (t["BM"] // t["TM"]) * (t["BN"] // t["TN"])
+        tiles = ceil_div(KD, t["BN"]) * ceil_div(M, t["BM"])
+        n_splits = splits
+        if n_splits is None:   # about 2 x 2,048 resident threads per SM in all, at least 16 steps per split
+            n_splits = min(ceil_div(2 * 2048 * _sms() // nthreads, tiles), ceil_div(N, 16 * t["BK"]))
+        n_splits = max(1, min(int(n_splits), ceil_div(N, t["BK"]), GRID_YZ_MAX))
+        n_per = ceil_div(ceil_div(N, n_splits), t["BK"]) * t["BK"]
+        n_splits = ceil_div(N, n_per)
+        defines = {**t, "KSIZE": K, "FINAL_ATOMIC": int(final_ == "atomic")}
+        return M * KD, n_splits, Launch(DW_GEMM_FILE, "conv2d_dw_gemm", defines, (B, C, M, H, W, padding, stride, n_per),
+                                        grid=(ceil_div(KD, t["BN"]), ceil_div(M, t["BM"]), n_splits), block=(nthreads,))
+
     _check_in(x, "x")
     _check_in(dy, "dy")
-    if final not in FINALS:
+    final_ = final or "partials"
+    if final_ not in FINALS:
         raise ValueError(f"final must be one of {FINALS}, got {final!r}")
-    B, C, M, H, W, K, Ho, Wo = grad_shapes(x, w_shape, dy, stride, pad)
-    cfg = gemm_dw_config(C, M, K)
-    BM, BN, BK = int(BM or cfg["BM"]), int(BN or cfg["BN"]), int(BK or cfg["BK"])
-    TM, TN = int(TM or cfg["TM"]), int(TN or cfg["TN"])
-    check_gemm_dw_tunables(BM, BN, BK, TM, TN)
-    dw = output(dw, (M, C, K, K))
-    N, KD = B * Ho * Wo, C * K * K
-    nthreads = (BM // TM) * (BN // TN)
-    tiles = ceil_div(KD, BN) * ceil_div(M, BM)
-    if splits is None:   # about 2 x 2,048 resident threads per SM in all, at least 16 steps per split
-        splits = min(ceil_div(2 * 2048 * _sms() // nthreads, tiles), ceil_div(N, 16 * BK))
-    splits = max(1, min(int(splits), ceil_div(N, BK), GRID_YZ_LIMIT))
-    n_per = ceil_div(ceil_div(N, splits), BK) * BK
-    splits = ceil_div(N, n_per)
-    if ceil_div(M, BM) > GRID_YZ_LIMIT:
-        raise ValueError(f"M={M}: too many map tiles for the grid's y limit")
-    defines = {"BM": BM, "BN": BN, "BK": BK, "TM": TM, "TN": TN, "KSIZE": K, "FINAL_ATOMIC": int(final == "atomic")}
-    kern = module(DW_GEMM_FILE, defines).kernel("conv2d_dw_gemm")
-    grid = (ceil_div(KD, BN), ceil_div(M, BM), splits)
-    n = M * KD
-    if final == "atomic":
-        dw.zero_()
-        kern(x, dy, dw, B, C, M, H, W, pad, stride, n_per, grid=grid, block=(nthreads, 1, 1))
-    else:
-        partial = _workspace(splits * n, dy)
-        kern(x, dy, partial, B, C, M, H, W, pad, stride, n_per, grid=grid, block=(nthreads, 1, 1))
-        reduce_partials(partial, dw, splits, n)
-    return dw
+    w_shape = _w_shape(x, dy, stride, padding, kernel_size)
+    n, n_splits, launch = remember(_plans, ("dw_gemm", x.shape, dy.shape, stride, padding, w_shape, BM, BN, BK, TM,
+                                            TN, splits, final_), build)
+    dw = output(dw, w_shape, x, name="dw")
+    return _second_pass(launch, n, n_splits, x, dy, dw, final_)
 
 
-def pick_weight_grad(B: int, C: int, M: int, H: int, W: int, K: int, stride: int = 1, pad: int = 0) -> tuple:
-    """(name, launcher, tunables) for dE/dW of a layer shape.
+# ---- the implementations and the picks -----------------------------------------------------------
+
+DX_SCATTER = Impl("dX scatter (atomics)", conv2d_input_grad_scatter, op="conv2d_dx", config=lambda s: {"BLOCK": 256})
+DX_GATHER = Impl("dX gather (transposed conv)", conv2d_input_grad_gather, op="conv2d_dx",
+                 config=lambda s: gather_config(s.C, s.M, s.K, s.stride, s.H))
+DX_FORWARD = Impl("dX forward of flipped mask", conv2d_input_grad_forward, op="conv2d_dx",
+                  applies=lambda s: s.stride == 1 and s.padding <= s.K - 1)
+DW_ATOMIC = Impl("dW atomics (per product)", conv2d_weight_grad_atomic, op="conv2d_dw", config=lambda s: {"BLOCK": 256})
+DW_DIRECT = Impl("dW direct (second pass)", conv2d_weight_grad_direct, op="conv2d_dw",
+                 config=lambda s: direct_dw_config(s.C, s.M, s.K, s.stride, s.Ho))
+DW_DIRECT_ATOMIC = Impl("dW direct (block atomics)", functools.partial(conv2d_weight_grad_direct, final="atomic"),
+                        op="conv2d_dw", config=lambda s: direct_dw_config(s.C, s.M, s.K, s.stride, s.Ho))
+DW_GEMM = Impl("dW GEMM (second pass)", conv2d_weight_grad_gemm, op="conv2d_dw",
+               config=lambda s: gemm_dw_config(s.C, s.M, s.K))
+DW_GEMM_ATOMIC = Impl("dW GEMM (block atomics)", functools.partial(conv2d_weight_grad_gemm, final="atomic"),
+                      op="conv2d_dw", config=lambda s: gemm_dw_config(s.C, s.M, s.K))
+#: The chapter's implementations, by the name the figures use: dX (op "conv2d_dx"), then dW ("conv2d_dw").
+IMPLEMENTATIONS = (DX_SCATTER, DX_GATHER, DX_FORWARD, DW_ATOMIC, DW_DIRECT, DW_DIRECT_ATOMIC, DW_GEMM, DW_GEMM_ATOMIC)
+
+
+def pick_input_grad(shape: Workload) -> Impl:
+    """The dE/dX kernel a layer shape gets.
+
+    - Many input channels (C >= 32: resnet, days100), stride 1, padding <= K-1: the flipped mask
+      through chapter 5's forward (its pick takes the register-tiled implicit GEMM there: the
+      transposed convolution has M channels in and C maps out, a GEMM of C x M*K*K x B*H*W).
+    - Otherwise the gather kernel, with gather_config(): few channels (lenet_c1, lenet_c3, fa17),
+      any stride.
+    The scatter kernel is never the pick: its atomics cost more than the gather's loads."""
+    return DX_FORWARD if shape.C >= 32 and DX_FORWARD.applies(shape) else DX_GATHER
+
+
+def pick_weight_grad(shape: Workload) -> Impl:
+    """The dE/dW kernel a layer shape gets.
 
     - At most 64 taps per map (C*K*K <= 64: lenet_c1 49, fa17 25): the direct reduction. Each
       thread reuses every input value for MT maps x K rows of taps from registers; a GEMM would
       pad the 4 x 49 product (lenet_c1) to its tiles and stage everything through shared memory.
     - Otherwise (lenet_c3: 16 x 196, resnet: 64 x 576, days100: 128 x 288): the split-K GEMM.
     Both end with the deterministic second pass. The atomic kernel is never the pick."""
-    Ho = out_size(H, K, stride, pad)
-    if direct_dw_fits(C, M, K):
-        return "direct reduction (registers, shared, second pass)", conv2d_weight_grad_direct, \
-            direct_dw_config(C, M, K, stride, Ho)
-    return "split-K implicit GEMM (second pass)", conv2d_weight_grad_gemm, gemm_dw_config(C, M, K)
+    return DW_DIRECT if direct_dw_fits(shape.C, shape.M, shape.K) else DW_GEMM
 
 
-def conv2d_weight_grad_best(x, dy, w_shape, dw=None, *, stride: int = 1, pad: int = 0, padding: int | None = None):
-    pad = _pad(pad, padding)
-    B, C, H, W = _shape_of(x)
-    M, _, K, _ = _shape_of(w_shape)
-    _, fn, tunables = pick_weight_grad(B, C, M, H, W, K, stride, pad)
-    return fn(x, dy, w_shape, dw, stride=stride, pad=pad, **tunables)
+_best: dict = {}
 
 
-def _pad(pad, padding_alias):
-    return padding(pad, padding_alias)
+def conv2d_input_grad_best(dy, w, dx=None, *, stride: int = 1, padding: int = 0, input_size=None):
+    """pick_input_grad()'s kernel for this shape, launched with its tunables."""
+    key = ("dx", dy.shape, w.shape, stride, padding, input_size)
+    hit = _best.get(key)
+    if hit is None:
+        B, C, H, W = _x_shape(dy, w, stride, padding, input_size)
+        shape = Workload("", B=B, C=C, M=int(w.shape[0]), H=H, W=W, K=int(w.shape[2]), stride=stride, padding=padding)
+        impl = pick_input_grad(shape)
+        hit = _best[key] = (impl.launcher, impl.config(shape), (H, W))
+    launcher, tunables, hw = hit
+    return launcher(dy, w, dx, stride=stride, padding=padding, input_size=hw, **tunables)
 
 
-#: The chapter's implementations by the name the figures use (default tunables).
-INPUT_GRAD = {
-    "dX scatter (atomics)": conv2d_input_grad_scatter,
-    "dX gather (transposed conv)": conv2d_input_grad_gather,
-    "dX forward of flipped mask": conv2d_input_grad_forward,
-}
-WEIGHT_GRAD = {
-    "dW atomics (per product)": conv2d_weight_grad_atomic,
-    "dW direct (second pass)": conv2d_weight_grad_direct,
-    "dW direct (block atomics)": lambda *a, **k: conv2d_weight_grad_direct(*a, final="atomic", **k),
-    "dW GEMM (second pass)": conv2d_weight_grad_gemm,
-    "dW GEMM (block atomics)": lambda *a, **k: conv2d_weight_grad_gemm(*a, final="atomic", **k),
-}
+def conv2d_weight_grad_best(x, dy, dw=None, *, stride: int = 1, padding: int = 0, kernel_size=None):
+    """pick_weight_grad()'s kernel for this shape, launched with its tunables."""
+    key = ("dw", x.shape, dy.shape, stride, padding, kernel_size)
+    hit = _best.get(key)
+    if hit is None:
+        M, C, K, _ = _w_shape(x, dy, stride, padding, kernel_size)
+        B, _, H, W = _dims(x)
+        shape = Workload("", B=B, C=C, M=M, H=H, W=W, K=K, stride=stride, padding=padding)
+        impl = pick_weight_grad(shape)
+        hit = _best[key] = (impl.launcher, impl.config(shape), K)
+    launcher, tunables, K = hit
+    return launcher(x, dy, dw, stride=stride, padding=padding, kernel_size=K, **tunables)
 
 
 # ---- autograd ----------------------------------------------------------------------------------
@@ -447,22 +504,22 @@ class Conv2dFunction(torch.autograd.Function):
     """y = conv2d(x, w) + bias with the course's kernels: forward by convlab.ops.fused.conv2d_best,
     backward by conv2d_input_grad_best and conv2d_weight_grad_best. float32, NCHW.
 
-        y = Conv2dFunction.apply(x, w, bias, stride, pad)      # bias may be None
+        y = Conv2dFunction.apply(x, w, bias, stride, padding)      # bias may be None
     """
 
     @staticmethod
-    def forward(ctx, x, w, bias=None, stride: int = 1, pad: int = 0):
-        from . import fused
+    def forward(ctx, x, w, bias=None, stride: int = 1, padding: int = 0):
+        from .fused import conv2d_best
 
-        stride, pad = int(stride), int(pad)
+        stride, padding = int(stride), int(padding)
         x, w = x.contiguous(), w.contiguous()
         _check_in(x, "x")
         _check_in(w, "w")
-        y = fused.conv2d_best(x, w, stride=stride, pad=pad)
+        y = conv2d_best(x, w, stride=stride, padding=padding)
         if bias is not None:
             y.add_(bias.view(1, -1, 1, 1))
         ctx.save_for_backward(x, w)
-        ctx.stride, ctx.pad, ctx.has_bias = stride, pad, bias is not None
+        ctx.stride, ctx.padding, ctx.has_bias = stride, padding, bias is not None
         return y
 
     @staticmethod
@@ -474,9 +531,9 @@ class Conv2dFunction(torch.autograd.Function):
             dy = dy.float()
         dx = dw = db = None
         if ctx.needs_input_grad[0]:
-            dx = conv2d_input_grad_best(dy, w, x.shape, stride=ctx.stride, pad=ctx.pad)
+            dx = conv2d_input_grad_best(dy, w, stride=ctx.stride, padding=ctx.padding, input_size=x.shape[2:])
         if ctx.needs_input_grad[1]:
-            dw = conv2d_weight_grad_best(x, dy, w.shape, stride=ctx.stride, pad=ctx.pad)
+            dw = conv2d_weight_grad_best(x, dy, stride=ctx.stride, padding=ctx.padding, kernel_size=w.shape[2])
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = dy.sum(dim=(0, 2, 3))
         return dx, dw, db, None, None

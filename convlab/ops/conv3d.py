@@ -11,24 +11,30 @@ y (D-KD+1, H-KH+1, W-KW+1). The launchers also take the 5-D torch shapes (1, 1, 
   planes down z with a rolling window of KZ accumulators per output; one input plane (with its x/y
   halo) in shared memory at a time, double-buffered; the mask in registers (MASK_REGS=1) or in
   __constant__ memory (MASK_REGS=0).
-- pick(workload) / conv3d_best: the coarsened kernel with coarse_config's tunables.
+- pick(shape) / conv3d_best: the coarsened kernel with coarse_config's tunables.
+
+Every launcher takes stride= and padding= like the 2D ones; the kernels compute the challenge's
+valid convolution, so only stride 1 and padding 0.
 """
 from __future__ import annotations
 
-from . import ceil_div, check_output
-from ._kernels import module, set_mask
+from .._limits import SHARED_DEFAULT_MAX
+from ..workloads import Workload
+from . import Impl, ceil_div, output
+from ._kernels import Launch, remember, set_mask
 
 NAIVE_FILE = "kernels/07_conv3d/conv3d_naive.cu"
 TILED_FILE = "kernels/07_conv3d/conv3d_tiled.cu"
 COARSE_FILE = "kernels/07_conv3d/conv3d_coarse.cu"
 
 CONSTANT_FLOATS = 16384   # 64 KB of __constant__ memory
-MAX_SHARED = 48 * 1024
-GRID_YZ = 65_535
 
 
-def conv3d_shapes(x, w):
+def conv3d_shapes(x, w, stride: int = 1, padding: int = 0):
     """(D, H, W, KD, KH, KW, Do, Ho, Wo, five_d) for x (D,H,W) or (1,1,D,H,W) and a matching mask."""
+    if stride != 1 or padding != 0:
+        raise ValueError(f"stride {stride}, padding {padding}: the 3D kernels compute the challenge's valid "
+                         f"convolution, stride 1 and padding 0 only")
     five_d = x.dim() == 5
     if five_d:
         if tuple(x.shape[:2]) != (1, 1) or w.dim() != 5 or tuple(w.shape[:2]) != (1, 1):
@@ -43,20 +49,11 @@ def conv3d_shapes(x, w):
         raise ValueError(f"no output: input {D}×{H}×{W}, mask {KD}×{KH}×{KW} (valid convolution)")
     if D * H * W > 2**31 - 1:
         raise ValueError(f"x has {D * H * W:,} elements: too many for int indices")
-    for name, t in (("x", x), ("w", w)):
-        if not t.is_contiguous():
-            raise ValueError(f"{name} must be contiguous")
     return D, H, W, KD, KH, KW, Do, Ho, Wo, five_d
 
 
-def _output(y, Do, Ho, Wo, five_d):
-    import convlab as cl
-
-    shape = (1, 1, Do, Ho, Wo) if five_d else (Do, Ho, Wo)
-    if y is None:
-        return cl.empty(*shape)
-    check_output(y, shape)
-    return y
+def _out_shape(Do, Ho, Wo, five_d):
+    return (1, 1, Do, Ho, Wo) if five_d else (Do, Ho, Wo)
 
 
 def _aligned16(t) -> bool:
@@ -68,16 +65,31 @@ def _flat(t):
     return t.view(t.shape[-3:]) if t.dim() == 5 else t
 
 
+def _contiguous(**tensors):
+    for name, t in tensors.items():
+        if not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous: pass {name}.contiguous()")
+
+
+_plans: dict = {}
+
+
 # ---- step 1: one thread per output ------------------------------------------------------------------
 
-def conv3d_naive(x, w, y=None, *, BX: int = 32, BY: int = 4, BZ: int = 2):
-    D, H, W, KD, KH, KW, Do, Ho, Wo, five = conv3d_shapes(x, w)
-    y = _output(y, Do, Ho, Wo, five)
-    grid = (ceil_div(Wo, BX), ceil_div(Ho, BY), ceil_div(Do, BZ))
-    if grid[1] > GRID_YZ or grid[2] > GRID_YZ:
-        raise ValueError(f"grid {grid} over the limits")
-    kern = module(NAIVE_FILE, {"BX": BX, "BY": BY, "BZ": BZ}).kernel("conv3d_naive")
-    kern(_flat(x), _flat(w), _flat(y), D, H, W, KD, KH, KW, grid=grid, block=(BX, BY, BZ))
+def conv3d_naive(x, w, y=None, *, stride: int = 1, padding: int = 0, BX: int | None = None,
+                 BY: int | None = None, BZ: int | None = None):
+    """Blocks of BX×BY×BZ threads (default 32×4×2), one output each."""
+    def build():
+        D, H, W, KD, KH, KW, Do, Ho, Wo, five = conv3d_shapes(x, w, stride, padding)
+        grid = (ceil_div(Wo, bx), ceil_div(Ho, by), ceil_div(Do, bz))
+        return _out_shape(Do, Ho, Wo, five), Launch(NAIVE_FILE, "conv3d_naive", {"BX": bx, "BY": by, "BZ": bz},
+                                                    (D, H, W, KD, KH, KW), grid=grid, block=(bx, by, bz))
+
+    bx, by, bz = int(BX or 32), int(BY or 4), int(BZ or 2)
+    _contiguous(x=x, w=w)
+    shape, launch = remember(_plans, ("naive", x.shape, w.shape, stride, padding, bx, by, bz), build)
+    y = output(y, shape, x)
+    launch(_flat(x), _flat(w), _flat(y))
     return y
 
 
@@ -87,21 +99,28 @@ def tiled_shared(TX: int, TY: int, TZ: int, KD: int, KH: int, KW: int) -> int:
     return 4 * (TX + KW - 1) * (TY + KH - 1) * (TZ + KD - 1)
 
 
-def conv3d_tiled(x, w, y=None, *, TX: int = 32, TY: int = 4, TZ: int = 4):
-    D, H, W, KD, KH, KW, Do, Ho, Wo, five = conv3d_shapes(x, w)
-    if KD * KH * KW > CONSTANT_FLOATS:
-        raise ValueError(f"the mask has {KD * KH * KW:,} values, over the {CONSTANT_FLOATS:,} of constant memory")
-    if TX * TY * TZ > 1024:
-        raise ValueError(f"a {TX}x{TY}x{TZ} block has over 1024 threads")
-    if tiled_shared(TX, TY, TZ, KD, KH, KW) > MAX_SHARED:
-        raise ValueError(f"the input box of a {TX}x{TY}x{TZ} tile with a {KD}x{KH}x{KW} halo is over 48 KB")
-    y = _output(y, Do, Ho, Wo, five)
-    grid = (ceil_div(Wo, TX), ceil_div(Ho, TY), ceil_div(Do, TZ))
-    if grid[1] > GRID_YZ or grid[2] > GRID_YZ:
-        raise ValueError(f"grid {grid} over the limits")
-    mod = module(TILED_FILE, {"TX": TX, "TY": TY, "TZ": TZ, "KZ": KD, "KY": KH, "KX": KW})
-    set_mask(mod, w)
-    mod.kernel("conv3d_tiled")(_flat(x), _flat(y), D, H, W, grid=grid, block=(TX, TY, TZ))
+def conv3d_tiled(x, w, y=None, *, stride: int = 1, padding: int = 0, TX: int | None = None,
+                 TY: int | None = None, TZ: int | None = None):
+    """TX×TY×TZ outputs per block (default 32×4×4), the input box in shared memory."""
+    def build():
+        D, H, W, KD, KH, KW, Do, Ho, Wo, five = conv3d_shapes(x, w, stride, padding)
+        if KD * KH * KW > CONSTANT_FLOATS:
+            raise ValueError(f"the mask has {KD * KH * KW:,} values, over the {CONSTANT_FLOATS:,} of constant memory")
+        if tx * ty * tz > 1024:
+            raise ValueError(f"a {tx}x{ty}x{tz} block has over 1024 threads")
+        if tiled_shared(tx, ty, tz, KD, KH, KW) > SHARED_DEFAULT_MAX:
+            raise ValueError(f"the input box of a {tx}x{ty}x{tz} tile with a {KD}x{KH}x{KW} halo is over 48 KB")
+        grid = (ceil_div(Wo, tx), ceil_div(Ho, ty), ceil_div(Do, tz))
+        return _out_shape(Do, Ho, Wo, five), Launch(
+            TILED_FILE, "conv3d_tiled", {"TX": tx, "TY": ty, "TZ": tz, "KZ": KD, "KY": KH, "KX": KW}, (D, H, W),
+            grid=grid, block=(tx, ty, tz))
+
+    tx, ty, tz = int(TX or 32), int(TY or 4), int(TZ or 4)
+    _contiguous(x=x, w=w)
+    shape, launch = remember(_plans, ("tiled", x.shape, w.shape, stride, padding, tx, ty, tz), build)
+    y = output(y, shape, x)
+    set_mask(launch.module(), w)
+    launch(_flat(x), _flat(y))
     return y
 
 
@@ -136,7 +155,7 @@ def check_coarse_tunables(TX: int, TY: int, BY: int, ZC: int, KD: int, KH: int, 
     if 32 * BY > 1024:
         raise ValueError(f"BY={BY} warps: over 1024 threads per block")
     smem = coarse_shared(TX, TY, BY, KH, KW)
-    if smem > MAX_SHARED:
+    if smem > SHARED_DEFAULT_MAX:
         raise ValueError(f"two plane tiles of {BY * TY + KH - 1} rows need {smem:,} bytes of shared memory, over 48 KB")
     taps = KD * KH * KW
     if not MASK_REGS and taps > CONSTANT_FLOATS:
@@ -146,53 +165,59 @@ def check_coarse_tunables(TX: int, TY: int, BY: int, ZC: int, KD: int, KH: int, 
                          "registers: over 200, use MASK_REGS=0 or fewer outputs per thread")
 
 
-def conv3d_coarse(x, w, y=None, *, TX: int | None = None, TY: int | None = None, BY: int | None = None,
-                  ZC: int | None = None, MASK_REGS: int | None = None):
-    D, H, W, KD, KH, KW, Do, Ho, Wo, five = conv3d_shapes(x, w)
-    cfg = coarse_config(D, H, W, KD, KH, KW)
-    TX, TY, BY = int(TX or cfg["TX"]), int(TY or cfg["TY"]), int(BY or cfg["BY"])
-    ZC = int(ZC or cfg["ZC"])
-    MASK_REGS = int(cfg["MASK_REGS"] if MASK_REGS is None else MASK_REGS)
-    check_coarse_tunables(TX, TY, BY, ZC, KD, KH, KW, MASK_REGS)
-    y = _output(y, Do, Ho, Wo, five)
-    grid = (ceil_div(Wo, 32 * TX), ceil_div(Ho, BY * TY), ceil_div(Do, ZC))
-    if grid[1] > GRID_YZ or grid[2] > GRID_YZ:
-        raise ValueError(f"grid {grid} over the limits")
-    defines = {"TX": TX, "TY": TY, "BY": BY, "ZC": ZC, "MASK_REGS": MASK_REGS, "KZ": KD, "KY": KH, "KX": KW,
-               "VEC_LOAD": int(W % 4 == 0 and _aligned16(x)), "VEC_STORE": int(Wo % 4 == 0 and _aligned16(y))}
-    mod = module(COARSE_FILE, defines)
-    if not MASK_REGS:
-        set_mask(mod, w)
-    mod.kernel("conv3d_coarse")(_flat(x), _flat(w), _flat(y), D, H, W, grid=grid, block=(32, BY, 1))
+def conv3d_coarse(x, w, y=None, *, stride: int = 1, padding: int = 0, TX: int | None = None,
+                  TY: int | None = None, BY: int | None = None, ZC: int | None = None, MASK_REGS: int | None = None):
+    """Tunables left out come from coarse_config."""
+    def build():
+        D, H, W, KD, KH, KW, Do, Ho, Wo, five = conv3d_shapes(x, w, stride, padding)
+        cfg = coarse_config(D, H, W, KD, KH, KW)
+        tx, ty, by = int(TX or cfg["TX"]), int(TY or cfg["TY"]), int(BY or cfg["BY"])
+        zc = int(ZC or cfg["ZC"])
+        regs = int(cfg["MASK_REGS"] if MASK_REGS is None else MASK_REGS)
+        check_coarse_tunables(tx, ty, by, zc, KD, KH, KW, regs)
+        grid = (ceil_div(Wo, 32 * tx), ceil_div(Ho, by * ty), ceil_div(Do, zc))
+        defines = {"TX": tx, "TY": ty, "BY": by, "ZC": zc, "MASK_REGS": regs, "KZ": KD, "KY": KH, "KX": KW,
+                   "VEC_LOAD": int(W % 4 == 0 and x_aligned), "VEC_STORE": int(Wo % 4 == 0 and y_aligned)}
+        return _out_shape(Do, Ho, Wo, five), regs, Launch(COARSE_FILE, "conv3d_coarse", defines, (D, H, W),
+                                                          grid=grid, block=(32, by, 1))
+
+    _contiguous(x=x, w=w)
+    x_aligned = _aligned16(x)
+    y_aligned = y is None or _aligned16(y)      # a new output starts at the start of an allocation
+    shape, regs, launch = remember(_plans, ("coarse", x.shape, w.shape, stride, padding, TX, TY, BY, ZC, MASK_REGS,
+                                            x_aligned, y_aligned), build)
+    y = output(y, shape, x)
+    if not regs:
+        set_mask(launch.module(), w)
+    launch(_flat(x), _flat(w), _flat(y))
     return y
 
 
-# ---- the dispatcher -----------------------------------------------------------------------------------
+# ---- the implementations and the dispatcher -------------------------------------------------------------
 
-def _shape_of(workload):
-    """(D, H, W, K) from a convlab.workloads.Workload (3D), a name, or a dict."""
-    if isinstance(workload, str):
-        from convlab import workloads
-        workload = workloads.get(workload)
-    get = (lambda k: workload[k]) if isinstance(workload, dict) else (lambda k: getattr(workload, k))
-    return int(get("D")), int(get("H")), int(get("W")), int(get("K"))
+def _config(shape: Workload) -> dict:
+    return coarse_config(shape.D, shape.H, shape.W, shape.K, shape.K, shape.K)
 
 
-def pick(workload) -> tuple:
-    """(name, launcher, tunables) for a single-channel 3D layer: always the coarsened kernel, with
-    coarse_config's tunables (the other two are the steps towards it)."""
-    D, H, W, K = _shape_of(workload)
-    return "coarsened along z (rolling window)", conv3d_coarse, coarse_config(D, H, W, K, K, K)
+def _valid(shape: Workload) -> bool:
+    return shape.dims == 3 and shape.B == shape.C == shape.M == 1 and shape.stride == 1 and shape.padding == 0
 
 
-def conv3d_best(x, w, y=None):
-    D, H, W, KD, KH, KW, *_ = conv3d_shapes(x, w)
-    return conv3d_coarse(x, w, y, **coarse_config(D, H, W, KD, KH, KW))
+NAIVE = Impl("naive (one thread per output)", conv3d_naive, op="conv3d", applies=_valid,
+             config=lambda s: {"BX": 32, "BY": 4, "BZ": 2})
+TILED = Impl("shared tile with halo, const mask", conv3d_tiled, op="conv3d",
+             applies=lambda s: _valid(s) and s.K ** 3 <= CONSTANT_FLOATS, config=lambda s: {"TX": 32, "TY": 4, "TZ": 4})
+COARSE = Impl("coarsened along z (rolling window)", conv3d_coarse, op="conv3d", applies=_valid, config=_config)
+#: The chapter's implementations, by the name the figures use.
+IMPLEMENTATIONS = (NAIVE, TILED, COARSE)
 
 
-#: The chapter's implementations by the name the figures use.
-IMPLEMENTATIONS = {
-    "naive (one thread per output)": conv3d_naive,
-    "shared tile with halo, const mask": conv3d_tiled,
-    "coarsened along z (rolling window)": conv3d_coarse,
-}
+def pick(shape: Workload) -> Impl:
+    """The kernel a single-channel 3D layer gets: always the coarsened kernel, with coarse_config's
+    tunables (the other two are the steps towards it)."""
+    return COARSE
+
+
+def conv3d_best(x, w, y=None, *, stride: int = 1, padding: int = 0):
+    """pick()'s kernel, launched: conv3d_coarse, whose tunables default to coarse_config's."""
+    return conv3d_coarse(x, w, y, stride=stride, padding=padding)

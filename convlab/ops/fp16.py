@@ -15,7 +15,9 @@ their own, so their cost is counted where it is paid:
   memory, channels innermost, read as the A matrix with a leading dimension of 8 halves. Stride 1.
   For lenet_c3.
 - conv2d_fp16: float32 in, float32 out: to_half, a convolution above, to_float (the whole cost).
-- pick(workload) / conv2d_fp16_best: which kernel and tunables a layer gets.
+- pick(shape) / conv2d_fp16_best: which kernel and tunables a layer gets (tensor cores); HALF2 is
+  the chapter's best without them.
+- accumulation(impl): 'half' or 'float', the sums a kernel keeps (for fp16_tolerance).
 - fp16_tolerance / check_fp16: the error bound the tests use, from the precision and C·K².
 """
 from __future__ import annotations
@@ -24,8 +26,10 @@ import math
 
 import torch
 
-from . import ceil_div, check_output, conv2d_shapes
-from ._kernels import module, padding
+from .._limits import SHARED_DEFAULT_MAX
+from ..workloads import Workload
+from . import Impl, ceil_div, conv2d_shapes, new_output, output
+from ._kernels import Launch, remember
 
 CONVERT_FILE = "kernels/06_fp16/convert_fp16.cu"
 HALF_FILE = "kernels/06_fp16/conv2d_half.cu"
@@ -35,8 +39,10 @@ SMALLC_FILE = "kernels/06_fp16/conv2d_wmma_smallc.cu"
 
 U16 = 2.0 ** -11          # unit roundoff of fp16 (11 significant bits, round to nearest)
 U32 = 2.0 ** -24          # ... of fp32
-MAX_SHARED = 48 * 1024    # bytes of shared memory a block may use without opting in
+MAX_SHARED = SHARED_DEFAULT_MAX
 CONVERT_BLOCK = 256
+
+_plans: dict = {}
 
 
 # ---- tensors -------------------------------------------------------------------------------------
@@ -47,25 +53,19 @@ def _need_half(**tensors):
             raise TypeError(f"{name} must be float16 (convert it with fp16.to_half({name})), got {t.dtype}")
 
 
-def _half_out(y, shape):
-    import convlab as cl
-
-    if y is None:
-        return cl.empty(*shape, dtype=torch.float16)
-    if y.dtype != torch.float16:
-        raise TypeError(f"y must be float16, got {y.dtype}")
-    check_output(y, shape)
-    if not _aligned16(y):
-        raise ValueError("y must start 16-byte aligned (the kernels store half2 pairs): pass a fresh tensor")
-    return y
+def _half_out(y, shape, like):
+    if y is not None:
+        if y.dtype != torch.float16:
+            raise TypeError(f"y must be float16, got {y.dtype}")
+        if not _aligned16(y):
+            raise ValueError("y must start 16-byte aligned (the kernels store half2 pairs): pass a fresh tensor")
+    return output(y, shape, like, torch.float16)
 
 
-def _scratch(*shape, dtype=torch.float16):
-    """An internal buffer that a kernel overwrites completely: torch.empty on the backend's device,
-    not cl.empty (whose NaN fill is one more kernel, inside every timing)."""
-    import convlab as cl
-
-    return torch.empty(*shape, dtype=dtype, device=cl.device().torch_device)
+def _scratch(shape, like, dtype=torch.float16):
+    """An internal buffer that a kernel overwrites completely: torch.empty on like's device (a NaN
+    fill would be one more kernel, inside every timing)."""
+    return torch.empty(shape, dtype=dtype, device=like.device)
 
 
 def _aligned16(t) -> bool:
@@ -80,19 +80,18 @@ def _convert(name, src, dst):
         raise ValueError(f"{n:,} values: too many for int indices")
     if not (src.is_contiguous() and dst.is_contiguous() and _aligned16(src) and _aligned16(dst)):
         raise ValueError("to_half/to_float need contiguous, 16-byte aligned tensors (use .contiguous() or .clone())")
-    threads = n // 4 + n % 4
-    module(CONVERT_FILE, {"BLOCK": CONVERT_BLOCK}).kernel(name)(
-        src, dst, n, grid=(ceil_div(threads, CONVERT_BLOCK), 1, 1), block=(CONVERT_BLOCK, 1, 1))
+    launch = remember(_plans, (name, n), lambda: Launch(
+        CONVERT_FILE, name, {"BLOCK": CONVERT_BLOCK}, (n,), grid=(ceil_div(n // 4 + n % 4, CONVERT_BLOCK),),
+        block=(CONVERT_BLOCK,)))
+    launch(src, dst)
     return dst
 
 
 def to_half(x, out=None):
     """float32 -> float16 on the device, round to nearest even (bit for bit x.half())."""
-    import convlab as cl
-
     if x.dtype != torch.float32:
         raise TypeError(f"to_half takes float32, got {x.dtype}")
-    out = cl.empty(*x.shape, dtype=torch.float16) if out is None else out
+    out = new_output(x.shape, x, torch.float16) if out is None else out
     if out.dtype != torch.float16 or out.shape != x.shape:
         raise ValueError(f"out must be float16 of shape {tuple(x.shape)}")
     return _convert("float_to_half", x, out)
@@ -100,10 +99,8 @@ def to_half(x, out=None):
 
 def to_float(xh, out=None):
     """float16 -> float32 on the device (exact)."""
-    import convlab as cl
-
     _need_half(xh=xh)
-    out = cl.empty(*xh.shape) if out is None else out
+    out = new_output(xh.shape, xh, torch.float32) if out is None else out
     if out.dtype != torch.float32 or out.shape != xh.shape:
         raise ValueError(f"out must be float32 of shape {tuple(xh.shape)}")
     return _convert("half_to_float", xh, out)
@@ -113,10 +110,11 @@ def mask_to_tap_major(wh, out=None):
     """The half mask (M, C, K, K) reordered to (M, K, K, C): conv2d_wmma's reduction order."""
     _need_half(w=wh)
     M, C, K, _ = (int(s) for s in wh.shape)
-    out = _scratch(M, K, K, C) if out is None else out
-    n = M * C * K * K
-    module(CONVERT_FILE, {"BLOCK": CONVERT_BLOCK}).kernel("mask_to_tap_major")(
-        wh, out, M, C, K * K, grid=(ceil_div(n, CONVERT_BLOCK), 1, 1), block=(CONVERT_BLOCK, 1, 1))
+    out = _scratch((M, K, K, C), wh) if out is None else out
+    launch = remember(_plans, ("tap_major", wh.shape), lambda: Launch(
+        CONVERT_FILE, "mask_to_tap_major", {"BLOCK": CONVERT_BLOCK}, (M, C, K * K),
+        grid=(ceil_div(M * C * K * K, CONVERT_BLOCK),), block=(CONVERT_BLOCK,)))
+    launch(wh, out)
     return out
 
 
@@ -148,39 +146,38 @@ def direct_fits(M: int, C: int, K: int, MT: int | None = None) -> bool:
     return C * K * K * MT * 2 <= MAX_SHARED
 
 
-def _direct(path, kname, xh, wh, y, stride, pad, MT, ROWS, BLOCK):
+def _direct(path, kname, xh, wh, y, stride, padding, MT, ROWS, BLOCK):
+    def build():
+        B, C, M, H, W, K, Ho, Wo = conv2d_shapes(xh, wh, stride, padding)
+        cfg = direct_config(M, C, K, Ho)
+        mt, rows, block = int(MT or cfg["MT"]), int(ROWS or cfg["ROWS"]), int(BLOCK or cfg["BLOCK"])
+        if mt % 2:
+            raise ValueError(f"MT={mt}: must be even (maps go in pairs)")
+        if not direct_fits(M, C, K, mt):
+            raise ValueError(f"the mask slice C·K²·MT = {C * K * K * mt:,} halves does not fit in 48 KB of shared memory")
+        threads = B * ceil_div(Ho, rows) * Wo
+        return (B, M, Ho, Wo), Launch(path, kname, {"M_OUT": M, "C_IN": C, "KSIZE": K, "STRIDE": stride, "MT": mt,
+                                                    "ROWS": rows, "BLOCK": block},
+                                      (B, H, W, padding), grid=(ceil_div(threads, block), ceil_div(M, mt), 1),
+                                      block=(block, 1, 1))
+
     _need_half(x=xh, w=wh)
-    B, C, M, H, W, K, Ho, Wo = conv2d_shapes(xh, wh, stride, pad)
-    cfg = direct_config(M, C, K, Ho)
-    MT, rows, BLOCK = int(MT or cfg["MT"]), int(ROWS or cfg["ROWS"]), int(BLOCK or cfg["BLOCK"])
-    if MT % 2:
-        raise ValueError(f"MT={MT}: must be even (maps go in pairs)")
-    if not direct_fits(M, C, K, MT):
-        raise ValueError(f"the mask slice C·K²·MT = {C * K * K * MT:,} halves does not fit in 48 KB of shared memory")
-    y = _half_out(y, (B, M, Ho, Wo))
-    mod = module(path, {"M_OUT": M, "C_IN": C, "KSIZE": K, "STRIDE": stride, "MT": MT, "ROWS": rows, "BLOCK": BLOCK})
-    threads = B * ceil_div(Ho, rows) * Wo
-    grid = (ceil_div(threads, BLOCK), ceil_div(M, MT), 1)
-    if grid[1] > 65_535:
-        raise ValueError(f"grid {grid} over the limits")
-    mod.kernel(kname)(xh, wh, y, B, H, W, pad, grid=grid, block=(BLOCK, 1, 1))
+    shape, launch = remember(_plans, (kname, xh.shape, wh.shape, stride, padding, MT, ROWS, BLOCK), build)
+    y = _half_out(y, shape, xh)
+    launch(xh, wh, y)
     return y
 
 
-def conv2d_half(xh, wh, y=None, *, stride: int = 1, pad: int = 0, padding: int | None = None,
-                MT: int | None = None, ROWS: int | None = None, BLOCK: int | None = None):
+def conv2d_half(xh, wh, y=None, *, stride: int = 1, padding: int = 0, MT: int | None = None,
+                ROWS: int | None = None, BLOCK: int | None = None):
     """Step 1: register-tiled direct convolution computing in half (accumulators in half)."""
-    return _direct(HALF_FILE, "conv2d_half", xh, wh, y, stride, _pad(pad, padding), MT, ROWS, BLOCK)
+    return _direct(HALF_FILE, "conv2d_half", xh, wh, y, stride, padding, MT, ROWS, BLOCK)
 
 
-def conv2d_half2(xh, wh, y=None, *, stride: int = 1, pad: int = 0, padding: int | None = None,
-                 MT: int | None = None, ROWS: int | None = None, BLOCK: int | None = None):
+def conv2d_half2(xh, wh, y=None, *, stride: int = 1, padding: int = 0, MT: int | None = None,
+                 ROWS: int | None = None, BLOCK: int | None = None):
     """Step 2: the same with half2: maps in pairs, two results per HFMA2."""
-    return _direct(HALF2_FILE, "conv2d_half2", xh, wh, y, stride, _pad(pad, padding), MT, ROWS, BLOCK)
-
-
-def _pad(pad, padding_alias):
-    return padding(pad, padding_alias)
+    return _direct(HALF2_FILE, "conv2d_half2", xh, wh, y, stride, padding, MT, ROWS, BLOCK)
 
 
 # ---- step 3: WMMA implicit GEMM ---------------------------------------------------------------------
@@ -216,27 +213,28 @@ def check_wmma_tunables(BM: int, BN: int, BK: int, WARPS_M: int, WARPS_N: int) -
         raise ValueError(f"tile BM={BM} BN={BN} BK={BK} needs {smem:,} bytes of shared memory, over 48 KB")
 
 
-def conv2d_wmma(xh, wh, y=None, *, stride: int = 1, pad: int = 0, padding: int | None = None,
-                BM: int | None = None, BN: int | None = None, BK: int | None = None,
-                WARPS_M: int | None = None, WARPS_N: int | None = None):
-    """Step 3: implicit GEMM on tensor cores. Runs mask_to_tap_major first (counted in its time)."""
-    pad_ = _pad(pad, padding)
+def conv2d_wmma(xh, wh, y=None, *, stride: int = 1, padding: int = 0, BM: int | None = None,
+                BN: int | None = None, BK: int | None = None, WARPS_M: int | None = None,
+                WARPS_N: int | None = None):
+    """Step 3: implicit GEMM on tensor cores. Runs mask_to_tap_major first (counted in its time).
+    Tunables left out come from wmma_config(M, C, K)."""
+    def build():
+        B, C, M, H, W, K, Ho, Wo = conv2d_shapes(xh, wh, stride, padding)
+        cfg = wmma_config(M, C, K)
+        t = {k: int(v or cfg[k]) for k, v in (("BM", BM), ("BN", BN), ("BK", BK), ("WARPS_M", WARPS_M),
+                                               ("WARPS_N", WARPS_N))}
+        check_wmma_tunables(**t)
+        N = B * Ho * Wo
+        defines = {**t, "C_IN": C, "M_OUT": M, "IN_H": H, "IN_W": W, "KSIZE": K, "PAD": padding, "STRIDE": stride}
+        return (B, M, Ho, Wo), Launch(WMMA_FILE, "conv2d_wmma", defines, (B,),
+                                      grid=(ceil_div(N, t["BN"]), ceil_div(M, t["BM"]), 1),
+                                      block=(32 * t["WARPS_M"] * t["WARPS_N"], 1, 1))
+
     _need_half(x=xh, w=wh)
-    B, C, M, H, W, K, Ho, Wo = conv2d_shapes(xh, wh, stride, pad_)
-    cfg = wmma_config(M, C, K)
-    BM, BN, BK = int(BM or cfg["BM"]), int(BN or cfg["BN"]), int(BK or cfg["BK"])
-    WARPS_M, WARPS_N = int(WARPS_M or cfg["WARPS_M"]), int(WARPS_N or cfg["WARPS_N"])
-    check_wmma_tunables(BM, BN, BK, WARPS_M, WARPS_N)
-    y = _half_out(y, (B, M, Ho, Wo))
-    N = B * Ho * Wo
-    grid = (ceil_div(N, BN), ceil_div(M, BM), 1)
-    if grid[1] > 65_535:
-        raise ValueError(f"grid {grid} over the limits")
-    wt = mask_to_tap_major(wh)
-    defines = {"BM": BM, "BN": BN, "BK": BK, "WARPS_M": WARPS_M, "WARPS_N": WARPS_N,
-               "C_IN": C, "M_OUT": M, "IN_H": H, "IN_W": W, "KSIZE": K, "PAD": pad_, "STRIDE": stride}
-    module(WMMA_FILE, defines).kernel("conv2d_wmma")(
-        xh, wt, y, B, grid=grid, block=(32 * WARPS_M * WARPS_N, 1, 1))
+    shape, launch = remember(_plans, ("wmma", xh.shape, wh.shape, stride, padding, BM, BN, BK, WARPS_M, WARPS_N),
+                             build)
+    y = _half_out(y, shape, xh)
+    launch(xh, mask_to_tap_major(wh), y)
     return y
 
 
@@ -255,16 +253,16 @@ def smallc_shared(C: int, K: int, RP: int, BAND: int, WARPS: int) -> int:
     return nph * npos * cp * 2 + K * jc * 256 * 2 + WARPS * nph * 16 * 16 * 4
 
 
-def smallc_config(C: int, K: int, H: int, W: int, pad: int = 0, WARPS: int | None = None) -> dict | None:
-    """RP (row pitch: W+2·pad rounded up to 16/CP positions), WARPS (4; 2 when the staging of NPH
-    accumulators per warp would crowd shared memory) and BAND, the output rows of a block: all of
-    Ho when they fit in 48 KB (lenet_c3: the whole 34 rows, 41 KB), else the fewest equal bands that
-    fit. None when even one row does not fit."""
+def smallc_config(C: int, K: int, H: int, W: int, padding: int = 0, WARPS: int | None = None) -> dict | None:
+    """RP (row pitch: W+2·padding rounded up to 16/CP positions), WARPS (4; 2 when the staging of
+    NPH accumulators per warp would crowd shared memory) and BAND, the output rows of a block: all
+    of Ho when they fit in 48 KB (lenet_c3: the whole 34 rows, 41 KB), else the fewest equal bands
+    that fit. None when even one row does not fit."""
     if not 1 <= C <= 8:
         return None
     cp = _cp(C)
-    RP = ceil_div(W + 2 * pad, 16 // cp) * (16 // cp)
-    Ho = H + 2 * pad - K + 1
+    RP = ceil_div(W + 2 * padding, 16 // cp) * (16 // cp)
+    Ho = H + 2 * padding - K + 1
     if Ho < 1:
         return None
     warps_options = [int(WARPS)] if WARPS else ([4, 2, 1] if 8 // cp <= 2 else [2, 1])
@@ -280,87 +278,116 @@ def smallc_config(C: int, K: int, H: int, W: int, pad: int = 0, WARPS: int | Non
     return None
 
 
-def smallc_fits(C: int, K: int, H: int, W: int, pad: int = 0, stride: int = 1) -> bool:
-    return stride == 1 and smallc_config(C, K, H, W, pad) is not None
+def smallc_fits(C: int, K: int, H: int, W: int, padding: int = 0, stride: int = 1) -> bool:
+    return stride == 1 and smallc_config(C, K, H, W, padding) is not None
 
 
-def conv2d_wmma_smallc(xh, wh, y=None, *, stride: int = 1, pad: int = 0, padding: int | None = None,
-                       WARPS: int | None = None, BAND: int | None = None):
+def conv2d_wmma_smallc(xh, wh, y=None, *, stride: int = 1, padding: int = 0, WARPS: int | None = None,
+                       BAND: int | None = None):
     """Step 4: tensor cores straight from an input tile in shared memory (1 <= C <= 8, stride 1).
-    Runs smallc_mask first (the mask as B matrices; counted in its time)."""
-    pad_ = _pad(pad, padding)
+    Runs smallc_mask first (the mask as B matrices; counted in its time). WARPS and BAND left out
+    come from smallc_config."""
+    def build():
+        B, C, M, H, W, K, Ho, Wo = conv2d_shapes(xh, wh, stride, padding)
+        if stride != 1:
+            raise ValueError("conv2d_wmma_smallc computes stride 1 only (use conv2d_wmma)")
+        cfg = smallc_config(C, K, H, W, padding, WARPS)
+        if cfg is None:
+            raise ValueError(f"conv2d_wmma_smallc takes 1 to 8 channels and a row that fits in 48 KB; got C={C}, "
+                             f"K={K}, W={W}, padding={padding} (use conv2d_wmma)")
+        if BAND is not None:
+            cfg["BAND"] = int(BAND)
+            if smallc_shared(C, K, cfg["RP"], cfg["BAND"], cfg["WARPS"]) > MAX_SHARED:
+                raise ValueError(f"BAND={BAND} needs more than 48 KB of shared memory")
+        groups = ceil_div(M, 16)
+        defines = {"C_IN": C, "M_OUT": M, "KSIZE": K, "IN_H": H, "IN_W": W, "PAD": padding, **cfg}
+        # the mask as B matrices, once per call (its cost is in the timing): groups x K x JC x 16 x 16
+        nb = groups * K * ceil_div(K * _cp(C), 16) * 256
+        mask = Launch(SMALLC_FILE, "smallc_mask", defines, grid=(ceil_div(nb, 256),), block=(256,))
+        conv = Launch(SMALLC_FILE, "conv2d_wmma_smallc", defines, (B,), grid=(B * ceil_div(Ho, cfg["BAND"]), groups, 1),
+                      block=(32 * cfg["WARPS"], 1, 1))
+        return (B, M, Ho, Wo), nb, mask, conv
+
     _need_half(x=xh, w=wh)
-    B, C, M, H, W, K, Ho, Wo = conv2d_shapes(xh, wh, stride, pad_)
-    if stride != 1:
-        raise ValueError("conv2d_wmma_smallc computes stride 1 only (use conv2d_wmma)")
-    cfg = smallc_config(C, K, H, W, pad_, WARPS)
-    if cfg is None:
-        raise ValueError(f"conv2d_wmma_smallc takes 1 to 8 channels and a row that fits in 48 KB; got C={C}, "
-                         f"K={K}, W={W}, pad={pad_} (use conv2d_wmma)")
-    if BAND is not None:
-        cfg["BAND"] = int(BAND)
-        if smallc_shared(C, K, cfg["RP"], cfg["BAND"], cfg["WARPS"]) > MAX_SHARED:
-            raise ValueError(f"BAND={BAND} needs more than 48 KB of shared memory")
-    y = _half_out(y, (B, M, Ho, Wo))
-    nbands = ceil_div(Ho, cfg["BAND"])
-    groups = ceil_div(M, 16)
-    grid = (B * nbands, groups, 1)
-    defines = {"C_IN": C, "M_OUT": M, "KSIZE": K, "IN_H": H, "IN_W": W, "PAD": pad_, **cfg}
-    mod = module(SMALLC_FILE, defines)
-    # the mask as B matrices, once per call (its cost is in the timing): groups x K x JC x 16 x 16
-    nb = groups * K * ceil_div(K * _cp(C), 16) * 256
-    wb = _scratch(nb)
-    mod.kernel("smallc_mask")(wh, wb, grid=(ceil_div(nb, 256), 1, 1), block=(256, 1, 1))
-    mod.kernel("conv2d_wmma_smallc")(xh, wb, y, B, grid=grid, block=(32 * cfg["WARPS"], 1, 1))
+    shape, nb, mask, conv = remember(_plans, ("smallc", xh.shape, wh.shape, stride, padding, WARPS, BAND), build)
+    y = _half_out(y, shape, xh)
+    wb = _scratch((nb,), xh)
+    mask(wh, wb)
+    conv(xh, wb, y)
     return y
 
 
-# ---- the dispatcher and the whole float32 -> float32 path ----------------------------------------------
+# ---- the implementations, the dispatcher and the whole float32 -> float32 path ---------------------------
 
-def _shape_of(workload):
-    from .fused import _shape_of as shape_of
-    return shape_of(workload)
+def _smallc_tunables(s: Workload) -> dict:
+    cfg = smallc_config(s.C, s.K, s.H, s.W, s.padding)
+    return {"WARPS": cfg["WARPS"], "BAND": cfg["BAND"]}
 
 
-def pick(workload, tensor_cores: bool = True) -> tuple:
-    """(name, launcher, tunables) for a layer in fp16.
+HALF = Impl("half (direct, register-tiled)", conv2d_half, op="conv2d_fp16",
+            applies=lambda s: direct_fits(s.M, s.C, s.K), config=lambda s: direct_config(s.M, s.C, s.K, s.Ho))
+HALF2 = Impl("half2 (direct, register-tiled)", conv2d_half2, op="conv2d_fp16",
+             applies=lambda s: direct_fits(s.M, s.C, s.K), config=lambda s: direct_config(s.M, s.C, s.K, s.Ho))
+WMMA = Impl("WMMA implicit GEMM", conv2d_wmma, op="conv2d_fp16", config=lambda s: wmma_config(s.M, s.C, s.K))
+WMMA_SMALLC = Impl("WMMA, few channels (no im2col)", conv2d_wmma_smallc, op="conv2d_fp16",
+                   applies=lambda s: smallc_fits(s.C, s.K, s.H, s.W, s.padding, s.stride), config=_smallc_tunables)
 
-    - tensor_cores=False: conv2d_half2 with direct_config (the chapter's best without tensor cores).
+
+def pick(shape: Workload) -> Impl:
+    """The tensor-core kernel a layer gets in fp16 (HALF2, with direct_config, is the chapter's best
+    without tensor cores).
+
     - 1–8 input channels, stride 1 and a row that fits (lenet_c1, lenet_c3, fa17):
       conv2d_wmma_smallc. There the GEMM's K dimension is short (C·K² ≤ 392) and an implicit GEMM
       spends its time gathering U one half at a time; the smallc kernel reads the fragments straight
       from the input tile.
     - Otherwise (resnet, days100): conv2d_wmma with wmma_config.
     """
-    B, C, M, H, W, K, stride, pad = _shape_of(workload)
-    if not tensor_cores:
-        return "half2 direct", conv2d_half2, direct_config(M, C, K, (H + 2 * pad - K) // stride + 1)
-    if smallc_fits(C, K, H, W, pad, stride):
-        return "WMMA, few channels (no im2col)", conv2d_wmma_smallc, {}
-    return "WMMA implicit GEMM", conv2d_wmma, wmma_config(M, C, K)
+    if isinstance(shape, str):
+        from .. import workloads
+        shape = workloads.get(shape)
+    return WMMA_SMALLC if WMMA_SMALLC.applies(shape) else WMMA
 
 
-def conv2d_fp16_best(xh, wh, y=None, *, stride: int = 1, pad: int = 0, padding: int | None = None,
-                     tensor_cores: bool = True):
-    pad_ = _pad(pad, padding)
-    B, C, H, W = (int(s) for s in xh.shape)
-    M, K = int(wh.shape[0]), int(wh.shape[2])
-    _, fn, tunables = pick({"B": B, "C": C, "M": M, "H": H, "W": W, "K": K, "stride": stride, "pad": pad_},
-                           tensor_cores=tensor_cores)
-    return fn(xh, wh, y, stride=stride, pad=pad_, **tunables)
+_best: dict = {}
 
 
-def conv2d_fp16(x, w, y=None, *, stride: int = 1, pad: int = 0, padding: int | None = None, impl=None, **tunables):
+def conv2d_fp16_best(xh, wh, y=None, *, stride: int = 1, padding: int = 0):
+    """pick()'s kernel for this shape, launched with its tunables (half in, half out)."""
+    key = (xh.shape, wh.shape, stride, padding)
+    hit = _best.get(key)
+    if hit is None:
+        shape = Workload.of(xh, wh, stride=stride, padding=padding)
+        impl = pick(shape)
+        hit = _best[key] = (impl.launcher, impl.config(shape))
+    launcher, tunables = hit
+    return launcher(xh, wh, y, stride=stride, padding=padding, **tunables)
+
+
+def conv2d_fp16(x, w, y=None, *, stride: int = 1, padding: int = 0, impl=None, **tunables):
     """float32 x, w -> float32 y through half: to_half(x), to_half(w), the convolution `impl` (a
-    launcher of this module; default the pick), to_float(y). What a float32 network pays to run a
-    layer in fp16, conversions included."""
-    pad_ = _pad(pad, padding)
+    launcher or Impl of this module; default the pick), to_float(y). What a float32 network pays to
+    run a layer in fp16, conversions included."""
     B, C, H, W = (int(s) for s in x.shape)
     M, K = int(w.shape[0]), int(w.shape[2])
-    xh, wh = to_half(x, _scratch(*x.shape)), to_half(w, _scratch(*w.shape))
-    yh = _scratch(B, M, (H + 2 * pad_ - K) // stride + 1, (W + 2 * pad_ - K) // stride + 1)
-    yh = (impl or conv2d_fp16_best)(xh, wh, yh, stride=stride, pad=pad_, **tunables)
+    xh, wh = to_half(x, _scratch(x.shape, x)), to_half(w, _scratch(w.shape, w))
+    yh = _scratch((B, M, (H + 2 * padding - K) // stride + 1, (W + 2 * padding - K) // stride + 1), x)
+    yh = (impl or conv2d_fp16_best)(xh, wh, yh, stride=stride, padding=padding, **tunables)
     return to_float(yh, y)
+
+
+FP16_PATH = Impl("ours, float32 in and out: to_half + pick() + to_float", conv2d_fp16,
+                 applies=lambda s: s.dims == 2)
+#: The chapter's implementations, by the name the figures use: the four kernels (half in and out),
+#: then the whole float32 path through the pick.
+IMPLEMENTATIONS = (HALF, HALF2, WMMA, WMMA_SMALLC, FP16_PATH)
+
+
+def accumulation(impl) -> str:
+    """'half' for the kernels that add in half (conv2d_half, conv2d_half2), else 'float' (tensor
+    cores add in float): what fp16_tolerance needs to know of an Impl or launcher."""
+    launcher = getattr(impl, "launcher", impl)
+    return "half" if launcher in (conv2d_half, conv2d_half2) else "float"
 
 
 # ---- accuracy ------------------------------------------------------------------------------------------
@@ -410,12 +437,3 @@ def check_fp16(y, ref, C: int, K: int, accumulate: str = "half", rounded_inputs:
     r = ref if isinstance(ref, torch.Tensor) else torch.as_tensor(ref)
     rms = float(r.double().pow(2).mean().sqrt()) if r.numel() else 1.0
     return cl.check(y, ref, rtol=rtol, atol=atol_rms * max(rms, 1e-30), name=name, **kw)
-
-
-#: The chapter's convolutions by the name the figures use: (launcher, accumulation).
-IMPLEMENTATIONS = {
-    "half (direct, register-tiled)": (conv2d_half, "half"),
-    "half2 (direct, register-tiled)": (conv2d_half2, "half"),
-    "WMMA implicit GEMM": (conv2d_wmma, "float"),
-    "WMMA, few channels (no im2col)": (conv2d_wmma_smallc, "float"),
-}

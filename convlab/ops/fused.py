@@ -11,12 +11,16 @@
 - conv2d_direct_regtile: the direct convolution again, with the mask in shared memory (read as
   16-byte broadcasts) and a register micro-tile of MT maps × ROWS rows per thread; the kernel
   pick() uses for the small-channel layers. Grid (⌈B·⌈Ho/ROWS⌉·Wo/BLOCK⌉, ⌈M/MT⌉).
-- pick(workload) / conv2d_best: which of these (and which tunables) a layer shape gets.
+- gemm_config(M): the register-tiled GEMM's block tile for M output maps, the one rule chapter 5's
+  pick, chapter 8's dX and the benchmarks use.
+- pick(shape) / conv2d_best: which of these (and which tunables) a layer shape gets.
 """
 from __future__ import annotations
 
-from . import GRID_X_LIMIT, ceil_div, conv2d_shapes
-from ._kernels import batch_chunks, module, output, padding, set_mask
+from .._limits import SHARED_DEFAULT_MAX
+from ..workloads import Workload
+from . import Impl, ceil_div, conv2d_shapes, output
+from ._kernels import Launch, batch_chunks, remember, set_mask
 
 IMPLICIT_GEMM_FILE = "kernels/05_fused/conv2d_implicit_gemm.cu"
 IMPLICIT_GEMM_REG_FILE = "kernels/05_fused/conv2d_implicit_gemm_reg.cu"
@@ -25,25 +29,33 @@ DIRECT_REGTILE_FILE = "kernels/05_fused/conv2d_direct_regtile.cu"
 
 CONSTANT_FLOATS = 16384     # 64 KB of __constant__ memory
 
-
-def _pad(pad, padding_alias):
-    return padding(pad, padding_alias)
+_plans: dict = {}
 
 
 # ---- step 1: implicit GEMM, one output per thread -------------------------------------------------
 
-def conv2d_implicit_gemm(x, w, y=None, *, stride: int = 1, pad: int = 0, padding: int | None = None,
-                         TILE: int = 16, KSIZE: int = 0):
-    pad_ = _pad(pad, padding)
-    B, C, M, H, W, K, Ho, Wo = conv2d_shapes(x, w, stride, pad_)
-    if KSIZE not in (0, K):
-        raise ValueError(f"KSIZE={KSIZE} but the mask is {K}×{K}: pass KSIZE={K} (compile-time K) or 0 (run time)")
-    y = output(y, (B, M, Ho, Wo))
-    kern = module(IMPLICIT_GEMM_FILE, {"TILE": TILE, "KSIZE": KSIZE}).kernel("conv2d_implicit_gemm")
-    grid_xy = (ceil_div(Ho * Wo, TILE), ceil_div(M, TILE))
-    for b0, b1 in batch_chunks(B):                  # the batch is on gridDim.z
-        xs, ys = (x, y) if (b0, b1) == (0, B) else (x[b0:b1], y[b0:b1])
-        kern(xs, w, ys, b1 - b0, C, M, H, W, K, pad_, stride, grid=(*grid_xy, b1 - b0), block=(TILE, TILE, 1))
+def conv2d_implicit_gemm(x, w, y=None, *, stride: int = 1, padding: int = 0, TILE: int | None = None,
+                         KSIZE: int | None = None):
+    """TILE×TILE outputs per block (default 16); KSIZE=K compiles K in, KSIZE=0 (default) reads it at run time."""
+    def build():
+        B, C, M, H, W, K, Ho, Wo = conv2d_shapes(x, w, stride, padding)
+        if KSIZE_ not in (0, K):
+            raise ValueError(f"KSIZE={KSIZE_} but the mask is {K}×{K}: pass KSIZE={K} (compile-time K) or 0 (run time)")
+        grid_xy = (ceil_div(Ho * Wo, TILE_), ceil_div(M, TILE_))
+        launches = [(b0, b1, Launch(IMPLICIT_GEMM_FILE, "conv2d_implicit_gemm", {"TILE": TILE_, "KSIZE": KSIZE_},
+                                    (b1 - b0, C, M, H, W, K, padding, stride), grid=(*grid_xy, b1 - b0),
+                                    block=(TILE_, TILE_, 1)))
+                    for b0, b1 in batch_chunks(B)]        # the batch is on gridDim.z
+        return (B, M, Ho, Wo), launches
+
+    TILE_, KSIZE_ = int(TILE or 16), int(KSIZE or 0)
+    shape, launches = remember(_plans, ("igemm", x.shape, w.shape, stride, padding, TILE_, KSIZE_), build)
+    y = output(y, shape, x)
+    if len(launches) == 1:
+        launches[0][2](x, w, y)
+    else:
+        for b0, b1, launch in launches:
+            launch(x[b0:b1], w, y[b0:b1])
     return y
 
 
@@ -51,6 +63,20 @@ def conv2d_implicit_gemm(x, w, y=None, *, stride: int = 1, pad: int = 0, padding
 
 def reg_threads(BM: int = 64, BN: int = 128, TM: int = 8, TN: int = 8) -> int:
     return (BM // TM) * (BN // TN)
+
+
+def gemm_config(M: int) -> dict:
+    """The block tile of conv2d_implicit_gemm_reg for M output maps, from what bounds it (checked on
+    an H200, 2026-11-22): 8x8 outputs per thread, BK=16 (half the barriers of BK=8; 1-3% faster on
+    resnet and days100), the block tile as tall as the maps allow: BM=128 for M >= 128 (days100
+    0.154 ms; BM=64 wastes nothing there but re-reads the input twice), BM=64 below (resnet
+    0.48 ms), and BM=32 with 4x8 per thread for M <= 32, where a 64-map tile would be half empty
+    (chapter 8's dX of days100: 32 maps out)."""
+    if M <= 32:
+        return {"BM": 32, "BN": 128, "BK": 16, "TM": 4, "TN": 8}
+    if M < 128:
+        return {"BM": 64, "BN": 128, "BK": 16, "TM": 8, "TN": 8}
+    return {"BM": 128, "BN": 128, "BK": 16, "TM": 8, "TN": 8}
 
 
 def check_reg_tunables(BM: int, BN: int, BK: int, TM: int, TN: int) -> None:
@@ -64,23 +90,27 @@ def check_reg_tunables(BM: int, BN: int, BK: int, TM: int, TN: int) -> None:
                          "evenly: TM, TN multiples of 4 dividing BM, BN; BM·BK and the BN×BK tile divisible "
                          "over the threads; at most 1024 threads")
     smem = 4 * 2 * BK * ((BM + 4) + BN)
-    if smem > 48 * 1024:
+    if smem > SHARED_DEFAULT_MAX:
         raise ValueError(f"tile BM={BM} BN={BN} BK={BK} needs {smem:,} bytes of shared memory, over 48 KB")
 
 
-def conv2d_implicit_gemm_reg(x, w, y=None, *, stride: int = 1, pad: int = 0, padding: int | None = None,
-                             BM: int = 64, BN: int = 128, BK: int = 8, TM: int = 8, TN: int = 8):
-    pad_ = _pad(pad, padding)
-    B, C, M, H, W, K, Ho, Wo = conv2d_shapes(x, w, stride, pad_)
-    check_reg_tunables(BM, BN, BK, TM, TN)
-    y = output(y, (B, M, Ho, Wo))
-    N = B * Ho * Wo
-    grid = (ceil_div(N, BN), ceil_div(M, BM), 1)
-    if grid[0] > GRID_X_LIMIT or grid[1] > 65_535:
-        raise ValueError(f"grid {grid} over the limits")
-    defines = {"BM": BM, "BN": BN, "BK": BK, "TM": TM, "TN": TN, "KSIZE": K}
-    kern = module(IMPLICIT_GEMM_REG_FILE, defines).kernel("conv2d_implicit_gemm_reg")
-    kern(x, w, y, B, C, M, H, W, pad_, stride, grid=grid, block=(reg_threads(BM, BN, TM, TN), 1, 1))
+def conv2d_implicit_gemm_reg(x, w, y=None, *, stride: int = 1, padding: int = 0, BM: int | None = None,
+                             BN: int | None = None, BK: int | None = None, TM: int | None = None,
+                             TN: int | None = None):
+    """Tunables left out come from gemm_config(M)."""
+    def build():
+        B, C, M, H, W, K, Ho, Wo = conv2d_shapes(x, w, stride, padding)
+        cfg = gemm_config(M)
+        t = {k: int(v or cfg[k]) for k, v in (("BM", BM), ("BN", BN), ("BK", BK), ("TM", TM), ("TN", TN))}
+        check_reg_tunables(**t)
+        N = B * Ho * Wo
+        return (B, M, Ho, Wo), Launch(IMPLICIT_GEMM_REG_FILE, "conv2d_implicit_gemm_reg", {**t, "KSIZE": K},
+                                      (B, C, M, H, W, padding, stride), grid=(ceil_div(N, t["BN"]), ceil_div(M, t["BM"]), 1),
+                                      block=(reg_threads(t["BM"], t["BN"], t["TM"], t["TN"]), 1, 1))
+
+    shape, launch = remember(_plans, ("reg", x.shape, w.shape, stride, padding, BM, BN, BK, TM, TN), build)
+    y = output(y, shape, x)
+    launch(x, w, y)
     return y
 
 
@@ -102,20 +132,24 @@ def direct_fits(M: int, C: int, K: int) -> bool:
     return M * C * K * K <= min(CONSTANT_FLOATS, 4096) and M <= 64
 
 
-def conv2d_direct_coarse(x, w, y=None, *, stride: int = 1, pad: int = 0, padding: int | None = None,
-                         ROWS: int | None = None, BLOCK: int = 256):
-    pad_ = _pad(pad, padding)
-    B, C, M, H, W, K, Ho, Wo = conv2d_shapes(x, w, stride, pad_)
-    if M * C * K * K > CONSTANT_FLOATS:
-        raise ValueError(f"the mask has {M * C * K * K:,} floats, over the {CONSTANT_FLOATS:,} of constant memory")
-    rows = direct_rows(M, C, K) if ROWS is None else int(ROWS)
-    y = output(y, (B, M, Ho, Wo))
-    mod = module(DIRECT_COARSE_FILE, {"M_OUT": M, "C_IN": C, "KSIZE": K, "STRIDE": stride,
-                                      "ROWS": rows, "BLOCK": BLOCK})
-    set_mask(mod, w)
-    threads = B * ceil_div(Ho, rows) * Wo
-    mod.kernel("conv2d_direct_coarse")(x, y, B, H, W, pad_, grid=(ceil_div(threads, BLOCK), 1, 1),
-                                       block=(BLOCK, 1, 1))
+def conv2d_direct_coarse(x, w, y=None, *, stride: int = 1, padding: int = 0, ROWS: int | None = None,
+                         BLOCK: int | None = None):
+    """ROWS default direct_rows(M, C, K); BLOCK 256."""
+    def build():
+        B, C, M, H, W, K, Ho, Wo = conv2d_shapes(x, w, stride, padding)
+        if M * C * K * K > CONSTANT_FLOATS:
+            raise ValueError(f"the mask has {M * C * K * K:,} floats, over the {CONSTANT_FLOATS:,} of constant memory")
+        rows = int(ROWS or direct_rows(M, C, K))
+        block = int(BLOCK or 256)
+        threads = B * ceil_div(Ho, rows) * Wo
+        return (B, M, Ho, Wo), Launch(DIRECT_COARSE_FILE, "conv2d_direct_coarse",
+                                      {"M_OUT": M, "C_IN": C, "KSIZE": K, "STRIDE": stride, "ROWS": rows, "BLOCK": block},
+                                      (B, H, W, padding), grid=(ceil_div(threads, block), 1, 1), block=(block, 1, 1))
+
+    shape, launch = remember(_plans, ("coarse", x.shape, w.shape, stride, padding, ROWS, BLOCK), build)
+    y = output(y, shape, x)
+    set_mask(launch.module(), w)
+    launch(x, y)
     return y
 
 
@@ -142,47 +176,49 @@ def regtile_config(M: int, C: int, K: int) -> dict:
 def regtile_fits(M: int, C: int, K: int, MT: int | None = None) -> bool:
     """The block's mask slice (C·K²·MT floats) fits in 48 KB of shared memory."""
     MT = MT or regtile_config(M, C, K)["MT"]
-    return C * K * K * MT * 4 <= 48 * 1024
+    return C * K * K * MT * 4 <= SHARED_DEFAULT_MAX
 
 
-def conv2d_direct_regtile(x, w, y=None, *, stride: int = 1, pad: int = 0, padding: int | None = None,
-                          MT: int | None = None, ROWS: int | None = None, BLOCK: int | None = None):
-    pad_ = _pad(pad, padding)
-    B, C, M, H, W, K, Ho, Wo = conv2d_shapes(x, w, stride, pad_)
-    cfg = regtile_config(M, C, K)
-    MT = int(MT or cfg["MT"])
-    rows = int(ROWS or cfg["ROWS"])
-    BLOCK = int(BLOCK or cfg["BLOCK"])
-    if MT % 4:
-        raise ValueError(f"MT={MT}: must be a multiple of 4")
-    if not regtile_fits(M, C, K, MT):
-        raise ValueError(f"the mask slice C·K²·MT = {C * K * K * MT:,} floats does not fit in 48 KB of shared memory")
-    y = output(y, (B, M, Ho, Wo))
-    mod = module(DIRECT_REGTILE_FILE, {"M_OUT": M, "C_IN": C, "KSIZE": K, "STRIDE": stride, "MT": MT,
-                                       "ROWS": rows, "BLOCK": BLOCK})
-    threads = B * ceil_div(Ho, rows) * Wo
-    grid = (ceil_div(threads, BLOCK), ceil_div(M, MT), 1)
-    mod.kernel("conv2d_direct_regtile")(x, w, y, B, H, W, pad_, grid=grid, block=(BLOCK, 1, 1))
+def conv2d_direct_regtile(x, w, y=None, *, stride: int = 1, padding: int = 0, MT: int | None = None,
+                          ROWS: int | None = None, BLOCK: int | None = None):
+    """Tunables left out come from regtile_config(M, C, K)."""
+    def build():
+        B, C, M, H, W, K, Ho, Wo = conv2d_shapes(x, w, stride, padding)
+        cfg = regtile_config(M, C, K)
+        mt, rows, block = int(MT or cfg["MT"]), int(ROWS or cfg["ROWS"]), int(BLOCK or cfg["BLOCK"])
+        if mt % 4:
+            raise ValueError(f"MT={mt}: must be a multiple of 4")
+        if not regtile_fits(M, C, K, mt):
+            raise ValueError(f"the mask slice C·K²·MT = {C * K * K * mt:,} floats does not fit in 48 KB of shared memory")
+        threads = B * ceil_div(Ho, rows) * Wo
+        return (B, M, Ho, Wo), Launch(DIRECT_REGTILE_FILE, "conv2d_direct_regtile",
+                                      {"M_OUT": M, "C_IN": C, "KSIZE": K, "STRIDE": stride, "MT": mt, "ROWS": rows,
+                                       "BLOCK": block},
+                                      (B, H, W, padding), grid=(ceil_div(threads, block), ceil_div(M, mt), 1),
+                                      block=(block, 1, 1))
+
+    shape, launch = remember(_plans, ("regtile", x.shape, w.shape, stride, padding, MT, ROWS, BLOCK), build)
+    y = output(y, shape, x)
+    launch(x, w, y)
     return y
 
 
-# ---- the dispatcher ----------------------------------------------------------------------------------
+# ---- the implementations and the dispatcher ----------------------------------------------------------
 
-def _shape_of(workload):
-    """(B, C, M, H, W, K, stride, pad) from a convlab.workloads.Workload, a name, or a dict."""
-    if isinstance(workload, str):
-        from convlab import workloads
-        workload = workloads.get(workload)
-    get = (lambda k, d=None: workload.get(k, d)) if isinstance(workload, dict) else \
-        (lambda k, d=None: getattr(workload, k, d))
-    pad = get("pad", get("padding", 0))
-    return (int(get("B")), int(get("C")), int(get("M")), int(get("H")), int(get("W")), int(get("K")),
-            int(get("stride", 1)), int(pad))
+IMPLICIT_GEMM = Impl("implicit GEMM", conv2d_implicit_gemm, config=lambda s: {"TILE": 16, "KSIZE": 0})
+IMPLICIT_GEMM_REG = Impl("implicit GEMM, register-tiled", conv2d_implicit_gemm_reg, config=lambda s: gemm_config(s.M))
+DIRECT_COARSE = Impl("direct, coarsened (mask in constant)", conv2d_direct_coarse,
+                     applies=lambda s: direct_fits(s.M, s.C, s.K),
+                     config=lambda s: {"ROWS": direct_rows(s.M, s.C, s.K), "BLOCK": 256})
+DIRECT_REGTILE = Impl("direct, register-tiled (mask in shared)", conv2d_direct_regtile,
+                      applies=lambda s: regtile_fits(s.M, s.C, s.K), config=lambda s: regtile_config(s.M, s.C, s.K))
+#: The chapter's implementations, by the name the figures use.
+IMPLEMENTATIONS = (IMPLICIT_GEMM, IMPLICIT_GEMM_REG, DIRECT_COARSE, DIRECT_REGTILE)
 
 
-def pick(workload) -> tuple:
-    """(name, launcher, tunables) for a layer shape: the course's "several kernels for several layer
-    sizes". Two rules, from what limits each layer, checked on an H200 (2026-11-22):
+def pick(shape: Workload) -> Impl:
+    """The kernel a layer shape gets: the course's "several kernels for several layer sizes". Two
+    rules, from what limits each layer, checked on an H200 (2026-11-22):
 
     - A short reduction (C·K² ≤ 256) and few maps (M ≤ 64), and the block's mask slice fits in
       shared memory: conv2d_direct_regtile. These layers (lenet_c1 C·K² = 49, lenet_c3 196, fa17
@@ -191,34 +227,28 @@ def pick(workload) -> tuple:
       broadcasts; a GEMM pads M to its tile, pads the 25- or 49-long reduction to its BK steps, and
       re-loads every input pixel K² times into its tiles (measured: fa17 0.61 ms direct vs 1.07 ms
       GEMM, lenet_c3 2.1 vs 9.5 ms).
-    - Otherwise (resnet: C·K² = 576, days100: 288, M = 64–128): conv2d_implicit_gemm_reg, compute-
-      bound, 8x8 outputs per thread, BK=16 (half the barriers of BK=8; 1–3% faster on both), the
-      block tile as tall as the maps allow: BM=64, BN=128 for M < 128 (resnet 0.48 ms), BM=128,
-      BN=128 for M ≥ 128 (days100 0.154 ms; BM=64 wastes nothing there but re-reads the input
-      twice).
-    """
-    B, C, M, H, W, K, stride, pad = _shape_of(workload)
-    if C * K * K <= 256 and M <= 64 and regtile_fits(M, C, K):
-        return "direct, register-tiled (mask in shared)", conv2d_direct_regtile, regtile_config(M, C, K)
-    if M >= 128:
-        return "implicit GEMM, register-tiled", conv2d_implicit_gemm_reg, {"BM": 128, "BN": 128, "BK": 16, "TM": 8, "TN": 8}
-    return "implicit GEMM, register-tiled", conv2d_implicit_gemm_reg, {"BM": 64, "BN": 128, "BK": 16, "TM": 8, "TN": 8}
+    - Otherwise (resnet: C·K² = 576, days100: 288, M = 64–128): conv2d_implicit_gemm_reg,
+      compute-bound, with gemm_config's tile.
+
+    best = pick(shape); best(x, w) runs it with best.config(shape)'s tunables."""
+    if isinstance(shape, str):
+        from .. import workloads
+        shape = workloads.get(shape)
+    if shape.C * shape.K * shape.K <= 256 and shape.M <= 64 and DIRECT_REGTILE.applies(shape):
+        return DIRECT_REGTILE
+    return IMPLICIT_GEMM_REG
 
 
-def conv2d_best(x, w, y=None, *, stride: int = 1, pad: int = 0, padding: int | None = None):
-    """The kernel pick() chooses for this shape, launched."""
-    pad_ = _pad(pad, padding)
-    B, C, H, W = (int(s) for s in x.shape)
-    M, K = int(w.shape[0]), int(w.shape[2])
-    _, fn, tunables = pick({"B": B, "C": C, "M": M, "H": H, "W": W, "K": K, "stride": stride, "pad": pad_})
-    return fn(x, w, y, stride=stride, pad=pad_, **tunables)
+_best: dict = {}
 
 
-#: The chapter's implementations by the name the figures use (default tunables; the direct kernel
-#: only for layers where direct_fits()).
-IMPLEMENTATIONS = {
-    "implicit GEMM": conv2d_implicit_gemm,
-    "implicit GEMM, register-tiled": conv2d_implicit_gemm_reg,
-    "direct, coarsened (mask in constant)": conv2d_direct_coarse,
-    "direct, register-tiled (mask in shared)": conv2d_direct_regtile,
-}
+def conv2d_best(x, w, y=None, *, stride: int = 1, padding: int = 0):
+    """The kernel pick() chooses for this shape, launched with its tunables."""
+    key = (x.shape, w.shape, stride, padding)
+    hit = _best.get(key)
+    if hit is None:
+        shape = Workload.of(x, w, stride=stride, padding=padding)
+        impl = pick(shape)
+        hit = _best[key] = (impl.launcher, impl.config(shape))
+    launcher, tunables = hit
+    return launcher(x, w, y, stride=stride, padding=padding, **tunables)

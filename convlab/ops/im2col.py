@@ -5,69 +5,71 @@ The unrolled matrix is per image: U (B, C·K·K, Ho·Wo), so that W (M, C·K·K)
 input (49× for K=7: 12.5 GB for lenet_c1's whole batch), so conv2d_im2col_gemm unrolls a chunk of
 images at a time into a workspace of at most `workspace_mb`, then runs one batched GEMM on it.
 
-- unroll(x, K, stride, pad): U for the whole given batch (chapter 4's demonstrations).
+- unroll(x, K, stride=, padding=): U for the whole given batch (chapter 4's demonstrations).
 - gemm_tiled(A, B): C = A·B, 2D or batched (a 2D A is shared across B's batch).
 - conv2d_im2col_gemm: im2col + our tiled GEMM.
 - conv2d_im2col_matmul: im2col + torch.matmul (cuBLAS on a GPU), to separate the cost of the
   unroll from the cost of our GEMM.
 - unrolled_shape / unrolled_bytes: the size of U, for the K² expansion plot.
+- pick(shape): the chapter's best with our own kernels only, im2col + tiled GEMM.
 """
 from __future__ import annotations
 
-from . import GRID_YZ_LIMIT, ceil_div, conv2d_shapes, out_size
-from ._kernels import module, output, padding
+import torch
+
+from .._limits import GRID_YZ_MAX, INT32_MAX
+from . import Impl, ceil_div, conv2d_shapes, out_size, output
+from . import _kernels
 
 IM2COL_FILE = "kernels/04_im2col/im2col.cu"
 GEMM_FILE = "kernels/04_im2col/gemm_tiled.cu"
-INT32_MAX = 2**31 - 1
 
 
-def unrolled_shape(B: int, C: int, H: int, W: int, K: int, stride: int = 1, pad: int = 0) -> tuple:
+def unrolled_shape(B: int, C: int, H: int, W: int, K: int, stride: int = 1, padding: int = 0) -> tuple:
     """U's shape: (B, C·K·K, Ho·Wo)."""
-    return (B, C * K * K, out_size(H, K, stride, pad) * out_size(W, K, stride, pad))
+    return (B, C * K * K, out_size(H, K, stride, padding) * out_size(W, K, stride, padding))
 
 
-def unrolled_bytes(B: int, C: int, H: int, W: int, K: int, stride: int = 1, pad: int = 0) -> int:
-    b, r, p = unrolled_shape(B, C, H, W, K, stride, pad)
+def unrolled_bytes(B: int, C: int, H: int, W: int, K: int, stride: int = 1, padding: int = 0) -> int:
+    b, r, p = unrolled_shape(B, C, H, W, K, stride, padding)
     return 4 * b * r * p
 
 
-def _im2col_launch(x, u, K, stride, pad, BLOCK):
+def _im2col_launch(x, u, K, stride, padding, BLOCK):
     B, C, H, W = (int(s) for s in x.shape)
-    P = out_size(H, K, stride, pad) * out_size(W, K, stride, pad)
-    if C > GRID_YZ_LIMIT or B > GRID_YZ_LIMIT:
-        raise ValueError(f"im2col puts C on gridDim.y and B on gridDim.z: C={C}, B={B} must be ≤ 65,535")
-    mod = module(IM2COL_FILE, {"BLOCK": BLOCK})
-    mod.kernel("im2col")(x, u, B, C, H, W, K, pad, stride, grid=(ceil_div(P, BLOCK), C, B), block=(BLOCK, 1, 1))
+    P = out_size(H, K, stride, padding) * out_size(W, K, stride, padding)
+    mod = _kernels.module(IM2COL_FILE, {"BLOCK": BLOCK})
+    mod.kernel("im2col")(x, u, B, C, H, W, K, padding, stride, grid=(ceil_div(P, BLOCK), C, B),
+                         block=(BLOCK, 1, 1))
 
 
-def unroll(x, K: int, u=None, *, stride: int = 1, pad: int = 0, padding: int | None = None, BLOCK: int = 256):
+def unroll(x, K: int, u=None, *, stride: int = 1, padding: int = 0, BLOCK: int | None = None):
     """U (B, C·K·K, Ho·Wo) from x (B, C, H, W); u, when given, must have that shape."""
-    pad = _pad(pad, padding)
+    BLOCK = int(BLOCK or 256)
     B, C, H, W = (int(s) for s in x.shape)
-    shape = unrolled_shape(B, C, H, W, K, stride, pad)
+    shape = unrolled_shape(B, C, H, W, K, stride, padding)
     if shape[2] < 1:
-        raise ValueError(f"no output: input {H}×{W}, K={K}, stride {stride}, pad {pad}")
-    u = output(u, shape)
-    _im2col_launch(x, u, K, stride, pad, BLOCK)
+        raise ValueError(f"no output: input {H}×{W}, K={K}, stride {stride}, padding {padding}")
+    u = output(u, shape, x, name="u")
+    _im2col_launch(x, u, K, stride, padding, BLOCK)
     return u
 
 
 def _gemm_launch(A, Bm, Cm, Z, M, N, K, sA, sB, sC, TILE):
     """Batched launch; an operand with stride 0 is one matrix shared by the whole batch."""
-    mod = module(GEMM_FILE, {"TILE": TILE})
-    kern = mod.kernel("gemm_tiled")
-    for z0 in range(0, Z, GRID_YZ_LIMIT):       # the batch is on gridDim.z
-        z1 = min(Z, z0 + GRID_YZ_LIMIT)
+    kern = _kernels.module(GEMM_FILE, {"TILE": TILE}).kernel("gemm_tiled")
+    for z0 in range(0, Z, GRID_YZ_MAX):       # the batch is on gridDim.z
+        z1 = min(Z, z0 + GRID_YZ_MAX)
         a = A if sA == 0 else A[z0:z1]
         b = Bm if sB == 0 else Bm[z0:z1]
         kern(a, b, Cm[z0:z1], M, N, K, sA, sB, sC,
              grid=(ceil_div(N, TILE), ceil_div(M, TILE), z1 - z0), block=(TILE, TILE, 1))
 
 
-def gemm_tiled(A, Bm, Cm=None, *, TILE: int = 16):
+def gemm_tiled(A, Bm, Cm=None, *, TILE: int | None = None):
     """C = A·B with our tiled kernel. A (M, K) or (Z, M, K); B (K, N) or (Z, K, N); float32.
     A 2D operand is shared by the whole batch."""
+    TILE = int(TILE or 16)
     if A.dim() not in (2, 3) or Bm.dim() not in (2, 3):
         raise ValueError(f"A and B must be 2D or batched 3D, got {tuple(A.shape)} and {tuple(Bm.shape)}")
     M, K = (int(s) for s in A.shape[-2:])
@@ -80,7 +82,7 @@ def gemm_tiled(A, Bm, Cm=None, *, TILE: int = 16):
         raise ValueError(f"batch sizes differ: A {tuple(A.shape)}, B {tuple(Bm.shape)}")
     Z = max(za, zb, 1)
     batched = bool(za or zb)
-    Cm = output(Cm, (Z, M, N) if batched else (M, N))
+    Cm = output(Cm, (Z, M, N) if batched else (M, N), A, name="C")
     sA = M * K if za else 0
     sB = K * N if zb else 0
     _gemm_launch(A, Bm, Cm.view(Z, M, N), Z, M, N, K, sA, sB, M * N, TILE)
@@ -89,20 +91,16 @@ def gemm_tiled(A, Bm, Cm=None, *, TILE: int = 16):
 
 def _chunk(B: int, per_image_bytes: int, workspace_mb: float) -> int:
     budget = int(workspace_mb * 2**20)
-    n = max(1, min(B, budget // max(per_image_bytes, 1), GRID_YZ_LIMIT))
+    n = max(1, min(B, budget // max(per_image_bytes, 1), GRID_YZ_MAX))
     if n * per_image_bytes // 4 > INT32_MAX:
         n = max(1, INT32_MAX // (per_image_bytes // 4))
     return n
 
 
-def conv2d_im2col_gemm(x, w, y=None, *, stride: int = 1, pad: int = 0, padding: int | None = None,
-                       TILE: int = 16, BLOCK: int = 256, workspace_mb: float = 512):
-    """im2col into a workspace, chunk by chunk of images, then our batched tiled GEMM into y."""
-    import torch
-
-    pad = _pad(pad, padding)
-    B, C, M, H, W, K, Ho, Wo = conv2d_shapes(x, w, stride, pad)
-    y = output(y, (B, M, Ho, Wo))
+def _im2col_then(x, w, y, stride, padding, BLOCK, workspace_mb, gemm):
+    """im2col into a workspace, chunk by chunk of images, each chunk followed by gemm(wm, ub, yb)."""
+    B, C, M, H, W, K, Ho, Wo = conv2d_shapes(x, w, stride, padding)
+    y = output(y, (B, M, Ho, Wo), x)
     P, KD = Ho * Wo, C * K * K
     nb = _chunk(B, 4 * KD * P, workspace_mb)
     u = torch.empty((nb, KD, P), dtype=torch.float32, device=x.device)   # overwritten before it is read
@@ -110,36 +108,34 @@ def conv2d_im2col_gemm(x, w, y=None, *, stride: int = 1, pad: int = 0, padding: 
     for b0 in range(0, B, nb):
         b1 = min(B, b0 + nb)
         ub = u[: b1 - b0]
-        _im2col_launch(x[b0:b1], ub, K, stride, pad, BLOCK)
-        _gemm_launch(wm, ub, y[b0:b1].view(b1 - b0, M, P), b1 - b0, M, P, KD, 0, KD * P, M * P, TILE)
+        _im2col_launch(x[b0:b1], ub, K, stride, padding, BLOCK)
+        gemm(wm, ub, y[b0:b1].view(b1 - b0, M, P), b1 - b0, M, P, KD)
     return y
 
 
-def conv2d_im2col_matmul(x, w, y=None, *, stride: int = 1, pad: int = 0, padding: int | None = None,
-                         BLOCK: int = 256, workspace_mb: float = 512):
+def conv2d_im2col_gemm(x, w, y=None, *, stride: int = 1, padding: int = 0, TILE: int | None = None,
+                       BLOCK: int | None = None, workspace_mb: float | None = None):
+    """im2col into a workspace (at most workspace_mb, default 512), chunk by chunk of images, then our
+    batched tiled GEMM into y."""
+    TILE = int(TILE or 16)
+    return _im2col_then(x, w, y, stride, padding, int(BLOCK or 256), workspace_mb or 512,
+                        lambda wm, ub, yb, Z, M, P, KD: _gemm_launch(wm, ub, yb, Z, M, P, KD, 0, KD * P, M * P, TILE))
+
+
+def conv2d_im2col_matmul(x, w, y=None, *, stride: int = 1, padding: int = 0, BLOCK: int | None = None,
+                         workspace_mb: float | None = None):
     """im2col (ours) + torch.matmul (cuBLAS on a GPU): the GEMM's share of the time, separated."""
-    import torch
-
-    pad = _pad(pad, padding)
-    B, C, M, H, W, K, Ho, Wo = conv2d_shapes(x, w, stride, pad)
-    y = output(y, (B, M, Ho, Wo))
-    P, KD = Ho * Wo, C * K * K
-    nb = _chunk(B, 4 * KD * P, workspace_mb)
-    u = torch.empty((nb, KD, P), dtype=torch.float32, device=x.device)
-    wm = w.view(M, KD)
-    for b0 in range(0, B, nb):
-        b1 = min(B, b0 + nb)
-        ub = u[: b1 - b0]
-        _im2col_launch(x[b0:b1], ub, K, stride, pad, BLOCK)
-        torch.matmul(wm, ub, out=y[b0:b1].view(b1 - b0, M, P))
-    return y
+    return _im2col_then(x, w, y, stride, padding, int(BLOCK or 256), workspace_mb or 512,
+                        lambda wm, ub, yb, Z, M, P, KD: torch.matmul(wm, ub, out=yb))
 
 
-def _pad(pad, padding_alias):
-    return padding(pad, padding_alias)
+#: The chapter's implementations, by the name the figures use.
+IM2COL_GEMM = Impl("im2col + tiled GEMM", conv2d_im2col_gemm)
+IM2COL_MATMUL = Impl("im2col + torch.matmul", conv2d_im2col_matmul)
+IMPLEMENTATIONS = (IM2COL_GEMM, IM2COL_MATMUL)
 
 
-IMPLEMENTATIONS = {
-    "im2col + tiled GEMM": conv2d_im2col_gemm,
-    "im2col + torch.matmul": conv2d_im2col_matmul,
-}
+def pick(shape) -> Impl:
+    """The chapter's best with the course's own kernels only: im2col + our tiled GEMM (the
+    torch.matmul variant is faster, but its GEMM is cuBLAS's)."""
+    return IM2COL_GEMM

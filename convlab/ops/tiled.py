@@ -16,56 +16,70 @@ gridDim.z, so batches over 65,535 images are launched in chunks.
 """
 from __future__ import annotations
 
-from . import ceil_div, conv2d_shapes
-from ._kernels import batch_chunks, module, output, padding, set_mask
+from .._limits import GRID_YZ_MAX, SHARED_DEFAULT_MAX
+from . import Impl, ceil_div, conv2d_shapes, output
+from ._kernels import Launch, batch_chunks, remember, set_mask
 
 MULTI_PASS_FILE = "kernels/03_tiled/conv2d_tiled_halo_multi_pass.cu"
 INPUT_BLOCK_FILE = "kernels/03_tiled/conv2d_tiled_input_block.cu"
 CACHED_HALO_FILE = "kernels/03_tiled/conv2d_tiled_cached_halo.cu"
 
 MASK_MAX = 16384          # floats in c_mask (64 KB, all of constant memory); the .cu files' default
-MAX_SHARED = 48 * 1024    # bytes of shared memory a block may use without opting in
 
 
-def _mask_module(path: str, mask: str, defines: dict):
+def mask_place(M: int, C: int, K: int) -> str:
+    """Where the mask goes by default: 'constant' when its M·C·K² floats fit in 64 KB, else 'global'."""
+    return "constant" if M * C * K * K <= MASK_MAX else "global"
+
+
+def _check_mask(mask: str, w) -> None:
     if mask not in ("constant", "global"):
         raise ValueError(f"mask must be 'constant' or 'global', not {mask!r}")
-    return module(path, {**defines, "MASK_IN_CONSTANT": int(mask == "constant")})
-
-
-def _fill_mask(mod, w, mask: str) -> None:
-    if mask != "constant":
-        return
-    if w.numel() > MASK_MAX:
+    if mask == "constant" and w.numel() > MASK_MAX:
         raise ValueError(f"the mask has {w.numel():,} floats, more than the {MASK_MAX:,} (64 KB) of constant "
                          f"memory: use mask='global' for this layer")
-    set_mask(mod, w)
 
 
-def _launch(kern, x, w, y, B, extra_args, grid_xy, block, shared=0):
-    """Launch over the batch in chunks of at most 65,535 images (gridDim.z)."""
-    if B <= 65_535:
-        kern(x, w, y, B, *extra_args, grid=(*grid_xy, B), block=block, shared=shared)
-        return
-    for b0, b1 in batch_chunks(B):
-        kern(x[b0:b1], w, y[b0:b1], b1 - b0, *extra_args, grid=(*grid_xy, b1 - b0), block=block, shared=shared)
+def _launches(path, kernel, defines, B, scalars, grid_xy, block, shared=0):
+    """One launch per chunk of at most 65,535 images (the batch is on gridDim.z): [(b0, b1, Launch)]."""
+    return [(b0, b1, Launch(path, kernel, defines, (b1 - b0, *scalars), grid=(*grid_xy, b1 - b0), block=block,
+                            shared=shared))
+            for b0, b1 in batch_chunks(B, GRID_YZ_MAX)]
 
 
-def conv2d_tiled_halo_multi_pass(x, w, y=None, *, stride: int = 1, pad: int = 0, padding: int | None = None,
-                                 mask: str = "constant", TILE: int = 16):
-    pad_ = _pad(pad, padding)
-    B, C, M, H, W, K, Ho, Wo = conv2d_shapes(x, w, stride, pad_)
-    y = output(y, (B, M, Ho, Wo))
-    in_w = (TILE - 1) * stride + K
-    shared = in_w * in_w * 4
-    if shared > MAX_SHARED:
-        raise ValueError(f"the input tile is {in_w}×{in_w} floats = {shared:,} bytes, over 48 KB: use a smaller TILE")
-    mod = _mask_module(MULTI_PASS_FILE, mask, {"TILE": TILE})
-    _fill_mask(mod, w, mask)
-    tiles = ceil_div(Ho, TILE) * ceil_div(Wo, TILE)
-    _launch(mod.kernel("conv2d_tiled_halo_multi_pass"), x, w, y, B, (C, M, H, W, K, pad_, stride),
-            (tiles, M), (TILE, TILE), shared)
+def _run(plan, x, w, y, mask):
+    shape, launches = plan
+    y = output(y, shape, x)
+    for b0, b1, launch in launches:
+        if mask == "constant":
+            set_mask(launch.module(), w)
+        if len(launches) == 1:
+            launch(x, w, y)
+        else:
+            launch(x[b0:b1], w, y[b0:b1])
     return y
+
+
+_plans: dict = {}
+
+
+def conv2d_tiled_halo_multi_pass(x, w, y=None, *, stride: int = 1, padding: int = 0, mask: str | None = None,
+                                 TILE: int | None = None):
+    def build():
+        B, C, M, H, W, K, Ho, Wo = conv2d_shapes(x, w, stride, padding)
+        _check_mask(mask_, w)
+        in_w = (TILE_ - 1) * stride + K
+        shared = in_w * in_w * 4
+        if shared > SHARED_DEFAULT_MAX:
+            raise ValueError(f"the input tile is {in_w}×{in_w} floats = {shared:,} bytes, over 48 KB: use a smaller TILE")
+        tiles = ceil_div(Ho, TILE_) * ceil_div(Wo, TILE_)
+        defines = {"TILE": TILE_, "MASK_IN_CONSTANT": int(mask_ == "constant")}
+        return (B, M, Ho, Wo), _launches(MULTI_PASS_FILE, "conv2d_tiled_halo_multi_pass", defines, B,
+                                         (C, M, H, W, K, padding, stride), (tiles, M), (TILE_, TILE_), shared)
+
+    mask_ = mask or mask_place(int(w.shape[0]), int(w.shape[1]), int(w.shape[2]))
+    TILE_ = int(TILE or 16)
+    return _run(remember(_plans, ("multi", x.shape, w.shape, stride, padding, mask_, TILE_), build), x, w, y, mask_)
 
 
 def input_block_out_tile(IN_TILE: int, K: int, stride: int) -> int:
@@ -73,46 +87,62 @@ def input_block_out_tile(IN_TILE: int, K: int, stride: int) -> int:
     return (IN_TILE - K) // stride + 1
 
 
-def conv2d_tiled_input_block(x, w, y=None, *, stride: int = 1, pad: int = 0, padding: int | None = None,
-                             mask: str = "constant", IN_TILE: int = 32):
-    pad_ = _pad(pad, padding)
-    B, C, M, H, W, K, Ho, Wo = conv2d_shapes(x, w, stride, pad_)
-    y = output(y, (B, M, Ho, Wo))
-    if IN_TILE < K:
-        raise ValueError(f"IN_TILE={IN_TILE} is smaller than the mask (K={K}): no thread would compute")
-    if IN_TILE * IN_TILE > 1024:
-        raise ValueError(f"IN_TILE={IN_TILE} gives {IN_TILE * IN_TILE} threads per block, over 1024")
-    out_tile = input_block_out_tile(IN_TILE, K, stride)
-    mod = _mask_module(INPUT_BLOCK_FILE, mask, {"IN_TILE": IN_TILE})
-    _fill_mask(mod, w, mask)
-    tiles = ceil_div(Ho, out_tile) * ceil_div(Wo, out_tile)
-    _launch(mod.kernel("conv2d_tiled_input_block"), x, w, y, B, (C, M, H, W, K, pad_, stride),
-            (tiles, M), (IN_TILE, IN_TILE))
-    return y
+def conv2d_tiled_input_block(x, w, y=None, *, stride: int = 1, padding: int = 0, mask: str | None = None,
+                             IN_TILE: int | None = None):
+    def build():
+        B, C, M, H, W, K, Ho, Wo = conv2d_shapes(x, w, stride, padding)
+        _check_mask(mask_, w)
+        if IN_TILE_ < K:
+            raise ValueError(f"IN_TILE={IN_TILE_} is smaller than the mask (K={K}): no thread would compute")
+        if IN_TILE_ * IN_TILE_ > 1024:
+            raise ValueError(f"IN_TILE={IN_TILE_} gives {IN_TILE_ * IN_TILE_} threads per block, over 1024")
+        out_tile = input_block_out_tile(IN_TILE_, K, stride)
+        tiles = ceil_div(Ho, out_tile) * ceil_div(Wo, out_tile)
+        defines = {"IN_TILE": IN_TILE_, "MASK_IN_CONSTANT": int(mask_ == "constant")}
+        return (B, M, Ho, Wo), _launches(INPUT_BLOCK_FILE, "conv2d_tiled_input_block", defines, B,
+                                         (C, M, H, W, K, padding, stride), (tiles, M), (IN_TILE_, IN_TILE_))
+
+    mask_ = mask or mask_place(int(w.shape[0]), int(w.shape[1]), int(w.shape[2]))
+    IN_TILE_ = int(IN_TILE or 32)
+    return _run(remember(_plans, ("input", x.shape, w.shape, stride, padding, mask_, IN_TILE_), build), x, w, y, mask_)
 
 
-def conv2d_tiled_cached_halo(x, w, y=None, *, stride: int = 1, pad: int = 0, padding: int | None = None,
-                             mask: str = "constant", TILE: int = 16):
-    pad_ = _pad(pad, padding)
-    if stride != 1:
-        raise ValueError("conv2d_tiled_cached_halo supports stride 1 only (its interior is the block's own pixels)")
-    B, C, M, H, W, K, Ho, Wo = conv2d_shapes(x, w, stride, pad_)
-    y = output(y, (B, M, Ho, Wo))
-    mod = _mask_module(CACHED_HALO_FILE, mask, {"TILE": TILE})
-    _fill_mask(mod, w, mask)
-    tiles = ceil_div(Ho, TILE) * ceil_div(Wo, TILE)
-    _launch(mod.kernel("conv2d_tiled_cached_halo"), x, w, y, B, (C, M, H, W, K, pad_),
-            (tiles, M), (TILE, TILE))
-    return y
+def conv2d_tiled_cached_halo(x, w, y=None, *, stride: int = 1, padding: int = 0, mask: str | None = None,
+                             TILE: int | None = None):
+    def build():
+        if stride != 1:
+            raise ValueError("conv2d_tiled_cached_halo supports stride 1 only (its interior is the block's own pixels)")
+        B, C, M, H, W, K, Ho, Wo = conv2d_shapes(x, w, stride, padding)
+        _check_mask(mask_, w)
+        tiles = ceil_div(Ho, TILE_) * ceil_div(Wo, TILE_)
+        defines = {"TILE": TILE_, "MASK_IN_CONSTANT": int(mask_ == "constant")}
+        return (B, M, Ho, Wo), _launches(CACHED_HALO_FILE, "conv2d_tiled_cached_halo", defines, B,
+                                         (C, M, H, W, K, padding), (tiles, M), (TILE_, TILE_))
+
+    mask_ = mask or mask_place(int(w.shape[0]), int(w.shape[1]), int(w.shape[2]))
+    TILE_ = int(TILE or 16)
+    return _run(remember(_plans, ("cached", x.shape, w.shape, stride, padding, mask_, TILE_), build), x, w, y, mask_)
 
 
-def _pad(pad, padding_alias):
-    return padding(pad, padding_alias)
+def _mask_config(s) -> dict:
+    return {"mask": mask_place(s.M, s.C, s.K)}
 
 
-#: The chapter's implementations by the name the figures use (mask in constant memory).
-IMPLEMENTATIONS = {
-    "tiled, multi-pass halo load": conv2d_tiled_halo_multi_pass,
-    "tiled, input-sized blocks": conv2d_tiled_input_block,
-    "tiled, halo from cache": conv2d_tiled_cached_halo,
-}
+#: The chapter's implementations, by the name the figures use (the mask in constant memory where it
+#: fits, else read from global memory).
+IMPLEMENTATIONS = (
+    Impl("tiled, multi-pass halo load", conv2d_tiled_halo_multi_pass, config=lambda s: {**_mask_config(s), "TILE": 16}),
+    Impl("tiled, input-sized blocks", conv2d_tiled_input_block,
+         applies=lambda s: s.K <= 32, config=lambda s: {**_mask_config(s), "IN_TILE": 32}),
+    Impl("tiled, halo from cache", conv2d_tiled_cached_halo,
+         applies=lambda s: s.stride == 1, config=lambda s: {**_mask_config(s), "TILE": 16}),
+)
+
+
+def pick(shape) -> Impl:
+    """Chapter 3's best for a layer shape, by the chapter's H200 measurements (book/data/03_tiled.csv,
+    2026-11-22): the multi-pass halo load for few maps (M <= 16: lenet_c1 5.7 ms against 11.5 for
+    input-sized blocks, lenet_c3 23.8 against 30.3), input-sized blocks for more (fa17, days100,
+    resnet: 7.2, 1.7, 5.2 ms against 7.5, 2.0, 7.2), where a block's 1,024 threads share each load."""
+    multi_pass, input_block, _ = IMPLEMENTATIONS
+    return multi_pass if shape.M <= 16 or not input_block.applies(shape) else input_block

@@ -12,7 +12,7 @@
 // (the fa17 workload has B*M = 10,000 * 50 = 500,000).
 __global__ void conv2d_naive_z(const float* __restrict__ x, const float* __restrict__ k,
                                float* __restrict__ y,
-                               int B, int C, int M, int H, int W, int K, int stride, int pad)
+                               int B, int C, int M, int H, int W, int K, int pad, int stride)
 {
     const int Ho = (H + 2 * pad - K) / stride + 1;
     const int Wo = (W + 2 * pad - K) / stride + 1;
@@ -45,7 +45,7 @@ __global__ void conv2d_naive_z(const float* __restrict__ x, const float* __restr
 // Indices are int: the launcher checks that every tensor has fewer than 2^31 elements.
 __global__ void conv2d_naive_flat(const float* __restrict__ x, const float* __restrict__ k,
                                   float* __restrict__ y,
-                                  int B, int C, int M, int H, int W, int K, int stride, int pad)
+                                  int B, int C, int M, int H, int W, int K, int pad, int stride)
 {
     const int Ho = (H + 2 * pad - K) / stride + 1;
     const int Wo = (W + 2 * pad - K) / stride + 1;
