@@ -65,6 +65,7 @@ gpu-run: export CONVLAB_BACKEND = cuda
 gpu-run: export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
 gpu-run: $(ENV_STAMP)
 	$(PYTHON) -c 'import convlab as cl; print("gpu-run on", cl.device())'
+	rm -f book/data/torch.csv   # torch's rows of this run: each configuration timed afresh, once
 	$(PYTHON) scripts/execute_notebooks.py $(NOTEBOOKS_RUN_ON_GPU)
 	$(PYTHON) scripts/results_table.py
 

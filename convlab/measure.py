@@ -28,6 +28,14 @@ from .book import progress
 SAMPLED_IMAGES = 4
 
 
+def named(impls, name: str):
+    """The implementation called `name` among impls (a chapter's IMPLEMENTATIONS)."""
+    for impl in impls:
+        if impl.name == name:
+            return impl
+    raise KeyError(f"no implementation {name!r}; there are: {', '.join(i.name for i in impls)}")
+
+
 def _is_gpu() -> bool:
     import convlab as cl
 
@@ -119,14 +127,15 @@ def _atol(ref, dtype: str, length: int) -> float:
 
 def time_impl(fn, reps: int = 20) -> results.Measured:
     """GPU time, the time a caller sees, and the time per call in a loop (see convlab.results)."""
-    from . import bench
+    # the module's names: `convlab.bench` itself is the cl.bench function (convlab/__init__.py)
+    from .bench import bench, time_caller, time_gpu, wall_per_call
 
     if not _is_gpu():
-        t = bench.bench(fn, reps=1, warmup=0)
+        t = bench(fn, reps=1, warmup=0)
         return results.Measured(t.ms, t.p25, t.p75)
-    gpu = bench.time_gpu(fn, reps=reps)
-    caller = bench.time_caller(fn, reps=reps)
-    return results.Measured(gpu.ms, gpu.p25, gpu.p75, caller.ms, bench.wall_per_call(fn))
+    gpu = time_gpu(fn, reps=reps)
+    caller = time_caller(fn, reps=reps)
+    return results.Measured(gpu.ms, gpu.p25, gpu.p75, caller.ms, wall_per_call(fn))
 
 
 def _free():

@@ -9,8 +9,8 @@ figure shows GPU time (the `ms` column), and says so; chapter 1's CPU rows show 
 - plot_times: ms per workload and implementation, the roofline floor as a dash;
 - speedup_bars: each implementation's speedup over a baseline ("torch best" by default);
 - heatmap: a parameter sweep's GPU time over two tunables, the best setting outlined;
-- show_committed: draw a chapter's results from the live rows or the committed file, or say in a
-  line that there are none.
+- show_committed, show_sweep: draw a chapter's results (or a sweep's) from this run's rows on a
+  GPU or the committed file, or say in a line that there are none.
 """
 from __future__ import annotations
 
@@ -96,6 +96,32 @@ def plot_times(df, *, title: str | None = None, note: str | None = None, ax=None
     return fig
 
 
+def plot_committed(chapter: str, *, title: str | None = None):
+    """Plot book/data/<chapter>.csv, the results of the last GPU run, or say plainly there are none."""
+    import convlab as cl
+
+    df = results.load(chapter)
+    if df is None:
+        print(f"No GPU results are committed yet for chapter {chapter}: book/data/{chapter}.csv does not exist.\n"
+              f"Run `make gpu-run` on a machine with a GPU to measure them. Nothing is plotted: the emulator's wall\n"
+              f"times say nothing about a GPU.")
+        return None
+    note = None
+    if cl.device().backend != "cuda":
+        note = ("committed results of a GPU run, read from book/data/"
+                f"{chapter}.csv; nothing on this figure was timed on this machine (it runs the emulator)")
+    return plot_times(df, title=title, note=note)
+
+
+def _committed_note(name: str) -> str | None:
+    import convlab as cl
+
+    if cl.device().backend == "cuda":
+        return None
+    return (f"committed results of a GPU run (book/data/{name}.csv); nothing on this figure was timed on "
+            "this machine (it runs the emulator)")
+
+
 def speedup_bars(df, *, over: str = TORCH_BEST, title: str | None = None, note: str | None = None, ax=None):
     """Bars per workload: each implementation's speedup over `over` (its GPU time divided into
     over's), labelled with its own ms; above the line at 1 it is faster. torch's single layouts
@@ -140,20 +166,33 @@ def speedup_bars(df, *, over: str = TORCH_BEST, title: str | None = None, note: 
     return fig
 
 
-def heatmap(df, rows: str, cols: str, *, title: str, labels: tuple | None = None, unit: str = "ms",
-            note: str | None = None, ax=None):
-    """A sweep's GPU time over two of its tunables (columns of df, e.g. measure.sweep's), the best
-    setting outlined in red and named in the title. unit: "ms" or "µs"."""
+def show_committed(chapter: str, draw=None, *, data=None, title: str | None = None, passes=("forward",), **kwargs):
+    """A chapter's figure: `data` (this run's rows, on a GPU) or the committed results of the last
+    GPU run, our kernels beside "torch best" (torch's per-layout rows are in the table, not the
+    figure); or one line saying there are none yet. draw(df, title=..., note=..., **kwargs) draws
+    (plot_times by default; speedup_bars, or a chapter's own figure). Returns the frame drawn."""
+    df = data if data is not None else results.load(chapter, quiet=True)
+    if df is None:
+        print(f"No results of the current harness are committed yet for {chapter} (book/data/{chapter}.csv): "
+              "`make gpu-run` on a machine with a GPU measures them. Nothing is plotted: the emulator's "
+              "wall times say nothing about a GPU.")
+        return None
+    df = df[df["pass"].isin(passes) & df["kind"].isin(["ours", "torch best", "cpu"])]
+    (draw or plot_times)(df, title=title, note=None if data is not None else _committed_note(chapter), **kwargs)
+    plt.show()
+    return df
+
+
+def heatmap(df, rows: str, cols: str, title: str, *, note: str | None = None, labels=None, unit: str = "ms"):
+    """GPU time of a sweep as a heatmap over two of its columns (rows × cols), the best setting
+    outlined in red and named in the title. unit: "ms" or "µs"."""
     import numpy as np
 
     scale = {"ms": 1.0, "µs": 1e3}[unit]
     table = df.pivot_table(index=rows, columns=cols, values="ms", sort=False) * scale
     if table.isna().all().all():
         raise ValueError(f"no times to show over {rows} × {cols}")
-    if ax is None:
-        fig, ax = plt.subplots(figsize=(1.3 * table.shape[1] + 3, 0.6 * table.shape[0] + 2.4), layout="constrained")
-    else:
-        fig = ax.figure
+    fig, ax = plt.subplots(figsize=(1.3 * table.shape[1] + 3, 0.6 * table.shape[0] + 2.4), layout="constrained")
     sns.heatmap(table, annot=True, fmt=".3g", cmap="viridis_r", cbar_kws={"label": f"{_time_kind(df)}, {unit} (median)"},
                 ax=ax)
     i, j = np.unravel_index(np.nanargmin(table.to_numpy()), table.shape)
@@ -166,26 +205,12 @@ def heatmap(df, rows: str, cols: str, *, title: str, labels: tuple | None = None
     return fig
 
 
-def show_committed(chapter: str, draw=None, *, live=None, **kwargs):
-    """Draw a chapter's results: the rows just measured (live) on a GPU run, else
-    book/data/<chapter>.csv, the results of the last GPU run, labelled as such. Where there are
-    none of the current harness, say so in a line and draw nothing: the emulator's wall times say
-    nothing about a GPU. draw(df, note=..., **kwargs) draws (plot_times by default); returns the
-    frame drawn, or None."""
-    import convlab as cl
-
-    draw = draw or plot_times
-    on_gpu = cl.device().backend == "cuda"
-    if on_gpu and live is not None:
-        df, note = live, None
-    else:
-        df = results.load(chapter)
-        if df is None:
-            print(f"No GPU results of the current harness are committed for {chapter} yet "
-                  f"(book/data/{chapter}.csv): `make gpu-run` on a GPU measures them.")
-            return None
-        note = None if on_gpu else (f"committed results of a GPU run, read from book/data/{chapter}.csv; "
-                                    "nothing on this figure was timed on this machine")
-    draw(df, note=note, **kwargs)
+def show_sweep(name: str, rows: str, cols: str, title: str, *, data=None, labels=None):
+    """The heatmap of a sweep: `data` (this run's, on a GPU) or book/data/<name>.csv; the frame shown."""
+    df = data if data is not None else results.load(name)
+    if df is None:
+        print(f"No results of the current harness are committed yet for {name} (book/data/{name}.csv).")
+        return None
+    heatmap(df, rows, cols, title, note=None if data is not None else _committed_note(name), labels=labels)
     plt.show()
     return df

@@ -177,8 +177,8 @@ def provenance(df) -> str:
 
 
 def report(df):
-    """The numbers behind a figure: GPU time, the time a caller sees, GFLOP/s, GB/s and % of the
-    roofline floor per row."""
+    """The numbers behind a figure: GPU time (CPU wall time for chapter 1's rows), the time a caller
+    sees, GFLOP/s, GB/s and % of the roofline floor per row."""
     cols = ["workload", "impl", "ms", "caller_ms", "wall_ms", "gflops", "gbs", "floor_frac"]
     out = df[[c for c in cols if c in df]].copy()
     floor = out.pop("floor_frac")
@@ -191,7 +191,8 @@ def report(df):
             out.pop(c)
     out["gflops"] = out["gflops"].round(1)
     out["gbs"] = out["gbs"].round(1)
-    names = {"ms": "GPU ms", "caller_ms": "caller ms", "wall_ms": "ms per call in a loop",
+    cpu = "kind" in df and (df["kind"] == "cpu").all()      # chapter 1: wall time on the CPU
+    names = {"ms": "CPU ms (wall)" if cpu else "GPU ms", "caller_ms": "caller ms", "wall_ms": "ms per call in a loop",
              "gflops": "GFLOP/s", "gbs": "GB/s"}
     return out.rename(columns=names).set_index(["workload", "impl"])
 

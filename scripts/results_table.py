@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Fill README.md's results section from book/data/*.csv (the committed GPU-run results).
 
-Rewrites only the lines between <!-- results:begin --> and <!-- results:end -->: one table per
-chapter, ms per workload (rows) and implementation (columns), with where and when it was measured.
+Rewrites only the lines between <!-- results:begin --> and <!-- results:end -->: the best kernel
+per workload against torch best, then one table per chapter and pass, GPU ms per workload (rows)
+and implementation (columns), with where and when it was measured.
 
     python scripts/results_table.py            # rewrite README.md
     python scripts/results_table.py --print    # print the section only
@@ -20,17 +21,16 @@ BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 
 
 def chapter_table(df: pd.DataFrame) -> str:
-    impls = list(dict.fromkeys(df["impl"]))
+    """GPU ms per workload (rows) and implementation (columns), our kernels first, then torch."""
+    order = {"ours": 0, "cpu": 0, "torch": 1, "torch best": 2}
+    impls = sorted(dict.fromkeys(df["impl"]), key=lambda i: order.get(df.loc[df["impl"] == i, "kind"].iloc[0], 0))
     workloads = list(dict.fromkeys(df["workload"]))
-    has_floor = "floor_ms" in df and df["floor_ms"].notna().any()
-    has_shape = "shape" in df
-    header = ["workload", *(["shape"] if has_shape else []), *impls] + (["roofline floor"] if has_floor else [])
+    has_floor = df["floor_ms"].notna().any()
+    header = ["workload", "shape", *impls] + (["roofline floor"] if has_floor else [])
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for name in workloads:
         sub = df[df["workload"] == name]
-        cells = [name]
-        if has_shape:
-            cells.append(str(sub["shape"].iloc[0]))
+        cells = [name, str(sub["shape"].iloc[0])]
         for impl in impls:
             ms = sub.loc[sub["impl"] == impl, "ms"]
             cells.append(fmt(ms.iloc[0]) if len(ms) else "—")
@@ -61,48 +61,45 @@ PARTIAL_STEPS = {"unroll only (no GEMM)"}
 
 
 def best_table(frames: dict) -> str:
-    """The fastest course kernel per workload over all chapters, beside torch, per GPU and dtype
-    (timings are compared only within one GPU's runs)."""
-    rows = []
-    for stem, df in frames.items():
-        # forward layers only: chapter 8's rows are per pass (dX, dW), chapter 1's are CPU timings
-        if ("torch tuned" not in set(df["impl"]) or "pass" in df.columns
-                or df["gpu"].astype(str).str.contains("CPU").any()):
-            continue
-        rows.append(df.assign(chapter=stem))
+    """The fastest course kernel per workload and dtype over all chapters' forward rows, beside
+    torch best, per GPU (timings are compared only within one GPU's runs)."""
+    rows = [df.assign(chapter=stem) for stem, df in frames.items() if stem != "torch"]
     if not rows:
         return ""
     all_rows = pd.concat(rows, ignore_index=True)
+    all_rows = all_rows[(all_rows["pass"] == "forward") & all_rows["kind"].isin(["ours", "torch best"])]
     out = []
     for (gpu, dtype), g in all_rows.groupby(["gpu", "dtype"], sort=False):
-        lines = [f"**Best kernel per workload** — {gpu}, {dtype}, strict (TF32 off); speedup = torch tuned / best",
-                 "", "| workload | best course kernel (chapter) | ms | torch default | torch tuned | speedup | "
-                 "fraction of roofline floor |", "|---|---|---|---|---|---|---|"]
+        lines = [f"**Best kernel per workload** — {gpu}, {dtype}, TF32 off; speedup = torch best / ours (GPU time)",
+                 "", "| workload | best course kernel (chapter) | GPU ms | caller ms | torch best ms (layout) | "
+                 "speedup | fraction of roofline floor |", "|---|---|---|---|---|---|---|"]
         for wl, w in g.groupby("workload", sort=False):
-            ours = w[~w["impl"].str.startswith("torch") & ~w["impl"].isin(PARTIAL_STEPS)]
-            if not len(ours):
+            ours = w[(w["kind"] == "ours") & ~w["impl"].isin(PARTIAL_STEPS)]
+            torch_best = w[w["kind"] == "torch best"]
+            if not len(ours) or not len(torch_best):
                 continue
             b = ours.loc[ours["ms"].idxmin()]
-            t_def = w.loc[w["impl"] == "torch default", "ms"].min()
-            t_tun = w.loc[w["impl"] == "torch tuned", "ms"].min()
-            frac = b["floor_ms"] / b["ms"] if "floor_ms" in b and pd.notna(b["floor_ms"]) else float("nan")
-            lines.append(f"| {wl} | {b['impl']} ({b['chapter']}) | {fmt(b['ms'])} | {fmt(t_def)} | {fmt(t_tun)} | "
-                         f"{t_tun / b['ms']:.2f}× | {frac:.0%} |")
+            t = torch_best.iloc[0]
+            lines.append(f"| {wl} | {b['impl']} ({b['chapter']}) | {fmt(b['ms'])} | {fmt(b['caller_ms'])} | "
+                         f"{fmt(t['ms'])} ({t['layout']}) | {t['ms'] / b['ms']:.2f}× | {b['floor_frac']:.0%} |")
         out.append("\n".join(lines))
     return "\n\n".join(out)
 
 
 def section(data_dir: Path) -> str:
-    files = sorted(data_dir.glob("*.csv"))
+    files = [p for p in sorted(data_dir.glob("*.csv")) if p.stem != "torch"]
     frames = {p.stem: pd.read_csv(p) for p in files}
+    frames = {k: v for k, v in frames.items() if "kind" in v.columns}   # results of the current harness only
     best = best_table(frames)
     parts = [best] if best else []
     for path in files:
-        df = frames[path.stem]
-        if not len(df):
+        df = frames.get(path.stem)
+        if df is None or not len(df):
             continue
-        parts.append(f"**{path.stem}** — median ms per layer; {provenance(df)} "
-                     f"(`book/data/{path.name}`)\n\n{chapter_table(df)}")
+        for (pass_, dtype), part in df.groupby(["pass", "dtype"], sort=False):
+            title = path.stem + ("" if pass_ == "forward" else f", {pass_}")
+            parts.append(f"**{title}** — median GPU ms per layer; {provenance(part)} "
+                         f"(`book/data/{path.name}`)\n\n{chapter_table(part)}")
     if not parts:
         return ("No GPU results are committed yet. Run `make gpu-run` on a machine with a GPU; it executes the "
                 "notebooks, writes `book/data/*.csv` and refills this section.")

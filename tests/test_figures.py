@@ -51,20 +51,27 @@ def test_load_keeps_a_sweeps_extra_columns(data):
 
 
 def test_show_committed_draws_nothing_without_current_results(data, capsys):
-    if cl.device().backend != "emu":
-        pytest.skip("on a GPU the live rows are drawn")
+    pd.DataFrame({"workload": ["lenet_c1"], "impl": ["naive"], "ms": [6.4]}).to_csv(data / "02_naive.csv", index=False)
     drawn = []
-    assert plots.show_committed("02_naive", lambda df, note: drawn.append(df), live=_chapter_rows()) is None
-    assert not drawn and "No GPU results of the current harness" in capsys.readouterr().out
+    assert plots.show_committed("02_naive", lambda df, **kw: drawn.append(df)) is None
+    out = capsys.readouterr().out
+    assert not drawn and out.count("\n") == 1 and "No results of the current harness" in out
 
 
 def test_show_committed_draws_the_committed_file_labelled(data):
     if cl.device().backend != "emu":
-        pytest.skip("on a GPU the live rows are drawn")
+        pytest.skip("the note is for figures drawn on the emulator")
     results.save(_chapter_rows(), "02_naive", force=True)
     notes = []
-    df = plots.show_committed("02_naive", lambda df, note: notes.append(note))
-    assert len(df) == 8 and "book/data/02_naive.csv" in notes[0] and "nothing on this figure was timed" in notes[0]
+    df = plots.show_committed("02_naive", lambda df, title, note: notes.append(note))
+    assert set(df["kind"]) == {"ours", "torch best"} and len(df) == 4     # torch's single layouts: table only
+    assert "book/data/02_naive.csv" in notes[0] and "nothing on this figure was timed" in notes[0]
+
+
+def test_show_committed_draws_this_runs_rows_unlabelled(data):
+    notes = []
+    plots.show_committed("02_naive", lambda df, title, note: notes.append(note), data=_chapter_rows())
+    assert notes == [None]
 
 
 def test_speedup_bars_divide_torch_best_by_each_time():
@@ -92,8 +99,16 @@ def test_heatmap_outlines_the_fastest_setting():
     wl = workloads.get("fa17")
     times = {(64, 1): 3.0, (64, 2): 2.5, (128, 1): 1.25, (128, 2): 4.0}
     df = pd.DataFrame([_row(wl, "regtile", ms, BLOCK=b, ROWS=r) for (b, r), ms in times.items()])
-    ax = plots.heatmap(df, "BLOCK", "ROWS", title="t", unit="µs").axes[0]
+    ax = plots.heatmap(df, "BLOCK", "ROWS", "t", unit="µs").axes[0]
     outline = [p for p in ax.patches if isinstance(p, matplotlib.patches.Rectangle) and p.get_edgecolor()[0] == 1.0]
     assert [(o.get_x(), o.get_y()) for o in outline] == [(0, 1)]     # column ROWS=1, row BLOCK=128
     assert "BLOCK=128, ROWS=1: 1250 µs" in ax.get_title()
     assert np.isclose(ax.collections[0].get_array().min(), 1250)
+
+
+def test_report_names_the_time_it_holds():
+    assert "GPU ms" in results.report(_chapter_rows()).columns
+    wl = workloads.get("lenet_c1")
+    cpu = results.frame([results.row(wl, "C++ loop nest", results.Measured(50.0, 49.0, 51.0), kind="cpu",
+                                     device="CPU: test", cudnn="n/a (CPU)")])
+    assert list(results.report(cpu).columns[:1]) == ["CPU ms (wall)"]

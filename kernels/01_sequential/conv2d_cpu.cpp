@@ -4,7 +4,7 @@
 //   y[b][m][h][w] = sum over c, p, q of  x[b][c][h*stride + p][w*stride + q] * k[m][c][p][q]
 // with Ho = (H - K) / stride + 1 and Wo = (W - K) / stride + 1 (no padding: "valid").
 //
-// One multiply-add per (b, m, h, w, c, p, q): B*M*Ho*Wo*C*K*K of them. Compiled with g++ -O2 by
+// One multiply-add per (b, m, h, w, c, p, q): B*M*Ho*Wo*C*K*K of them. Compiled with g++ -O3 by
 // convlab.load_cpu and called from Python with CPU tensors; extern "C" keeps the name unmangled.
 
 extern "C" void conv2d_cpu(const float* x, const float* k, float* y,
