@@ -17,18 +17,22 @@ import time
 from dataclasses import dataclass, field
 
 @contextlib.contextmanager
-def strict_fp32():
-    """TF32 off for cuDNN convolutions and for matmul inside the block; the old settings after."""
+def strict_fp32(benchmark: bool | None = None):
+    """TF32 off for cuDNN convolutions and for matmul inside the block (and cudnn.benchmark set,
+    when given); the old settings after. Through cuDNN's flags() context, which works also where
+    torch.testing has frozen the global flags."""
     import torch
 
     cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
-    saved = (cudnn.allow_tf32, matmul.allow_tf32)
+    saved = matmul.allow_tf32
+    bench = cudnn.benchmark if benchmark is None else benchmark
     try:
-        cudnn.allow_tf32 = False
         matmul.allow_tf32 = False
-        yield
+        with cudnn.flags(enabled=cudnn.enabled, benchmark=bench, deterministic=cudnn.deterministic,
+                         allow_tf32=False):
+            yield
     finally:
-        cudnn.allow_tf32, matmul.allow_tf32 = saved
+        matmul.allow_tf32 = saved
 
 
 def tf32_setting() -> str:

@@ -487,13 +487,10 @@ class TorchAtItsBest:
     def __enter__(self):
         from .baselines import strict_fp32
 
-        self._strict = strict_fp32()
+        self._strict = strict_fp32(benchmark=True)
         self._strict.__enter__()
-        self._was = torch.backends.cudnn.benchmark
-        torch.backends.cudnn.benchmark = True
 
     def __exit__(self, *exc):
-        torch.backends.cudnn.benchmark = self._was
         return self._strict.__exit__(*exc)
 
 

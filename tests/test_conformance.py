@@ -73,8 +73,8 @@ def _run_gradgrad(sample) -> None:
     w, b = sample.args[0], sample.args[1] if len(sample.args) > 1 else sample.kwargs.get("bias")
     kw = {k: v for k, v in sample.kwargs.items() if k != "bias"}
     ts = [x, w] + ([b] if b is not None else [])
-    dy = torch.randn(F.conv2d(x.detach(), w.detach(), None, **kw).shape, dtype=torch.float64)
-    vs = [torch.randn(t.shape, dtype=torch.float64) for t in ts]
+    dy = torch.randn(F.conv2d(x.detach(), w.detach(), None, **kw).shape, dtype=torch.float64, device=x.device)
+    vs = [torch.randn(t.shape, dtype=torch.float64, device=x.device) for t in ts]
 
     def second(conv, dtype):
         leaves = [t.detach().to(dtype).requires_grad_() for t in ts] + [dy.to(dtype).requires_grad_()]

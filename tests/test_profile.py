@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import convlab as cl
+from convlab import book
 from convlab.profile import (ATOMICS, NCU_METRICS, SHARED_ATOMICS, ProfileCard, ProfileUnavailable, committed, count_trace,
                              parse_ncu_csv, refusal, run_ncu, unknown_metric)
 from convlab.sass import SassUnavailable, compile_cubin, parse_sass
@@ -232,7 +233,7 @@ def test_sass_of_text_that_is_not_sass():
 @pytest.mark.skipif(not any(Path(p, "nvcc").exists() for p in os.environ.get("PATH", "").split(os.pathsep)),
                     reason="no nvcc on this machine")
 def test_compile_cubin(tmp_path):
-    out = compile_cubin(cl.KERNELS_DIR / "07_conv3d" / "conv3d_coarse.cu", tmp_path / "k.cubin")
+    out = compile_cubin(book.repo_root() / "kernels" / "07_conv3d" / "conv3d_coarse.cu", tmp_path / "k.cubin")
     assert out.read_bytes()[:4] == b"\x7fELF"
 
 
@@ -477,9 +478,9 @@ def test_sass_falls_back_to_the_committed_disassembly(tmp_path, monkeypatch, cap
     (d / "coarse.sass").write_text((DATA / "sass" / "conv3d_coarse.sass").read_text())
     monkeypatch.setenv("CONVLAB_ROOT", str(tmp_path))
     monkeypatch.setattr(sys.modules["convlab.sass"], "_tool", lambda name: None)   # no nvcc, no cuobjdump
-    s = cl.sass(cl.KERNELS_DIR / "07_conv3d" / "conv3d_coarse.cu", name="coarse")
+    s = cl.sass(book.repo_root() / "kernels" / "07_conv3d" / "conv3d_coarse.cu", name="coarse")
     assert s.counts()["FFMA"] == 500
     out = capsys.readouterr().out.strip().splitlines()
     assert len(out) == 1 and "is not installed here" in out[0] and "committed SASS" in out[0]
     with pytest.raises(SassUnavailable, match="no committed book/data/sass/other.sass"):
-        cl.sass(cl.KERNELS_DIR / "07_conv3d" / "conv3d_coarse.cu", name="other")
+        cl.sass(book.repo_root() / "kernels" / "07_conv3d" / "conv3d_coarse.cu", name="other")
