@@ -56,8 +56,15 @@ def fmt(ms) -> str:
     return f"{ms:.3g}" if pd.notna(ms) else "—"
 
 
-# Rows that time one step of a convolution, not a whole one: never "the best kernel".
+# Rows that time one step of a convolution, not a whole one (chapter 4's unroll, chapter 6's
+# conversions), or a float32 path that computes in half (chapter 6): never "the best kernel" of a
+# strict fp32 or of an fp16 table.
 PARTIAL_STEPS = {"unroll only (no GEMM)"}
+NOT_A_WHOLE_LAYER = ("conversion", "ours, float32 in and out")
+
+
+def whole_layer(impl: str) -> bool:
+    return impl not in PARTIAL_STEPS and not impl.startswith(NOT_A_WHOLE_LAYER)
 
 
 def best_table(frames: dict) -> str:
@@ -74,7 +81,7 @@ def best_table(frames: dict) -> str:
                  "", "| workload | best course kernel (chapter) | GPU ms | caller ms | torch best ms (layout) | "
                  "speedup | fraction of roofline floor |", "|---|---|---|---|---|---|---|"]
         for wl, w in g.groupby("workload", sort=False):
-            ours = w[(w["kind"] == "ours") & ~w["impl"].isin(PARTIAL_STEPS)]
+            ours = w[(w["kind"] == "ours") & w["impl"].map(whole_layer)]
             torch_best = w[w["kind"] == "torch best"]
             if not len(ours) or not len(torch_best):
                 continue
