@@ -6,15 +6,23 @@
 //                dz[i, :] = (p[i, :] - onehot(label[i])) * scale  (scale = 1/N: the mean's gradient)
 // z (N, K) row-major.
 
+// The row's largest value mx and sum of exp(z - mx): subtracting mx keeps every exp at most 1.
+__device__ float sum_exp_below_max(const float* zi, int K, float& mx)
+{
+    mx = zi[0];
+    for (int k = 1; k < K; ++k) mx = fmaxf(mx, zi[k]);
+    float s = 0.0f;
+    for (int k = 0; k < K; ++k) s += expf(zi[k] - mx);
+    return s;
+}
+
 __global__ void softmax(const float* __restrict__ z, float* __restrict__ p, int N, int K)
 {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= N) return;
     const float* zi = z + (size_t)i * K;
-    float mx = zi[0];
-    for (int k = 1; k < K; ++k) mx = fmaxf(mx, zi[k]);
-    float s = 0.0f;
-    for (int k = 0; k < K; ++k) s += expf(zi[k] - mx);
+    float mx;
+    const float s = sum_exp_below_max(zi, K, mx);
     const float inv = 1.0f / s;
     for (int k = 0; k < K; ++k) p[(size_t)i * K + k] = expf(zi[k] - mx) * inv;
 }
@@ -25,10 +33,8 @@ __global__ void softmax_xent(const float* __restrict__ z, const long long* __res
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= N) return;
     const float* zi = z + (size_t)i * K;
-    float mx = zi[0];
-    for (int k = 1; k < K; ++k) mx = fmaxf(mx, zi[k]);
-    float s = 0.0f;
-    for (int k = 0; k < K; ++k) s += expf(zi[k] - mx);
+    float mx;
+    const float s = sum_exp_below_max(zi, K, mx);
     const int y = (int)label[i];
     loss[i] = logf(s) + mx - zi[y];
     const float inv = 1.0f / s;
