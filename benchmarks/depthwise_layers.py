@@ -129,7 +129,9 @@ def bench_layer(lay, dtype, reps, peak, copy, log) -> list[dict]:
             status = check(F.conv2d(xin, w, b, **kw), ref, dtype, n, "y")
             ms = cl.bench(lambda xin=xin: F.conv2d(xin, w, b, **kw), reps=reps).ms
             rows.append(row(name, "NCHW" if xin is x else "NHWC", {}, ms, status))
-        torch_best = min(r["ms"] for r in rows if r["check"] == "ok") if on_gpu else float("nan")
+        # torch's rows set the baseline even if one misses the check (the row says so: a torch
+        # result outside the bound is itself a finding, not a reason to stop the run)
+        torch_best = min(r["ms"] for r in rows) if on_gpu else float("nan")
         for name, layout, tun, fn in contenders(lay, x, xc, w, b, kw):
             try:
                 nan = torch.full(ref.shape, float("nan"), dtype=dtype, device=dev)
