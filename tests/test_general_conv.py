@@ -74,6 +74,11 @@ def test_launchers_on_awkward_shapes(shape, dtype):
 
 DEPTHWISE = [s for s in SHAPES if s[10] == s[1]] + [
     (2, 3, 37, 45, 3, 5, 5, (2, 1), (2, 1), (1, 2), 3),     # tiles that cross the plane's edges
+    # W a multiple of 8: 16-byte loads of the tile (fp32 and fp16), from left of the tile's first column
+    (1, 3, 9, 16, 3, 3, 3, 1, 1, 1, 3),
+    (2, 2, 11, 24, 2, 7, 7, 1, 3, 1, 2),
+    (1, 1, 10, 40, 1, 3, 3, 2, 1, 1, 1),                   # C=1, stride 2
+    (2, 2, 8, 32, 4, 3, 5, (1, 2), (2, 4), (1, 2), 2),     # a multiplier, dilation, padding past a vector
 ]
 
 
@@ -84,6 +89,7 @@ def test_depthwise_kernel(shape, dtype):
     ref = F.conv2d(x.double().cpu(), w.double().cpu(), b.double().cpu(), **kw)
     g = general.geometry(x.shape, w.shape, **kw)
     assert general.depthwise_applies(g)
+    assert general.depthwise_vec(g, x) == (16 // x.element_size() if g.W % 8 == 0 else 1)
     n = w[0].numel() + 1
     y = general.conv2d_depthwise(x, w, cl.empty(*ref.shape, dtype=dtype), bias=b, **kw)
     _check(y, ref, dtype, n, "y")
@@ -93,6 +99,8 @@ def test_depthwise_kernel(shape, dtype):
     _check(y, ref, dtype, n, "y (BX=4, BY=2, BZ=4)")
     y = general.conv2d_depthwise(x, w, cl.empty(*ref.shape, dtype=dtype), bias=b, BZ=1, **kw)
     _check(y, ref, dtype, n, "y (BZ=1)")
+    y = general.conv2d_depthwise(x, w, cl.empty(*ref.shape, dtype=dtype), bias=b, BX=5, BY=3, vec=1, **kw)
+    _check(y, ref, dtype, n, "y (BX=5, BY=3, one element per load)")
     y = general.conv2d_depthwise(x, w, cl.empty(*ref.shape, dtype=dtype), **kw)
     _check(y, F.conv2d(x.double().cpu(), w.double().cpu(), None, **kw), dtype, n, "y (no bias)")
 

@@ -247,21 +247,31 @@ def conv2d_general(x, w, y=None, *, stride=1, padding=0, dilation=1, groups: int
 DEPTHWISE_MAX_TAPS = 64      # the mask lives in registers: up to 8x8 (3x3, 5x5, 7x7 layers)
 
 
+def depthwise_vec(g: Geometry, x: torch.Tensor) -> int:
+    """Elements per global load of conv2d_depthwise's tile: 16 bytes (4 floats, 8 halves) where
+    every row of x starts 16-byte aligned (W a multiple of that, x's storage aligned), else 1."""
+    v = 16 // x.element_size()
+    return v if g.W % v == 0 and x.data_ptr() % 16 == 0 else 1
+
+
 def _depthwise_tile(g: Geometry, OY: int, BX: int | None = None, BY: int | None = None,
-                    BZ: int | None = None) -> tuple:
+                    BZ: int | None = None, vec: int = 1) -> tuple:
     """(BX, BY, BZ, shared bytes) of conv2d_depthwise's block: BX output columns (the row in as few
     tiles of at most 32 as it takes, split evenly), BY strips of OY rows (about 256 threads, the
     rows split evenly; fewer while one plane's input tile is over 48 KB), BZ planes (up to 256
-    threads in all and 48 KB; more than 1 where one plane's tile is small)."""
+    threads in all and 48 KB; more than 1 where one plane's tile is small). vec: elements per load
+    (the tile's rows are whole vectors, from the multiple of vec at or left of the first column)."""
     if BX is None:
         BX = ceil_div(g.Wo, ceil_div(g.Wo, 32))
     strips = ceil_div(g.Ho, OY)
     if BY is None:
         most = max(1, min(256 // BX, strips))
         BY = ceil_div(strips, ceil_div(strips, most))
+    IW = (BX - 1) * g.sw + (g.Kw - 1) * g.dw + 1
+    IWS = (IW + 2 * (vec - 1)) // vec * vec                       # as the kernel's IWS
 
     def shared(by):
-        return ((by * OY - 1) * g.sh + (g.Kh - 1) * g.dh + 1) * ((BX - 1) * g.sw + (g.Kw - 1) * g.dw + 1) * 4
+        return ((by * OY - 1) * g.sh + (g.Kh - 1) * g.dh + 1) * IWS * 4
 
     while BY > 1 and shared(BY) > MAX_SHARED:
         BY -= 1
@@ -282,17 +292,19 @@ def depthwise_config(g: Geometry) -> dict:
 
 def depthwise_applies(g: Geometry) -> bool:
     """Depthwise (every map reads one channel: groups == C), the mask fits in registers and the
-    input tile of one strip in 48 KB of shared memory."""
+    input tile of one strip in 48 KB of shared memory (with 16-byte loads' widest rows)."""
     if g.groups != g.C or g.Kh * g.Kw > DEPTHWISE_MAX_TAPS:
         return False
-    return _depthwise_tile(g, depthwise_config(g)["OY"], BY=1, BZ=1)[3] <= MAX_SHARED
+    return _depthwise_tile(g, depthwise_config(g)["OY"], BY=1, BZ=1, vec=8)[3] <= MAX_SHARED
 
 
 def conv2d_depthwise(x, w, y=None, *, stride=1, padding=0, dilation=1, groups: int = 1, bias=None,
-                     OY: int | None = None, BX: int | None = None, BY: int | None = None, BZ: int | None = None):
+                     OY: int | None = None, BX: int | None = None, BY: int | None = None, BZ: int | None = None,
+                     vec: int | None = None):
     """y = conv2d(x, w, bias, groups=C) by kernels/09_general/conv2d_depthwise.cu: a block per tile
-    of BZ output planes, their input in shared memory, OY outputs down a column per thread.
-    Compiled per mask size, stride, dilation and OY."""
+    of BZ output planes, their input in shared memory (16-byte loads where depthwise_vec allows;
+    vec=1 forces single elements), OY outputs down a column per thread.
+    Compiled per mask size, stride, dilation, OY and load width."""
     _check_in(x, "x")
     _check_in(w, "w", x.dtype)
     if bias is not None:
@@ -305,7 +317,11 @@ def conv2d_depthwise(x, w, y=None, *, stride=1, padding=0, dilation=1, groups: i
         raise ValueError(f"conv2d_depthwise takes groups == C (here {g.groups} groups of {g.C} channels) and masks "
                          f"of at most {DEPTHWISE_MAX_TAPS} taps (here {g.Kh}x{g.Kw}): use conv2d_general")
     OY = int(OY or depthwise_config(g)["OY"])
-    BX, BY, BZ, shared = _depthwise_tile(g, OY, BX, BY, BZ)
+    best = depthwise_vec(g, x)
+    if vec not in (None, 1, best):
+        raise ValueError(f"vec={vec}: this x takes {best} element(s) per load (depthwise_vec), or vec=1")
+    vec = best if vec is None else 1
+    BX, BY, BZ, shared = _depthwise_tile(g, OY, BX, BY, BZ, vec)
     if BX * BY * BZ > 1024 or BZ > 64 or shared > MAX_SHARED:
         raise ValueError(f"block BX={BX} x BY={BY} strips of OY={OY} rows x BZ={BZ} planes: {BX * BY * BZ} threads, "
                          f"{shared:,} bytes of shared memory; at most 1,024 threads, BZ <= 64 and 48 KB: "
@@ -313,7 +329,8 @@ def conv2d_depthwise(x, w, y=None, *, stride=1, padding=0, dilation=1, groups: i
     y = _output(y, (g.B, g.M, g.Ho, g.Wo), x, "y")
     if y.numel() == 0:
         return y
-    defines = {"KH": g.Kh, "KW": g.Kw, "SH": g.sh, "SW": g.sw, "DH": g.dh, "DW": g.dw, "OY": OY}
+    defines = {"KH": g.Kh, "KW": g.Kw, "SH": g.sh, "SW": g.sw, "DH": g.dh, "DW": g.dw, "OY": OY,
+               "VEC16": int(vec > 1)}
     kern = module(DEPTHWISE_FILE, defines).kernel("depthwise" + _suffix(x.dtype))
     grid_xy = (ceil_div(g.Wo, BX), ceil_div(g.Ho, BY * OY))
     if grid_xy[1] > GRID_YZ_MAX:
