@@ -97,15 +97,25 @@ def _fmt(v: float) -> str:
 
 
 #: NaN as the emulator's poisoned shared memory holds it (all bits set), unlike cl.empty's NaN:
-#: an output with these bits was computed from shared memory that no thread wrote.
+#: an output with these bits was computed from shared memory that no thread wrote. A half output
+#: shows it as 0xFFFF (copied) or 0xFE00 (through float: the float NaN rounded to half), both with
+#: the sign bit set, which cl.empty's half NaN (0x7E00) has not.
 _POISON_BITS = 0xFFFFFFFF
+_POISON_BITS_HALF = (0xFFFF, 0xFE00)
+
+
+def _poison_mask(y) -> np.ndarray | None:
+    a = np.ascontiguousarray(_as_numpy(y))
+    if a.dtype == np.float32:
+        return a.view(np.uint32) == _POISON_BITS
+    if a.dtype == np.float16:
+        return np.isin(a.view(np.uint16), _POISON_BITS_HALF)
+    return None
 
 
 def _poisoned(y) -> int:
-    a = _as_numpy(y)
-    if a.dtype != np.float32:
-        return 0
-    return int((np.ascontiguousarray(a).view(np.uint32) == _POISON_BITS).sum())
+    mask = _poison_mask(y)
+    return 0 if mask is None else int(mask.sum())
 
 
 def _mistakes(x, w, stride: int, pad: int):
@@ -165,21 +175,30 @@ def verdict(y, ref, *, rtol: float = 1e-4, atol: float | None = None, labels: st
         atol = 1e-4 * max(float(np.sqrt(np.mean(want ** 2))) if want.size else 0.0, 1e-30)
     if got.shape != want.shape:
         return False, f"wrong shape: your output is {tuple(got.shape)}, expected {tuple(want.shape)}"
+    def at(index) -> str:
+        text = "(" + ",".join(f"{n}={i}" for n, i in zip(labels, index)) + ")"
+        return f"{text} [{locate(index)}]" if locate is not None else text
+
     if n_poisoned:
-        first = tuple(int(i) for i in np.argwhere(_as_numpy(y).view(np.uint32) == _POISON_BITS)[0])
-        where = "(" + ",".join(f"{n}={i}" for n, i in zip(labels, first)) + ")"
+        first = tuple(int(i) for i in np.argwhere(_poison_mask(y))[0])
+        questions = ("does the loop that loads the tile cover all of it, halo rows and columns included, does "
+                     "every thread wait at a __syncthreads() before reading it, and does every read stay inside "
+                     "what was written (an index, a fragment's leading dimension)?")
+        if n_poisoned == got.size:
+            return False, (f"not done yet: all {got.size} outputs were computed from __shared__ memory that no "
+                           f"thread wrote (the emulator fills it with NaN for each block). Is the code still a "
+                           f"TODO? If not: {questions}")
         return False, (f"{n_poisoned} of {got.size} outputs were computed from __shared__ memory that no thread "
-                       f"wrote (the emulator fills it with NaN for each block), the first at {where}: does the "
-                       f"loop that loads the tile cover all of it, halo rows and columns included, and does "
-                       f"every thread wait at a __syncthreads() before reading it?")
+                       f"wrote (the emulator fills it with NaN for each block), the first at {at(first)}: "
+                       f"{questions}")
     never = np.isnan(got)
     n_never = int(never.sum())
     if n_never == got.size:
         return False, (f"not done yet: none of the {got.size} outputs was written "
                        f"(is the code still a TODO?)")
     if not got.any() and want.any():
-        return False, (f"not done yet: all {got.size} outputs are 0, as if nothing was added up "
-                       f"(is the code still a TODO?)")
+        return False, (f"not done yet: all {got.size} outputs are 0, as if nothing was added up (is the code "
+                       f"still a TODO? if not, what writes zeros over them?)")
     bad = never | ~np.isfinite(got) | (np.abs(got - want) > atol + rtol * np.abs(want))
     n_bad = int(bad.sum())
     if n_bad == 0:
@@ -188,10 +207,6 @@ def verdict(y, ref, *, rtol: float = 1e-4, atol: float | None = None, labels: st
         mistake = diagnose(y, *inputs, rtol=rtol, atol=given_atol)
         if mistake:
             return False, mistake
-
-    def at(index) -> str:
-        text = "(" + ",".join(f"{n}={i}" for n, i in zip(labels, index)) + ")"
-        return f"{text} [{locate(index)}]" if locate is not None else text
 
     first = tuple(int(i) for i in np.argwhere(bad)[0])
     if n_never:

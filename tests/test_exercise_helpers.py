@@ -127,7 +127,7 @@ def test_locate_names_who_computes_the_first_wrong_output(capsys):
     def where(shape, index):
         return f"thread {index[2] * shape.Wo + index[3]}"
     assert not ex.check_kernel(_torch_launch(change=bump), locate=where)
-    assert "wrong at (b=0,m=0,h=1,w=2) [thread 4]: expected" in capsys.readouterr().out
+    assert "wrong at (b=0,m=0,h=1,w=2) [thread 5]: expected" in capsys.readouterr().out
 
 
 def test_fp16_checks_half_kernels_against_chapter_6s_bound(capsys):
