@@ -2,16 +2,18 @@
 
     import convlab.exercise as ex
     ex.check_kernel(launch)          # launch(x, w, y, stride, pad) runs your kernel into y
+    ex.check_kernel(launch, fp16="float", locate=where)   # half in and out; who computed a wrong output
     ex.check_function(conv2d_numpy)  # conv2d_numpy(x, w, stride, pad) returns y (numpy)
     ex.check_value("FLOPs", flops, expected)
     ex.check_prediction("sectors per request", predicted, measured)   # {case: number} each
+    ex.check_pick(pick, times, layers, device=gpu)   # a dispatcher rule against measured times
 
 Verdicts: "correct"; a named common mistake when the output matches one of them on the
 reference (flipped mask, swapped axes, padding or stride ignored, a tile not fully loaded, the
 result rebound instead of written into y); "wrong at (b,m,h,w): expected … got …"; "N outputs
 never written"; the emulator's fault messages (cl.ConvlabError subclasses: out of range, races,
 barriers, timeouts, each at its source line) as they are; "not done yet" for an unfinished
-exercise (nothing written, or a function that returns None). On the emulator, kernels run with
+exercise (nothing written, every output still 0, or a function that returns None). On the emulator, kernels run with
 the race detector, so a missing __syncthreads() or atomicAdd fails every time.
 Every check returns a Verdict, true when right, so a notebook (or a test) can go on either way;
 it shows nothing itself in a notebook, the printed line says it all.
@@ -95,15 +97,25 @@ def _fmt(v: float) -> str:
 
 
 #: NaN as the emulator's poisoned shared memory holds it (all bits set), unlike cl.empty's NaN:
-#: an output with these bits was computed from shared memory that no thread wrote.
+#: an output with these bits was computed from shared memory that no thread wrote. A half output
+#: shows it as 0xFFFF (copied) or 0xFE00 (through float: the float NaN rounded to half), both with
+#: the sign bit set, which cl.empty's half NaN (0x7E00) has not.
 _POISON_BITS = 0xFFFFFFFF
+_POISON_BITS_HALF = (0xFFFF, 0xFE00)
+
+
+def _poison_mask(y) -> np.ndarray | None:
+    a = np.ascontiguousarray(_as_numpy(y))
+    if a.dtype == np.float32:
+        return a.view(np.uint32) == _POISON_BITS
+    if a.dtype == np.float16:
+        return np.isin(a.view(np.uint16), _POISON_BITS_HALF)
+    return None
 
 
 def _poisoned(y) -> int:
-    a = _as_numpy(y)
-    if a.dtype != np.float32:
-        return 0
-    return int((np.ascontiguousarray(a).view(np.uint32) == _POISON_BITS).sum())
+    mask = _poison_mask(y)
+    return 0 if mask is None else int(mask.sum())
 
 
 def _mistakes(x, w, stride: int, pad: int):
@@ -135,58 +147,73 @@ def _mistakes(x, w, stride: int, pad: int):
                lambda: conv(x, w, s=1)[..., :Ho, :Wo])
 
 
-def diagnose(y, x, w, stride: int, pad: int, *, rtol: float = 1e-4) -> str | None:
-    """Which common mistake gives the output y for these inputs, or None."""
+def diagnose(y, x, w, stride: int, pad: int, *, rtol: float = 1e-4, atol: float | None = None) -> str | None:
+    """Which common mistake gives the output y for these inputs, or None (atol: as in verdict)."""
     got = _as_numpy(y).astype(np.float64)
     for what, make in _mistakes(x, w, stride, pad):
         want = make().numpy()
         if want.shape == got.shape:
-            atol = 1e-4 * max(float(np.sqrt(np.mean(want ** 2))), 1e-30)
+            if atol is None:
+                atol = 1e-4 * max(float(np.sqrt(np.mean(want ** 2))), 1e-30)
             if np.all(np.abs(got - want) <= atol + rtol * np.abs(want)):
                 return what
     return None
 
 
 def verdict(y, ref, *, rtol: float = 1e-4, atol: float | None = None, labels: str = "bmhw",
-            inputs: tuple | None = None) -> tuple[bool, str]:
+            inputs: tuple | None = None, locate=None) -> tuple[bool, str]:
     """Compare an output with the fp64 reference: (ok, a one-line verdict). Like cl.check, atol
     defaults to 1e-4 of the reference's RMS (fp32 sums of many products). With inputs=(x, w,
-    stride, pad) of a conv2d, a wrong output is also tried against the common mistakes."""
+    stride, pad) of a conv2d, a wrong output is also tried against the common mistakes.
+    locate(index) -> text names who computes the output at an index (which thread, which register
+    of its micro-tile): the verdict adds it after the first wrong or unwritten output."""
     n_poisoned = _poisoned(y)
     got = _as_numpy(y).astype(np.float64)
     want = _as_numpy(ref).astype(np.float64)
+    given_atol = atol      # the common mistakes are compared with the caller's bound, or their own
     if atol is None:
         atol = 1e-4 * max(float(np.sqrt(np.mean(want ** 2))) if want.size else 0.0, 1e-30)
     if got.shape != want.shape:
         return False, f"wrong shape: your output is {tuple(got.shape)}, expected {tuple(want.shape)}"
+    def at(index) -> str:
+        text = "(" + ",".join(f"{n}={i}" for n, i in zip(labels, index)) + ")"
+        return f"{text} [{locate(index)}]" if locate is not None else text
+
     if n_poisoned:
-        first = tuple(int(i) for i in np.argwhere(_as_numpy(y).view(np.uint32) == _POISON_BITS)[0])
-        where = "(" + ",".join(f"{n}={i}" for n, i in zip(labels, first)) + ")"
+        first = tuple(int(i) for i in np.argwhere(_poison_mask(y))[0])
+        questions = ("does the loop that loads the tile cover all of it, halo rows and columns included, does "
+                     "every thread wait at a __syncthreads() before reading it, and does every read stay inside "
+                     "what was written (an index, a fragment's leading dimension)?")
+        if n_poisoned == got.size:
+            return False, (f"not done yet: all {got.size} outputs were computed from __shared__ memory that no "
+                           f"thread wrote (the emulator fills it with NaN for each block). Is the code still a "
+                           f"TODO? If not: {questions}")
         return False, (f"{n_poisoned} of {got.size} outputs were computed from __shared__ memory that no thread "
-                       f"wrote (the emulator fills it with NaN for each block), the first at {where}: does the "
-                       f"loop that loads the tile cover all of it, halo rows and columns included, and does "
-                       f"every thread wait at a __syncthreads() before reading it?")
+                       f"wrote (the emulator fills it with NaN for each block), the first at {at(first)}: "
+                       f"{questions}")
     never = np.isnan(got)
     n_never = int(never.sum())
     if n_never == got.size:
         return False, (f"not done yet: none of the {got.size} outputs was written "
                        f"(is the code still a TODO?)")
+    if not got.any() and want.any():
+        return False, (f"not done yet: all {got.size} outputs are 0, as if nothing was added up (is the code "
+                       f"still a TODO? if not, what writes zeros over them?)")
     bad = never | ~np.isfinite(got) | (np.abs(got - want) > atol + rtol * np.abs(want))
     n_bad = int(bad.sum())
     if n_bad == 0:
         return True, "correct"
     if inputs is not None and not n_never:
-        mistake = diagnose(y, *inputs, rtol=rtol)
+        mistake = diagnose(y, *inputs, rtol=rtol, atol=given_atol)
         if mistake:
             return False, mistake
+
     first = tuple(int(i) for i in np.argwhere(bad)[0])
-    where = "(" + ",".join(f"{n}={i}" for n, i in zip(labels, first)) + ")"
     if n_never:
         first_never = tuple(int(i) for i in np.argwhere(never)[0])
-        where_never = "(" + ",".join(f"{n}={i}" for n, i in zip(labels, first_never)) + ")"
-        return False, (f"{n_never} of {got.size} outputs never written, the first at {where_never}: "
+        return False, (f"{n_never} of {got.size} outputs never written, the first at {at(first_never)}: "
                        f"does every output get a thread?")
-    return False, (f"wrong at {where}: expected {_fmt(want[first])} got {_fmt(got[first])} "
+    return False, (f"wrong at {at(first)}: expected {_fmt(want[first])} got {_fmt(got[first])} "
                    f"({n_bad} of {got.size} outputs wrong)")
 
 
@@ -236,9 +263,10 @@ def _rebinds(fn, index: int) -> str | None:
     return None
 
 
-def _run_one(run, shape: Shape, *, on_device: bool):
+def _run_one(run, shape: Shape, *, on_device: bool, fp16: bool = False):
     """Make fresh inputs, run the student's code once; (output or None, reference, error text or None,
-    inputs). On the emulator the race detector watches every launch."""
+    inputs). On the emulator the race detector watches every launch. fp16: the kernel gets x and w
+    rounded to half and a half y; the reference stays that of the float32 inputs."""
     import torch
 
     import convlab as cl
@@ -248,9 +276,11 @@ def _run_one(run, shape: Shape, *, on_device: bool):
     ref = cl.ref.conv2d(x, w, stride=shape.stride, padding=shape.pad)
     try:
         if on_device:
-            y = cl.empty(shape.B, shape.M, shape.Ho, shape.Wo)
+            dtype = torch.float16 if fp16 else torch.float32
+            xk, wk = (x.half(), w.half()) if fp16 else (x, w)
+            y = cl.empty(shape.B, shape.M, shape.Ho, shape.Wo, dtype=dtype)
             with cl.detect_races(True):
-                out = run(x, w, y, shape.stride, shape.pad)
+                out = run(xk, wk, y, shape.stride, shape.pad)
             cl.sync()  # a GPU launch is asynchronous: its faults show here
             if isinstance(out, torch.Tensor):
                 y = out
@@ -266,15 +296,22 @@ def _say(ok: bool, text: str) -> Verdict:
     return Verdict(ok, text)
 
 
-def _check(run, shapes, *, on_device: bool, name: str) -> Verdict:
+def _check(run, shapes, *, on_device: bool, name: str, fp16: str | None = None, locate=None) -> Verdict:
     shapes = list(AWKWARD_SHAPES if shapes is None else shapes)
     for i, shape in enumerate(shapes):
-        y, ref, error, inputs = _run_one(run, shape, on_device=on_device)
+        y, ref, error, inputs = _run_one(run, shape, on_device=on_device, fp16=fp16 is not None)
         if error is not None:
             return _say(False, f"✗ {shape}: {error}")
         if y is None:
             return _say(False, f"not done yet: {name} returned None for {shape}")
-        ok, text = verdict(y, ref, inputs=inputs)
+        bound = {}
+        if fp16 is not None:
+            from .ops.fp16 import fp16_tolerance
+
+            rtol, atol_rms = fp16_tolerance(shape.C, shape.K, fp16)
+            bound = {"rtol": rtol, "atol": atol_rms * float(ref.double().pow(2).mean().sqrt())}
+        where = (lambda index, shape=shape: locate(shape, index)) if locate is not None else None
+        ok, text = verdict(y, ref, inputs=inputs, locate=where, **bound)
         if not ok and text.startswith("not done yet"):
             rebound = _rebinds(run, 2) if on_device else None
             if rebound:
@@ -286,14 +323,23 @@ def _check(run, shapes, *, on_device: bool, name: str) -> Verdict:
         if not ok:
             before = f"\n  ({i} shape{'s' if i > 1 else ''} before it passed)" if i else ""
             return _say(False, f"✗ {shape} ({shape.why}): {text}{before}")
-    return _say(True, f"✓ correct: {name} matches the fp64 reference on all {len(shapes)} shapes "
+    within = "is within the fp16 bound of" if fp16 is not None else "matches"
+    return _say(True, f"✓ correct: {name} {within} the fp64 reference on all {len(shapes)} shapes "
                       f"(awkward sizes, C=1, B=1, odd and even K, stride 2, padding)")
 
 
-def check_kernel(launch, shapes=None, *, name: str = "your kernel") -> Verdict:
+def check_kernel(launch, shapes=None, *, name: str = "your kernel", fp16: str | None = None,
+                 locate=None) -> Verdict:
     """launch(x, w, y, stride, pad) runs a kernel on fresh random x, w (on the backend's device)
-    into y, which starts poisoned with NaN. Prints a verdict; True when right on every shape."""
-    return _check(launch, shapes, on_device=True, name=name)
+    into y, which starts poisoned with NaN. Prints a verdict; True when right on every shape.
+
+    fp16="float" or "half" (how the kernel adds up): x, w and y are half, and the output is held
+    to chapter 6's bound for that accumulation (fp16.fp16_tolerance) instead of fp32's.
+    locate(shape, (b, m, h, w)) -> text: who computes that output (a thread, a warp, a register
+    of its tile), said with the first wrong or unwritten output."""
+    if fp16 not in (None, "half", "float"):
+        raise ValueError("fp16 is 'half' or 'float' (how the kernel adds up), or None for float32")
+    return _check(launch, shapes, on_device=True, name=name, fp16=fp16, locate=locate)
 
 
 def check_function(fn, shapes=None, *, name: str = "your function") -> Verdict:
@@ -348,3 +394,46 @@ def check_prediction(what: str, predicted: dict, measured: dict, *, rel: float =
     if wrong:
         return _say(False, f"✗ {what}: " + "; ".join(wrong))
     return _say(True, f"✓ correct: every predicted {what} matches the profiler ({len(measured)} cases)")
+
+
+def _layer_text(shape) -> str:
+    return (f"C={shape.C}, K={shape.K}, M={shape.M}, {shape.Ho}×{shape.Wo} output pixels per image, "
+            f"B={shape.B}")
+
+
+def check_pick(pick, times: dict, layers: dict, *, device: str) -> Verdict:
+    """A dispatcher rule against measured times. pick(shape) returns the name of a kernel (or an Impl);
+    times[layer][kernel] is the time (ms) measured on `device` of each kernel that took that layer;
+    layers[layer] is the layer's shape (a Workload). Says on which layers the rule picks a slower
+    kernel than the fastest measured, and how much slower."""
+    kernels = list(dict.fromkeys(k for ms in times.values() for k in ms))
+    slower, total, best_total = [], 0.0, 0.0
+    for layer, shape in layers.items():
+        measured = times[layer]
+        try:
+            choice = pick(shape)
+        except Exception as e:  # noqa: BLE001 (a check must never stop the notebook)
+            return _say(False, f"✗ {layer}: {describe_error(e)}")
+        if choice is None:
+            return _say(False, f"not done yet: your rule returned None for {layer}")
+        choice = getattr(choice, "name", choice)
+        if choice not in kernels:
+            return _say(False, f"✗ {layer}: your rule returned {choice!r}, which is none of the kernels: "
+                               + ", ".join(repr(k) for k in kernels))
+        if choice not in measured:
+            return _say(False, f"✗ {layer} ({_layer_text(shape)}): your rule picks {choice!r}, which does not "
+                               f"take this layer (it was not measured on it); the kernels that do: "
+                               + ", ".join(repr(k) for k in measured))
+        best = min(measured, key=measured.get)
+        total, best_total = total + measured[choice], best_total + measured[best]
+        if measured[choice] > measured[best]:
+            slower.append(f"{layer} ({_layer_text(shape)}): your rule picks {choice!r}, "
+                          f"{measured[choice]:.4g} ms; {best!r} takes {measured[best]:.4g} ms, "
+                          f"{measured[choice] / measured[best]:.2f}× faster")
+    if slower:
+        return _say(False, f"✗ on {len(slower)} of {len(layers)} layers your rule picks a slower kernel than the "
+                           f"fastest measured on {device}:\n  " + "\n  ".join(slower)
+                           + f"\n  all {len(layers)} layers: {total:.4g} ms with your rule, {best_total:.4g} ms "
+                             f"with the fastest kernel of each")
+    return _say(True, f"✓ correct: your rule picks the fastest kernel measured on {device} on all "
+                      f"{len(layers)} layers ({best_total:.4g} ms in all)")

@@ -105,6 +105,60 @@ def test_verdict_wrong_shape():
     assert not ok and text.startswith("wrong shape")
 
 
+def _torch_launch(*, half=False, change=None):
+    """A launch computed by torch (no kernel), optionally changed after the fact."""
+    def launch(x, w, y, stride, pad):
+        out = torch.nn.functional.conv2d(x.double(), w.double(), stride=stride, padding=pad)
+        y.copy_(out.to(y.dtype))
+        if change is not None:
+            change(y)
+    return launch
+
+
+def test_all_zero_outputs_are_not_done_yet(capsys):
+    assert not ex.check_kernel(_torch_launch(change=lambda y: y.zero_()))
+    assert capsys.readouterr().out.startswith("not done yet: all ")
+
+
+def test_locate_names_who_computes_the_first_wrong_output(capsys):
+    def bump(y):
+        y[0, 0, 1, 2] += 1.0
+
+    def where(shape, index):
+        return f"thread {index[2] * shape.Wo + index[3]}"
+    assert not ex.check_kernel(_torch_launch(change=bump), locate=where)
+    assert "wrong at (b=0,m=0,h=1,w=2) [thread 5]: expected" in capsys.readouterr().out
+
+
+def test_fp16_checks_half_kernels_against_chapter_6s_bound(capsys):
+    assert ex.check_kernel(_torch_launch(), fp16="float")
+    assert "within the fp16 bound" in capsys.readouterr().out
+    # a relative error of 1% is far outside the bound of float accumulation
+    assert not ex.check_kernel(_torch_launch(change=lambda y: y.mul_(1.01)), fp16="float")
+    assert capsys.readouterr().out.startswith("✗")
+    with pytest.raises(ValueError):
+        ex.check_kernel(_torch_launch(), fp16="fp16")
+
+
+def test_check_pick_says_where_a_rule_loses_and_by_how_much(capsys):
+    small, big = workloads.get("fa17"), workloads.get("resnet")
+    times = {"fa17": {"gemm": 1.0, "direct": 0.5}, "resnet": {"gemm": 0.5}}
+    layers = {"fa17": small, "resnet": big}
+    assert ex.check_pick(lambda s: "direct" if s.M <= 50 else "gemm", times, layers, device="GPU X")
+    assert "fastest kernel measured on GPU X on all 2 layers" in capsys.readouterr().out
+    assert not ex.check_pick(lambda s: "gemm", times, layers, device="GPU X")
+    out = capsys.readouterr().out
+    assert "on 1 of 2 layers" in out and "fa17 (C=1, K=5, M=50" in out and "2.00×" in out
+    assert not ex.check_pick(lambda s: "direct", times, layers, device="GPU X")
+    assert "'direct', which does not take this layer" in capsys.readouterr().out
+    assert not ex.check_pick(lambda s: "fft", times, layers, device="GPU X")
+    assert "none of the kernels" in capsys.readouterr().out
+    assert not ex.check_pick(lambda s: None, times, layers, device="GPU X")
+    assert capsys.readouterr().out.startswith("not done yet")
+    assert not ex.check_pick(lambda s: s.nothing, times, layers, device="GPU X")
+    assert "your code raised AttributeError" in capsys.readouterr().out
+
+
 # ---- the %%cuda magic ---------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
