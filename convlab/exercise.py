@@ -7,6 +7,8 @@
     ex.check_value("FLOPs", flops, expected)
     ex.check_prediction("sectors per request", predicted, measured)   # {case: number} each
     ex.check_pick(pick, times, layers, device=gpu)   # a dispatcher rule against measured times
+    ex.check_fragment("A fragment", regs, a_element, "A")   # a warp's registers against a layout
+    ex.check_placement("D", D, d_element)                   # where each lane's d[i] went
 
 Verdicts: "correct"; a named common mistake when the output matches one of them on the
 reference (flipped mask, swapped axes, padding or stride ignored, a tile not fully loaded, the
@@ -437,3 +439,53 @@ def check_pick(pick, times: dict, layers: dict, *, device: str) -> Verdict:
                              f"with the fastest kernel of each")
     return _say(True, f"✓ correct: your rule picks the fastest kernel measured on {device} on all "
                       f"{len(layers)} layers ({best_total:.4g} ms in all)")
+
+
+def _halves(reg: int) -> tuple[int, int]:
+    return reg & 0xFFFF, reg >> 16
+
+
+def check_fragment(name: str, regs, element, matrix: str = "A") -> Verdict:
+    """regs: the (32, R) 32-bit registers each lane of a warp holds after loading a tile whose
+    element (row, col) is the number 16 * row + col, so each 16-bit half says where it came from.
+    element(lane, j) is the (row, col) the fragment's element j of that lane must be; register i
+    holds elements 2i (low half) and 2i+1 (high half). Names the first wrong lane and register."""
+    if regs is None:
+        return _say(False, f"not done yet: no registers for {name} (did the kernel run?)")
+    got = np.ascontiguousarray(_as_numpy(regs)).view(np.uint32).reshape(32, -1)
+
+    def at(v):
+        return f"{matrix}[{v // 16}][{v % 16}]" if v < 256 else f"0x{v:04x} (no element of the tile: never loaded?)"
+    wrong = []
+    for lane in range(32):
+        for i in range(got.shape[1]):
+            want = [16 * r + c for r, c in (element(lane, 2 * i), element(lane, 2 * i + 1))]
+            if list(_halves(int(got[lane, i]))) != want:
+                wrong.append((lane, i, _halves(int(got[lane, i])), want))
+    if not wrong:
+        return _say(True, f"✓ correct: {name}: all {got.size} registers of the warp hold what the layout says")
+    lane, i, has, want = wrong[0]
+    return _say(False, f"✗ {name}: lane {lane}, register {i} holds {at(has[0])}, {at(has[1])}; the layout needs "
+                       f"{at(want[0])}, {at(want[1])} ({len(wrong)} of {got.size} registers wrong)")
+
+
+def check_placement(name: str, out, element) -> Verdict:
+    """out: the 2-D output a warp wrote, each lane's d[i] holding the number 4 * lane + i; element(lane, i)
+    is the (row, col) where d[i] of that lane belongs. Names the first misplaced value."""
+    if out is None:
+        return _say(False, f"not done yet: no {name} (did the kernel run?)")
+    got = _as_numpy(out).astype(np.float64)
+    if np.isnan(got).all():
+        return _say(False, f"not done yet: nothing of {name} was written")
+    want = np.full(got.shape, np.nan)
+    for lane in range(32):
+        for i in range(4):
+            want[element(lane, i)] = 4 * lane + i
+    bad = np.argwhere(~(got == want))
+    if not len(bad):
+        return _say(True, f"✓ correct: {name}: every lane's d[0..3] is where the layout puts it")
+    r, c = (int(v) for v in bad[0])
+    has = "nothing (never written)" if np.isnan(got[r, c]) else f"lane {int(got[r, c]) // 4}'s d[{int(got[r, c]) % 4}]"
+    belongs = int(want[r, c])
+    return _say(False, f"✗ {name}[{r}][{c}] holds {has}; the layout puts lane {belongs // 4}'s d[{belongs % 4}] "
+                       f"there ({len(bad)} of {got.size} wrong)")

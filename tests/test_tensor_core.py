@@ -211,7 +211,7 @@ def test_mma_tile_against_fp64(bf16):
     a64, b64 = to_float(A, bf16), to_float(B, bf16)
     want, bound = a64 @ b64, 17 * 2.0 ** -24 * (np.abs(a64) @ np.abs(b64))
     bad = np.argwhere(~(np.abs(D - want) <= bound))
-    assert not len(bad), f"D{tuple(bad[0])} = {D[tuple(bad[0])]!r}, fp64 gives {want[tuple(bad[0])]!r} ({len(bad)} wrong)"
+    assert not len(bad), f"D{tuple(bad[0])} = {D[tuple(bad[0])]!r}, fp64 {want[tuple(bad[0])]!r} ({len(bad)} wrong)"
 
 
 @pytest.mark.parametrize("threads", [128, 96])
@@ -321,6 +321,16 @@ def test_overwriting_a_copy_in_flight():
     msg = str(e.value)
     assert f"write to __shared__ s[0] at {at('s[4 * t] = 0.0f', 'overwrite_in_flight')}" in msg
     assert "lands over this write" in msg
+
+
+@pytest.mark.emu_only
+def test_next_copy_into_a_buffer_still_being_read_is_a_race():
+    with pytest.raises(cl.RaceError) as e:
+        launch_mistake("reuse_without_barrier")
+    msg = str(e.value)
+    read, cp = at("y[t] = s[", "reuse_without_barrier"), at("x + 4 * (64 + t)", "reuse_without_barrier")
+    assert msg.startswith("reuse_without_barrier: data race on __shared__ s[")
+    assert f"Put a __syncthreads() between {read} and {cp}" in msg
 
 
 @pytest.mark.emu_only

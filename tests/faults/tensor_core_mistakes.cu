@@ -55,6 +55,23 @@ __global__ void overwrite_in_flight(const float* x, float* y) {
     y[t] = s[4 * (63 - t)];
 }
 
+// the next stage's copy into a buffer other threads may still be reading: a barrier belongs between
+__global__ void reuse_without_barrier(const float* x, float* y) {
+    __shared__ __align__(16) float s[64 * 4];
+    int t = threadIdx.x;
+    cp_async_16(&s[4 * t], x + 4 * t);
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+    if (t < 63) y[t] = s[4 * (t + 1)];
+    cp_async_16(&s[4 * t], x + 4 * (64 + t));
+    cp_async_commit();
+    __syncthreads();
+    cp_async_wait<0>();
+    __syncthreads();
+    if (t < 63) y[64 + t] = s[4 * (t + 1)];
+}
+
 // offset: elements added to the shared (dst) or global (src) address
 __global__ void misaligned(const float* x, float* y, int dst_offset, int src_offset) {
     __shared__ __align__(16) float s[64 * 4 + 4];
