@@ -1,3 +1,4 @@
+// Requires sm_80 or newer: mma.sync m16n8k16 and cp.async
 // Faults: ldmatrix and cp.async used wrongly (tests/test_tensor_core.py). One block of 64 threads
 // unless a test says otherwise; thread t copies x[4t .. 4t+3] and reads thread 63-t's chunk.
 #include "09_general/tensor_core.cuh"
