@@ -1,0 +1,201 @@
+// Requires sm_80 or newer: cp.async and mma.sync.m16n8k16 with float accumulators
+//
+// Chapter 9: an fp16 implicit-GEMM convolution on tensor cores through mma.sync, in NHWC: the
+// layout and the loop structure of NVIDIA CUTLASS's sm80 "implicit GEMM" forward convolution,
+// written out by hand.
+//
+// GEMM view:  Y (P x M) = A (P x K) . B^T,  P = B*Ho*Wo output pixels (rows), M output maps
+// (columns), K = Kh*Kw*C with the channel fastest. x is NHWC and the mask is (M, Kh, Kw, C)
+// ("KRSC"), so a row of A (one pixel's receptive field, one tap at a time) and a row of B (one
+// map's weights) are both contiguous along K: 8 channels are one 16-byte cp.async. Needs C % 8 == 0
+// (the launcher pads fewer channels, e.g. an RGB stem, with zeros up to 8).
+//
+//  - Block tile BM x BN (pixels x maps), BK-deep steps of K; WARPS_M x WARPS_N warps, each owning a
+//    (BM/WARPS_M) x (BN/WARPS_N) warp tile of MI x NI m16n8 accumulators (64 x 64: 4 x 8, 128 floats
+//    per lane). Per 16-deep step a warp loads MI A fragments and NI/2 pairs of B fragments with
+//    ldmatrix.x4 and issues MI*NI mma.sync.m16n8k16.
+//  - STAGES-deep cp.async pipeline: tiles kt+1 .. kt+STAGES-1 are in flight while tile kt is
+//    multiplied; one cp_async_wait<STAGES-2> + __syncthreads() per step. The copies go global ->
+//    shared without registers, so the loads need no registers and no thread waits on them.
+//  - Shared rows are BK halves (BK/8 16-byte chunks) with the chunks XOR-swizzled by the row
+//    (swz below): the 8 rows an ldmatrix phase reads at one chunk column fall in 8 different
+//    4-bank groups, so the fragment loads have no bank conflicts and the rows need no padding.
+//  - Loader: each thread copies the same chunk column of BK for A_ITERS pixel rows and B_ITERS map
+//    rows. Per pixel it keeps its image's offset and the window's top-left (ih0, iw0), computed once;
+//    per step it advances its (r, s, c) position in K by BK (a division-free walk), so a copy is an
+//    address, a bounds test and a cp.async. Taps in the padding, pixels past P, maps past M and
+//    K's tail are zero-filled by the copy (src-size 0) from a safe address.
+//  - Epilogue: bias (fp32) added to the fp32 sums, rounded to half once, stored as half2 pairs of
+//    neighbouring maps straight from the accumulators (y is NHWC: maps are contiguous).
+//  - Blocks: one 1-D grid, the BN-wide map tiles of one pixel tile adjacent, so the blocks running
+//    together share their input rows in L2 (the mask is small and stays in L2 anyway).
+//
+// Layout: x (B, H, W, C) half, C % 8 == 0, 16-byte aligned; w (M, Kh, Kw, C) half; bias (M) half
+// (read only when has_bias); y (B, Ho, Wo, M) half. Stride, padding and dilation: any.
+// Grid: (ceil(P/BM) * ceil(M/BN)), block 32*WARPS_M*WARPS_N threads, dynamic shared memory
+// STAGES*(BM+BN)*BK*2 bytes. Tunables: BM, BN, BK (16, 32 or 64), WARPS_M, WARPS_N, STAGES.
+
+#include <cuda_fp16.h>
+#include "tensor_core.cuh"
+
+#ifndef BM
+#define BM 128
+#endif
+#ifndef BN
+#define BN 128
+#endif
+#ifndef BK
+#define BK 32
+#endif
+#ifndef WARPS_M
+#define WARPS_M 2
+#endif
+#ifndef WARPS_N
+#define WARPS_N 2
+#endif
+#ifndef STAGES
+#define STAGES 4
+#endif
+
+constexpr int THREADS = 32 * WARPS_M * WARPS_N;
+constexpr int CHUNKS = BK / 8;                    // 16-byte chunks in a shared row
+constexpr int WTM = BM / WARPS_M, WTN = BN / WARPS_N;
+constexpr int MI = WTM / 16, NI = WTN / 8;        // m16n8 tiles per warp
+constexpr int ROWS_PER_PASS = THREADS / CHUNKS;   // rows one pass of the block's copies fills
+constexpr int A_ITERS = BM / ROWS_PER_PASS, B_ITERS = BN / ROWS_PER_PASS;
+constexpr int A_STAGE = BM * BK, B_STAGE = BN * BK;   // halves per stage
+
+static_assert(BK == 16 || BK == 32 || BK == 64, "BK must be 16, 32 or 64");
+static_assert(WTM % 16 == 0 && WTN % 16 == 0, "warp tiles must be multiples of 16 x 16");
+static_assert(BM % WARPS_M == 0 && BN % WARPS_N == 0, "the warps must split the block tile");
+static_assert(THREADS % CHUNKS == 0 && BM % ROWS_PER_PASS == 0 && BN % ROWS_PER_PASS == 0,
+              "the block's 16-byte copies must cover BM and BN rows evenly");
+static_assert(STAGES >= 2, "at least two stages");
+
+// The slot (in 16-byte chunks) of chunk `chunk` of shared row `row`. Rows are BK*2 bytes, so 128/(BK*2)
+// rows share one 128-byte line of the 32 banks; XOR-ing the chunk with the row's line index spreads
+// the 8 rows an ldmatrix phase reads over all 8 chunk positions of a line.
+__device__ __forceinline__ int swz(int row, int chunk)
+{
+    return CHUNKS == 8 ? chunk ^ (row & 7) : CHUNKS == 4 ? chunk ^ ((row >> 1) & 3) : chunk ^ ((row >> 2) & 1);
+}
+
+__device__ __forceinline__ int at(int row, int chunk) { return row * BK + swz(row, chunk) * 8; }
+
+__global__ void __launch_bounds__(THREADS)
+conv2d_mma(const half* __restrict__ x, const half* __restrict__ w, const half* __restrict__ bias,
+           half* __restrict__ y, int has_bias, int B, int H, int W, int C, int M, int Kh, int Kw, int Ho, int Wo,
+           int sh, int sw, int ph, int pw, int dh, int dw)
+{
+    extern __shared__ __align__(128) half smem[];    // [STAGES][BM][BK] A, then [STAGES][BN][BK] B
+    half* As = smem;
+    half* Bs = smem + STAGES * A_STAGE;
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int P = B * Ho * Wo, K = Kh * Kw * C;
+    const int map_tiles = (M + BN - 1) / BN;
+    const int p0 = (blockIdx.x / map_tiles) * BM, m0 = (blockIdx.x % map_tiles) * BN;
+
+    // ---- the loader's fixed part: this thread's chunk column, pixel rows and map rows ----
+    const int cc = tid % CHUNKS, row0 = tid / CHUNKS;
+    int a_img[A_ITERS], a_ih[A_ITERS], a_iw[A_ITERS];
+    for (int i = 0; i < A_ITERS; i++) {
+        const int p = p0 + row0 + i * ROWS_PER_PASS;
+        const int n = p / (Ho * Wo), q = p % (Ho * Wo);
+        a_img[i] = n * H * W;
+        a_ih[i] = p < P ? (q / Wo) * sh - ph : -(1 << 30);   // past P: every tap out of bounds
+        a_iw[i] = (q % Wo) * sw - pw;
+    }
+    // where this thread's chunk is in K: tap (r, s), channel c; k for the mask's rows
+    int k = cc * 8, c = k % C, r = (k / C) / Kw, s = (k / C) % Kw;
+
+    auto load_tile = [&](int stage) {
+        half* as = As + stage * A_STAGE;
+        half* bs = Bs + stage * B_STAGE;
+        const bool k_ok = r < Kh;
+        for (int i = 0; i < A_ITERS; i++) {
+            const int row = row0 + i * ROWS_PER_PASS;
+            const int ih = a_ih[i] + r * dh, iw = a_iw[i] + s * dw;
+            const bool ok = k_ok && ih >= 0 && ih < H && iw >= 0 && iw < W;
+            cp_async_16(as + at(row, cc), ok ? x + ((a_img[i] + ih * W + iw) * C + c) : x, ok);
+        }
+        for (int i = 0; i < B_ITERS; i++) {
+            const int row = row0 + i * ROWS_PER_PASS, m = m0 + row;
+            const bool ok = k < K && m < M;
+            cp_async_16(bs + at(row, cc), ok ? w + (m * K + k) : w, ok);
+        }
+        // the next step's position: BK channels on, across taps when C < BK or C is not a multiple
+        k += BK;
+        for (c += BK; c >= C; c -= C)
+            if (++s == Kw) { s = 0; ++r; }
+    };
+
+    // ---- the warp's fragments ----
+    const int wm = warp % WARPS_M, wn = warp / WARPS_M;
+    float acc[MI][NI][4];
+    for (int i = 0; i < MI; i++)
+        for (int j = 0; j < NI; j++)
+            for (int e = 0; e < 4; e++) acc[i][j][e] = 0.f;
+
+    const int steps = (K + BK - 1) / BK;
+    for (int st = 0; st < STAGES - 1; st++) {
+        if (st < steps) load_tile(st);
+        cp_async_commit();                       // empty groups keep the count in step
+    }
+    for (int kt = 0; kt < steps; kt++) {
+        cp_async_wait<STAGES - 2>();             // tile kt has landed (this thread's copies) ...
+        __syncthreads();                         // ... everyone's; and stage kt-1 is free again
+        if (kt + STAGES - 1 < steps) load_tile((kt + STAGES - 1) % STAGES);
+        cp_async_commit();
+
+        const half* as = As + (kt % STAGES) * A_STAGE;
+        const half* bs = Bs + (kt % STAGES) * B_STAGE;
+#pragma unroll
+        for (int kk = 0; kk < BK / 16; kk++) {
+            unsigned af[MI][4], bf[NI][2];
+#pragma unroll
+            for (int i = 0; i < MI; i++) {       // lanes 0-15: rows 0-15 at k 0-7; 16-31: at k 8-15
+                const int row = wm * WTM + i * 16 + (lane & 15);
+                ldmatrix_x4(af[i], as + at(row, kk * 2 + (lane >> 4)));
+            }
+#pragma unroll
+            for (int j = 0; j < NI / 2; j++) {   // matrices: maps 0-7 k 0-7, maps 0-7 k 8-15, maps 8-15 ...
+                const int row = wn * WTN + j * 16 + (lane & 7) + ((lane >> 4) << 3);
+                unsigned t[4];
+                ldmatrix_x4(t, bs + at(row, kk * 2 + ((lane >> 3) & 1)));
+                bf[2 * j][0] = t[0]; bf[2 * j][1] = t[1];
+                bf[2 * j + 1][0] = t[2]; bf[2 * j + 1][1] = t[3];
+            }
+#pragma unroll
+            for (int i = 0; i < MI; i++)
+#pragma unroll
+                for (int j = 0; j < NI; j++) mma_16816(acc[i][j], af[i], bf[j]);
+        }
+    }
+
+    // ---- epilogue: lane holds rows lane/4 and lane/4 + 8, maps 2*(lane%4) and +1 of each m16n8 ----
+    const bool pairs = (M & 1) == 0;             // half2 stores need even row starts
+#pragma unroll
+    for (int i = 0; i < MI; i++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int p = p0 + wm * WTM + i * 16 + (lane >> 2) + h * 8;
+            if (p >= P) continue;
+#pragma unroll
+            for (int j = 0; j < NI; j++) {
+                const int m = m0 + wn * WTN + j * 8 + (lane & 3) * 2;
+                if (m >= M) continue;
+                float v0 = acc[i][j][2 * h], v1 = acc[i][j][2 * h + 1];
+                if (has_bias) {
+                    v0 += __half2float(bias[m]);
+                    if (m + 1 < M) v1 += __half2float(bias[m + 1]);
+                }
+                if (pairs) {
+                    *reinterpret_cast<half2*>(&y[p * M + m]) = __floats2half2_rn(v0, v1);
+                } else {
+                    y[p * M + m] = __float2half_rn(v0);
+                    if (m + 1 < M) y[p * M + m + 1] = __float2half_rn(v1);
+                }
+            }
+        }
+}
