@@ -61,8 +61,9 @@ def _pair(v, what: str) -> tuple[int, int]:
 
 
 def shared_bytes(BM: int, BN: int, BK: int, STAGES: int, **_) -> int:
-    """Dynamic shared memory of a block: STAGES stages of a BM x BK and a BN x BK half tile."""
-    return STAGES * (BM + BN) * BK * 2
+    """Dynamic shared memory of a block: STAGES stages of a BM x BK and a BN x BK half tile, or the
+    epilogue's BM x (BN + 8) half tile in the same memory if that is larger."""
+    return max(STAGES * (BM + BN) * BK, BM * (BN + 8)) * 2
 
 
 def check_mma_tunables(BM: int, BN: int, BK: int, WARPS_M: int, WARPS_N: int, STAGES: int) -> None:

@@ -25,15 +25,16 @@
 //    per step it advances its (r, s, c) position in K by BK (a division-free walk), so a copy is an
 //    address, a bounds test and a cp.async. Taps in the padding, pixels past P, maps past M and
 //    K's tail are zero-filled by the copy (src-size 0) from a safe address.
-//  - Epilogue: bias (fp32) added to the fp32 sums, rounded to half once, stored as half2 pairs of
-//    neighbouring maps straight from the accumulators (y is NHWC: maps are contiguous).
+//  - Epilogue: bias (fp32) added to the fp32 sums, rounded to half once, the block's BM x BN tile
+//    staged in shared memory (the pipeline's, reused) and written as 16-byte row pieces: y is NHWC,
+//    so a pixel's BN maps are contiguous, whole 32-byte sectors.
 //  - Blocks: one 1-D grid, the BN-wide map tiles of one pixel tile adjacent, so the blocks running
 //    together share their input rows in L2 (the mask is small and stays in L2 anyway).
 //
 // Layout: x (B, H, W, C) half, C % 8 == 0, 16-byte aligned; w (M, Kh, Kw, C) half; bias (M) half
 // (read only when has_bias); y (B, Ho, Wo, M) half. Stride, padding and dilation: any.
 // Grid: (ceil(P/BM) * ceil(M/BN)), block 32*WARPS_M*WARPS_N threads, dynamic shared memory
-// STAGES*(BM+BN)*BK*2 bytes. Tunables: BM, BN, BK (16, 32 or 64), WARPS_M, WARPS_N, STAGES.
+// max(STAGES*(BM+BN)*BK, BM*(BN+8)) * 2 bytes. Tunables: BM, BN, BK (16, 32 or 64), WARPS_M, WARPS_N, STAGES.
 
 #include <cuda_fp16.h>
 #include "tensor_core.cuh"
@@ -64,6 +65,7 @@ constexpr int MI = WTM / 16, NI = WTN / 8;        // m16n8 tiles per warp
 constexpr int ROWS_PER_PASS = THREADS / CHUNKS;   // rows one pass of the block's copies fills
 constexpr int A_ITERS = BM / ROWS_PER_PASS, B_ITERS = BN / ROWS_PER_PASS;
 constexpr int A_STAGE = BM * BK, B_STAGE = BN * BK;   // halves per stage
+constexpr int CS = BN + 8;                        // the epilogue's shared row: BN maps, padded
 
 static_assert(BK == 16 || BK == 32 || BK == 64, "BK must be 16, 32 or 64");
 static_assert(WTM % 16 == 0 && WTN % 16 == 0, "warp tiles must be multiples of 16 x 16");
@@ -87,7 +89,7 @@ conv2d_mma(const half* __restrict__ x, const half* __restrict__ w, const half* _
            half* __restrict__ y, int has_bias, int B, int H, int W, int C, int M, int Kh, int Kw, int Ho, int Wo,
            int sh, int sw, int ph, int pw, int dh, int dw)
 {
-    extern __shared__ __align__(128) half smem[];    // [STAGES][BM][BK] A, then [STAGES][BN][BK] B
+    extern __shared__ __align__(128) half smem[];    // [STAGES][BM][BK] A, then [STAGES][BN][BK] B; then [BM][CS]
     half* As = smem;
     half* Bs = smem + STAGES * A_STAGE;
 
@@ -173,29 +175,40 @@ conv2d_mma(const half* __restrict__ x, const half* __restrict__ w, const half* _
         }
     }
 
-    // ---- epilogue: lane holds rows lane/4 and lane/4 + 8, maps 2*(lane%4) and +1 of each m16n8 ----
-    const bool pairs = (M & 1) == 0;             // half2 stores need even row starts
+    // ---- epilogue: bias, round to half, through shared memory to full-row 16-byte stores ----
+    // A lane holds rows lane/4 and lane/4 + 8, maps 2*(lane%4) and +1 of each m16n8 tile: written
+    // straight to y, a warp's store would cover 16 of each 32-byte sector. Staged in shared memory
+    // (rows padded by 8 halves: the 8 rows of a half2 store fall in different banks), each row of
+    // BN maps goes out as whole sectors.
+    cp_async_wait<0>();
+    __syncthreads();                             // every warp is done with the pipeline's stages
+    half* cs = smem;                             // [BM][CS]
 #pragma unroll
     for (int i = 0; i < MI; i++)
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            const int p = p0 + wm * WTM + i * 16 + (lane >> 2) + h * 8;
-            if (p >= P) continue;
+            const int row = wm * WTM + i * 16 + (lane >> 2) + h * 8;
 #pragma unroll
             for (int j = 0; j < NI; j++) {
-                const int m = m0 + wn * WTN + j * 8 + (lane & 3) * 2;
-                if (m >= M) continue;
+                const int col = wn * WTN + j * 8 + (lane & 3) * 2, m = m0 + col;
                 float v0 = acc[i][j][2 * h], v1 = acc[i][j][2 * h + 1];
-                if (has_bias) {
+                if (has_bias && m < M) {
                     v0 += __half2float(bias[m]);
                     if (m + 1 < M) v1 += __half2float(bias[m + 1]);
                 }
-                if (pairs) {
-                    *reinterpret_cast<half2*>(&y[p * M + m]) = __floats2half2_rn(v0, v1);
-                } else {
-                    y[p * M + m] = __float2half_rn(v0);
-                    if (m + 1 < M) y[p * M + m + 1] = __float2half_rn(v1);
-                }
+                *reinterpret_cast<half2*>(cs + row * CS + col) = __floats2half2_rn(v0, v1);
             }
         }
+    __syncthreads();
+    const bool vec = (M & 7) == 0;               // 16-byte stores need rows that start 16-byte aligned
+    for (int v = tid; v < BM * (BN / 8); v += THREADS) {
+        const int row = v / (BN / 8), col = (v % (BN / 8)) * 8;
+        const int p = p0 + row, m = m0 + col;
+        if (p >= P || m >= M) continue;
+        if (vec) {
+            *reinterpret_cast<uint4*>(&y[p * M + m]) = *reinterpret_cast<const uint4*>(cs + row * CS + col);
+        } else {
+            for (int e = 0; e < 8 && m + e < M; e++) y[p * M + m + e] = cs[row * CS + col + e];
+        }
+    }
 }
