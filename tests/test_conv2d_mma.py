@@ -30,7 +30,8 @@ CASES = [
     (2, 40, 5, 6, 40, 1, 1, 1, 0, 1, dict(SMALL, BN=32, WARPS_N=1, STAGES=4)),      # 1x1, C=40 (K tail)
     (1, 64, 6, 6, 72, 3, 3, 1, 1, 1, dict(SMALL, BM=32, WARPS_M=1)),                # 2 map tiles, 18 steps
     (3, 16, 10, 11, 8, 2, 2, 1, 0, 1, dict(SMALL, BM=32, BN=32, WARPS_M=1, WARPS_N=1)),   # even mask, 10 pixel tiles
-    (2, 8, 18, 16, 16, 3, 3, 2, 1, 1, tc.CANDIDATES["128x64x32 s4 (2x2 warps)"]),   # 4 stages, 64 KB opt-in
+    (2, 8, 18, 16, 16, 3, 3, 2, 1, 1, tc.CANDIDATES["128x64x32 s4 (2x2 warps)"]),   # 4 stages, 48 KB
+    (1, 8, 9, 9, 16, 3, 3, 1, 1, 1, tc.CANDIDATES["128x128x32 s4 (2x2 warps)"]),    # 64 KB: the opt-in
 ]
 
 
@@ -108,3 +109,22 @@ def test_candidates_and_config():
     assert area(tc.mma_config(deep)) < area(tc.mma_config(workloads.Workload("r28", B=32, C=128, M=128, H=28,
                                                                              W=28, K=3, padding=1)))
     assert tc.MMA.applies(big) and tc.MMA.config(big) == tc.mma_config(big)
+
+
+def test_shared_memory_opt_in():
+    """A tile over 48 KB of shared memory launches with the opt-in; without it the launch is refused."""
+    from convlab.ops._kernels import Launch
+
+    t = tc.CANDIDATES["128x128x32 s4 (2x2 warps)"]
+    assert tc.shared_bytes(**t) > 48 * 1024
+    x = cl.randn(1, 8, 4, 4).half()
+    w = cl.randn(8, 8, 1, 1).half()
+    tc.conv2d_mma(x, w, **t)
+    (_, _, launch), = [v for k, v in tc._plans.items() if k[:2] == ((1, 8, 4, 4), (8, 8, 1, 1))]
+    assert launch.max_shared == tc.shared_bytes(**t)
+    bare = Launch(launch.path, launch.kernel, dict(launch.defines), launch.scalars, grid=launch.grid,
+                  block=launch.block, shared=launch.shared)
+    y = torch.empty(1, 4, 4, 8, dtype=torch.float16, device=x.device)
+    xn, wn = x.permute(0, 2, 3, 1).contiguous(), w.permute(0, 2, 3, 1).contiguous()
+    with pytest.raises(cl.LaunchError, match="opt in"):
+        bare(xn, wn, wn, y, 0)
