@@ -106,7 +106,9 @@ def _nhwc(x: torch.Tensor, C8: int) -> torch.Tensor:
     xp = x.permute(0, 2, 3, 1)
     if C8 != x.shape[1]:
         return F.pad(xp, (0, C8 - x.shape[1]))
-    return xp if xp.is_contiguous() and xp.data_ptr() % 16 == 0 else xp.contiguous()
+    if xp.is_contiguous() and xp.data_ptr() % 16 == 0:
+        return xp
+    return xp.clone(memory_format=torch.contiguous_format)      # cp.async reads 16-byte aligned chunks
 
 
 def conv2d_mma(x, w, y=None, *, stride=1, padding=0, dilation=1, bias=None, **tunables):
