@@ -95,6 +95,10 @@ def test_errors_say_what_to_change():
         tc.check_mma_tunables(BM=256, BN=256, BK=64, WARPS_M=4, WARPS_N=4, STAGES=4)
     with pytest.raises(TypeError, match="unknown tunables"):
         tc.conv2d_mma(x, w, TILE=16)
+    with pytest.raises(ValueError, match="31"):
+        tc.conv2d_mma(cl.randn(1, 8, 33, 2).half(), cl.randn(8, 8, 32, 1).half())
+    with pytest.raises(ValueError, match="multiple of 8"):      # 32 threads, BK=64: 4 rows per pass
+        tc.check_mma_tunables(BM=32, BN=32, BK=64, WARPS_M=1, WARPS_N=1, STAGES=2)
 
 
 def test_candidates_and_config():

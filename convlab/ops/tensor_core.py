@@ -72,11 +72,12 @@ def check_mma_tunables(BM: int, BN: int, BK: int, WARPS_M: int, WARPS_N: int, ST
     chunks = BK // 8
     ok = (BK in (16, 32, 64) and WARPS_M >= 1 and WARPS_N >= 1 and STAGES >= 2 and threads <= 1024
           and BM % WARPS_M == 0 and BN % WARPS_N == 0 and (BM // WARPS_M) % 16 == 0 and (BN // WARPS_N) % 16 == 0
-          and BM % (threads // chunks) == 0 and BN % (threads // chunks) == 0)
+          and (threads // chunks) % 8 == 0 and BM % (threads // chunks) == 0 and BN % (threads // chunks) == 0)
     if not ok:
         raise ValueError(f"tile BM={BM} BN={BN} BK={BK} with {WARPS_M}x{WARPS_N} warps, {STAGES} stages does not "
-                         "split: BK 16, 32 or 64; warp tiles (BM/WARPS_M, BN/WARPS_N) multiples of 16; BM and BN "
-                         "multiples of the rows one pass of 16-byte copies fills (threads / (BK/8)); STAGES >= 2")
+                         "split: BK 16, 32 or 64; warp tiles (BM/WARPS_M, BN/WARPS_N) multiples of 16; the rows one "
+                         "pass of 16-byte copies fills (threads / (BK/8)) a multiple of 8 (the swizzle's period) "
+                         "that divides BM and BN; STAGES >= 2")
     smem = shared_bytes(BM, BN, BK, STAGES)
     if smem > SHARED_OPTIN_MAX:
         raise ValueError(f"tile BM={BM} BN={BN} BK={BK} x {STAGES} stages needs {smem:,} bytes of shared memory, "
@@ -162,6 +163,9 @@ def _plan(x_shape, w_shape, stride, padding, dilation, tunables):
     if Ho < 1 or Wo < 1:
         raise ValueError(f"no output: input {H}x{W}, mask {Kh}x{Kw}, stride {stride}, padding {padding}, "
                          f"dilation {dilation}")
+    if max(Kh, Kw) > 31:
+        raise ValueError(f"mask {Kh}x{Kw}: conv2d_mma keeps a pixel's valid taps as 32-bit masks, at most 31 "
+                         "taps a side: a larger mask needs another implementation (convlab.ops.general, fp16 or fp32)")
     C8 = ceil_div(C, 8) * 8
     P = B * Ho * Wo
     for name, n in (("x", B * H * W * C8), ("y", P * M), ("w", M * Kh * Kw * C8)):

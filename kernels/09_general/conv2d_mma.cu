@@ -20,11 +20,15 @@
 //  - Shared rows are BK halves (BK/8 16-byte chunks) with the chunks XOR-swizzled by the row
 //    (swz below): the 8 rows an ldmatrix phase reads at one chunk column fall in 8 different
 //    4-bank groups, so the fragment loads have no bank conflicts and the rows need no padding.
-//  - Loader: each thread copies the same chunk column of BK for A_ITERS pixel rows and B_ITERS map
-//    rows. Per pixel it keeps its image's offset and the window's top-left (ih0, iw0), computed once;
-//    per step it advances its (r, s, c) position in K by BK (a division-free walk), so a copy is an
-//    address, a bounds test and a cp.async. Taps in the padding, pixels past P, maps past M and
-//    K's tail are zero-filled by the copy (src-size 0) from a safe address.
+//  - Loader (the idea of CUTLASS's "optimized" activation iterator): each thread copies the same
+//    chunk column of BK for A_ITERS pixel rows and B_ITERS map rows. Everything that depends on
+//    the row is worked out once, before the K loop: a row's element offset of its window's
+//    top-left tap, and two bitmasks, bit r set where the window's row r is inside the image, bit s
+//    where its column s is. The K position is one offset `off` shared by the thread's rows and a
+//    one-hot bit for its tap (r, s), moved by constant deltas as K advances. A copy in the loop is
+//    then an add, two bit tests and a cp.async. (Recomputing each row's (ih, iw), four bounds and
+//    the address every step made integer instructions, not mma.sync, the bulk of the loop.) Taps in the padding, pixels past P, maps past M and K's tail are
+//    zero-filled by the copy (src-size 0) from a safe address.
 //  - Epilogue: bias (fp32) added to the fp32 sums, rounded to half once, the block's BM x BN tile
 //    staged in shared memory (the pipeline's, reused) and written as 16-byte row pieces: y is NHWC,
 //    so a pixel's BN maps are contiguous, whole 32-byte sectors.
@@ -32,7 +36,8 @@
 //    together share their input rows in L2 (the mask is small and stays in L2 anyway).
 //
 // Layout: x (B, H, W, C) half, C % 8 == 0, 16-byte aligned; w (M, Kh, Kw, C) half; bias (M) half
-// (read only when has_bias); y (B, Ho, Wo, M) half. Stride, padding and dilation: any.
+// (read only when has_bias); y (B, Ho, Wo, M) half. Stride, padding and dilation: any;
+// Kh, Kw <= 31 (the tap bitmasks are 32-bit).
 // Grid: (ceil(P/BM) * ceil(M/BN)), block 32*WARPS_M*WARPS_N threads, dynamic shared memory
 // max(STAGES*(BM+BN)*BK, BM*(BN+8)) * 2 bytes. Tunables: BM, BN, BK (16, 32 or 64), WARPS_M, WARPS_N, STAGES.
 
@@ -73,6 +78,8 @@ static_assert(BM % WARPS_M == 0 && BN % WARPS_N == 0, "the warps must split the 
 static_assert(THREADS % CHUNKS == 0 && BM % ROWS_PER_PASS == 0 && BN % ROWS_PER_PASS == 0,
               "the block's 16-byte copies must cover BM and BN rows evenly");
 static_assert(STAGES >= 2, "at least two stages");
+static_assert(ROWS_PER_PASS % 8 == 0, "the swizzle repeats every 8 rows: a thread's copy rows, ROWS_PER_PASS "
+              "apart, must share it (so their shared offsets differ by constants)");
 
 // The slot (in 16-byte chunks) of chunk `chunk` of shared row `row`. Rows are BK*2 bytes, so 128/(BK*2)
 // rows share one 128-byte line of the 32 banks; XOR-ing the chunk with the row's line index spreads
@@ -98,38 +105,60 @@ conv2d_mma(const half* __restrict__ x, const half* __restrict__ w, const half* _
     const int map_tiles = (M + BN - 1) / BN;
     const int p0 = (blockIdx.x / map_tiles) * BM, m0 = (blockIdx.x % map_tiles) * BN;
 
-    // ---- the loader's fixed part: this thread's chunk column, pixel rows and map rows ----
+    // ---- the loader, set up once: this thread's chunk column, pixel rows and map rows ----
     const int cc = tid % CHUNKS, row0 = tid / CHUNKS;
-    int a_img[A_ITERS], a_ih[A_ITERS], a_iw[A_ITERS];
+    const int dst = at(row0, cc);                // row row0 + i*ROWS_PER_PASS: dst + i*ROWS_PER_PASS*BK
+    int a_base[A_ITERS];                         // x offset of the row's window at tap (0, 0), channel 0
+    unsigned a_rows[A_ITERS], a_cols[A_ITERS];   // bit r: window row r inside the image; bit s: column s
+#pragma unroll
     for (int i = 0; i < A_ITERS; i++) {
         const int p = p0 + row0 + i * ROWS_PER_PASS;
         const int n = p / (Ho * Wo), q = p % (Ho * Wo);
-        a_img[i] = n * H * W;
-        a_ih[i] = p < P ? (q / Wo) * sh - ph : -(1 << 30);   // past P: every tap out of bounds
-        a_iw[i] = (q % Wo) * sw - pw;
+        const int ih0 = (q / Wo) * sh - ph, iw0 = (q % Wo) * sw - pw;
+        a_base[i] = ((n * H + ih0) * W + iw0) * C;   // may point before x (padding): used only with a valid tap
+        a_rows[i] = a_cols[i] = 0;
+        for (int r = 0; r < Kh; r++)
+            if (p < P && ih0 + r * dh >= 0 && ih0 + r * dh < H) a_rows[i] |= 1u << r;   // past P: no tap valid
+        for (int s = 0; s < Kw; s++)
+            if (iw0 + s * dw >= 0 && iw0 + s * dw < W) a_cols[i] |= 1u << s;
     }
-    // where this thread's chunk is in K: tap (r, s), channel c; k for the mask's rows
-    int k = cc * 8, c = k % C, r = (k / C) / Kw, s = (k / C) % Kw;
+    int b_base[B_ITERS];                         // w offset of the map's row
+    bool b_ok[B_ITERS];
+#pragma unroll
+    for (int i = 0; i < B_ITERS; i++) {
+        const int m = m0 + row0 + i * ROWS_PER_PASS;
+        b_ok[i] = m < M;
+        b_base[i] = b_ok[i] ? m * K : 0;
+    }
+    // The thread's chunk in K: k (the mask's column), tap (r, s) as one-hot bits, channel c, and off,
+    // x's offset of (r, s, c) from a window's top-left. Past the last tap rbit is 0: no copy is valid.
+    int k = cc * 8, c = k % C, s = (k / C) % Kw;
+    const int r = (k / C) / Kw;
+    unsigned rbit = r < Kh ? 1u << r : 0u, sbit = 1u << s;
+    int off = (r * dh * W + s * dw) * C + c;
+    const int next_s = (dw - 1) * C, next_r = (dh * W - (Kw - 1) * dw - 1) * C;   // off's deltas, c -= C included
 
     auto load_tile = [&](int stage) {
-        half* as = As + stage * A_STAGE;
-        half* bs = Bs + stage * B_STAGE;
-        const bool k_ok = r < Kh;
+        half* as = As + stage * A_STAGE + dst;
+        half* bs = Bs + stage * B_STAGE + dst;
+#pragma unroll
         for (int i = 0; i < A_ITERS; i++) {
-            const int row = row0 + i * ROWS_PER_PASS;
-            const int ih = a_ih[i] + r * dh, iw = a_iw[i] + s * dw;
-            const bool ok = k_ok && ih >= 0 && ih < H && iw >= 0 && iw < W;
-            cp_async_16(as + at(row, cc), ok ? x + ((a_img[i] + ih * W + iw) * C + c) : x, ok);
+            const bool ok = (a_rows[i] & rbit) && (a_cols[i] & sbit);
+            cp_async_16(as + i * ROWS_PER_PASS * BK, ok ? x + (a_base[i] + off) : x, ok);
         }
+        const bool k_ok = k < K;
+#pragma unroll
         for (int i = 0; i < B_ITERS; i++) {
-            const int row = row0 + i * ROWS_PER_PASS, m = m0 + row;
-            const bool ok = k < K && m < M;
-            cp_async_16(bs + at(row, cc), ok ? w + (m * K + k) : w, ok);
+            const bool ok = k_ok && b_ok[i];
+            cp_async_16(bs + i * ROWS_PER_PASS * BK, ok ? w + (b_base[i] + k) : w, ok);
         }
-        // the next step's position: BK channels on, across taps when C < BK or C is not a multiple
+        // the next step's position: BK channels on, into the next tap(s) when c passes C
         k += BK;
-        for (c += BK; c >= C; c -= C)
-            if (++s == Kw) { s = 0; ++r; }
+        off += BK;
+        for (c += BK; c >= C; c -= C) {
+            if (++s == Kw) { s = 0; sbit = 1; rbit <<= 1; off += next_r; }
+            else { sbit <<= 1; off += next_s; }
+        }
     };
 
     // ---- the warp's fragments ----
@@ -139,32 +168,40 @@ conv2d_mma(const half* __restrict__ x, const half* __restrict__ w, const half* _
         for (int j = 0; j < NI; j++)
             for (int e = 0; e < 4; e++) acc[i][j][e] = 0.f;
 
+    // The lane's ldmatrix row addresses, per 16-deep step kk, for fragment 0; fragment i is 16 rows
+    // (two whole swizzle periods) further, a constant offset: the loop adds no swizzle arithmetic.
+    int a_frag[BK / 16], b_frag[BK / 16];
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; kk++) {
+        a_frag[kk] = at(wm * WTM + (lane & 15), kk * 2 + (lane >> 4));   // lanes 0-15: rows 0-15 at k 0-7; 16-31: k 8-15
+        b_frag[kk] = at(wn * WTN + (lane & 7) + ((lane >> 4) << 3), kk * 2 + ((lane >> 3) & 1));
+    }                                            // B matrices: maps 0-7 k 0-7, maps 0-7 k 8-15, maps 8-15 ...
+
     const int steps = (K + BK - 1) / BK;
     for (int st = 0; st < STAGES - 1; st++) {
         if (st < steps) load_tile(st);
         cp_async_commit();                       // empty groups keep the count in step
     }
+    int read = 0, write = STAGES - 1;            // stages of tile kt and of tile kt + STAGES - 1
     for (int kt = 0; kt < steps; kt++) {
         cp_async_wait<STAGES - 2>();             // tile kt has landed (this thread's copies) ...
         __syncthreads();                         // ... everyone's; and stage kt-1 is free again
-        if (kt + STAGES - 1 < steps) load_tile((kt + STAGES - 1) % STAGES);
+        if (kt + STAGES - 1 < steps) load_tile(write);
         cp_async_commit();
+        write = write == STAGES - 1 ? 0 : write + 1;
 
-        const half* as = As + (kt % STAGES) * A_STAGE;
-        const half* bs = Bs + (kt % STAGES) * B_STAGE;
+        const half* as = As + read * A_STAGE;
+        const half* bs = Bs + read * B_STAGE;
+        read = read == STAGES - 1 ? 0 : read + 1;
 #pragma unroll
         for (int kk = 0; kk < BK / 16; kk++) {
             unsigned af[MI][4], bf[NI][2];
 #pragma unroll
-            for (int i = 0; i < MI; i++) {       // lanes 0-15: rows 0-15 at k 0-7; 16-31: at k 8-15
-                const int row = wm * WTM + i * 16 + (lane & 15);
-                ldmatrix_x4(af[i], as + at(row, kk * 2 + (lane >> 4)));
-            }
+            for (int i = 0; i < MI; i++) ldmatrix_x4(af[i], as + a_frag[kk] + i * 16 * BK);
 #pragma unroll
-            for (int j = 0; j < NI / 2; j++) {   // matrices: maps 0-7 k 0-7, maps 0-7 k 8-15, maps 8-15 ...
-                const int row = wn * WTN + j * 16 + (lane & 7) + ((lane >> 4) << 3);
+            for (int j = 0; j < NI / 2; j++) {
                 unsigned t[4];
-                ldmatrix_x4(t, bs + at(row, kk * 2 + ((lane >> 3) & 1)));
+                ldmatrix_x4(t, bs + b_frag[kk] + j * 16 * BK);
                 bf[2 * j][0] = t[0]; bf[2 * j][1] = t[1];
                 bf[2 * j + 1][0] = t[2]; bf[2 * j + 1][1] = t[3];
             }
