@@ -5,21 +5,25 @@ the standard layers of ResNet/VGG-class networks, every candidate tile against t
     python benchmarks/tensor_core_layers.py                         # every layer, every candidate tile
     python benchmarks/tensor_core_layers.py --layers r3x3_28,stem7x7 --configs default
     python benchmarks/tensor_core_layers.py --batch 64 --out results/tc_b64   # another batch, another folder
+    python benchmarks/tensor_core_layers.py --splits 2,3,4,8                  # more split-K depths
     CONVLAB_BACKEND=emu python benchmarks/tensor_core_layers.py     # emulator: tiny twins, checks only
 
 Per layer: torch F.conv2d in fp16 with cudnn.benchmark on, in NCHW and in channels_last (input and
 mask converted before timing: torch at its best layout); "torch best" the faster. Ours, for each
 candidate tile of tensor_core.CANDIDATES, on the channels_last input (the same tensors torch's
 channels_last row gets); for the tile mma_config picks, also on the NCHW input (the NCHW -> NHWC
-conversion inside the call, so in its time). ratio = torch best / ours: above 1, ours is faster.
+conversion inside the call, so in its time). Split-K: each candidate whose grid is under two waves
+(SMs x 2 blocks) is also timed split along K into each of --splits (the fp32 partials and their
+reducing pass in the time). ratio = torch best / ours: above 1, ours is faster.
 Each of our outputs is first checked against an fp64 reference on the first and the last image
 (fp16_tolerance's bound); a failing row is marked FAIL, is not timed, and the script exits 1.
 Times: cl.bench (CUDA events, warm-up, L2 flushed before each call, median of --reps).
 
 At the end: the geometric mean of the ratio over the layers for mma_config's choice and for the
 best candidate of each layer (what a better mma_config could reach), the best tile per layer, and
-the SASS of the main loop (HMMA, LDSM, LDGSTS, BAR counts per iteration) and registers of each tile.
-To change the choice: edit PREFERENCE_WIDE / PREFERENCE_NARROW / BLOCKS_PER_SM in
+the SASS of the main loop (HMMA, LDSM, LDGSTS, BAR counts per iteration, and all instructions: the
+ones that are not HMMA/LDSM are the loop's overhead) and registers of each tile.
+To change the choice: edit PREFERENCE_WIDE / PREFERENCE_NARROW / BLOCKS_PER_SM / MIN_STEPS_PER_SPLIT in
 convlab/ops/tensor_core.py (mma_config), or pass --configs.
 
 Output: the printed table, and a CSV of every row (with the GPU, versions and date) in --out
@@ -113,7 +117,20 @@ def tflops(lay: Layer, ms: float) -> float:
     return lay.flops / (ms * 1e-3) / 1e12
 
 
-def bench_layer(lay: Layer, configs: list[str], reps: int, log) -> list[dict]:
+def split_runs(lay: Layer, tiles: dict, splits: list[int]) -> list[tuple[str, dict]]:
+    """(label, tunables) of each tile split along K into each of `splits`, for tiles whose grid is under
+    two waves of blocks (more blocks already keep every SM busy) and splits that leave each block at
+    least one BK step."""
+    P, K = lay.B * lay.Ho * lay.Ho, lay.K * lay.K * -(-lay.C // 8) * 8
+    out = []
+    for name, t in tiles.items():
+        blocks = -(-P // t["BM"]) * -(-lay.M // t["BN"])
+        if blocks < 2 * tc.SMS:
+            out += [(f"{name} split {k}", dict(t, SPLIT_K=k)) for k in splits if k <= -(-K // t["BK"])]
+    return out
+
+
+def bench_layer(lay: Layer, configs: list[str], splits: list[int], reps: int, log) -> list[dict]:
     dev = cl.device().torch_device
     gen = torch.Generator(device=dev).manual_seed(zlib.crc32(lay.name.encode()))
     x = torch.randn(lay.B, lay.C, lay.H, lay.H, device=dev, generator=gen).half()
@@ -132,8 +149,10 @@ def bench_layer(lay: Layer, configs: list[str], reps: int, log) -> list[dict]:
         log(rows[-1])
     chosen = tc.mma_config(lay.workload())
     chosen_name = _tile_name(chosen)
-    names = dict.fromkeys(chosen_name if c == DEFAULT else c for c in configs)
-    runs = [(n, tc.CANDIDATES.get(n, chosen), xc) for n in names]
+    tiles = {n: dict(tc.CANDIDATES[n], SPLIT_K=1) for n in configs if n != DEFAULT}
+    runs = [(n, t, xc) for n, t in tiles.items()] + [(n, t, xc) for n, t in split_runs(lay, tiles, splits)]
+    if chosen not in [t for _, t, _ in runs]:
+        runs.insert(0, (chosen_name, chosen, xc))
     runs.append((chosen_name, chosen, x))                  # the NCHW input, conversion included
     for label, t, xin in runs:
         layout = "channels_last" if xin is xc else "NCHW (converted in the call)"
@@ -152,10 +171,12 @@ def bench_layer(lay: Layer, configs: list[str], reps: int, log) -> list[dict]:
 
 
 def _tile_name(t: dict) -> str:
+    tile = {k: t[k] for k in tc.TILE}
+    split = f" split {t['SPLIT_K']}" if t.get("SPLIT_K", 1) > 1 else ""
     for name, c in tc.CANDIDATES.items():
-        if c == t:
-            return name
-    return "BM={BM} BN={BN} BK={BK} warps {WARPS_M}x{WARPS_N} s{STAGES}".format(**t)
+        if c == tile:
+            return name + split
+    return "BM={BM} BN={BN} BK={BK} warps {WARPS_M}x{WARPS_N} s{STAGES}".format(**t) + split
 
 
 HEADER = f"{'layer':<24} {'contender':<44} {'input':<14} {'ms':>8} {'TFLOP/s':>8} {'ratio':>7}  check"
@@ -201,19 +222,21 @@ def summary(rows) -> list[str]:
 
 
 def sass_lines(configs: dict) -> list[str]:
-    """Opcode counts in the main loop (the innermost loop with an HMMA) of each tile, and registers."""
+    """Opcode counts in conv2d_mma's main loop (the innermost loop with an HMMA) of each tile, and
+    registers. SPLIT_K does not change the code: it is the grid's y."""
     from convlab.ops._kernels import module
 
     out = ["", "# SASS of conv2d_mma's main loop (one iteration = one BK-deep step), sm_90, per tile:",
-           f"# {'tile':<44} {'HMMA':>5} {'LDSM':>5} {'LDGSTS':>6} {'BAR':>4} {'all':>5} {'regs':>5}"]
+           f"# {'tile':<44} {'HMMA':>5} {'LDSM':>5} {'LDGSTS':>6} {'BAR':>4} {'all':>5} {'other':>5} {'regs':>5}"]
     for name, t in configs.items():
         try:
             s = cl.sass(tc.MMA_FILE, defines=t)
-            body = s.loop(containing="HMMA")
+            body = s.loop("conv2d_mma", containing="HMMA")
             n = s.counts(body)
+            other = len(body) - n.get("HMMA", 0) - n.get("LDSM", 0)
             regs = module(tc.MMA_FILE, t).kernel("conv2d_mma").attributes.get("registers")
             out.append(f"# {name:<44} {n.get('HMMA', 0):>5} {n.get('LDSM', 0):>5} {n.get('LDGSTS', 0):>6} "
-                       f"{n.get('BAR', 0):>4} {len(body):>5} {regs if regs is not None else '-':>5}")
+                       f"{n.get('BAR', 0):>4} {len(body):>5} {other:>5} {regs if regs is not None else '-':>5}")
         except cl.ConvlabError as e:
             out.append(f"# {name:<44} SASS unavailable here: {str(e).splitlines()[0][:120]}")
     return out
@@ -247,6 +270,8 @@ def main(argv=None):
                     + ", ".join(lay.name for lay in LAYERS) + ")")
     ap.add_argument("--configs", default="all", help=f"'all' (mma_config's choice and every candidate), "
                     f"'{DEFAULT}', or comma-separated names of tensor_core.CANDIDATES")
+    ap.add_argument("--splits", default="2,4", help="SPLIT_K depths to time for tiles with under two waves "
+                    "of blocks (comma-separated; '' for none)")
     ap.add_argument("--batch", type=int, default=None, help="batch size for every layer (default: each layer's)")
     ap.add_argument("--reps", type=int, default=None, help="timed runs per contender (GPU default 20, emulator 1)")
     ap.add_argument("--out", default=None, help="folder for the CSV (default benchmarks/results/ on a GPU)")
@@ -260,6 +285,7 @@ def main(argv=None):
     unknown = set(names) - {lay.name for lay in LAYERS}
     if unknown:
         ap.error(f"unknown layers {sorted(unknown)}")
+    splits = [int(k) for k in args.splits.split(",") if k]
     configs = [DEFAULT] + list(tc.CANDIDATES) if args.configs == "all" else [c for c in args.configs.split(",") if c]
     unknown = set(configs) - {DEFAULT, *tc.CANDIDATES}
     if unknown:
@@ -281,11 +307,11 @@ def main(argv=None):
     print(HEADER)
     rows = []
     for lay in layers:
-        rows += bench_layer(lay, configs, reps, lambda r: print(fmt(r), flush=True))
+        rows += bench_layer(lay, configs, splits, reps, lambda r: print(fmt(r), flush=True))
     for line in summary(rows):
         print(line)
     if not args.no_sass:
-        tiles = {r["tile"] for r in rows if r["impl"].startswith("ours")}
+        tiles = {r["tile"].split(" split ")[0] for r in rows if r["impl"].startswith("ours")}
         for line in sass_lines({t: tc.CANDIDATES[t] for t in tc.CANDIDATES if t in tiles}):
             print(line)
     print(f"# wrote {save(rows, m, args.out, on_gpu, args.batch)}")

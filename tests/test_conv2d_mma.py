@@ -32,12 +32,20 @@ CASES = [
     (3, 16, 10, 11, 8, 2, 2, 1, 0, 1, dict(SMALL, BM=32, BN=32, WARPS_M=1, WARPS_N=1)),   # even mask, 10 pixel tiles
     (2, 8, 18, 16, 16, 3, 3, 2, 1, 1, tc.CANDIDATES["128x64x32 s4 (2x2 warps)"]),   # 4 stages, 48 KB
     (1, 8, 9, 9, 16, 3, 3, 1, 1, 1, tc.CANDIDATES["128x128x32 s4 (2x2 warps)"]),    # 64 KB: the opt-in
+    # split-K: 7 steps in 3 splits (3, 3, 1); 5 steps in 4 (2, 2, 1, 0: an empty split stores zeros);
+    # one step in 2; odd M with a pixel tail and dilation; C=8 where a step spans taps
+    (1, 24, 6, 7, 20, 3, 3, 1, 1, 1, dict(SMALL, SPLIT_K=3)),
+    (2, 16, 5, 5, 16, 3, 3, 1, 1, 1, dict(SMALL, SPLIT_K=4)),
+    (1, 8, 4, 5, 8, 1, 1, 1, 0, 1, dict(SMALL, SPLIT_K=2)),
+    (1, 24, 9, 10, 17, 3, 5, (2, 1), (1, 2), (2, 1), dict(SMALL, BK=16, SPLIT_K=5)),
+    (2, 8, 7, 9, 24, 3, 3, 1, 1, 1, dict(SMALL, BM=32, WARPS_M=1, SPLIT_K=2)),
 ]
 
 
 def _ids(case):
     B, C, H, W, M, Kh, Kw, s, p, d, t = case
-    return f"B{B}C{C}M{M}-{H}x{W}-k{Kh}x{Kw}-s{s}-p{p}-d{d}-{t['BM']}x{t['BN']}x{t['BK']}s{t['STAGES']}".replace(" ", "")
+    return (f"B{B}C{C}M{M}-{H}x{W}-k{Kh}x{Kw}-s{s}-p{p}-d{d}-{t['BM']}x{t['BN']}x{t['BK']}s{t['STAGES']}"
+            f"-split{t.get('SPLIT_K', 1)}").replace(" ", "")
 
 
 def _reference(x, w, b, **kw):
@@ -97,22 +105,38 @@ def test_errors_say_what_to_change():
         tc.conv2d_mma(x, w, TILE=16)
     with pytest.raises(ValueError, match="31"):
         tc.conv2d_mma(cl.randn(1, 8, 33, 2).half(), cl.randn(8, 8, 32, 1).half())
+    with pytest.raises(ValueError, match="SPLIT_K"):
+        tc.conv2d_mma(x, w, SPLIT_K=9)
     with pytest.raises(ValueError, match="multiple of 8"):      # 32 threads, BK=64: 4 rows per pass
         tc.check_mma_tunables(BM=32, BN=32, BK=64, WARPS_M=1, WARPS_N=1, STAGES=2)
 
 
 def test_candidates_and_config():
-    """Every candidate tile is valid; mma_config picks one of them, a smaller tile for few pixels."""
+    """Every candidate tile is valid; mma_config picks one of them, and splits K for few pixels."""
     for t in tc.CANDIDATES.values():
         tc.check_mma_tunables(**t)
     big = workloads.Workload("r56", B=32, C=64, M=64, H=56, W=56, K=3, padding=1)
     deep = workloads.Workload("r7", B=32, C=512, M=512, H=7, W=7, K=3, padding=1)
     for shape in (big, deep):
-        assert tc.mma_config(shape) in tc.CANDIDATES.values()
-    area = lambda t: t["BM"] * t["BN"]
-    assert area(tc.mma_config(deep)) < area(tc.mma_config(workloads.Workload("r28", B=32, C=128, M=128, H=28,
-                                                                             W=28, K=3, padding=1)))
+        t = tc.mma_config(shape)
+        assert {k: t[k] for k in tc.TILE} in tc.CANDIDATES.values()
     assert tc.MMA.applies(big) and tc.MMA.config(big) == tc.mma_config(big)
+    assert tc.mma_config(big)["SPLIT_K"] == 1 and tc.mma_config(deep)["SPLIT_K"] > 1   # 7x7: too few tiles
+
+
+def test_default_split_k_runs():
+    """mma_config's split for a layer with few output tiles (sms=... a big GPU for a small layer)
+    computes it right; a tile passed without SPLIT_K gets no split."""
+    x = cl.randn(1, 64, 4, 4).half()
+    w = cl.randn(16, 64, 3, 3).half()
+    b = cl.randn(16).half()
+    shape = workloads.Workload("tiny", B=1, C=64, M=16, H=4, W=4, K=3, padding=1)   # 18 BK=32 steps
+    t = tc.mma_config(shape, sms=64)
+    assert t["SPLIT_K"] > 1
+    _check(tc.conv2d_mma(x, w, bias=b, padding=1, **t), _reference(x, w, b, padding=1), 64, 3, 3)
+    tc.conv2d_mma(x, w, padding=1, **SMALL)
+    (plan,) = [v for k, v in tc._plans.items() if k[:2] == ((1, 64, 4, 4), (16, 64, 3, 3)) and k[-1][0] == 64]
+    assert plan.reduce is None and plan.launch.grid[1] == 1     # SPLIT_K 1: no reducing pass
 
 
 def test_shared_memory_opt_in():
@@ -124,11 +148,12 @@ def test_shared_memory_opt_in():
     x = cl.randn(1, 8, 4, 4).half()
     w = cl.randn(8, 8, 1, 1).half()
     tc.conv2d_mma(x, w, **t)
-    (_, _, launch), = [v for k, v in tc._plans.items() if k[:2] == ((1, 8, 4, 4), (8, 8, 1, 1))]
+    (plan,) = [v for k, v in tc._plans.items() if k[:2] == ((1, 8, 4, 4), (8, 8, 1, 1))]
+    launch = plan.launch
     assert launch.max_shared == tc.shared_bytes(**t)
     bare = Launch(launch.path, launch.kernel, dict(launch.defines), launch.scalars, grid=launch.grid,
                   block=launch.block, shared=launch.shared)
     y = torch.empty(1, 4, 4, 8, dtype=torch.float16, device=x.device)
     xn, wn = x.permute(0, 2, 3, 1).contiguous(), w.permute(0, 2, 3, 1).contiguous()
     with pytest.raises(cl.LaunchError, match="opt in"):
-        bare(xn, wn, wn, y, 0)
+        bare(xn, wn, wn, y, tc._no_workspace(x), 0)

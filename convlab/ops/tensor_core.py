@@ -5,7 +5,8 @@ kernels/09_general/tensor_core.cuh).
 - conv2d_mma(x, w, y=None, *, stride, padding, dilation, bias, **tunables): half in, half out,
   float sums. x NCHW or channels_last; the result is channels_last (logical shape (B, M, Ho, Wo),
   as torch's). Any stride, padding and dilation (ints or pairs), groups=1.
-- mma_config(shape): the tile a layer gets (tunables BM, BN, BK, WARPS_M, WARPS_N, STAGES); the
+- mma_config(shape): the tile a layer gets (tunables BM, BN, BK, WARPS_M, WARPS_N, STAGES) and its
+  SPLIT_K (K split over that many blocks when the output tiles alone would leave SMs idle); the
   one place to change the choice. CANDIDATES: the tiles benchmarks/tensor_core_layers.py times.
 - check_mma_tunables(...): the kernel's static_asserts and its shared memory, as a Python error.
 - MMA: the Impl record, "mma.sync implicit GEMM (NHWC)".
@@ -17,6 +18,8 @@ tensor-core work (7x7 stem: K = 392 instead of 147), not memory traffic beyond t
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 
@@ -26,7 +29,11 @@ from . import Impl, ceil_div, new_output
 from ._kernels import Launch, remember
 
 MMA_FILE = "kernels/09_general/conv2d_mma.cu"
-TUNABLES = ("BM", "BN", "BK", "WARPS_M", "WARPS_N", "STAGES")
+TILE = ("BM", "BN", "BK", "WARPS_M", "WARPS_N", "STAGES")      # compile-time (#defines)
+TUNABLES = TILE + ("SPLIT_K",)                                # SPLIT_K: gridDim.y, at run time
+MAX_SPLIT_K = 8
+MIN_STEPS_PER_SPLIT = 8              # a block's share of K: enough BK steps to fill and drain the pipeline
+REDUCE_THREADS = 256
 SHARED_OPTIN_MAX = 227 * 1024        # an sm_80/sm_90 block's opt-in maximum (A100: 163 KB; checked by the driver)
 
 #: Block tiles the benchmark tries on each layer (name -> tunables); mma_config picks among them.
@@ -53,6 +60,14 @@ SMS = 132                            # H100/H200 SXM; mma_config(shape, sms=...)
 _plans: dict = {}
 
 
+class _Plan(NamedTuple):
+    out_shape: tuple                 # (B, M, Ho, Wo)
+    C8: int                          # channels after padding to a multiple of 8
+    launch: Launch                   # conv2d_mma
+    reduce: Launch | None            # conv2d_mma_splitk_reduce, when SPLIT_K > 1
+    ws_shape: tuple                  # (SPLIT_K, P, M)
+
+
 def _pair(v, what: str) -> tuple[int, int]:
     t = (v, v) if isinstance(v, int) else tuple(v)
     if len(t) != 2 or not all(isinstance(i, int) for i in t):
@@ -66,8 +81,11 @@ def shared_bytes(BM: int, BN: int, BK: int, STAGES: int, **_) -> int:
     return max(STAGES * (BM + BN) * BK, BM * (BN + 8)) * 2
 
 
-def check_mma_tunables(BM: int, BN: int, BK: int, WARPS_M: int, WARPS_N: int, STAGES: int) -> None:
-    """The kernel's static_asserts and the opt-in shared-memory limit, as a ValueError before compiling."""
+def check_mma_tunables(BM: int, BN: int, BK: int, WARPS_M: int, WARPS_N: int, STAGES: int, SPLIT_K: int = 1) -> None:
+    """The kernel's static_asserts, the opt-in shared-memory limit and SPLIT_K's range, as a ValueError
+    before compiling."""
+    if not 1 <= SPLIT_K <= MAX_SPLIT_K:
+        raise ValueError(f"SPLIT_K={SPLIT_K}: 1 (no split) to {MAX_SPLIT_K}")
     threads = 32 * WARPS_M * WARPS_N
     chunks = BK // 8
     ok = (BK in (16, 32, 64) and WARPS_M >= 1 and WARPS_N >= 1 and STAGES >= 2 and threads <= 1024
@@ -88,17 +106,29 @@ def _blocks(P: int, M: int, t: dict) -> int:
     return ceil_div(P, t["BM"]) * ceil_div(M, t["BN"])
 
 
+def split_k(P: int, M: int, K: int, t: dict, sms: int = SMS) -> int:
+    """SPLIT_K for tile t on a P x M x K GEMM: 1 when its output tiles give every SM BLOCKS_PER_SM
+    blocks; else the fewest splits that do, at most MAX_SPLIT_K and each at least MIN_STEPS_PER_SPLIT
+    BK steps deep (a split's partial tile costs fp32 traffic, and a short share does not amortise
+    the pipeline's fill)."""
+    blocks, steps = _blocks(P, M, t), ceil_div(K, t["BK"])
+    want = ceil_div(BLOCKS_PER_SM * sms, blocks)
+    return max(1, min(want, MAX_SPLIT_K, steps // MIN_STEPS_PER_SPLIT))
+
+
 def mma_config(shape: Workload, sms: int = SMS) -> dict:
     """The tunables conv2d_mma uses for a layer when none are passed: from PREFERENCE_WIDE (M > 64
-    maps) or PREFERENCE_NARROW (a 128-wide map tile would be half empty), the first tile whose grid
-    gives every SM BLOCKS_PER_SM blocks, else the one with the most blocks (7x7 and 14x14 maps: few
-    pixels, where a large tile leaves SMs idle)."""
+    maps) or PREFERENCE_NARROW (a 128-wide map tile would be half empty), the first tile whose grid,
+    split along K if need be (split_k), gives every SM BLOCKS_PER_SM blocks; else the one with the
+    most blocks (7x7 and 14x14 maps: few pixels, where a large tile leaves SMs idle)."""
     P = shape.B * shape.Ho * shape.Wo
+    K = shape.K * shape.K * ceil_div(shape.C, 8) * 8
     names = PREFERENCE_WIDE if shape.M > 64 else PREFERENCE_NARROW
-    for name in names:
-        if _blocks(P, shape.M, CANDIDATES[name]) >= BLOCKS_PER_SM * sms:
-            return dict(CANDIDATES[name])
-    return dict(max((CANDIDATES[n] for n in names), key=lambda t: _blocks(P, shape.M, t)))
+    options = [dict(CANDIDATES[n], SPLIT_K=split_k(P, shape.M, K, CANDIDATES[n], sms)) for n in names]
+    for t in options:
+        if _blocks(P, shape.M, t) * t["SPLIT_K"] >= BLOCKS_PER_SM * sms:
+            return t
+    return max(options, key=lambda t: _blocks(P, shape.M, t) * t["SPLIT_K"])
 
 
 def _nhwc(x: torch.Tensor, C8: int) -> torch.Tensor:
@@ -123,7 +153,9 @@ def conv2d_mma(x, w, y=None, *, stride=1, padding=0, dilation=1, bias=None, **tu
     never stale). C not a multiple of 8: x and w are padded with zero channels (one copy each).
 
     Returns y of logical shape (B, M, Ho, Wo) in channels_last memory format. A given y must be
-    that (y.permute(0, 2, 3, 1) contiguous). Tunables (TUNABLES) left out come from mma_config."""
+    that (y.permute(0, 2, 3, 1) contiguous). Tunables (TUNABLES) left out come from mma_config;
+    SPLIT_K left out is mma_config's when the tile is left out too, else 1. SPLIT_K > 1 adds an fp32
+    workspace (SPLIT_K, P, M) and a second, reducing kernel to the call."""
     for name, t in (("x", x), ("w", w)) + (() if bias is None else (("bias", bias),)):
         if not isinstance(t, torch.Tensor) or t.dtype != torch.float16:
             raise TypeError(f"{name} must be a float16 tensor, got {getattr(t, 'dtype', type(t).__name__)}")
@@ -137,7 +169,7 @@ def conv2d_mma(x, w, y=None, *, stride=1, padding=0, dilation=1, bias=None, **tu
         raise TypeError(f"conv2d_mma got unknown tunables {bad}; it takes {', '.join(TUNABLES)}")
     (sh, sw), (ph, pw), (dh, dw) = _pair(stride, "stride"), _pair(padding, "padding"), _pair(dilation, "dilation")
     key = (tuple(x.shape), tuple(w.shape), sh, sw, ph, pw, dh, dw, tuple(tunables.get(k) for k in TUNABLES))
-    (B, M, Ho, Wo), C8, launch = remember(_plans, key, lambda: _plan(x.shape, w.shape, (sh, sw), (ph, pw),
+    (B, M, Ho, Wo), C8, launch, reduce, ws_shape = remember(_plans, key, lambda: _plan(x.shape, w.shape, (sh, sw), (ph, pw),
                                                                       (dh, dw), tunables))
     if y is None:
         y = new_output((B, Ho, Wo, M), x).permute(0, 3, 1, 2)
@@ -148,8 +180,20 @@ def conv2d_mma(x, w, y=None, *, stride=1, padding=0, dilation=1, bias=None, **tu
                          f"with strides {y.stride()}")
     xn = _nhwc(x, C8)
     wn = _nhwc(w, C8)
-    launch(xn, wn, wn if bias is None else bias.contiguous(), y.permute(0, 2, 3, 1), int(bias is not None))
+    b = wn if bias is None else bias.contiguous()
+    yn = y.permute(0, 2, 3, 1)
+    if reduce is None:
+        launch(xn, wn, b, yn, _no_workspace(x), int(bias is not None))
+    else:                                # split-K: fp32 partials (splits, P, M), then one rounding pass
+        ws = new_output(ws_shape, x, torch.float32)
+        launch(xn, wn, b, yn, ws, int(bias is not None))
+        reduce(ws, b, yn, int(bias is not None))
     return y
+
+
+def _no_workspace(like: torch.Tensor) -> torch.Tensor:
+    """The kernel's ws argument without split-K: one float, never read or written."""
+    return torch.empty(1, dtype=torch.float32, device=like.device)
 
 
 def _plan(x_shape, w_shape, stride, padding, dilation, tunables):
@@ -173,15 +217,24 @@ def _plan(x_shape, w_shape, stride, padding, dilation, tunables):
             raise ValueError(f"{name} has {n:,} elements: too many for the kernel's int indices; split the batch")
     cfg = mma_config(Workload("", B=B, C=C, M=M, H=H, W=W, K=max(Kh, Kw), stride=sh, padding=ph))
     t = {k: int(tunables[k]) if tunables.get(k) is not None else cfg[k] for k in TUNABLES}
+    if tunables.get("SPLIT_K") is None and any(tunables.get(k) is not None for k in TILE):
+        t["SPLIT_K"] = 1                 # mma_config's split was for its own tile
     check_mma_tunables(**t)
+    splits = t["SPLIT_K"]
+    if splits * P * M > INT32_MAX // 2:
+        raise ValueError(f"SPLIT_K={splits}: a workspace of {splits * P * M:,} floats, too many for int indices; "
+                         "a smaller SPLIT_K or batch")
     blocks = _blocks(P, M, t)
     if blocks > GRID_X_MAX:
         raise ValueError(f"{blocks:,} blocks: over gridDim.x's limit; split the batch")
     smem = shared_bytes(**t)
-    launch = Launch(MMA_FILE, "conv2d_mma", t, (B, H, W, C8, M, Kh, Kw, Ho, Wo, sh, sw, ph, pw, dh, dw),
-                    grid=(blocks,), block=(32 * t["WARPS_M"] * t["WARPS_N"],), shared=smem,
+    tile = {k: t[k] for k in TILE}
+    launch = Launch(MMA_FILE, "conv2d_mma", tile, (B, H, W, C8, M, Kh, Kw, Ho, Wo, sh, sw, ph, pw, dh, dw),
+                    grid=(blocks, splits), block=(32 * t["WARPS_M"] * t["WARPS_N"],), shared=smem,
                     max_shared=smem if smem > SHARED_DEFAULT_MAX else None)
-    return (B, M, Ho, Wo), C8, launch
+    reduce = None if splits == 1 else Launch(MMA_FILE, "conv2d_mma_splitk_reduce", tile, (P, M, splits),
+                                             grid=(ceil_div(P * M, REDUCE_THREADS),), block=(REDUCE_THREADS,))
+    return _Plan((B, M, Ho, Wo), C8, launch, reduce, (splits, P, M))
 
 
 def _is_2d(shape) -> bool:

@@ -32,13 +32,17 @@
 //  - Epilogue: bias (fp32) added to the fp32 sums, rounded to half once, the block's BM x BN tile
 //    staged in shared memory (the pipeline's, reused) and written as 16-byte row pieces: y is NHWC,
 //    so a pixel's BN maps are contiguous, whole 32-byte sectors.
+//  - Split-K (gridDim.y = splits > 1), for layers with too few output tiles to fill the GPU (7x7
+//    and 14x14 maps): block (t, z) sums only its z-th share of the K steps and stores its fp32
+//    partial tile to ws (splits, P, M); conv2d_mma_splitk_reduce then adds the splits and the bias
+//    and rounds to half once, as the one-pass epilogue does.
 //  - Blocks: one 1-D grid, the BN-wide map tiles of one pixel tile adjacent, so the blocks running
 //    together share their input rows in L2 (the mask is small and stays in L2 anyway).
 //
 // Layout: x (B, H, W, C) half, C % 8 == 0, 16-byte aligned; w (M, Kh, Kw, C) half; bias (M) half
 // (read only when has_bias); y (B, Ho, Wo, M) half. Stride, padding and dilation: any;
-// Kh, Kw <= 31 (the tap bitmasks are 32-bit).
-// Grid: (ceil(P/BM) * ceil(M/BN)), block 32*WARPS_M*WARPS_N threads, dynamic shared memory
+// Kh, Kw <= 31 (the tap bitmasks are 32-bit). ws (splits, P, M) float, used only when splits > 1.
+// Grid: (ceil(P/BM) * ceil(M/BN), splits), block 32*WARPS_M*WARPS_N threads, dynamic shared memory
 // max(STAGES*(BM+BN)*BK, BM*(BN+8)) * 2 bytes. Tunables: BM, BN, BK (16, 32 or 64), WARPS_M, WARPS_N, STAGES.
 
 #include <cuda_fp16.h>
@@ -93,7 +97,7 @@ __device__ __forceinline__ int at(int row, int chunk) { return row * BK + swz(ro
 
 __global__ void __launch_bounds__(THREADS)
 conv2d_mma(const half* __restrict__ x, const half* __restrict__ w, const half* __restrict__ bias,
-           half* __restrict__ y, int has_bias, int B, int H, int W, int C, int M, int Kh, int Kw, int Ho, int Wo,
+           half* __restrict__ y, float* __restrict__ ws, int has_bias, int B, int H, int W, int C, int M, int Kh, int Kw, int Ho, int Wo,
            int sh, int sw, int ph, int pw, int dh, int dw)
 {
     extern __shared__ __align__(128) half smem[];    // [STAGES][BM][BK] A, then [STAGES][BN][BK] B; then [BM][CS]
@@ -130,9 +134,13 @@ conv2d_mma(const half* __restrict__ x, const half* __restrict__ w, const half* _
         b_ok[i] = m < M;
         b_base[i] = b_ok[i] ? m * K : 0;
     }
+    // This block's K steps: all of them, or its share under split-K (an empty share stores zeros).
+    const int steps_all = (K + BK - 1) / BK, per_split = (steps_all + gridDim.y - 1) / gridDim.y;
+    const int kt0 = blockIdx.y * per_split, steps = max(0, min(steps_all - kt0, per_split));
+
     // The thread's chunk in K: k (the mask's column), tap (r, s) as one-hot bits, channel c, and off,
     // x's offset of (r, s, c) from a window's top-left. Past the last tap rbit is 0: no copy is valid.
-    int k = cc * 8, c = k % C, s = (k / C) % Kw;
+    int k = kt0 * BK + cc * 8, c = k % C, s = (k / C) % Kw;
     const int r = (k / C) / Kw;
     unsigned rbit = r < Kh ? 1u << r : 0u, sbit = 1u << s;
     int off = (r * dh * W + s * dw) * C + c;
@@ -177,7 +185,6 @@ conv2d_mma(const half* __restrict__ x, const half* __restrict__ w, const half* _
         b_frag[kk] = at(wn * WTN + (lane & 7) + ((lane >> 4) << 3), kk * 2 + ((lane >> 3) & 1));
     }                                            // B matrices: maps 0-7 k 0-7, maps 0-7 k 8-15, maps 8-15 ...
 
-    const int steps = (K + BK - 1) / BK;
     for (int st = 0; st < STAGES - 1; st++) {
         if (st < steps) load_tile(st);
         cp_async_commit();                       // empty groups keep the count in step
@@ -210,6 +217,23 @@ conv2d_mma(const half* __restrict__ x, const half* __restrict__ w, const half* _
 #pragma unroll
                 for (int j = 0; j < NI; j++) mma_16816(acc[i][j], af[i], bf[j]);
         }
+    }
+
+    if (gridDim.y > 1) {                         // split-K: the fp32 partial sums, no bias, to ws
+        float* part = ws + blockIdx.y * P * M;   // a quad's 4 lanes store 8 adjacent floats: whole sectors
+#pragma unroll
+        for (int i = 0; i < MI; i++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int p = p0 + wm * WTM + i * 16 + (lane >> 2) + h * 8;
+#pragma unroll
+                for (int j = 0; j < NI; j++) {
+                    const int m = m0 + wn * WTN + j * 8 + (lane & 3) * 2;
+                    if (p < P && m < M) part[p * M + m] = acc[i][j][2 * h];
+                    if (p < P && m + 1 < M) part[p * M + m + 1] = acc[i][j][2 * h + 1];
+                }
+            }
+        return;                                  // (no copy is in flight: the last steps issue none)
     }
 
     // ---- epilogue: bias, round to half, through shared memory to full-row 16-byte stores ----
@@ -248,4 +272,17 @@ conv2d_mma(const half* __restrict__ x, const half* __restrict__ w, const half* _
             for (int e = 0; e < 8 && m + e < M; e++) y[p * M + m + e] = cs[row * CS + col + e];
         }
     }
+}
+
+// Split-K's second pass: y = half(the splits' fp32 partial sums + bias), each output rounded once.
+// One thread per output element; a warp reads 32 adjacent floats of each split.
+__global__ void conv2d_mma_splitk_reduce(const float* __restrict__ ws, const half* __restrict__ bias,
+                                         half* __restrict__ y, int has_bias, int P, int M, int splits)
+{
+    const int e = blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= P * M) return;
+    float v = ws[e];
+    for (int z = 1; z < splits; z++) v += ws[z * P * M + e];
+    if (has_bias) v += __half2float(bias[e % M]);
+    y[e] = __float2half_rn(v);
 }
