@@ -44,15 +44,17 @@ CANDIDATES: dict[str, dict] = {
     "256x128x32 s3 (4x2 warps)": dict(BM=256, BN=128, BK=32, WARPS_M=4, WARPS_N=2, STAGES=3),
     "128x256x32 s3 (2x4 warps)": dict(BM=128, BN=256, BK=32, WARPS_M=2, WARPS_N=4, STAGES=3),
     "128x64x32 s4 (2x2 warps)": dict(BM=128, BN=64, BK=32, WARPS_M=2, WARPS_N=2, STAGES=4),
+    "128x64x64 s3 (2x2 warps)": dict(BM=128, BN=64, BK=64, WARPS_M=2, WARPS_N=2, STAGES=3),
     "256x64x32 s4 (4x1 warps)": dict(BM=256, BN=64, BK=32, WARPS_M=4, WARPS_N=1, STAGES=4),
     "64x128x32 s4 (2x2 warps)": dict(BM=64, BN=128, BK=32, WARPS_M=2, WARPS_N=2, STAGES=4),
     "64x64x32 s4 (2x2 warps)": dict(BM=64, BN=64, BK=32, WARPS_M=2, WARPS_N=2, STAGES=4),
 }
 
-#: mma_config's preference, best first for a layer with enough pixels; it takes the first whose grid
-#: fills the GPU (BLOCKS_PER_SM blocks on each SM), else the one with the most blocks.
-PREFERENCE_WIDE = ("128x128x32 s4 (2x2 warps)", "128x64x32 s4 (2x2 warps)", "64x128x32 s4 (2x2 warps)",
-                   "64x64x32 s4 (2x2 warps)")            # M > 64 maps
+#: mma_config's preference, best first; it takes the first whose grid, split along K if need be,
+#: fills the GPU (BLOCKS_PER_SM blocks on each SM), else the one with the most blocks. The first GPU
+#: pass (benchmarks/tensor_core_layers.py, its best tile per layer) had 128x128x64 s3 best on the
+#: M > 64 layers from 28x28 maps down, the VGG layer included, and 128x64x32 s4 on the 64-map ones.
+PREFERENCE_WIDE = ("128x128x64 s3 (2x2 warps)", "64x128x32 s4 (2x2 warps)", "64x64x32 s4 (2x2 warps)")   # M > 64
 PREFERENCE_NARROW = ("128x64x32 s4 (2x2 warps)", "64x64x32 s4 (2x2 warps)")   # M <= 64 maps
 BLOCKS_PER_SM = 1
 SMS = 132                            # H100/H200 SXM; mma_config(shape, sms=...) for another GPU
