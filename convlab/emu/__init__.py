@@ -29,7 +29,9 @@ CXX = os.environ.get("CXX", "g++")
 # -g1: line tables only, so a fault, a race or a stopped kernel can name its source line
 CXXFLAGS = ["-std=c++17", "-O2", "-g1", "-fPIC", "-shared", "-fno-strict-aliasing", "-fno-fast-math",
             "-Wno-unknown-pragmas", "-Wno-attributes"]
-_BARRIER_RE = re.compile(r"\b(__syncthreads\w*|__syncwarp|__shfl\w*|__ballot_sync|__any_sync|__all_sync)\b")
+# warp operations too (ldmatrix and mma exchange registers between lanes: tensor_core.cuh)
+_BARRIER_RE = re.compile(r"\b(__syncthreads\w*|__syncwarp|__shfl\w*|__ballot_sync|__any_sync|__all_sync|ldmatrix_\w+|"
+                         r"mma_16816\w*)\b")
 _STATUS = {1: KernelFault, 2: BarrierError, 3: OutOfBoundsError, 4: KernelTimeout, 5: OutOfBoundsError,
            6: KernelFault, 7: KernelFault, 8: KernelFault, 9: LaunchError, 10: RaceError, 11: KernelInterrupted}
 TIMEOUT, RACE, INTERRUPT = 4, 10, 11

@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 #include <unordered_map>
+#include <unordered_set>
 #include <dlfcn.h>
 #include <pthread.h>
 #include <sys/mman.h>
@@ -155,7 +156,16 @@ struct fiber_thread {
     unsigned warp_mask;
     unsigned warp_gen;
     unsigned seq;          // checked accesses since the block's last barrier (the race detector's program order)
+    unsigned cp_groups;    // cp.async groups the thread has committed in this block
 };
+
+// Static __shared__ arrays the running block has opened (clemu_shared_region).
+struct shared_region { const char* lo; long long bytes, elem; const char* name; };
+
+// A cp.async in flight: what it copies (read at issue), where to, and which group it belongs to
+// (group == the thread's cp_groups while it is not committed yet).
+struct cp_copy { unsigned char* dst; unsigned char data[16]; int bytes; unsigned group; const void* site; };
+struct cp_word { int thread; unsigned group; const void* site; };
 
 static const long long MAX_DYN_SHARED = 232448;   // an H100/H200's opt-in maximum (227 KB)
 
@@ -167,6 +177,10 @@ struct worker {
     clemu_block blk;
     std::vector<fiber_thread> threads;
     std::vector<unsigned long long> warp_slots;   // [warp][parity][32]
+    std::vector<unsigned> warp_regs;               // [warp][parity][32][CLEMU_XCHG_REGS]
+    std::vector<shared_region> regions;            // the running block's static __shared__ arrays
+    std::vector<std::vector<cp_copy>> cp_pending;  // per thread of the block: its copies in flight
+    std::unordered_map<uintptr_t, cp_word> cp_words;   // every 4-byte word a copy in flight writes
     unsigned char* dyn_shared = nullptr;
     char* stacks = nullptr;                        // n_stacks * stack_bytes, guard page at the bottom of each
     long long stack_bytes = 0;
@@ -367,6 +381,19 @@ extern "C" unsigned long long* clemu_warp_exchange(unsigned mask, unsigned long 
     return slots;
 }
 
+extern "C" const unsigned* clemu_warp_exchange_regs(unsigned mask, const unsigned* regs, int n, const char* file, int line) {
+    fiber_thread* t = me();
+    if (!t) clemu_fault(CLEMU_FAULT, "warp operation outside a kernel");
+    int warp = t->pub.linear / 32, lane = t->pub.linear % 32;
+    unsigned parity = t->warp_gen & 1u;
+    unsigned* slots = &W->warp_regs[((size_t)warp * 2 + parity) * 32 * CLEMU_XCHG_REGS];
+    memcpy(slots + lane * CLEMU_XCHG_REGS, regs, sizeof(unsigned) * (n < CLEMU_XCHG_REGS ? n : CLEMU_XCHG_REGS));
+    t->warp_mask = mask;
+    park(T_WARP, file, line);
+    t->warp_gen++;
+    return slots;
+}
+
 extern "C" unsigned clemu_activemask() {
     fiber_thread* t = me();
     if (!t || !W || W->threads.empty()) return 0xffffffffu;
@@ -403,6 +430,7 @@ static std::unordered_map<uintptr_t, shadow_word> shadow;
 struct race_rec { const void* a; const void* b; };
 static std::vector<race_rec> races_seen;
 static std::string race_text;
+static std::unordered_set<const void*> cp_issue_sites;           // detector launches: the cp.async calls' sites
 static long long n_races = 0;
 static const int MAX_RACE_REPORTS = 3;
 
@@ -469,32 +497,28 @@ static void report_race(const acc_rec& p, bool p_writes, const acc_rec& c, bool 
         bool p_first = p.seq <= c.seq;
         const std::string& a = p_first ? pa : ca; const std::string& b2 = p_first ? ca : pa;
         bool a_writes = p_first ? p_writes : c_writes, b_writes = p_first ? c_writes : p_writes;
-        txt += "Put a __syncthreads() between " + a + " and " + b2 +
-               " (every thread of the block must reach it), so the " + (a_writes ? "write" : "read") +
-               " at " + a + " is finished in every thread before the " + (b_writes ? "write" : "read") +
-               " at " + b2 + " starts.";
+        if (a_writes && cp_issue_sites.count(p_first ? p.site : c.site))
+            txt += "A cp.async's copy lands at its thread's cp_async_wait<N>(), not at " + a + ": put a __syncthreads() "
+                   "after that wait and before the " + (b_writes ? "write" : "read") + " at " + b2 +
+                   " (every thread of the block must reach it), so every thread's copy has landed first.";
+        else
+            txt += "Put a __syncthreads() between " + a + " and " + b2 +
+                   " (every thread of the block must reach it), so the " + (a_writes ? "write" : "read") +
+                   " at " + a + " is finished in every thread before the " + (b_writes ? "write" : "read") +
+                   " at " + b2 + " starts.";
     }
     if (!race_text.empty()) race_text += "\n";
     race_text += txt;
 }
 
-extern "C" __attribute__((visibility("default")))
-void clemu_access(unsigned op, const volatile void* addr, unsigned bytes, const char* name, const void* base) {
-    if (prof_on && me()) {
-        // an atomic comes as a plain pointer: shared memory when it is in no buffer argument
-        if ((op & CLEMU_ATOM) && !(op & CLEMU_SHARED)) {
-            bool global = false;
-            for (int i = 0; L && i < L->n_bufs && !global; i++)
-                global = (const char*)addr >= (const char*)L->bufs[i].p &&
-                         (const char*)addr < (const char*)L->bufs[i].p + L->bufs[i].nbytes;
-            if (!global) op |= CLEMU_SHARED;
-        }
-        clprof_hook(op, (const void*)addr, bytes, __builtin_return_address(0), me()->pub.linear);
-    }
-    if (!detect_on || (op & CLEMU_ATOM)) return;
+static void cp_check(unsigned op, const void* addr, unsigned bytes, const char* name, const void* base, const void* pc);
+
+// The race detector's part of an access at `pc` (clemu_access's, and the tensor-core instructions').
+static void detect(unsigned op, const volatile void* addr, unsigned bytes, const char* name, const void* base,
+                   const void* pc) {
     fiber_thread* t = me();
     if (!t || !W) return;
-    hook_site = __builtin_return_address(0);
+    hook_site = pc;
     W->last_site = hook_site;
     acc_rec c{hook_site, W->blk.serial, t->pub.linear, W->epoch, t->warp_gen, t->seq++};
     bool sh = op & CLEMU_SHARED;
@@ -513,6 +537,252 @@ void clemu_access(unsigned op, const volatile void* addr, unsigned bytes, const 
     }
     hook_site = nullptr;
     if (stop_pending) { stop_pending = 0; throw clemu_fault_exc(); }
+}
+
+extern "C" __attribute__((visibility("default")))
+void clemu_access(unsigned op, const volatile void* addr, unsigned bytes, const char* name, const void* base) {
+    if (W && !W->cp_words.empty() && !(op & CLEMU_ATOM))
+        cp_check(op, (const void*)addr, bytes, name, base, __builtin_return_address(0));
+    if (prof_on && me()) {
+        // an atomic comes as a plain pointer: shared memory when it is in no buffer argument
+        if ((op & CLEMU_ATOM) && !(op & CLEMU_SHARED)) {
+            bool global = false;
+            for (int i = 0; L && i < L->n_bufs && !global; i++)
+                global = (const char*)addr >= (const char*)L->bufs[i].p &&
+                         (const char*)addr < (const char*)L->bufs[i].p + L->bufs[i].nbytes;
+            if (!global) op |= CLEMU_SHARED;
+        }
+        clprof_hook(op, (const void*)addr, bytes, __builtin_return_address(0), me()->pub.linear);
+    }
+    if (!detect_on || (op & CLEMU_ATOM)) return;
+    detect(op, addr, bytes, name, base, __builtin_return_address(0));
+}
+
+// ----------------------------------------------------------------------------------------
+// Tensor-core instructions (clemu_tensor_core.h): ldmatrix's row addresses and cp.async's copies.
+// What memory an address is in, as far as the emulator can tell: the block's shared memory (its
+// dynamic buffer and the static arrays it opened), a buffer argument, a thread's stack.
+enum { SP_UNKNOWN, SP_SHARED, SP_GLOBAL, SP_LOCAL };
+static std::string describe_address(uintptr_t a);
+struct mem_place { int space; const char* lo; long long bytes, elem; const char* name; };
+
+static const long long NEAR_BYTES = 4096;   // an address this close past (before) an array counts as in it
+
+static mem_place place_of(const void* a) {
+    const char* p = (const char*)a;
+    if (!W) return {SP_UNKNOWN, nullptr, 0, 1, nullptr};
+    const char* dyn = (const char*)W->dyn_shared;
+    if (dyn && p >= dyn && p < dyn + MAX_DYN_SHARED) return {SP_SHARED, dyn, W->blk.dyn_bytes, 1, nullptr};
+    const shared_region* near = nullptr;
+    long long dist = NEAR_BYTES;
+    for (auto& g : W->regions) {
+        if (p >= g.lo && p < g.lo + g.bytes) return {SP_SHARED, g.lo, g.bytes, g.elem, g.name};
+        long long d = p >= g.lo + g.bytes ? p - (g.lo + g.bytes) : g.lo - p;
+        if (d < dist) { dist = d; near = &g; }
+    }
+    for (int i = 0; L && i < L->n_bufs; i++) {
+        const char* lo = (const char*)L->bufs[i].p;
+        if (p >= lo && p < lo + L->bufs[i].nbytes) return {SP_GLOBAL, lo, L->bufs[i].nbytes, 1, L->buf_names[i]};
+    }
+    if (near) return {SP_SHARED, near->lo, near->bytes, near->elem, near->name};
+    if (W->stacks && p >= W->stacks && p < W->stacks + (size_t)W->n_stacks * W->stack_bytes)
+        return {SP_LOCAL, nullptr, 0, 1, nullptr};
+    return {SP_UNKNOWN, nullptr, 0, 1, nullptr};
+}
+
+// "__shared__ sA[37]" (the element as the array's type counts), or the byte of extern shared memory
+static std::string shared_what(const void* addr, const mem_place& m) {
+    char s[300];
+    long long off = (const char*)addr - m.lo;
+    if (m.name) snprintf(s, sizeof s, "__shared__ %s[%lld]", m.name, off / (m.elem > 0 ? m.elem : 1));
+    else snprintf(s, sizeof s, "byte %lld of extern __shared__ memory", off);
+    return s;
+}
+
+// The race detector keys its records by an element's address: the instructions' accesses are
+// split into the elements of the array they touch (2 or 4 bytes; 4 where the type is unknown).
+static int detect_step(const mem_place& m) { return m.name && m.elem == 2 ? 2 : 4; }
+
+[[noreturn]] static void tc_fault(int status, const char* fmt, ...) {
+    char msg[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    set_failure(status, "%s (%s)", msg, where(clemu_cur).c_str());
+    throw clemu_fault_exc();
+}
+
+// `bytes` of shared memory at addr, as the instruction `what` at pc uses them: inside one array.
+static mem_place check_shared(const void* addr, int bytes, const char* what, const char* role, const void* pc) {
+    mem_place m = place_of(addr);
+    std::string at = at_site(pc);
+    if (m.space == SP_GLOBAL)
+        tc_fault(CLEMU_FAULT, "%s%s: %s %p is inside argument `%s` (global memory), but it must be shared memory: "
+                 "pass the address of an element of a __shared__ array", what, at.c_str(), role, addr, m.name);
+    if (m.space == SP_LOCAL)
+        tc_fault(CLEMU_FAULT, "%s%s: %s %p is a local variable of the thread (on its stack), but it must be shared "
+                 "memory: pass the address of an element of a __shared__ array", what, at.c_str(), role, addr);
+    if (m.space == SP_SHARED) {
+        long long off = (const char*)addr - m.lo;
+        if (off < 0 || off + bytes > m.bytes) {
+            if (m.name)
+                tc_fault(CLEMU_OOB, "%s%s: %s %p, bytes [%lld, %lld) of __shared__ %s, is outside its %lld bytes: "
+                         "check the row and column the address is computed from", what, at.c_str(), role, addr,
+                         off, off + bytes, m.name, m.bytes);
+            tc_fault(CLEMU_OOB, "%s%s: %s %p, bytes [%lld, %lld) of extern __shared__ memory, is outside the %lld "
+                     "bytes the launch gave (shared=): pass a larger shared=, or check the address", what, at.c_str(),
+                     role, addr, off, off + bytes, m.bytes);
+        }
+    }
+    return m;
+}
+
+// An access to memory that a cp.async in flight will write: a fault that names both lines.
+static void cp_check(unsigned op, const void* addr, unsigned bytes, const char* name, const void* base, const void* pc) {
+    for (uintptr_t w = (uintptr_t)addr & ~(uintptr_t)3; w < (uintptr_t)addr + bytes; w += 4) {
+        auto it = W->cp_words.find(w);
+        if (it == W->cp_words.end()) continue;
+        const cp_word c = it->second;
+        mem_place m = place_of(addr);
+        if (name && base) m = {SP_SHARED, (const char*)base, 0, bytes, name};
+        std::string what = shared_what(addr, m), at = site(pc), cp = site(c.site);
+        fiber_thread* t = me();
+        bool own = t && t->pub.linear == c.thread;
+        bool committed = c.group < W->threads[c.thread].cp_groups;
+        std::string who = own ? "this thread's" : "thread " + thread_in_block(c.thread, W->blk.dim) + "'s";
+        std::string fix;
+        if (!committed)
+            fix = "That copy's group was never committed: call cp_async_commit() after a stage's cp.async calls, then "
+                  "cp_async_wait<N>() (N: how many more recent groups may stay in flight; 0 waits for all)";
+        else
+            fix = "Wait for the copy with cp_async_wait<N>() (N: how many more recent groups may stay in flight; "
+                  "0 waits for all)";
+        if (own) fix += " between " + cp + " and " + at + ".";
+        else fix += " in the thread that issued it, then __syncthreads() (every thread of the block), both between " +
+                    cp + " and " + at + ", so every thread's copy has landed before any thread touches it.";
+        set_failure(CLEMU_RACE, "%s %s at %s by %s, while %s cp.async at %s that copies into it is still in flight "
+                    "(its bytes are undefined until a wait covers it%s). %s",
+                    (op & CLEMU_WR) ? "write to" : "read of", what.c_str(), at.c_str(), where(clemu_cur).c_str(),
+                    who.c_str(), cp.c_str(), (op & CLEMU_WR) ? ", and it lands over this write" : "", fix.c_str());
+        throw clemu_fault_exc();
+    }
+}
+
+extern "C" __attribute__((visibility("default"))) void clemu_shared_region(const void* lo, long long bytes, long long elem,
+                                                                             const char* name) {
+    if (W) W->regions.push_back({(const char*)lo, bytes, elem, name});
+}
+
+extern "C" __attribute__((visibility("default"))) void clemu_ldmatrix_check(const void* row, const char* what) {
+    const void* pc = __builtin_return_address(0);
+    int lane = me() ? me()->pub.linear % 32 : 0;
+    char role[64];
+    snprintf(role, sizeof role, "lane %d's row address", lane);
+    if ((uintptr_t)row % 16)
+        tc_fault(CLEMU_FAULT, "%s%s: %s %p is not 16-byte aligned: each lane passes the start of a row of 8 halves "
+                 "(16 bytes), so its column must be a multiple of 8 and the row pitch a multiple of 8 halves",
+                 what, at_site(pc).c_str(), role, row);
+    mem_place m = check_shared(row, 16, what, role, pc);
+    if (!W->cp_words.empty()) cp_check(CLEMU_RD | CLEMU_SHARED, row, 16, m.name, m.name ? m.lo : nullptr, pc);
+}
+
+// After the warp's exchange: the row is read, for the profiler (one 16-byte shared load per lane,
+// as ncu counts ldmatrix's wavefronts) and the race detector (per 4-byte word, as others write).
+extern "C" __attribute__((visibility("default"))) void clemu_ldmatrix_hook(const void* row) {
+    const void* pc = __builtin_return_address(0);
+    fiber_thread* t = me();
+    if (!t) return;
+    if (prof_on) clprof_hook(CLEMU_RD | CLEMU_SHARED, row, 16, pc, t->pub.linear);
+    if (!detect_on) return;
+    mem_place m = place_of(row);
+    int step = detect_step(m);
+    for (int k = 0; k < 16; k += step)
+        detect(CLEMU_RD | CLEMU_SHARED, (const char*)row + k, (unsigned)step, m.name, m.name ? m.lo : nullptr, pc);
+}
+
+extern "C" __attribute__((visibility("default"))) void clemu_cp_async(void* dst, const void* src, int bytes, int full) {
+    const void* pc = __builtin_return_address(0);
+    fiber_thread* t = me();
+    if (!t || !W) clemu_fault(CLEMU_FAULT, "cp.async outside a kernel");
+    const char* what = bytes == 16 ? "cp_async_16" : "cp_async_4";
+    std::string at = at_site(pc);
+    if ((uintptr_t)dst % bytes)
+        tc_fault(CLEMU_FAULT, "%s%s: the destination %p is not %d-byte aligned: a %d-byte cp.async copies to and from "
+                 "addresses that are multiples of %d", what, at.c_str(), dst, bytes, bytes, bytes);
+    mem_place d = check_shared(dst, bytes, what, "the destination", pc);
+    if (full) {
+        if ((uintptr_t)src % bytes)
+            tc_fault(CLEMU_FAULT, "%s%s: the source %p is not %d-byte aligned: a %d-byte cp.async copies to and from "
+                     "addresses that are multiples of %d", what, at.c_str(), src, bytes, bytes, bytes);
+        mem_place g = place_of(src);
+        if (g.space == SP_SHARED || g.space == SP_LOCAL)
+            tc_fault(CLEMU_FAULT, "%s%s: the source %p is %s, but cp.async copies from global memory: pass the "
+                     "global pointer (a kernel argument plus an offset) second", what, at.c_str(), src,
+                     g.space == SP_SHARED ? "shared memory" : "a local variable");
+        if (g.space != SP_GLOBAL)
+            tc_fault(CLEMU_OOB, "%s%s: the source is %s. Compute the address inside the input, or pass full=false "
+                     "for a chunk that lies outside it (zero-fill: nothing is read)", what, at.c_str(),
+                     describe_address((uintptr_t)src).c_str());
+        long long off = (const char*)src - g.lo;
+        if (off + bytes > g.bytes)
+            tc_fault(CLEMU_OOB, "%s%s: the source, bytes [%lld, %lld) of argument `%s`, runs past its end (%lld bytes): "
+                     "pass full=false for a chunk that lies outside the input (zero-fill: nothing is read)", what,
+                     at.c_str(), off, off + bytes, g.name, g.bytes);
+    }
+    if (!W->cp_words.empty()) {
+        for (uintptr_t w = (uintptr_t)dst; w < (uintptr_t)dst + bytes; w += 4) {
+            auto it = W->cp_words.find(w);
+            if (it == W->cp_words.end()) continue;
+            std::string other = site(it->second.site);
+            tc_fault(CLEMU_RACE, "%s%s writes %s, but the cp.async at %s by thread %s that copies into it is still in "
+                     "flight: wait for that copy (cp_async_wait<N>(), then __syncthreads()) before reusing the buffer",
+                     what, at.c_str(), shared_what((void*)w, d).c_str(), other.c_str(),
+                     thread_in_block(it->second.thread, W->blk.dim).c_str());
+        }
+    }
+    if (detect_on) cp_issue_sites.insert(pc);
+    cp_copy c;
+    c.dst = (unsigned char*)dst;
+    c.bytes = bytes;
+    c.group = t->cp_groups;
+    c.site = pc;
+    if (full) memcpy(c.data, src, (size_t)bytes);
+    else memset(c.data, 0, (size_t)bytes);
+    memset(dst, 0xFF, (size_t)bytes);   // undefined until the wait: NaN
+    W->cp_pending[t->pub.linear].push_back(c);
+    for (int k = 0; k < bytes; k += 4) W->cp_words[(uintptr_t)dst + k] = {t->pub.linear, c.group, pc};
+    // the copy may land any time from now: it conflicts with what other threads do before a barrier
+    if (detect_on)
+        for (int k = 0, step = detect_step(d); k < bytes; k += step)
+            detect(CLEMU_WR | CLEMU_SHARED, (char*)dst + k, (unsigned)step, d.name, d.name ? d.lo : nullptr, pc);
+}
+
+extern "C" __attribute__((visibility("default"))) void clemu_cp_async_commit() {
+    if (me()) me()->cp_groups++;
+}
+
+// The thread's copies of every group but the n most recent committed ones land, as writes at the
+// wait's line: a thread that reads them before a barrier races with it.
+extern "C" __attribute__((visibility("default"))) void clemu_cp_async_wait(int n) {
+    const void* pc = __builtin_return_address(0);
+    fiber_thread* t = me();
+    if (!t || !W) return;
+    auto& mine = W->cp_pending[t->pub.linear];
+    unsigned limit = t->cp_groups > (unsigned)n ? t->cp_groups - (unsigned)n : 0;
+    size_t keep = 0;
+    for (size_t i = 0; i < mine.size(); i++) {
+        cp_copy& c = mine[i];
+        if (c.group >= limit) { mine[keep++] = c; continue; }
+        memcpy(c.dst, c.data, (size_t)c.bytes);
+        for (int k = 0; k < c.bytes; k += 4) W->cp_words.erase((uintptr_t)c.dst + k);
+        if (detect_on) {
+            mem_place d = place_of(c.dst);
+            for (int k = 0, step = detect_step(d); k < c.bytes; k += step)
+                detect(CLEMU_WR | CLEMU_SHARED, c.dst + k, (unsigned)step, d.name, d.name ? d.lo : nullptr, pc);
+        }
+    }
+    mine.resize(keep);
 }
 
 // ----------------------------------------------------------------------------------------
@@ -713,9 +983,13 @@ static void run_block(worker* w, long long b) {
     static thread_local std::vector<int> order;
     make_order(order, n, l->order, l->seed ^ (unsigned)(b * 2654435761u));
     auto& th = w->threads;
+    w->regions.clear();
+    w->cp_words.clear();
     for (int i = 0; i < n; i++) {
         th[i].seq = 0;
         th[i].warp_gen = 0;
+        th[i].cp_groups = 0;
+        w->cp_pending[i].clear();
         th[i].pub.idx = uint3{(unsigned)(i % bx), (unsigned)((i / bx) % by), (unsigned)(i / (bx * by))};
         th[i].pub.blk = &w->blk;
         th[i].pub.linear = i;
@@ -859,6 +1133,8 @@ static void* worker_main(void* arg) {
         int n = L->block[0] * L->block[1] * L->block[2];
         if ((int)w->threads.size() < n) w->threads.resize(n);
         w->warp_slots.assign((size_t)((n + 31) / 32) * 64, 0);
+        w->warp_regs.assign((size_t)((n + 31) / 32) * 64 * CLEMU_XCHG_REGS, 0);
+        if ((int)w->cp_pending.size() < n) w->cp_pending.resize(n);
         w->blk.dim = dim3(L->block[0], L->block[1], L->block[2]);
         w->blk.grid = dim3(L->grid[0], L->grid[1], L->grid[2]);
         w->blk.dyn_shared = w->dyn_shared;
@@ -925,6 +1201,7 @@ static void finish(clemu_launch* launch) {
         serial_block.clear();
         races_seen.clear();
         race_text.clear();
+        cp_issue_sites.clear();
     }
     L = nullptr;
     busy.store(0);

@@ -45,6 +45,7 @@ extern thread_local clemu_thread* clemu_cur;
 // the thread and block are clemu_cur's. The race detector is one user; a profiler counting
 // requests, sectors and bank conflicts per warp and per site can be another.
 enum { CLEMU_RD = 1, CLEMU_WR = 2, CLEMU_ATOM = 4, CLEMU_SHARED = 8 };
+enum { CLEMU_XCHG_REGS = 8 };
 
 extern "C" {
 extern int clemu_hook_on;
@@ -59,6 +60,22 @@ void clemu_printf(const char* fmt, ...);
 void clemu_access(unsigned op, const volatile void* addr, unsigned bytes, const char* name, const void* base);
 [[noreturn]] void clemu_fault_shared_index(const char* name, int dim, long long index, long long extent,
                                            const long long* prefix, int rank);
+// A static __shared__ array the running block has opened (cuda_emu.h's shared_open): the runtime
+// then knows which addresses are shared memory, and names them in messages.
+void clemu_shared_region(const void* lo, long long bytes, long long elem_bytes, const char* name);
+// A warp exchange of up to CLEMU_XCHG_REGS 32-bit registers per lane (mma's fragments): returns
+// the slots, lane j's registers at [j * CLEMU_XCHG_REGS].
+const unsigned* clemu_warp_exchange_regs(unsigned mask, const unsigned* regs, int n, const char* file, int line);
+// Tensor-core instructions (clemu_tensor_core.h). Each names its source line by its return address.
+//   ldmatrix: each lane whose row is used checks it before the warp's exchange (16-byte aligned,
+//   inside shared memory, no cp.async in flight), and reads it for the hooks after the exchange.
+void clemu_ldmatrix_check(const void* row, const char* what);
+void clemu_ldmatrix_hook(const void* row);
+//   cp.async: the copy is checked and its source read at once, and lands at the wait that covers
+//   it; until then its destination holds NaN bytes and any access to it is a fault.
+void clemu_cp_async(void* dst, const void* src, int bytes, int full);
+void clemu_cp_async_commit();
+void clemu_cp_async_wait(int n);
 }
 #pragma GCC visibility pop
 

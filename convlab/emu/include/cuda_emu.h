@@ -249,6 +249,7 @@ template <class... A> static inline void printf_(const char* fmt, A... a) { clem
 // (NaN for floating types, -1 for integers), so values left by the previous block, or never
 // loaded, show. Every index is checked against its dimension; the view converts to a pointer
 // (as an array decays) where one is needed, and accesses through that pointer are not checked.
+// The runtime is told where the store is, so ldmatrix and cp.async can check their addresses.
 namespace clemu {
 template <class A> struct alignas(256) shared_store { A data; unsigned long long serial; };
 template <class A> struct sview;
@@ -272,7 +273,11 @@ template <class E, size_t N> struct sview<E[N]> {
 };
 template <class A> static inline sview<A> shared_open(shared_store<A>& s, const char* name) {
     unsigned long long serial = clemu_cur->blk->serial;
-    if (s.serial != serial) { memset((void*)&s.data, 0xFF, sizeof(A)); s.serial = serial; }
+    if (s.serial != serial) {
+        memset((void*)&s.data, 0xFF, sizeof(A));
+        s.serial = serial;
+        clemu_shared_region((const void*)&s.data, sizeof(A), sizeof(typename std::remove_all_extents<A>::type), name);
+    }
     return sview<A>{s.data, name, (const void*)&s.data, 0, (int)std::rank<A>::value, {0, 0, 0, 0}};
 }
 }
