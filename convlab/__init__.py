@@ -302,18 +302,19 @@ class Kernel:
         plan = self._plan or self._get_plan()
         values = plan.args.values(args)
         ok = plan.ok
-        if grid is ok[0] and block is ok[1] and shared == ok[2] and max_shared is None:
+        if grid is ok[0] and block is ok[1] and shared == ok[2] and max_shared == ok[3]:
             pass            # the very tuples of the last call (a launcher's kept launch): checked then
-        elif (max_shared is None and type(grid) is tuple and type(block) is tuple and len(grid) == 3
-                and len(block) == 3 and type(shared) is int):
+        elif (type(grid) is tuple and type(block) is tuple and len(grid) == 3 and len(block) == 3
+                and type(shared) is int and (max_shared is None or type(max_shared) is int)):
             # the usual launch: 3-tuples of ints within the limits (anything else: check_launch says why)
             gx, gy, gz = grid
             bx, by, bz = block
             if (type(gx) is int and type(gy) is int and type(gz) is int and type(bx) is int
                     and type(by) is int and type(bz) is int and 0 < gx <= plan.gx and 0 < gy <= plan.gy
                     and 0 < gz <= plan.gz and 0 < bx and 0 < by and 0 < bz and bz <= 64
-                    and bx * by * bz <= plan.max_threads and 0 <= shared <= plan.shared_left):
-                plan.ok = (grid, block, shared)
+                    and bx * by * bz <= plan.max_threads and 0 <= shared
+                    and shared <= (plan.shared_left if max_shared is None else max_shared - plan.static_shared)):
+                plan.ok = (grid, block, shared, max_shared)
             else:
                 grid, block = plan.check_launch(grid, block, shared, max_shared)
         else:
@@ -342,7 +343,7 @@ class _LaunchPlan:
         self.static_shared = self.limits["static_shared"] or 0
         self.gx, self.gy, self.gz = self.limits.get("max_grid") or _limits.MAX_GRID
         self.shared_left = _limits.SHARED_DEFAULT_MAX - self.static_shared
-        self.ok = (None, None, None)      # (grid, block, shared) of the last call that passed the quick checks
+        self.ok = (None, None, None, None)   # (grid, block, shared, max_shared) of the last call that passed the quick checks
         self.launch = None if self.emu else self.impl.launcher(kernel.name, kernel.params, self.args.ctypes)
 
     def check_launch(self, grid, block, shared, max_shared):

@@ -5,7 +5,8 @@
   os.stat, and loads it again when they changed: an edited .cu recompiles through a launcher in a
   live notebook, and going back to an earlier text finds its compiled module again.
 - Launch: one launch worked out by a launcher for one shape (file, defines, kernel, grid, block,
-  shared memory, scalar arguments), kept so that a repeated call only launches it.
+  shared memory and its opt-in past 48 KB, scalar arguments), kept so that a repeated call only
+  launches it.
 - set_mask(): fill a module's __constant__ mask, skipped when the same weights are already there
   (on the GPU each fill is a host round trip that would otherwise sit inside every timing);
 - batch_chunks(): split a batch that would put more than 65,535 blocks on gridDim.y or z.
@@ -70,15 +71,16 @@ class Launch:
     """One kernel launch as a launcher works it out for a shape; launch(*tensors) runs it with the
     kept scalar arguments after the tensors."""
 
-    __slots__ = ("path", "defines", "kernel", "scalars", "grid", "block", "shared", "ref")
+    __slots__ = ("path", "defines", "kernel", "scalars", "grid", "block", "shared", "max_shared", "ref")
 
     def __init__(self, path: str, kernel: str, defines: dict | None = None, scalars: tuple = (), *,
-                 grid: tuple, block: tuple, shared: int = 0):
+                 grid: tuple, block: tuple, shared: int = 0, max_shared: int | None = None):
         self.path, self.kernel, self.defines = path, kernel, defines_key(defines)
         self.scalars = tuple(int(s) for s in scalars)
         self.grid = tuple(int(g) for g in grid) + (1,) * (3 - len(grid))
         self.block = tuple(int(b) for b in block) + (1,) * (3 - len(block))
         self.shared = int(shared)
+        self.max_shared = None if max_shared is None else int(max_shared)   # the opt-in past 48 KB
         self.ref = None
 
     def module(self):
@@ -88,7 +90,8 @@ class Launch:
 
     def __call__(self, *tensors):
         ref = self.ref or self._bind()
-        ref.get().kernel(self.kernel)(*tensors, *self.scalars, grid=self.grid, block=self.block, shared=self.shared)
+        ref.get().kernel(self.kernel)(*tensors, *self.scalars, grid=self.grid, block=self.block, shared=self.shared,
+                                                  max_shared=self.max_shared)
 
     def _bind(self):
         self.ref = module_ref(self.path, self.defines)

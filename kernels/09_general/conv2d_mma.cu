@@ -1,0 +1,288 @@
+// Requires sm_80 or newer: cp.async and mma.sync.m16n8k16 with float accumulators
+//
+// Chapter 9: an fp16 implicit-GEMM convolution on tensor cores through mma.sync, in NHWC: the
+// layout and the loop structure of NVIDIA CUTLASS's sm80 "implicit GEMM" forward convolution,
+// written out by hand.
+//
+// GEMM view:  Y (P x M) = A (P x K) . B^T,  P = B*Ho*Wo output pixels (rows), M output maps
+// (columns), K = Kh*Kw*C with the channel fastest. x is NHWC and the mask is (M, Kh, Kw, C)
+// ("KRSC"), so a row of A (one pixel's receptive field, one tap at a time) and a row of B (one
+// map's weights) are both contiguous along K: 8 channels are one 16-byte cp.async. Needs C % 8 == 0
+// (the launcher pads fewer channels, e.g. an RGB stem, with zeros up to 8).
+//
+//  - Block tile BM x BN (pixels x maps), BK-deep steps of K; WARPS_M x WARPS_N warps, each owning a
+//    (BM/WARPS_M) x (BN/WARPS_N) warp tile of MI x NI m16n8 accumulators (64 x 64: 4 x 8, 128 floats
+//    per lane). Per 16-deep step a warp loads MI A fragments and NI/2 pairs of B fragments with
+//    ldmatrix.x4 and issues MI*NI mma.sync.m16n8k16.
+//  - STAGES-deep cp.async pipeline: tiles kt+1 .. kt+STAGES-1 are in flight while tile kt is
+//    multiplied; one cp_async_wait<STAGES-2> + __syncthreads() per step. The copies go global ->
+//    shared without registers, so the loads need no registers and no thread waits on them.
+//  - Shared rows are BK halves (BK/8 16-byte chunks) with the chunks XOR-swizzled by the row
+//    (swz below): the 8 rows an ldmatrix phase reads at one chunk column fall in 8 different
+//    4-bank groups, so the fragment loads have no bank conflicts and the rows need no padding.
+//  - Loader (the idea of CUTLASS's "optimized" activation iterator): each thread copies the same
+//    chunk column of BK for A_ITERS pixel rows and B_ITERS map rows. Everything that depends on
+//    the row is worked out once, before the K loop: a row's element offset of its window's
+//    top-left tap, and two bitmasks, bit r set where the window's row r is inside the image, bit s
+//    where its column s is. The K position is one offset `off` shared by the thread's rows and a
+//    one-hot bit for its tap (r, s), moved by constant deltas as K advances. A copy in the loop is
+//    then an add, two bit tests and a cp.async. (Recomputing each row's (ih, iw), four bounds and
+//    the address every step made integer instructions, not mma.sync, the bulk of the loop.) Taps in the padding, pixels past P, maps past M and K's tail are
+//    zero-filled by the copy (src-size 0) from a safe address.
+//  - Epilogue: bias (fp32) added to the fp32 sums, rounded to half once, the block's BM x BN tile
+//    staged in shared memory (the pipeline's, reused) and written as 16-byte row pieces: y is NHWC,
+//    so a pixel's BN maps are contiguous, whole 32-byte sectors.
+//  - Split-K (gridDim.y = splits > 1), for layers with too few output tiles to fill the GPU (7x7
+//    and 14x14 maps): block (t, z) sums only its z-th share of the K steps and stores its fp32
+//    partial tile to ws (splits, P, M); conv2d_mma_splitk_reduce then adds the splits and the bias
+//    and rounds to half once, as the one-pass epilogue does.
+//  - Blocks: one 1-D grid, the BN-wide map tiles of one pixel tile adjacent, so the blocks running
+//    together share their input rows in L2 (the mask is small and stays in L2 anyway).
+//
+// Layout: x (B, H, W, C) half, C % 8 == 0, 16-byte aligned; w (M, Kh, Kw, C) half; bias (M) half
+// (read only when has_bias); y (B, Ho, Wo, M) half. Stride, padding and dilation: any;
+// Kh, Kw <= 31 (the tap bitmasks are 32-bit). ws (splits, P, M) float, used only when splits > 1.
+// Grid: (ceil(P/BM) * ceil(M/BN), splits), block 32*WARPS_M*WARPS_N threads, dynamic shared memory
+// max(STAGES*(BM+BN)*BK, BM*(BN+8)) * 2 bytes. Tunables: BM, BN, BK (16, 32 or 64), WARPS_M, WARPS_N, STAGES.
+
+#include <cuda_fp16.h>
+#include "tensor_core.cuh"
+
+#ifndef BM
+#define BM 128
+#endif
+#ifndef BN
+#define BN 128
+#endif
+#ifndef BK
+#define BK 32
+#endif
+#ifndef WARPS_M
+#define WARPS_M 2
+#endif
+#ifndef WARPS_N
+#define WARPS_N 2
+#endif
+#ifndef STAGES
+#define STAGES 4
+#endif
+
+constexpr int THREADS = 32 * WARPS_M * WARPS_N;
+constexpr int CHUNKS = BK / 8;                    // 16-byte chunks in a shared row
+constexpr int WTM = BM / WARPS_M, WTN = BN / WARPS_N;
+constexpr int MI = WTM / 16, NI = WTN / 8;        // m16n8 tiles per warp
+constexpr int ROWS_PER_PASS = THREADS / CHUNKS;   // rows one pass of the block's copies fills
+constexpr int A_ITERS = BM / ROWS_PER_PASS, B_ITERS = BN / ROWS_PER_PASS;
+constexpr int A_STAGE = BM * BK, B_STAGE = BN * BK;   // halves per stage
+constexpr int CS = BN + 8;                        // the epilogue's shared row: BN maps, padded
+
+static_assert(BK == 16 || BK == 32 || BK == 64, "BK must be 16, 32 or 64");
+static_assert(WTM % 16 == 0 && WTN % 16 == 0, "warp tiles must be multiples of 16 x 16");
+static_assert(BM % WARPS_M == 0 && BN % WARPS_N == 0, "the warps must split the block tile");
+static_assert(THREADS % CHUNKS == 0 && BM % ROWS_PER_PASS == 0 && BN % ROWS_PER_PASS == 0,
+              "the block's 16-byte copies must cover BM and BN rows evenly");
+static_assert(STAGES >= 2, "at least two stages");
+static_assert(ROWS_PER_PASS % 8 == 0, "the swizzle repeats every 8 rows: a thread's copy rows, ROWS_PER_PASS "
+              "apart, must share it (so their shared offsets differ by constants)");
+
+// The slot (in 16-byte chunks) of chunk `chunk` of shared row `row`. Rows are BK*2 bytes, so 128/(BK*2)
+// rows share one 128-byte line of the 32 banks; XOR-ing the chunk with the row's line index spreads
+// the 8 rows an ldmatrix phase reads over all 8 chunk positions of a line.
+__device__ __forceinline__ int swz(int row, int chunk)
+{
+    return CHUNKS == 8 ? chunk ^ (row & 7) : CHUNKS == 4 ? chunk ^ ((row >> 1) & 3) : chunk ^ ((row >> 2) & 1);
+}
+
+__device__ __forceinline__ int at(int row, int chunk) { return row * BK + swz(row, chunk) * 8; }
+
+__global__ void __launch_bounds__(THREADS)
+conv2d_mma(const half* __restrict__ x, const half* __restrict__ w, const half* __restrict__ bias,
+           half* __restrict__ y, float* __restrict__ ws, int has_bias, int B, int H, int W, int C, int M, int Kh, int Kw, int Ho, int Wo,
+           int sh, int sw, int ph, int pw, int dh, int dw)
+{
+    extern __shared__ __align__(128) half smem[];    // [STAGES][BM][BK] A, then [STAGES][BN][BK] B; then [BM][CS]
+    half* As = smem;
+    half* Bs = smem + STAGES * A_STAGE;
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int P = B * Ho * Wo, K = Kh * Kw * C;
+    const int map_tiles = (M + BN - 1) / BN;
+    const int p0 = (blockIdx.x / map_tiles) * BM, m0 = (blockIdx.x % map_tiles) * BN;
+
+    // ---- the loader, set up once: this thread's chunk column, pixel rows and map rows ----
+    const int cc = tid % CHUNKS, row0 = tid / CHUNKS;
+    const int dst = at(row0, cc);                // row row0 + i*ROWS_PER_PASS: dst + i*ROWS_PER_PASS*BK
+    int a_base[A_ITERS];                         // x offset of the row's window at tap (0, 0), channel 0
+    unsigned a_rows[A_ITERS], a_cols[A_ITERS];   // bit r: window row r inside the image; bit s: column s
+#pragma unroll
+    for (int i = 0; i < A_ITERS; i++) {
+        const int p = p0 + row0 + i * ROWS_PER_PASS;
+        const int n = p / (Ho * Wo), q = p % (Ho * Wo);
+        const int ih0 = (q / Wo) * sh - ph, iw0 = (q % Wo) * sw - pw;
+        a_base[i] = ((n * H + ih0) * W + iw0) * C;   // may point before x (padding): used only with a valid tap
+        a_rows[i] = a_cols[i] = 0;
+        for (int r = 0; r < Kh; r++)
+            if (p < P && ih0 + r * dh >= 0 && ih0 + r * dh < H) a_rows[i] |= 1u << r;   // past P: no tap valid
+        for (int s = 0; s < Kw; s++)
+            if (iw0 + s * dw >= 0 && iw0 + s * dw < W) a_cols[i] |= 1u << s;
+    }
+    int b_base[B_ITERS];                         // w offset of the map's row
+    bool b_ok[B_ITERS];
+#pragma unroll
+    for (int i = 0; i < B_ITERS; i++) {
+        const int m = m0 + row0 + i * ROWS_PER_PASS;
+        b_ok[i] = m < M;
+        b_base[i] = b_ok[i] ? m * K : 0;
+    }
+    // This block's K steps: all of them, or its share under split-K (an empty share stores zeros).
+    const int steps_all = (K + BK - 1) / BK, per_split = (steps_all + gridDim.y - 1) / gridDim.y;
+    const int kt0 = blockIdx.y * per_split, steps = max(0, min(steps_all - kt0, per_split));
+
+    // The thread's chunk in K: k (the mask's column), tap (r, s) as one-hot bits, channel c, and off,
+    // x's offset of (r, s, c) from a window's top-left. Past the last tap rbit is 0: no copy is valid.
+    int k = kt0 * BK + cc * 8, c = k % C, s = (k / C) % Kw;
+    const int r = (k / C) / Kw;
+    unsigned rbit = r < Kh ? 1u << r : 0u, sbit = 1u << s;
+    int off = (r * dh * W + s * dw) * C + c;
+    const int next_s = (dw - 1) * C, next_r = (dh * W - (Kw - 1) * dw - 1) * C;   // off's deltas, c -= C included
+
+    auto load_tile = [&](int stage) {
+        half* as = As + stage * A_STAGE + dst;
+        half* bs = Bs + stage * B_STAGE + dst;
+#pragma unroll
+        for (int i = 0; i < A_ITERS; i++) {
+            const bool ok = (a_rows[i] & rbit) && (a_cols[i] & sbit);
+            cp_async_16(as + i * ROWS_PER_PASS * BK, ok ? x + (a_base[i] + off) : x, ok);
+        }
+        const bool k_ok = k < K;
+#pragma unroll
+        for (int i = 0; i < B_ITERS; i++) {
+            const bool ok = k_ok && b_ok[i];
+            cp_async_16(bs + i * ROWS_PER_PASS * BK, ok ? w + (b_base[i] + k) : w, ok);
+        }
+        // the next step's position: BK channels on, into the next tap(s) when c passes C
+        k += BK;
+        off += BK;
+        for (c += BK; c >= C; c -= C) {
+            if (++s == Kw) { s = 0; sbit = 1; rbit <<= 1; off += next_r; }
+            else { sbit <<= 1; off += next_s; }
+        }
+    };
+
+    // ---- the warp's fragments ----
+    const int wm = warp % WARPS_M, wn = warp / WARPS_M;
+    float acc[MI][NI][4];
+    for (int i = 0; i < MI; i++)
+        for (int j = 0; j < NI; j++)
+            for (int e = 0; e < 4; e++) acc[i][j][e] = 0.f;
+
+    // The lane's ldmatrix row addresses, per 16-deep step kk, for fragment 0; fragment i is 16 rows
+    // (two whole swizzle periods) further, a constant offset: the loop adds no swizzle arithmetic.
+    int a_frag[BK / 16], b_frag[BK / 16];
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; kk++) {
+        a_frag[kk] = at(wm * WTM + (lane & 15), kk * 2 + (lane >> 4));   // lanes 0-15: rows 0-15 at k 0-7; 16-31: k 8-15
+        b_frag[kk] = at(wn * WTN + (lane & 7) + ((lane >> 4) << 3), kk * 2 + ((lane >> 3) & 1));
+    }                                            // B matrices: maps 0-7 k 0-7, maps 0-7 k 8-15, maps 8-15 ...
+
+    for (int st = 0; st < STAGES - 1; st++) {
+        if (st < steps) load_tile(st);
+        cp_async_commit();                       // empty groups keep the count in step
+    }
+    int read = 0, write = STAGES - 1;            // stages of tile kt and of tile kt + STAGES - 1
+    for (int kt = 0; kt < steps; kt++) {
+        cp_async_wait<STAGES - 2>();             // tile kt has landed (this thread's copies) ...
+        __syncthreads();                         // ... everyone's; and stage kt-1 is free again
+        if (kt + STAGES - 1 < steps) load_tile(write);
+        cp_async_commit();
+        write = write == STAGES - 1 ? 0 : write + 1;
+
+        const half* as = As + read * A_STAGE;
+        const half* bs = Bs + read * B_STAGE;
+        read = read == STAGES - 1 ? 0 : read + 1;
+#pragma unroll
+        for (int kk = 0; kk < BK / 16; kk++) {
+            unsigned af[MI][4], bf[NI][2];
+#pragma unroll
+            for (int i = 0; i < MI; i++) ldmatrix_x4(af[i], as + a_frag[kk] + i * 16 * BK);
+#pragma unroll
+            for (int j = 0; j < NI / 2; j++) {
+                unsigned t[4];
+                ldmatrix_x4(t, bs + b_frag[kk] + j * 16 * BK);
+                bf[2 * j][0] = t[0]; bf[2 * j][1] = t[1];
+                bf[2 * j + 1][0] = t[2]; bf[2 * j + 1][1] = t[3];
+            }
+#pragma unroll
+            for (int i = 0; i < MI; i++)
+#pragma unroll
+                for (int j = 0; j < NI; j++) mma_16816(acc[i][j], af[i], bf[j]);
+        }
+    }
+
+    if (gridDim.y > 1) {                         // split-K: the fp32 partial sums, no bias, to ws
+        float* part = ws + blockIdx.y * P * M;   // a quad's 4 lanes store 8 adjacent floats: whole sectors
+#pragma unroll
+        for (int i = 0; i < MI; i++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int p = p0 + wm * WTM + i * 16 + (lane >> 2) + h * 8;
+#pragma unroll
+                for (int j = 0; j < NI; j++) {
+                    const int m = m0 + wn * WTN + j * 8 + (lane & 3) * 2;
+                    if (p < P && m < M) part[p * M + m] = acc[i][j][2 * h];
+                    if (p < P && m + 1 < M) part[p * M + m + 1] = acc[i][j][2 * h + 1];
+                }
+            }
+        return;                                  // (no copy is in flight: the last steps issue none)
+    }
+
+    // ---- epilogue: bias, round to half, through shared memory to full-row 16-byte stores ----
+    // A lane holds rows lane/4 and lane/4 + 8, maps 2*(lane%4) and +1 of each m16n8 tile: written
+    // straight to y, a warp's store would cover 16 of each 32-byte sector. Staged in shared memory
+    // (rows padded by 8 halves: the 8 rows of a half2 store fall in different banks), each row of
+    // BN maps goes out as whole sectors.
+    cp_async_wait<0>();
+    __syncthreads();                             // every warp is done with the pipeline's stages
+    half* cs = smem;                             // [BM][CS]
+#pragma unroll
+    for (int i = 0; i < MI; i++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int row = wm * WTM + i * 16 + (lane >> 2) + h * 8;
+#pragma unroll
+            for (int j = 0; j < NI; j++) {
+                const int col = wn * WTN + j * 8 + (lane & 3) * 2, m = m0 + col;
+                float v0 = acc[i][j][2 * h], v1 = acc[i][j][2 * h + 1];
+                if (has_bias && m < M) {
+                    v0 += __half2float(bias[m]);
+                    if (m + 1 < M) v1 += __half2float(bias[m + 1]);
+                }
+                *reinterpret_cast<half2*>(cs + row * CS + col) = __floats2half2_rn(v0, v1);
+            }
+        }
+    __syncthreads();
+    const bool vec = (M & 7) == 0;               // 16-byte stores need rows that start 16-byte aligned
+    for (int v = tid; v < BM * (BN / 8); v += THREADS) {
+        const int row = v / (BN / 8), col = (v % (BN / 8)) * 8;
+        const int p = p0 + row, m = m0 + col;
+        if (p >= P || m >= M) continue;
+        if (vec) {
+            *reinterpret_cast<uint4*>(&y[p * M + m]) = *reinterpret_cast<const uint4*>(cs + row * CS + col);
+        } else {
+            for (int e = 0; e < 8 && m + e < M; e++) y[p * M + m + e] = cs[row * CS + col + e];
+        }
+    }
+}
+
+// Split-K's second pass: y = half(the splits' fp32 partial sums + bias), each output rounded once.
+// One thread per output element; a warp reads 32 adjacent floats of each split.
+__global__ void conv2d_mma_splitk_reduce(const float* __restrict__ ws, const half* __restrict__ bias,
+                                         half* __restrict__ y, int has_bias, int P, int M, int splits)
+{
+    const int e = blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= P * M) return;
+    float v = ws[e];
+    for (int z = 1; z < splits; z++) v += ws[z * P * M + e];
+    if (has_bias) v += __half2float(bias[e % M]);
+    y[e] = __float2half_rn(v);
+}
