@@ -35,16 +35,18 @@ DRAM_BYTES_S = 4.0e12           # sustained HBM bandwidth
 REGS_PER_THREAD = 128           # what an 8x8 micro-tile needs: bounds the blocks per SM
 FULL_RATE_WARPS = 16            # resident warps per SM at which the FFMA pipes stay busy
 
+# Measured choices that override the rule below for a layer, keyed by (B, C, M, H, W, K, stride,
+# padding): what benchmarks/f32_layers.py prints as "TUNED" after timing every candidate on a GPU.
+TUNED: dict = {}
+
 _plans: dict = {}
 
 
 def _sm_count() -> int:
-    if torch.cuda.is_available():
-        import convlab as cl
+    import convlab as cl
 
-        if cl.backend() == "cuda":
-            return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-    return SMS
+    dev = cl.device()
+    return dev.threads if dev.backend == "cuda" else SMS
 
 
 def threads(BM: int, BN: int, WM: int, WN: int) -> int:
@@ -87,7 +89,11 @@ def igemm_config(shape: Workload, sms: int | None = None) -> dict:
     32), 128 pixels, warp tiles of 32 maps x 64 pixels, BK 8 (the 128x128 tile's 64 accumulators,
     prefetch registers and addresses fit the 128 registers two blocks per SM allow; BK 16 spills).
     The split: the one split_time() estimates fastest, so a layer with few pixels (7x7, 14x14),
-    whose tile grid leaves SMs idle or half a wave short, gets its reduction cut in parts."""
+    whose tile grid leaves SMs idle or half a wave short, gets its reduction cut in parts.
+    A layer in TUNED gets the measured choice instead."""
+    tuned = TUNED.get((shape.B, shape.C, shape.M, shape.H, shape.W, shape.K, shape.stride, shape.padding))
+    if tuned is not None:
+        return dict(tuned)
     BM = 128 if shape.M > 64 else 64 if shape.M > 32 else 32
     cfg = {"BM": BM, "BN": 128, "BK": 8, "WM": 32, "WN": 64}
     cfg["MIN_BLOCKS"] = 2 if threads(BM, 128, 32, 64) == 256 else 1
