@@ -150,3 +150,38 @@ def test_no_race_under_other_thread_orders():
     problem = cl.find_race(lambda: igemm.conv2d_igemm_f32(x, w, y, padding=1, bias=b, **SMALL, SPLIT=2), y)
     assert problem is None, problem
     cl.check(y, ref)
+
+
+# ---- dE/dX at stride 1: the same kernel on the flipped, transposed mask ------------------------------
+
+@pytest.mark.parametrize("dims", [
+    (1, 1, 3, 7, 9, 3, 1, "C=1, B=1, non-square"),
+    (2, 8, 5, 9, 8, 3, 1, "dX's channels M=5: MODE 0"),
+    (2, 3, 16, 8, 9, 4, 2, "even K, M=16: MODE 1"),
+    (2, 5, 8, 6, 7, 5, 0, "no padding: dX pads K-1"),
+    (2, 6, 10, 6, 6, 1, 0, "1x1: MODE 2"),
+], ids=lambda d: d[-1])
+def test_dx(dims):
+    B, C, M, H, W, K, p, _ = dims
+    w = cl.randn(M, C, K, K)
+    dy = cl.randn(B, M, cl.out_size(H, K, 1, p), cl.out_size(W, K, 1, p))
+    dx = cl.empty(B, C, H, W)
+    for split in (1, 2):
+        dx.fill_(float("nan"))
+        out = igemm.conv2d_igemm_f32_dx(dy, w, dx, padding=p, input_size=(H, W), **SMALL, SPLIT=split)
+        assert out is dx
+        cl.check(dx, cl.ref.conv2d_input_grad((B, C, H, W), w, dy, padding=p), name=f"dx {dims[-1]} split {split}")
+
+
+def test_dx_refusals_and_mask_kept_apart_from_the_forward():
+    w, dy = cl.randn(4, 4, 3, 3), cl.randn(1, 4, 6, 6)
+    with pytest.raises(ValueError, match="stride 1 only"):
+        igemm.conv2d_igemm_f32_dx(dy, w, stride=2)
+    with pytest.raises(ValueError, match="padding"):
+        igemm.conv2d_igemm_f32_dx(dy, w, padding=3)
+    with pytest.raises(ValueError, match="input_size"):
+        igemm.conv2d_igemm_f32_dx(dy, w, padding=1, input_size=(7, 7))
+    x = cl.randn(1, 4, 6, 6)                 # forward and dX on one weight tensor: two masks, both right
+    cl.check(igemm.conv2d_igemm_f32(x, w, padding=1, **SMALL), cl.ref.conv2d(x, w, padding=1))
+    cl.check(igemm.conv2d_igemm_f32_dx(dy, w, padding=1, **SMALL),
+             cl.ref.conv2d_input_grad((1, 4, 6, 6), w, dy, padding=1))

@@ -5,6 +5,10 @@ split-K, a plain-GEMM path for 1x1 layers; float32 FFMA, no tensor cores.
   x (B, C, H, W) and w (M, C, K, K) float32, NCHW, contiguous; bias (M,) or None.
   Tunables: BM, BN, BK (block tile), WM, WN (warp tile), SPLIT (splits of the reduction),
   MIN_BLOCKS (__launch_bounds__). Those left out come from igemm_config(shape).
+- conv2d_igemm_f32_dx(dy, w, dx=None, *, stride=1, padding=0, input_size=None, **tunables) -> dx
+  dE/dX of a stride-1 layer (padding <= K-1): the same kernel on dy, with the mask flipped and
+  transposed (C maps of M channels) and padding K-1-padding; its tunables from
+  igemm_config(dx_workload(shape)).
 - igemm_config(shape, sms=None): the tile and split for a layer (a Workload).
 - igemm_mode(shape, BK): which of the kernel's three loaders a layer gets (0 general, 1 one filter
   tap per step, 2 plain GEMM for 1x1 stride 1 unpadded).
@@ -122,21 +126,24 @@ def check_tunables(BM: int, BN: int, BK: int, WM: int, WN: int) -> None:
 
 # ---- the mask, K-major --------------------------------------------------------------------------
 
-_kmajor: dict = {}      # (id(w), order) -> (weakref to w, its _version, Wt)
+_kmajor: dict = {}      # (id(w), order, flip) -> (weakref to w, its _version, Wt)
 
 
-def kmajor(w: torch.Tensor, order: int) -> torch.Tensor:
-    """Wt[k][m] of w (M, C, K, K): k = c*K*K + ky*K + kx (order 0) or (ky*K + kx)*C + c (order 1),
-    Mp = M rounded up to 4 columns, KD rounded up to 32 rows, zeros in the padding. Made once and
-    kept while w is alive and unchanged."""
-    key = (id(w), order)
+def kmajor(w: torch.Tensor, order: int, flip: bool = False) -> torch.Tensor:
+    """Wt[k][m] of the convolution by w (M, C, K, K): k = c*K*K + ky*K + kx (order 0) or
+    (ky*K + kx)*C + c (order 1), Mp = M rounded up to 4 columns, KD rounded up to 32 rows, zeros in
+    the padding. flip=True: of the stride-1 dE/dX convolution instead (C maps of M channels, the
+    taps flipped). Made once and kept while w is alive and unchanged."""
+    key = (id(w), order, flip)
     hit = _kmajor.get(key)
     if hit is not None and hit[0]() is w and hit[1] == w._version:
         return hit[2]
     M, C, K = int(w.shape[0]), int(w.shape[1]), int(w.shape[2])
+    if flip:
+        M, C = C, M
     Mp, KDp = ceil_div(M, 4) * 4, ceil_div(C * K * K, KD_ALIGN) * KD_ALIGN
     wt = torch.empty(KDp, Mp, dtype=w.dtype, device=w.device)
-    Launch(FILE, "igemm_mask_kmajor", {"KSIZE": K}, (M, C, Mp, KDp, order),
+    Launch(FILE, "igemm_mask_kmajor", {"KSIZE": K}, (M, C, Mp, KDp, order, int(flip)),
            grid=(min(ceil_div(KDp * Mp, 256), 4096), 1, 1), block=(256, 1, 1))(w, wt)
     for k in [k for k, v in _kmajor.items() if v[0]() is None]:
         del _kmajor[k]                     # masks of weights that are gone
@@ -149,9 +156,9 @@ def kmajor(w: torch.Tensor, order: int) -> torch.Tensor:
 TUNABLES = ("BM", "BN", "BK", "WM", "WN", "SPLIT", "MIN_BLOCKS")
 
 
-def _plan(x, w, stride, padding, aligned, tunables):
+def _plan(x, w_shape, stride, padding, aligned, tunables):
     def build():
-        B, C, M, H, W, K, Ho, Wo = conv2d_shapes(x, w, stride, padding)
+        B, C, M, H, W, K, Ho, Wo = conv2d_shapes(x, torch.empty(w_shape, device="meta"), stride, padding)
         shape = Workload("", B, C, M, H, W, K, stride, padding)
         cfg = igemm_config(shape)
         t = {k: int(tunables[k] or cfg[k]) for k in TUNABLES}
@@ -177,7 +184,7 @@ def _plan(x, w, stride, padding, aligned, tunables):
                             grid=(min(ceil_div(B * M * P, 256), 8 * SMS), 1, 1), block=(256, 1, 1))
         return (B, M, Ho, Wo), mode, split, vec, gemm, reduce
 
-    key = (x.shape, w.shape, stride, padding, aligned, tuple(tunables[k] for k in TUNABLES))
+    key = (x.shape, w_shape, stride, padding, aligned, tuple(tunables[k] for k in TUNABLES))
     return remember(_plans, key, build)
 
 
@@ -185,18 +192,57 @@ def conv2d_igemm_f32(x, w, y=None, *, stride: int = 1, padding: int = 0, bias=No
                      BN: int | None = None, BK: int | None = None, WM: int | None = None, WN: int | None = None,
                      SPLIT: int | None = None, MIN_BLOCKS: int | None = None):
     """y = conv2d(x, w, bias): float32, NCHW. Tunables left out come from igemm_config(shape)."""
-    for name, t in (("x", x), ("w", w)) + ((("bias", bias),) if bias is not None else ()):
+    _check_f32(x=x, w=w, bias=bias)
+    if bias is not None and tuple(bias.shape) != (int(w.shape[0]),):
+        raise ValueError(f"bias has shape {tuple(bias.shape)}, expected ({int(w.shape[0])},)")
+    tunables = dict(BM=BM, BN=BN, BK=BK, WM=WM, WN=WN, SPLIT=SPLIT, MIN_BLOCKS=MIN_BLOCKS)
+    return _run(x, w, False, tuple(w.shape), y, stride, padding, bias, tunables)
+
+
+def conv2d_igemm_f32_dx(dy, w, dx=None, *, stride: int = 1, padding: int = 0, input_size=None,
+                        BM: int | None = None, BN: int | None = None, BK: int | None = None, WM: int | None = None,
+                        WN: int | None = None, SPLIT: int | None = None, MIN_BLOCKS: int | None = None):
+    """dE/dX of a stride-1 layer: the same kernel on dy with the flipped, transposed mask
+    (C maps of M channels) and padding K-1-padding (chapter 8's transposed convolution).
+    Tunables left out come from igemm_config(dx_workload(shape))."""
+    _check_f32(dy=dy, w=w)
+    M, C, K = int(w.shape[0]), int(w.shape[1]), int(w.shape[2])
+    if stride != 1:
+        raise ValueError(f"stride {stride}: conv2d_igemm_f32_dx takes stride 1 only; for a strided layer use "
+                         "convlab.ops.general.conv2d_general_dx")
+    if not 0 <= padding <= K - 1:
+        raise ValueError(f"padding {padding} with K={K}: dX as a convolution needs padding <= K-1")
+    size = (int(dy.shape[2]) + K - 1 - 2 * padding, int(dy.shape[3]) + K - 1 - 2 * padding)
+    if input_size is not None and tuple(input_size) != size:
+        raise ValueError(f"input_size {tuple(input_size)}: at stride 1 dy {tuple(dy.shape)} comes from an input of "
+                         f"{size}; leave input_size out")
+    if dy.dim() != 4 or int(dy.shape[1]) != M:
+        raise ValueError(f"dy {tuple(dy.shape)} does not fit w {tuple(w.shape)}: need (B, {M}, Ho, Wo)")
+    tunables = dict(BM=BM, BN=BN, BK=BK, WM=WM, WN=WN, SPLIT=SPLIT, MIN_BLOCKS=MIN_BLOCKS)
+    return _run(dy, w, True, (C, M, K, K), dx, 1, K - 1 - padding, None, tunables)
+
+
+def dx_workload(shape: Workload) -> Workload:
+    """The convolution conv2d_igemm_f32_dx runs for a stride-1 layer's dE/dX."""
+    return Workload(shape.name, shape.B, shape.M, shape.C, shape.Ho, shape.Wo, shape.K, 1,
+                    shape.K - 1 - shape.padding)
+
+
+def _check_f32(**tensors) -> None:
+    for name, t in tensors.items():
+        if t is None:
+            continue
         if t.dtype != torch.float32:
             raise ValueError(f"{name} is {t.dtype}: conv2d_igemm_f32 takes float32 (convert with .float())")
         if not t.is_contiguous():
             raise ValueError(f"{name} must be contiguous NCHW: pass {name}.contiguous()")
-    if bias is not None and tuple(bias.shape) != (int(w.shape[0]),):
-        raise ValueError(f"bias has shape {tuple(bias.shape)}, expected ({int(w.shape[0])},)")
-    aligned = x.data_ptr() % 16 == 0
-    tunables = dict(BM=BM, BN=BN, BK=BK, WM=WM, WN=WN, SPLIT=SPLIT, MIN_BLOCKS=MIN_BLOCKS)
-    shape, mode, split, vec, gemm, reduce = _plan(x, w, stride, padding, aligned, tunables)
-    y = output(y, shape, x)
-    wt = kmajor(w, 1 if mode == 1 else 0)
+
+
+def _run(x, w, flip, w_shape, y, stride, padding, bias, tunables):
+    """The convolution of x by the mask of shape w_shape that kmajor(w, order, flip) gives."""
+    shape, mode, split, vec, gemm, reduce = _plan(x, w_shape, stride, padding, x.data_ptr() % 16 == 0, tunables)
+    y = output(y, shape, x, name="dx" if flip else "y")
+    wt = kmajor(w, 1 if mode == 1 else 0, flip)
     has_bias = int(bias is not None)
     b = bias if has_bias else wt                  # has_bias=0: the slot is never read
     if reduce is None:
@@ -208,13 +254,15 @@ def conv2d_igemm_f32(x, w, y=None, *, stride: int = 1, padding: int = 0, bias=No
     return y
 
 
-
 # ---- the implementation -------------------------------------------------------------------------
 
 IGEMM_F32 = Impl("implicit GEMM fp32, warp-tiled", conv2d_igemm_f32, applies=lambda s: s.D is None,
                  config=igemm_config)
+IGEMM_F32_DX = Impl("implicit GEMM fp32 dX, flipped mask", conv2d_igemm_f32_dx, op="conv2d_dx",
+                    applies=lambda s: s.D is None and s.stride == 1 and s.padding <= s.K - 1,
+                    config=lambda s: igemm_config(dx_workload(s)))
 #: The module's implementations, by the name the figures use.
-IMPLEMENTATIONS = (IGEMM_F32,)
+IMPLEMENTATIONS = (IGEMM_F32, IGEMM_F32_DX)
 
 
 def pick(shape: Workload) -> Impl:

@@ -11,7 +11,7 @@
 //    touches WM/TM distinct 16-byte words (64 bytes for 32x64), of the B tile WN/TN (128 bytes):
 //    one shared-memory wavefront each, for 16 FFMAs per lane.
 //  - The mask transposed once to K-major, Wt[k][m] (igemm_mask_kmajor below, kept by the launcher
-//    while the weights do not change), rows padded to Mp = M rounded up to 4 and KD to a multiple
+//    while the weights do not change; flipped, it makes this kernel dE/dX of a stride-1 layer), rows padded to Mp = M rounded up to 4 and KD to a multiple
 //    of 32 with zeros: the A tile is a copy of BK rows of Wt, one 16-byte load per float4, no
 //    transposing store and no bounds test along k.
 //  - The reduction in filter-position-major order for MODE 1: k = (ky*K + kx)*C + c. With C a
@@ -329,11 +329,14 @@ __global__ void igemm_splitk_reduce(const float* __restrict__ part, const float*
     }
 }
 
-// Wt[k][m] (KDp x Mp, zeros past KD and M) from w[m][c][ky][kx]: k = c*K*K + ky*K + kx (order 0,
-// MODE 0 and 2) or k = (ky*K + kx)*C + c (order 1, MODE 1). One thread per element of Wt, m
-// fastest: the writes coalesce, the reads are scattered over a mask that is read once.
+// Wt[k][m] (KDp x Mp, zeros past KD and M) of the convolution with M maps of C channels:
+// k = c*K*K + ky*K + kx (order 0, MODE 0 and 2) or k = (ky*K + kx)*C + c (order 1, MODE 1).
+// flip=0: from its mask w[m][c][ky][kx]. flip=1: the mask of dE/dX at stride 1, from the forward
+// mask w[c][m][K-1-ky][K-1-kx] (w of shape (C, M, K, K)): the forward's maps are dX's channels,
+// the taps flipped. One thread per element of Wt, m fastest: the writes coalesce; the mask is read
+// once, scattered.
 __global__ void igemm_mask_kmajor(const float* __restrict__ w, float* __restrict__ wt, int M, int C, int Mp,
-                                  int KDp, int order)
+                                  int KDp, int order, int flip)
 {
     const int KK = KSIZE * KSIZE, KD = C * KK;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < KDp * Mp; i += gridDim.x * blockDim.x) {
@@ -343,7 +346,7 @@ __global__ void igemm_mask_kmajor(const float* __restrict__ w, float* __restrict
             int c, tap;
             if (order == 1) { tap = k / C; c = k - tap * C; }
             else { c = k / KK; tap = k - c * KK; }
-            v = w[(m * C + c) * KK + tap];
+            v = flip ? w[(c * M + m) * KK + (KK - 1 - tap)] : w[(m * C + c) * KK + tap];
         }
         wt[i] = v;
     }
