@@ -84,10 +84,13 @@ LAYERS = [
 
 # Tile candidates (BM, BN, BK, WM, WN, MIN_BLOCKS); each is tried with every split in SPLITS that
 # leaves at least 4 steps per split (splits > 1 only where the tile grid is under 4 blocks per SM).
+# MIN_BLOCKS caps the registers (65536 / (threads x MIN_BLOCKS)): 2 for 256 threads and 4 for 128
+# both mean 128 per thread.
 TILES = [
     (128, 128, 8, 32, 64, 2), (128, 128, 8, 32, 64, 1), (128, 128, 16, 32, 64, 1), (128, 128, 8, 64, 32, 2),
-    (128, 64, 8, 32, 64, 1), (128, 64, 16, 32, 64, 1),
-    (64, 128, 8, 32, 64, 1), (64, 128, 16, 32, 64, 1), (64, 64, 8, 32, 64, 1), (64, 64, 16, 64, 32, 1),
+    (128, 64, 8, 32, 64, 1), (128, 64, 8, 32, 64, 4), (128, 64, 16, 32, 64, 1),
+    (64, 128, 8, 32, 64, 1), (64, 128, 8, 32, 64, 4), (64, 128, 16, 32, 64, 1), (64, 64, 8, 32, 64, 1),
+    (64, 64, 16, 64, 32, 1),
     (32, 128, 8, 32, 64, 1),
 ]
 SPLITS = (1, 2, 3, 4, 6, 8, 12)
@@ -192,6 +195,42 @@ def bench_layer(lay: Layer, reps: int, quick: bool, sms: int, log) -> list[dict]
     return rows
 
 
+def bench_dx(lay: Layer, reps: int) -> list[dict]:
+    """dE/dX of a stride-1 layer: ours (conv2d_igemm_f32_dx, igemm_config's choice for the dX
+    convolution) against torch's dX alone (torch.nn.grad.conv2d_input: cuDNN's backward-data), both
+    layouts, each checked against fp64."""
+    wl = lay.workload()
+    dev = cl.device().torch_device
+    gen = torch.Generator(device=dev).manual_seed(zlib.crc32(lay.name.encode()) + 1)
+    w = torch.randn(lay.M, lay.C, lay.K, lay.K, device=dev, generator=gen)
+    dy = torch.randn(lay.B, lay.M, wl.Ho, wl.Wo, device=dev, generator=gen)
+    size = (lay.B, lay.C, lay.H, lay.H)
+    ref = cl.ref.conv2d_input_grad(size, w, dy, padding=lay.padding)
+    gflop = wl.flops / 1e9
+    rows = []
+    wc, dyc = w.to(memory_format=torch.channels_last), dy.to(memory_format=torch.channels_last)
+    with strict_fp32(benchmark=True):
+        for who, a, b in (("torch dX NCHW", w, dy), ("torch dX channels_last", wc, dyc)):
+            def f(a=a, b=b):
+                return torch.nn.grad.conv2d_input(size, a, b, padding=lay.padding)
+            status = check(f(), ref, who)
+            rows.append({"who": who, "config": "cudnn.benchmark, TF32 off", "check": status,
+                         "ms": cl.bench(f, reps=reps).ms})
+    cfg = igemm.igemm_config(igemm.dx_workload(wl))
+    t = tunables(cfg)
+
+    def ours():
+        return igemm.conv2d_igemm_f32_dx(dy, w, padding=lay.padding, **t)
+    status = check(ours(), ref, "ours dX")
+    rows.append({"who": "ours dX", "config": ctext(dict(cfg, label="config")), "check": status,
+                 "ms": cl.bench(ours, reps=reps).ms if status == "ok" else float("nan"), **t})
+    tb = min(r["ms"] for r in rows if r["who"].startswith("torch"))
+    for r in rows:
+        r.update(layer=lay.name, shape=lay.text(), gflop=round(gflop, 4), torch_best_ms=tb,
+                 gflops=gflop / (r["ms"] / 1e3), torch_best_over_this=tb / r["ms"])
+    return rows
+
+
 def geomean(v) -> float:
     v = [a for a in v if a == a and a > 0]
     return math.exp(sum(map(math.log, v)) / len(v)) if v else float("nan")
@@ -201,6 +240,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--layers", default="", help="comma-separated layer names (default all)")
     ap.add_argument("--quick", action="store_true", help="time igemm_config's choice only")
+    ap.add_argument("--no-dx", action="store_true", help="leave out dE/dX of the stride-1 layers")
     ap.add_argument("--reps", type=int, default=None, help="timed runs per contender (GPU default 30, emulator 1)")
     ap.add_argument("--out", default=None, help="folder for the CSV (default benchmarks/results on a GPU)")
     args = ap.parse_args(argv)
@@ -243,7 +283,25 @@ def main(argv=None) -> int:
         print(f"   mask to K-major (once per weight tensor, not in ours): {ours[0]['mask_ms'] if ours else float('nan'):.4f} ms")
         rows += out
 
-    print("\n# summary (ratio = torch best / ours)")
+    dx_rows = []
+    if not args.no_dx:
+        print("\n# dE/dX of the stride-1 layers: ours (igemm_config's choice) against torch's dX alone")
+        print(f"{'layer':<20} {'torch NCHW':>10} {'torch NHWC':>10} {'ours ms':>9} {'ratio':>6}  check")
+        for lay in layers:
+            if lay.stride == 1:
+                d = bench_dx(lay, reps)
+                dx_rows += d
+                print(f"{lay.name:<20} {d[0]['ms']:>10.4f} {d[1]['ms']:>10.4f} {d[2]['ms']:>9.4f} "
+                      f"{d[2]['torch_best_over_this']:>6.2f}  {', '.join(sorted({r['check'] for r in d}))}")
+        print(f"# geometric mean of torch best dX / ours dX: "
+              f"{geomean([r['torch_best_over_this'] for r in dx_rows if r['who'] == 'ours dX']):.3f}x")
+        for r in dx_rows:
+            r["pass"] = "dX"
+    for r in rows:
+        r["pass"] = "forward"
+    rows += dx_rows
+
+    print("\n# summary of the forward pass (ratio = torch best / ours)")
     print(f"{'layer':<20} {'torch best':>10} {'config ms':>10} {'ratio':>6} {'best ms':>9} {'ratio':>6} "
           f"{'ch5 ms':>9} {'ratio':>6}  best candidate")
     for lay, tb, conf, best, ch5 in summary:
