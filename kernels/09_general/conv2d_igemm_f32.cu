@@ -257,7 +257,10 @@ conv2d_igemm_f32(const float* __restrict__ x, const float* __restrict__ wt, cons
         for (int j = 0; j < TN; ++j) acc[i][j] = 0.0f;
 
     // Software pipeline: step t computes from buffer s while step t+1's loads are in flight, then
-    // stores them into buffer s^1, last read by step t-1 (before its barrier).
+    // stores them into buffer s^1, last read by step t-1 (before its barrier). The loads are not
+    // under a branch: behind `if (t + 1 < t_end)` nvcc merged them into the store's branch after
+    // the arithmetic (sm_90 SASS), where nothing hides their latency; instead the last step loads
+    // its own tile again and never stores it.
     if (t_begin < t_end) {
         load(t_begin);
         store(0);
@@ -265,7 +268,7 @@ conv2d_igemm_f32(const float* __restrict__ x, const float* __restrict__ wt, cons
     __syncthreads();
     for (int t = t_begin; t < t_end; ++t) {
         const int s = (t - t_begin) & 1;
-        if (t + 1 < t_end) load(t + 1);
+        load(min(t + 1, t_end - 1));
 #pragma unroll
         for (int kk = 0; kk < BK; ++kk) {
             float a[TM], b[TN];
