@@ -195,39 +195,70 @@ def bench_layer(lay: Layer, reps: int, quick: bool, sms: int, log) -> list[dict]
     return rows
 
 
-def bench_dx(lay: Layer, reps: int) -> list[dict]:
-    """dE/dX of a stride-1 layer: ours (conv2d_igemm_f32_dx, igemm_config's choice for the dX
-    convolution) against torch's dX alone (torch.nn.grad.conv2d_input: cuDNN's backward-data), both
-    layouts, each checked against fp64."""
+def bench_backward(lay: Layer, reps: int) -> list[dict]:
+    """A stride-1 layer's gradients, ours (igemm_config's choice for each convolution) against
+    torch (cudnn.benchmark, TF32 off, NCHW and channels_last), each checked against fp64:
+    "dX" (torch.nn.grad.conv2d_input: cuDNN's backward-data alone), "dW" (torch.nn.grad.conv2d_weight)
+    and "fwd+dX+dW" (ours: the three launchers in a row; torch: autograd of F.conv2d)."""
     wl = lay.workload()
+    p = lay.padding
     dev = cl.device().torch_device
     gen = torch.Generator(device=dev).manual_seed(zlib.crc32(lay.name.encode()) + 1)
+    x = torch.randn(lay.B, lay.C, lay.H, lay.H, device=dev, generator=gen)
     w = torch.randn(lay.M, lay.C, lay.K, lay.K, device=dev, generator=gen)
     dy = torch.randn(lay.B, lay.M, wl.Ho, wl.Wo, device=dev, generator=gen)
-    size = (lay.B, lay.C, lay.H, lay.H)
-    ref = cl.ref.conv2d_input_grad(size, w, dy, padding=lay.padding)
-    gflop = wl.flops / 1e9
-    rows = []
-    wc, dyc = w.to(memory_format=torch.channels_last), dy.to(memory_format=torch.channels_last)
-    with strict_fp32(benchmark=True):
-        for who, a, b in (("torch dX NCHW", w, dy), ("torch dX channels_last", wc, dyc)):
-            def f(a=a, b=b):
-                return torch.nn.grad.conv2d_input(size, a, b, padding=lay.padding)
-            status = check(f(), ref, who)
-            rows.append({"who": who, "config": "cudnn.benchmark, TF32 off", "check": status,
-                         "ms": cl.bench(f, reps=reps).ms})
-    cfg = igemm.igemm_config(igemm.dx_workload(wl))
-    t = tunables(cfg)
+    size = tuple(x.shape)
+    ref_dx = cl.ref.conv2d_input_grad(size, w, dy, padding=p)
+    ref_dw = cl.ref.conv2d_weight_grad(x, tuple(w.shape), dy, padding=p)
+    with strict_fp32():
+        ref_y = F.conv2d(x.double(), w.double(), padding=p)
+    t_dx = tunables(igemm.igemm_config(igemm.dx_workload(wl)))
+    t_dw = tunables(igemm.igemm_config(igemm.dw_workload(wl)))
+    t_fw = tunables(igemm.igemm_config(wl))
 
-    def ours():
-        return igemm.conv2d_igemm_f32_dx(dy, w, padding=lay.padding, **t)
-    status = check(ours(), ref, "ours dX")
-    rows.append({"who": "ours dX", "config": ctext(dict(cfg, label="config")), "check": status,
-                 "ms": cl.bench(ours, reps=reps).ms if status == "ok" else float("nan"), **t})
-    tb = min(r["ms"] for r in rows if r["who"].startswith("torch"))
-    for r in rows:
-        r.update(layer=lay.name, shape=lay.text(), gflop=round(gflop, 4), torch_best_ms=tb,
-                 gflops=gflop / (r["ms"] / 1e3), torch_best_over_this=tb / r["ms"])
+    def torch_step(a, b, d):
+        a, b = a.detach().requires_grad_(), b.detach().requires_grad_()
+        def f():
+            return (F.conv2d(a, b, padding=p), *torch.autograd.grad(F.conv2d(a, b, padding=p), (a, b), d))
+        return f
+
+    def ours_step():
+        return (igemm.conv2d_igemm_f32(x, w, padding=p, **t_fw), igemm.conv2d_igemm_f32_dx(dy, w, padding=p, **t_dx),
+                igemm.conv2d_igemm_f32_dw(x, dy, padding=p, **t_dw))
+
+    def checks(outs, refs, name):
+        bad = [check(o, r, f"{name} {what}") for o, r, what in zip(outs, refs, ("y", "dx", "dw"))]
+        return next((b for b in bad if b != "ok"), "ok")
+
+    cs = {t: t.to(memory_format=torch.channels_last) for t in (x, w, dy)}
+    passes = {
+        "dX": ([lambda a=a, d=d: torch.nn.grad.conv2d_input(size, a, d, padding=p) for a, d in ((w, dy), (cs[w], cs[dy]))],
+               lambda: igemm.conv2d_igemm_f32_dx(dy, w, padding=p, **t_dx), (ref_dx,), t_dx),
+        "dW": ([lambda a=a, d=d: torch.nn.grad.conv2d_weight(a, tuple(w.shape), d, padding=p)
+                for a, d in ((x, dy), (cs[x], cs[dy]))],
+               lambda: igemm.conv2d_igemm_f32_dw(x, dy, padding=p, **t_dw), (ref_dw,), t_dw),
+        "fwd+dX+dW": ([torch_step(x, w, dy), torch_step(cs[x], cs[w], cs[dy])], ours_step,
+                      (ref_y, ref_dx, ref_dw), {"fwd": t_fw, "dx": t_dx, "dw": t_dw}),
+    }
+    gflop = {"dX": wl.flops, "dW": wl.flops, "fwd+dX+dW": 3 * wl.flops}
+    rows = []
+    for ps, (theirs, ours, refs, cfg) in passes.items():
+        out = []
+        with strict_fp32(benchmark=True):
+            for who, f in zip(("torch NCHW", "torch channels_last"), theirs):
+                r = f()
+                status = checks(r if isinstance(r, tuple) else (r,), refs, who)
+                out.append({"who": who, "config": "cudnn.benchmark, TF32 off", "check": status,
+                            "ms": cl.bench(f, reps=reps).ms})
+        r = ours()
+        status = checks(r if isinstance(r, tuple) else (r,), refs, "ours")
+        out.append({"who": "ours", "config": str(cfg), "check": status,
+                    "ms": cl.bench(ours, reps=reps).ms if status == "ok" else float("nan")})
+        tb = min(r["ms"] for r in out[:2])
+        for r in out:
+            r.update(layer=lay.name, shape=lay.text(), gflop=round(gflop[ps] / 1e9, 4), torch_best_ms=tb,
+                     gflops=gflop[ps] / 1e9 / (r["ms"] / 1e3), torch_best_over_this=tb / r["ms"], **{"pass": ps})
+        rows += out
     return rows
 
 
@@ -240,7 +271,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--layers", default="", help="comma-separated layer names (default all)")
     ap.add_argument("--quick", action="store_true", help="time igemm_config's choice only")
-    ap.add_argument("--no-dx", action="store_true", help="leave out dE/dX of the stride-1 layers")
+    ap.add_argument("--no-backward", action="store_true",
+                    help="leave out the stride-1 layers' dX, dW and forward+dX+dW")
     ap.add_argument("--reps", type=int, default=None, help="timed runs per contender (GPU default 30, emulator 1)")
     ap.add_argument("--out", default=None, help="folder for the CSV (default benchmarks/results on a GPU)")
     args = ap.parse_args(argv)
@@ -283,23 +315,23 @@ def main(argv=None) -> int:
         print(f"   mask to K-major (once per weight tensor, not in ours): {ours[0]['mask_ms'] if ours else float('nan'):.4f} ms")
         rows += out
 
-    dx_rows = []
-    if not args.no_dx:
-        print("\n# dE/dX of the stride-1 layers: ours (igemm_config's choice) against torch's dX alone")
-        print(f"{'layer':<20} {'torch NCHW':>10} {'torch NHWC':>10} {'ours ms':>9} {'ratio':>6}  check")
+    back_rows = []
+    if not args.no_backward:
+        print("\n# gradients of the stride-1 layers, igemm_config's choice for each convolution (ratio = torch best / ours)")
+        print(f"{'layer':<20} {'pass':<10} {'torch NCHW':>10} {'torch NHWC':>10} {'ours ms':>9} {'ratio':>6}  check")
         for lay in layers:
             if lay.stride == 1:
-                d = bench_dx(lay, reps)
-                dx_rows += d
-                print(f"{lay.name:<20} {d[0]['ms']:>10.4f} {d[1]['ms']:>10.4f} {d[2]['ms']:>9.4f} "
-                      f"{d[2]['torch_best_over_this']:>6.2f}  {', '.join(sorted({r['check'] for r in d}))}")
-        print(f"# geometric mean of torch best dX / ours dX: "
-              f"{geomean([r['torch_best_over_this'] for r in dx_rows if r['who'] == 'ours dX']):.3f}x")
-        for r in dx_rows:
-            r["pass"] = "dX"
+                d = bench_backward(lay, reps)
+                back_rows += d
+                for i in range(0, len(d), 3):
+                    t0, t1, o = d[i:i + 3]
+                    print(f"{lay.name:<20} {o['pass']:<10} {t0['ms']:>10.4f} {t1['ms']:>10.4f} {o['ms']:>9.4f} "
+                          f"{o['torch_best_over_this']:>6.2f}  {', '.join(sorted({t0['check'], t1['check'], o['check']}))}")
+        for ps in ("dX", "dW", "fwd+dX+dW"):
+            g = geomean([r["torch_best_over_this"] for r in back_rows if r["who"] == "ours" and r["pass"] == ps])
+            print(f"# geometric mean of torch best / ours, {ps}: {g:.3f}x")
     for r in rows:
         r["pass"] = "forward"
-    rows += dx_rows
 
     print("\n# summary of the forward pass (ratio = torch best / ours)")
     print(f"{'layer':<20} {'torch best':>10} {'config ms':>10} {'ratio':>6} {'best ms':>9} {'ratio':>6} "
@@ -323,6 +355,7 @@ def main(argv=None) -> int:
                 print(f"    {key}: {tunables(best)},   # {lay.name}: {best['ms']:.4f} ms")
         print("}")
 
+    rows += back_rows
     folder = Path(args.out) if args.out else (ROOT / "benchmarks" / "results" if on_gpu else ROOT / ".convlab-cache")
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"f32_layers_{meta['gpu'].replace(' ', '_')}.csv"

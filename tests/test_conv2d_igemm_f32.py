@@ -138,6 +138,10 @@ def test_launch_limits_at_full_size(record_launches, dims):
     launches = record_launches()
     x, w = torch.empty(B, C, H, W, device="meta"), torch.empty(M, C, K, K, device="meta")
     igemm.conv2d_igemm_f32(x, w, stride=s, padding=p)
+    if s == 1:                                   # dX and dW at stride 1 on the same kernel
+        dy = torch.empty(B, M, cl.out_size(H, K, s, p), cl.out_size(W, K, s, p), device="meta")
+        igemm.conv2d_igemm_f32_dx(dy, w, padding=p)
+        igemm.conv2d_igemm_f32_dw(x, dy, padding=p)
     assert {name for name, *_ in launches} >= {"conv2d_igemm_f32"}
     for name, grid, block, shared, _ in launches:
         check_launch(name, grid, block, shared)
@@ -185,3 +189,34 @@ def test_dx_refusals_and_mask_kept_apart_from_the_forward():
     cl.check(igemm.conv2d_igemm_f32(x, w, padding=1, **SMALL), cl.ref.conv2d(x, w, padding=1))
     cl.check(igemm.conv2d_igemm_f32_dx(dy, w, padding=1, **SMALL),
              cl.ref.conv2d_input_grad((1, 4, 6, 6), w, dy, padding=1))
+
+
+# ---- dE/dW at stride 1: the same kernel over the batch -------------------------------------------------
+
+@pytest.mark.parametrize("dims", [
+    (1, 1, 2, 7, 7, 3, 1, "B=1, C=1"),
+    (2, 2, 3, 9, 9, 5, 0, "odd K, no padding: dy 5x5"),
+    (3, 2, 5, 8, 8, 3, 1, "B=3: MODE 0"),
+    (8, 3, 4, 7, 7, 4, 1, "B=8: MODE 1, even K"),
+    (2, 4, 3, 6, 6, 1, 0, "1x1"),
+], ids=lambda d: d[-1])
+def test_dw(dims):
+    B, C, M, H, W, K, p, _ = dims
+    Ho, Wo = cl.out_size(H, K, 1, p), cl.out_size(W, K, 1, p)
+    x, dy = cl.randn(B, C, H, W), cl.randn(B, M, Ho, Wo)
+    ref = cl.ref.conv2d_weight_grad(x, (M, C, K, K), dy, padding=p)
+    for split in (1, 3):
+        dw = cl.empty(M, C, K, K)
+        assert igemm.conv2d_igemm_f32_dw(x, dy, dw, padding=p, kernel_size=K, **SMALL, SPLIT=split) is dw
+        cl.check(dw, ref, name=f"dw {dims[-1]} split {split}")
+    cl.check(igemm.conv2d_igemm_f32_dw(x, dy, padding=p), ref, name="dw, igemm_config's choice")
+
+
+def test_dw_refusals():
+    x = cl.randn(2, 3, 8, 8)
+    with pytest.raises(ValueError, match="stride 1 only"):
+        igemm.conv2d_igemm_f32_dw(x, cl.randn(2, 4, 3, 3), stride=2, padding=0)
+    with pytest.raises(ValueError, match="square"):
+        igemm.conv2d_igemm_f32_dw(cl.randn(2, 3, 8, 9), cl.randn(2, 4, 6, 7))
+    with pytest.raises(ValueError, match="kernel_size"):
+        igemm.conv2d_igemm_f32_dw(x, cl.randn(2, 4, 6, 6), kernel_size=5)

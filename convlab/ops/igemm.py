@@ -9,6 +9,9 @@ split-K, a plain-GEMM path for 1x1 layers; float32 FFMA, no tensor cores.
   dE/dX of a stride-1 layer (padding <= K-1): the same kernel on dy, with the mask flipped and
   transposed (C maps of M channels) and padding K-1-padding; its tunables from
   igemm_config(dx_workload(shape)).
+- conv2d_igemm_f32_dw(x, dy, dw=None, *, stride=1, padding=0, kernel_size=None, **tunables) -> dw
+  dE/dW of a stride-1 layer with square dy planes: the same kernel over the batch (x and dy with
+  images and channels swapped), split-K; its tunables from igemm_config(dw_workload(shape)).
 - igemm_config(shape, sms=None): the tile and split for a layer (a Workload).
 - igemm_mode(shape, BK): which of the kernel's three loaders a layer gets (0 general, 1 one filter
   tap per step, 2 plain GEMM for 1x1 stride 1 unpadded).
@@ -29,7 +32,7 @@ from ._kernels import Launch, remember
 FILE = "kernels/09_general/conv2d_igemm_f32.cu"
 TM = TN = 8            # the micro-tile: 64 accumulators, 16 shared loads per 64 FFMAs
 KD_ALIGN = 32          # the transposed mask's rows are padded to a multiple of this (BK divides it)
-MAX_SPLIT = 16
+MAX_SPLIT = 256        # dW: a reduction of B*Ho*Wo onto a few tiles of output
 
 # The split-K cost model's machine (an H200; on a GPU the SM count comes from the device). Only the
 # ratio of arithmetic to memory time matters for the choice, so the peak figures suffice.
@@ -129,11 +132,11 @@ def check_tunables(BM: int, BN: int, BK: int, WM: int, WN: int) -> None:
 _kmajor: dict = {}      # (id(w), order, flip) -> (weakref to w, its _version, Wt)
 
 
-def kmajor(w: torch.Tensor, order: int, flip: bool = False) -> torch.Tensor:
+def kmajor(w: torch.Tensor, order: int, flip: bool = False, keep: bool = True) -> torch.Tensor:
     """Wt[k][m] of the convolution by w (M, C, K, K): k = c*K*K + ky*K + kx (order 0) or
     (ky*K + kx)*C + c (order 1), Mp = M rounded up to 4 columns, KD rounded up to 32 rows, zeros in
     the padding. flip=True: of the stride-1 dE/dX convolution instead (C maps of M channels, the
-    taps flipped). Made once and kept while w is alive and unchanged."""
+    taps flipped). Made once and kept while w is alive and unchanged (keep=False: made, not kept)."""
     key = (id(w), order, flip)
     hit = _kmajor.get(key)
     if hit is not None and hit[0]() is w and hit[1] == w._version:
@@ -147,7 +150,8 @@ def kmajor(w: torch.Tensor, order: int, flip: bool = False) -> torch.Tensor:
            grid=(min(ceil_div(KDp * Mp, 256), 4096), 1, 1), block=(256, 1, 1))(w, wt)
     for k in [k for k, v in _kmajor.items() if v[0]() is None]:
         del _kmajor[k]                     # masks of weights that are gone
-    _kmajor[key] = (weakref.ref(w), w._version, wt)
+    if keep:
+        _kmajor[key] = (weakref.ref(w), w._version, wt)
     return wt
 
 
@@ -222,6 +226,42 @@ def conv2d_igemm_f32_dx(dy, w, dx=None, *, stride: int = 1, padding: int = 0, in
     return _run(dy, w, True, (C, M, K, K), dx, 1, K - 1 - padding, None, tunables)
 
 
+def conv2d_igemm_f32_dw(x, dy, dw=None, *, stride: int = 1, padding: int = 0, kernel_size=None,
+                        BM: int | None = None, BN: int | None = None, BK: int | None = None, WM: int | None = None,
+                        WN: int | None = None, SPLIT: int | None = None, MIN_BLOCKS: int | None = None):
+    """dE/dW of a stride-1 layer whose dy planes are square, as a GEMM over the batch:
+    dw[m][c][ky][kx] = sum over b, oy, ox of dy[b][m][oy][ox] * x[b][c][oy+ky-p][ox+kx-p], which is
+    the same kernel's convolution of x with images and channels swapped (C images of B channels) by
+    dy likewise (M maps of B channels, Ho x Wo taps), giving (C, M, K, K). The swaps are torch
+    copies; the reduction (B*Ho*Wo) is long and the output small, so igemm_config splits it.
+    Tunables left out come from igemm_config(dw_workload(shape))."""
+    _check_f32(x=x, dy=dy)
+    if x.dim() != 4 or dy.dim() != 4 or int(dy.shape[0]) != int(x.shape[0]):
+        raise ValueError(f"x {tuple(x.shape)} and dy {tuple(dy.shape)}: need (B, C, H, W) and (B, M, Ho, Wo)")
+    B, C, H, W = (int(v) for v in x.shape)
+    M, Ho, Wo = (int(v) for v in dy.shape[1:])
+    if stride != 1:
+        raise ValueError(f"stride {stride}: conv2d_igemm_f32_dw takes stride 1 only; for a strided layer use "
+                         "convlab.ops.general.conv2d_general_dw")
+    if Ho != Wo:
+        raise ValueError(f"dy planes {Ho}x{Wo}: conv2d_igemm_f32_dw needs square ones (they are its mask)")
+    K = H + 2 * padding - Ho + 1
+    if K < 1 or W + 2 * padding - Wo + 1 != K or kernel_size not in (None, K, (K, K), [K, K]):
+        raise ValueError(f"x {tuple(x.shape)}, dy {tuple(dy.shape)}, padding {padding}: no square mask of the "
+                         f"given kernel_size {kernel_size} maps the one to the other at stride 1")
+    dw = output(dw, (M, C, K, K), x, name="dw")
+    tunables = dict(BM=BM, BN=BN, BK=BK, WM=WM, WN=WN, SPLIT=SPLIT, MIN_BLOCKS=MIN_BLOCKS)
+    xt, dyt = x.transpose(0, 1).contiguous(), dy.transpose(0, 1).contiguous()
+    out = _run(xt, dyt, False, (M, B, Ho, Wo), None, 1, padding, None, tunables, keep=False)
+    dw.copy_(out.transpose(0, 1))
+    return dw
+
+
+def dw_workload(shape: Workload) -> Workload:
+    """The convolution conv2d_igemm_f32_dw runs for a stride-1 layer's dE/dW."""
+    return Workload(shape.name, shape.C, shape.B, shape.M, shape.H, shape.W, shape.Ho, 1, shape.padding)
+
+
 def dx_workload(shape: Workload) -> Workload:
     """The convolution conv2d_igemm_f32_dx runs for a stride-1 layer's dE/dX."""
     return Workload(shape.name, shape.B, shape.M, shape.C, shape.Ho, shape.Wo, shape.K, 1,
@@ -238,11 +278,11 @@ def _check_f32(**tensors) -> None:
             raise ValueError(f"{name} must be contiguous NCHW: pass {name}.contiguous()")
 
 
-def _run(x, w, flip, w_shape, y, stride, padding, bias, tunables):
-    """The convolution of x by the mask of shape w_shape that kmajor(w, order, flip) gives."""
+def _run(x, w, flip, w_shape, y, stride, padding, bias, tunables, keep=True):
+    """The convolution of x by the mask of shape w_shape that kmajor(w, order, flip, keep) gives."""
     shape, mode, split, vec, gemm, reduce = _plan(x, w_shape, stride, padding, x.data_ptr() % 16 == 0, tunables)
     y = output(y, shape, x, name="dx" if flip else "y")
-    wt = kmajor(w, 1 if mode == 1 else 0, flip)
+    wt = kmajor(w, 1 if mode == 1 else 0, flip, keep)
     has_bias = int(bias is not None)
     b = bias if has_bias else wt                  # has_bias=0: the slot is never read
     if reduce is None:
@@ -261,8 +301,11 @@ IGEMM_F32 = Impl("implicit GEMM fp32, warp-tiled", conv2d_igemm_f32, applies=lam
 IGEMM_F32_DX = Impl("implicit GEMM fp32 dX, flipped mask", conv2d_igemm_f32_dx, op="conv2d_dx",
                     applies=lambda s: s.D is None and s.stride == 1 and s.padding <= s.K - 1,
                     config=lambda s: igemm_config(dx_workload(s)))
+IGEMM_F32_DW = Impl("implicit GEMM fp32 dW, over the batch", conv2d_igemm_f32_dw, op="conv2d_dw",
+                    applies=lambda s: s.D is None and s.stride == 1 and s.Ho == s.Wo,
+                    config=lambda s: igemm_config(dw_workload(s)))
 #: The module's implementations, by the name the figures use.
-IMPLEMENTATIONS = (IGEMM_F32, IGEMM_F32_DX)
+IMPLEMENTATIONS = (IGEMM_F32, IGEMM_F32_DX, IGEMM_F32_DW)
 
 
 def pick(shape: Workload) -> Impl:
