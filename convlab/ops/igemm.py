@@ -15,8 +15,9 @@ split-K, a plain-GEMM path for 1x1 layers; float32 FFMA, no tensor cores.
 - igemm_config(shape, sms=None): the tile and split for a layer (a Workload).
 - igemm_mode(shape, BK): which of the kernel's three loaders a layer gets (0 general, 1 one filter
   tap per step, 2 plain GEMM for 1x1 stride 1 unpadded).
-- kmajor(w, order): the mask as Wt[k][m], made by igemm_mask_kmajor once per weight tensor and
-  kept while the tensor is alive and unmodified (its _version), as the kernel reads it.
+- kmajor(w, order, flip=False): the mask as Wt[k][m], made by igemm_mask_kmajor once per weight
+  tensor and kept while the tensor is alive and unmodified (its _version), as the kernel reads it;
+  dw_mask(dy, order): the same for dW's convolution, whose mask is dy.
 """
 from __future__ import annotations
 
@@ -132,11 +133,11 @@ def check_tunables(BM: int, BN: int, BK: int, WM: int, WN: int) -> None:
 _kmajor: dict = {}      # (id(w), order, flip) -> (weakref to w, its _version, Wt)
 
 
-def kmajor(w: torch.Tensor, order: int, flip: bool = False, keep: bool = True) -> torch.Tensor:
+def kmajor(w: torch.Tensor, order: int, flip: bool = False) -> torch.Tensor:
     """Wt[k][m] of the convolution by w (M, C, K, K): k = c*K*K + ky*K + kx (order 0) or
     (ky*K + kx)*C + c (order 1), Mp = M rounded up to 4 columns, KD rounded up to 32 rows, zeros in
     the padding. flip=True: of the stride-1 dE/dX convolution instead (C maps of M channels, the
-    taps flipped). Made once and kept while w is alive and unchanged (keep=False: made, not kept)."""
+    taps flipped). Made once and kept while w is alive and unchanged."""
     key = (id(w), order, flip)
     hit = _kmajor.get(key)
     if hit is not None and hit[0]() is w and hit[1] == w._version:
@@ -150,8 +151,24 @@ def kmajor(w: torch.Tensor, order: int, flip: bool = False, keep: bool = True) -
            grid=(min(ceil_div(KDp * Mp, 256), 4096), 1, 1), block=(256, 1, 1))(w, wt)
     for k in [k for k, v in _kmajor.items() if v[0]() is None]:
         del _kmajor[k]                     # masks of weights that are gone
-    if keep:
-        _kmajor[key] = (weakref.ref(w), w._version, wt)
+    _kmajor[key] = (weakref.ref(w), w._version, wt)
+    return wt
+
+
+def dw_mask(dy: torch.Tensor, order: int) -> torch.Tensor:
+    """The K-major mask of conv2d_igemm_f32_dw's convolution, whose mask is dy with images and
+    maps swapped (M maps of B channels, Ho x Wo taps): Wt[(tap*B + b)][m] (order 1) or
+    Wt[(b*Ho*Wo + tap)][m] (order 0) = dy[b][m][tap], padded as kmajor pads. One torch copy of dy
+    into a view of Wt (dy changes every call: nothing is kept)."""
+    B, M, Ho, Wo = (int(v) for v in dy.shape)
+    KD, Mp = B * Ho * Wo, ceil_div(M, 4) * 4
+    wt = torch.empty(ceil_div(KD, KD_ALIGN) * KD_ALIGN, Mp, dtype=dy.dtype, device=dy.device)
+    wt[KD:].zero_()
+    wt[:, M:].zero_()
+    if order == 1:
+        wt[:KD, :M].view(Ho, Wo, B, M).copy_(dy.permute(2, 3, 0, 1))
+    else:
+        wt[:KD, :M].view(B, Ho, Wo, M).copy_(dy.permute(0, 2, 3, 1))
     return wt
 
 
@@ -200,7 +217,7 @@ def conv2d_igemm_f32(x, w, y=None, *, stride: int = 1, padding: int = 0, bias=No
     if bias is not None and tuple(bias.shape) != (int(w.shape[0]),):
         raise ValueError(f"bias has shape {tuple(bias.shape)}, expected ({int(w.shape[0])},)")
     tunables = dict(BM=BM, BN=BN, BK=BK, WM=WM, WN=WN, SPLIT=SPLIT, MIN_BLOCKS=MIN_BLOCKS)
-    return _run(x, w, False, tuple(w.shape), y, stride, padding, bias, tunables)
+    return _run(x, lambda order: kmajor(w, order), tuple(w.shape), y, stride, padding, bias, tunables)
 
 
 def conv2d_igemm_f32_dx(dy, w, dx=None, *, stride: int = 1, padding: int = 0, input_size=None,
@@ -223,7 +240,8 @@ def conv2d_igemm_f32_dx(dy, w, dx=None, *, stride: int = 1, padding: int = 0, in
     if dy.dim() != 4 or int(dy.shape[1]) != M:
         raise ValueError(f"dy {tuple(dy.shape)} does not fit w {tuple(w.shape)}: need (B, {M}, Ho, Wo)")
     tunables = dict(BM=BM, BN=BN, BK=BK, WM=WM, WN=WN, SPLIT=SPLIT, MIN_BLOCKS=MIN_BLOCKS)
-    return _run(dy, w, True, (C, M, K, K), dx, 1, K - 1 - padding, None, tunables)
+    return _run(dy, lambda order: kmajor(w, order, flip=True), (C, M, K, K), dx, 1, K - 1 - padding, None,
+                tunables, name="dx")
 
 
 def conv2d_igemm_f32_dw(x, dy, dw=None, *, stride: int = 1, padding: int = 0, kernel_size=None,
@@ -232,8 +250,8 @@ def conv2d_igemm_f32_dw(x, dy, dw=None, *, stride: int = 1, padding: int = 0, ke
     """dE/dW of a stride-1 layer whose dy planes are square, as a GEMM over the batch:
     dw[m][c][ky][kx] = sum over b, oy, ox of dy[b][m][oy][ox] * x[b][c][oy+ky-p][ox+kx-p], which is
     the same kernel's convolution of x with images and channels swapped (C images of B channels) by
-    dy likewise (M maps of B channels, Ho x Wo taps), giving (C, M, K, K). The swaps are torch
-    copies; the reduction (B*Ho*Wo) is long and the output small, so igemm_config splits it.
+    dy likewise (M maps of B channels, Ho x Wo taps; dw_mask), giving (C, M, K, K). The swaps are
+    torch copies; the reduction (B*Ho*Wo) is long and the output small, so igemm_config splits it.
     Tunables left out come from igemm_config(dw_workload(shape))."""
     _check_f32(x=x, dy=dy)
     if x.dim() != 4 or dy.dim() != 4 or int(dy.shape[0]) != int(x.shape[0]):
@@ -251,8 +269,8 @@ def conv2d_igemm_f32_dw(x, dy, dw=None, *, stride: int = 1, padding: int = 0, ke
                          f"given kernel_size {kernel_size} maps the one to the other at stride 1")
     dw = output(dw, (M, C, K, K), x, name="dw")
     tunables = dict(BM=BM, BN=BN, BK=BK, WM=WM, WN=WN, SPLIT=SPLIT, MIN_BLOCKS=MIN_BLOCKS)
-    xt, dyt = x.transpose(0, 1).contiguous(), dy.transpose(0, 1).contiguous()
-    out = _run(xt, dyt, False, (M, B, Ho, Wo), None, 1, padding, None, tunables, keep=False)
+    xt = x.transpose(0, 1).contiguous()
+    out = _run(xt, lambda order: dw_mask(dy, order), (M, B, Ho, Wo), None, 1, padding, None, tunables)
     dw.copy_(out.transpose(0, 1))
     return dw
 
@@ -278,11 +296,11 @@ def _check_f32(**tensors) -> None:
             raise ValueError(f"{name} must be contiguous NCHW: pass {name}.contiguous()")
 
 
-def _run(x, w, flip, w_shape, y, stride, padding, bias, tunables, keep=True):
-    """The convolution of x by the mask of shape w_shape that kmajor(w, order, flip, keep) gives."""
+def _run(x, mask_of, w_shape, y, stride, padding, bias, tunables, name="y"):
+    """The convolution of x by a mask of shape w_shape, whose K-major form mask_of(order) gives."""
     shape, mode, split, vec, gemm, reduce = _plan(x, w_shape, stride, padding, x.data_ptr() % 16 == 0, tunables)
-    y = output(y, shape, x, name="dx" if flip else "y")
-    wt = kmajor(w, 1 if mode == 1 else 0, flip, keep)
+    y = output(y, shape, x, name=name)
+    wt = mask_of(1 if mode == 1 else 0)
     has_bias = int(bias is not None)
     b = bias if has_bias else wt                  # has_bias=0: the slot is never read
     if reduce is None:
