@@ -231,14 +231,14 @@ def bench_backward(lay: Layer, reps: int) -> list[dict]:
         bad = [check(o, r, f"{name} {what}") for o, r, what in zip(outs, refs, ("y", "dx", "dw"))]
         return next((b for b in bad if b != "ok"), "ok")
 
-    cs = {t: t.to(memory_format=torch.channels_last) for t in (x, w, dy)}
+    xc, wc, dyc = (t.to(memory_format=torch.channels_last) for t in (x, w, dy))
     passes = {
-        "dX": ([lambda a=a, d=d: torch.nn.grad.conv2d_input(size, a, d, padding=p) for a, d in ((w, dy), (cs[w], cs[dy]))],
+        "dX": ([lambda a=a, d=d: torch.nn.grad.conv2d_input(size, a, d, padding=p) for a, d in ((w, dy), (wc, dyc))],
                lambda: igemm.conv2d_igemm_f32_dx(dy, w, padding=p, **t_dx), (ref_dx,), t_dx),
         "dW": ([lambda a=a, d=d: torch.nn.grad.conv2d_weight(a, tuple(w.shape), d, padding=p)
-                for a, d in ((x, dy), (cs[x], cs[dy]))],
+                for a, d in ((x, dy), (xc, dyc))],
                lambda: igemm.conv2d_igemm_f32_dw(x, dy, padding=p, **t_dw), (ref_dw,), t_dw),
-        "fwd+dX+dW": ([torch_step(x, w, dy), torch_step(cs[x], cs[w], cs[dy])], ours_step,
+        "fwd+dX+dW": ([torch_step(x, w, dy), torch_step(xc, wc, dyc)], ours_step,
                       (ref_y, ref_dx, ref_dw), {"fwd": t_fw, "dx": t_dx, "dw": t_dw}),
     }
     gflop = {"dX": wl.flops, "dW": wl.flops, "fwd+dX+dW": 3 * wl.flops}
@@ -313,12 +313,14 @@ def main(argv=None) -> int:
         ch5 = next(r for r in out if r["who"] == "chapter 5 best")
         tb = out[0]["torch_best_ms"]
         summary.append((lay, tb, conf, best, ch5))
-        print(f"   mask to K-major (once per weight tensor, not in ours): {ours[0]['mask_ms'] if ours else float('nan'):.4f} ms")
+        mask_ms = ours[0]["mask_ms"] if ours else float("nan")
+        print(f"   mask to K-major (once per weight tensor, not in ours): {mask_ms:.4f} ms")
         rows += out
 
     back_rows = []
     if not args.no_backward:
-        print("\n# gradients of the stride-1 layers, igemm_config's choice for each convolution (ratio = torch best / ours)")
+        print("\n# gradients of the stride-1 layers, igemm_config's choice for each convolution "
+              "(ratio = torch best / ours)")
         print(f"{'layer':<20} {'pass':<10} {'torch NCHW':>10} {'torch NHWC':>10} {'ours ms':>9} {'ratio':>6}  check")
         for lay in layers:
             if lay.stride == 1:
@@ -326,8 +328,9 @@ def main(argv=None) -> int:
                 back_rows += d
                 for i in range(0, len(d), 3):
                     t0, t1, o = d[i:i + 3]
+                    verdict = ", ".join(sorted({t0["check"], t1["check"], o["check"]}))
                     print(f"{lay.name:<20} {o['pass']:<10} {t0['ms']:>10.4f} {t1['ms']:>10.4f} {o['ms']:>9.4f} "
-                          f"{o['torch_best_over_this']:>6.2f}  {', '.join(sorted({t0['check'], t1['check'], o['check']}))}")
+                          f"{o['torch_best_over_this']:>6.2f}  {verdict}")
         for ps in ("dX", "dW", "fwd+dX+dW"):
             g = geomean([r["torch_best_over_this"] for r in back_rows if r["who"] == "ours" and r["pass"] == ps])
             print(f"# geometric mean of torch best / ours, {ps}: {g:.3f}x")

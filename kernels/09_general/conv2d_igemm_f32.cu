@@ -11,9 +11,11 @@
 //    touches WM/TM distinct 16-byte words (64 bytes for 32x64), of the B tile WN/TN (128 bytes):
 //    one shared-memory wavefront each, for 16 FFMAs per lane.
 //  - The mask transposed once to K-major, Wt[k][m] (igemm_mask_kmajor below, kept by the launcher
-//    while the weights do not change; flipped, it makes this kernel dE/dX of a stride-1 layer), rows padded to Mp = M rounded up to 4 and KD to a multiple
+//    while the weights do not change), rows padded to Mp = M rounded up to 4 and KD to a multiple
 //    of 32 with zeros: the A tile is a copy of BK rows of Wt, one 16-byte load per float4, no
-//    transposing store and no bounds test along k.
+//    transposing store and no bounds test along k. With the mask flipped and transposed the same
+//    kernel computes dE/dX of a stride-1 layer; with x and dy's images and channels swapped, dE/dW
+//    (convlab/ops/igemm.py).
 //  - The reduction in filter-position-major order for MODE 1: k = (ky*K + kx)*C + c. With C a
 //    multiple of BK, all BK rows of a step share one filter tap (ky, kx), so the im2col bounds test
 //    and the address of a thread's pixel are worked out once per step, not once per element, and
