@@ -184,6 +184,41 @@ def _accumulation(shape: Workload) -> str:
 
 conv2d.accumulation = _accumulation      # fp16.accumulation: how the kernel pick() runs adds (fp16)
 
+
+def _fp16_route(x_shape, w_shape, stride, padding, dilation, groups):
+    from .general import geometry
+
+    x_shape = tuple(x_shape) if len(x_shape) == 4 else (1, *x_shape)
+    return _route(geometry(x_shape, w_shape, stride, padding, dilation, groups), "fp16")
+
+
+def forward_accumulation(x_shape, w_shape, stride=1, padding=0, dilation=1, groups: int = 1) -> str:
+    """'half' or 'float': how the kernel conv2d runs in float16 on this layer keeps its sums (chapter
+    6's direct kernels add in half where pick() chooses them): what fp16.fp16_tolerance needs."""
+    from .fp16 import accumulation
+
+    return accumulation(_fp16_route(x_shape, w_shape, stride, padding, dilation, groups)[0])
+
+
+def check_fp16_forward(y, ref, x_shape, w_shape, bias=None, stride=1, padding=0, dilation=1, groups: int = 1,
+                       name: str = "y"):
+    """cl.check of conv2d's float16 output y against ref (fp64 of the half inputs, bias included)
+    with the bound derived for the kernel conv2d runs (fp16.fp16_tolerance: its sums, in half or
+    float, of C/groups·Kh·Kw terms and the bias). Where that kernel adds no bias, conv2d adds it to
+    the kernel's half output, which is rounded once more: u·|y - bias| <= u·|ref| + u·|bias| more."""
+    import convlab as cl
+
+    from .fp16 import U16, accumulation, fp16_tolerance
+
+    launcher, _, takes_bias = _fp16_route(x_shape, w_shape, stride, padding, dilation, groups)
+    n = w_shape[1] * w_shape[2] * w_shape[3] + (bias is not None)
+    rtol, atol_rms = fp16_tolerance(n, 1, accumulation(launcher), rounded_inputs=True)
+    r = ref.detach().double().cpu()
+    atol = atol_rms * max(float(r.pow(2).mean().sqrt()) if r.numel() else 1.0, 1e-30)
+    if bias is not None and not takes_bias:
+        rtol, atol = 2 * rtol, atol + U16 * float(bias.detach().double().abs().max())
+    return cl.check(y, r, rtol=rtol, atol=atol, name=name)
+
 def picked(dtype: str = "fp32"):
     """An Impl named BEST that runs pick()'s kernel on any layer, for measure.run."""
     from . import Impl
