@@ -57,9 +57,12 @@ def versions() -> dict:
     return {"torch": torch.__version__, "cudnn": cudnn}
 
 
+SPEC_FIELDS = ("B", "C", "M", "H", "W", "K", "stride", "padding", "D", "Kw", "stride_w", "padding_w", "dilation",
+               "dilation_w", "groups")
+
+
 def _spec(wl, op: str, dtype: str, layout: str, reps: int) -> dict:
-    shape = {k: getattr(wl, k) for k in ("B", "C", "M", "H", "W", "K", "stride", "D")}
-    shape["padding"] = wl.padding
+    shape = {k: getattr(wl, k) for k in SPEC_FIELDS}
     return {"op": op, "dtype": dtype, "layout": layout, "shape": shape, "reps": reps}
 
 

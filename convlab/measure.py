@@ -62,15 +62,16 @@ def inputs(wl, pass_: str, dtype: str = "fp32") -> dict:
 
 
 def call(impl, wl, t: dict, tunables: dict):
-    """A zero-argument callable running impl on the tensors t, by the launcher contract of its pass."""
-    kw = dict(stride=wl.stride, padding=wl.padding, **tunables)
+    """A zero-argument callable running impl on the tensors t, by the launcher contract of its pass
+    (stride and padding, and dilation and groups where the layer has them: Workload.conv_kwargs)."""
+    kw = dict(wl.conv_kwargs(), **tunables)
     f = impl.launcher
     if impl.op in ("conv2d", "conv3d", "conv2d_fp16"):
         return lambda: f(t["x"], t["w"], **kw)
     if impl.op == "conv2d_dx":
         return lambda: f(t["dy"], t["w"], input_size=(wl.H, wl.W), **kw)
     if impl.op == "conv2d_dw":
-        return lambda: f(t["x"], t["dy"], kernel_size=wl.K, **kw)
+        return lambda: f(t["x"], t["dy"], kernel_size=wl.kernel_size, **kw)
     if impl.op == "conv2d_train":
         return lambda: f(t["x"], t["w"], t["dy"], **kw)
     raise ValueError(f"{impl.name}: unknown op {impl.op!r}")
@@ -89,23 +90,20 @@ def _sample(B: int) -> list:
 def check_output(impl, wl, t: dict, out, dtype: str = "fp32") -> None:
     """Raise cl.CheckError unless out (what impl returned) matches the fp64 reference: on sampled
     images for the forward pass and dX, whole for dW (every image contributes to each element)."""
-    import convlab as cl
-
-    kw = {"stride": wl.stride, "padding": wl.padding}
+    kw = wl.conv_kwargs()
     d = lambda v: v.double()  # noqa: E731
     idx = _sample(wl.B)
     what = f"{impl.name} on {wl.name}"
     p = PASS_OF_OP[impl.op]
-    length = wl.C * wl.K ** wl.dims          # the reduction behind each output of the forward pass
     if p == "forward":
         ref = _conv(wl)(d(t["x"][idx]), d(t["w"]), **kw)
-        cl.check(out[idx], ref, name=what, atol=_atol(ref, dtype, length))
+        _check(impl, wl, out[idx], ref, what, dtype, wl.reduction, derived=True)
     elif p == "dX":
         ref = torch.nn.grad.conv2d_input((len(idx), *wl.x_shape[1:]), d(t["w"]), d(t["dy"][idx]), **kw)
-        cl.check(out[idx], ref, name=what, atol=_atol(ref, dtype, wl.M * wl.K ** 2))
+        _check(impl, wl, out[idx], ref, what, dtype, wl.M // wl.groups * wl.K * wl.Kw, derived=True)
     elif p == "dW":
         ref = torch.nn.grad.conv2d_weight(d(t["x"]), wl.w_shape, d(t["dy"]), **kw)
-        cl.check(out, ref, name=what, atol=_atol(ref, dtype, wl.B * wl.Ho * wl.Wo))
+        _check(impl, wl, out, ref, what, dtype, wl.B * wl.Ho * wl.Wo, derived=False)
     else:
         y, dx, dw = out
         fake = lambda op: type(impl)(impl.name, impl.launcher, op=op)  # noqa: E731
@@ -115,6 +113,24 @@ def check_output(impl, wl, t: dict, out, dtype: str = "fp32") -> None:
 
 
 ROUNDING = {"fp32": (2.0 ** -24, 1e-4), "fp16": (2.0 ** -11, 1e-2)}   # unit roundoff, cl.check's share
+
+
+def _check(impl, wl, out, ref, what: str, dtype: str, length: int, derived: bool) -> None:
+    """cl.check against ref (fp64 of the inputs as the kernel got them). fp16 forward and dX: chapter
+    6's derived bound (fp16.fp16_tolerance: half inputs, sums of `length` terms in half or float as
+    the kernel keeps them (fp16.accumulation), the result rounded to half), far tighter than the
+    generic one for float sums. fp32, and dW: _atol's generic bound (dW sums over the whole batch,
+    where the derived bound's term for a tensor core's truncating adds, length·2^-24, grows past it)."""
+    import convlab as cl
+
+    if dtype == "fp16" and derived:
+        from .ops.fp16 import accumulation, fp16_tolerance
+
+        rtol, atol_rms = fp16_tolerance(max(length, 1), 1, accumulation(impl, wl), rounded_inputs=True)
+        rms = float(ref.pow(2).mean().sqrt()) if ref.numel() else 1.0
+        cl.check(out, ref, name=what, rtol=rtol, atol=atol_rms * max(rms, 1e-30))
+    else:
+        cl.check(out, ref, name=what, atol=_atol(ref, dtype, length))
 
 
 def _atol(ref, dtype: str, length: int) -> float:
@@ -159,7 +175,7 @@ def run(impls, workloads, *, dtype: str = "fp32", torch_baseline: bool = True, r
         for p in passes:
             t = inputs(wl, p, dtype)
             for impl in impls:
-                if PASS_OF_OP[impl.op] != p or not impl.applies(wl):
+                if PASS_OF_OP[impl.op] != p or not impl.takes(wl):
                     continue
                 fn = call(impl, wl, t, impl.config(wl))
                 check_output(impl, wl, t, fn(), dtype)

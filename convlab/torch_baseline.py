@@ -7,7 +7,9 @@ from the first call, TF32 off, the layout asked for (NCHW or channels_last), the
 our kernels (convlab.bench), and the names of the kernels torch ran, from its profiler.
 
 SPEC is JSON: {"op": "conv2d"|"conv3d"|"conv2d_train", "dtype": "fp32"|"fp16",
-"layout": "nchw"|"channels_last", "shape": {B, C, M, H, W, K, stride, padding, D}, "reps": 20}.
+"layout": "nchw"|"channels_last", "shape": {B, C, M, H, W, K, stride, padding, D, and for a 2D
+layer optionally Kw, stride_w, padding_w, dilation, dilation_w, groups (a convlab Workload's
+fields; a missing width is the height's value, dilation and groups default to 1)}, "reps": 20}.
 The answer is one JSON line per pass on stdout: {"pass", "ms", "p25", "p75", "caller_ms",
 "wall_ms", "kernels"}. conv2d_train times forward, dX, dW and forward+dX+dW (autograd) of one
 layer in that one process.
@@ -26,9 +28,10 @@ def _tensors(spec):
     s = spec["shape"]
     dtype = getattr(torch, DTYPES[spec["dtype"]])
     spatial = (s["H"], s["W"]) if s.get("D") is None else (s["D"], s["H"], s["W"])
+    mask = (s["K"], s.get("Kw") or s["K"]) if s.get("D") is None else (s["K"],) * 3
     g = torch.Generator(device="cuda").manual_seed(20261122)
     x = torch.randn(s["B"], s["C"], *spatial, device="cuda", dtype=dtype, generator=g)
-    w = torch.randn(s["M"], s["C"], *([s["K"]] * len(spatial)), device="cuda", dtype=dtype, generator=g)
+    w = torch.randn(s["M"], s["C"] // s.get("groups", 1), *mask, device="cuda", dtype=dtype, generator=g)
     if spec["layout"] == "channels_last":
         fmt = torch.channels_last if len(spatial) == 2 else torch.channels_last_3d
         x, w = x.contiguous(memory_format=fmt), w.contiguous(memory_format=fmt)
@@ -48,14 +51,24 @@ def _kernels(fn) -> list:
     return list(dict.fromkeys(n for n in names if not n.startswith("Memcpy") and not n.startswith("Memset")))
 
 
+def conv_kwargs(s: dict, two_d: bool = True) -> dict:
+    """torch's stride, padding, dilation and groups for a spec's shape: (height, width) pairs in 2D."""
+    def pair(name, default):
+        h = s.get(name, default)
+        w = s.get(name + "_w")
+        return (h, h if w is None else w) if two_d else h
+
+    return {"stride": pair("stride", 1), "padding": pair("padding", 0), "dilation": pair("dilation", 1),
+            "groups": s.get("groups", 1)}
+
+
 def _passes(spec, x, w):
     """(name, zero-argument callable) for each pass the spec asks for."""
     import torch
     import torch.nn.functional as F
 
-    s = spec["shape"]
     conv = F.conv2d if x.dim() == 4 else F.conv3d
-    kw = {"stride": s.get("stride", 1), "padding": s.get("padding", 0)}
+    kw = conv_kwargs(spec["shape"], x.dim() == 4)
     if spec["op"] in ("conv2d", "conv3d"):
         return [("forward", lambda: conv(x, w, **kw))]
     if spec["op"] != "conv2d_train":

@@ -153,3 +153,50 @@ def test_the_torch_worker_spec_round_trips():
     spec = baselines._spec(LAYER, "conv2d", "fp16", "channels_last", 7)
     assert json.loads(json.dumps(spec))["shape"]["padding"] == 1
     assert spec["shape"]["D"] is None and spec["reps"] == 7
+
+
+def test_the_torch_baseline_gets_every_field_of_a_general_layer():
+    """The fresh process's tensors and arguments (torch_baseline) give the workload's output shape."""
+    from convlab import torch_baseline, workloads
+
+    for wl in (LAYER, *workloads.LAYERS):
+        spec = baselines._spec(wl, "conv2d", "fp32", "nchw", 20)
+        s = json.loads(json.dumps(spec))["shape"]
+        x = torch.empty(s["B"], s["C"], s["H"], s["W"], device="meta")
+        w = torch.empty(s["M"], s["C"] // s["groups"], s["K"], s["Kw"], device="meta")
+        assert tuple(F.conv2d(x, w, **torch_baseline.conv_kwargs(s)).shape) == wl.y_shape, wl.name
+    old = {"B": 1, "C": 2, "M": 3, "H": 9, "W": 8, "K": 3, "stride": 2, "padding": 1, "D": None}   # an older spec
+    assert torch_baseline.conv_kwargs(old) == {"stride": (2, 2), "padding": (1, 1), "dilation": (1, 1), "groups": 1}
+
+
+def test_general_layers_go_through_the_harness():
+    """groups, dilation, a non-square mask and per-axis stride reach the launcher and the reference;
+    a kernel that is not any_layer is never offered such a layer."""
+    from convlab.workloads import Workload
+
+    wl = Workload("g", B=3, C=6, M=4, H=12, W=11, K=(3, 2), stride=(2, 1), padding=(1, 0), dilation=(1, 2), groups=2)
+    seen = []
+
+    def general(x, w, y=None, *, stride=1, padding=0, dilation=1, groups=1):
+        seen.append((stride, padding, dilation, groups))
+        return F.conv2d(x, w, stride=stride, padding=padding, dilation=dilation, groups=groups)
+
+    df = measure.run([Impl("plain only", torch_conv), Impl("any", general, any_layer=True)], [wl],
+                     torch_baseline=False)
+    assert list(df["impl"]) == ["any"] and seen[0] == ((2, 1), (1, 0), (1, 2), 2)
+    assert df["shape"].iloc[0].endswith("dilation (1, 2), groups 2")
+
+
+def test_fp16_rows_are_checked_by_the_derived_bound():
+    """An fp16 result off by 0.5% of the output's RMS passes the generic fp16 bound (1%) but not
+    chapter 6's derived one for float sums (fp16.fp16_tolerance): the harness uses the derived one."""
+    def off(x, w, y=None, *, stride=1, padding=0):
+        y = F.conv2d(x.float(), w.float(), stride=stride, padding=padding)
+        return (y + 5e-3 * y.pow(2).mean().sqrt()).half()
+
+    def right(x, w, y=None, *, stride=1, padding=0):
+        return F.conv2d(x.float(), w.float(), stride=stride, padding=padding).half()
+
+    measure.run([Impl("right", right, op="conv2d_fp16")], [LAYER], dtype="fp16", torch_baseline=False)
+    with pytest.raises(cl.CheckError):
+        measure.run([Impl("off", off, op="conv2d_fp16")], [LAYER], dtype="fp16", torch_baseline=False)

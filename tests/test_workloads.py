@@ -113,3 +113,46 @@ def test_result_rows():
     assert math.isnan(cpu_row["floor_frac"]) and cpu_row["cudnn"] == "n/a (CPU)"
     with pytest.raises(KeyError):
         results.row(w, "C++", Timing(), device="CPU: x", no_such_column=1)
+
+
+def test_a_general_layer_keeps_both_axes():
+    wl = Workload("g", B=2, C=6, M=9, H=15, W=14, K=(3, 2), stride=(1, 2), padding=(3, 0), dilation=(3, 2), groups=3)
+    assert (wl.K, wl.Kw, wl.stride, wl.stride_w, wl.padding, wl.padding_w, wl.dilation, wl.dilation_w) == \
+        (3, 2, 1, 2, 3, 0, 3, 2)
+    assert wl.w_shape == (9, 2, 3, 2) and not wl.plain and wl.family == "grouped"
+    # torch's output size: (n + 2p - d(k-1) - 1) // s + 1 per axis
+    assert (wl.Ho, wl.Wo) == ((15 + 6 - 6 - 1) // 1 + 1, (14 + 0 - 2 - 1) // 2 + 1)
+    assert wl.reduction == 2 * 3 * 2 and wl.macs == wl.outputs * 12
+    assert wl.conv_kwargs() == {"stride": (1, 2), "padding": (3, 0), "dilation": (3, 2), "groups": 3}
+    assert wl.shape_text == "B=2, C=6→M=9, 15×14, K=3×2, stride (1, 2), pad (3, 0), dilation (3, 2), groups 3"
+    assert wl == Workload("g", B=2, C=6, M=9, H=15, W=14, K=3, Kw=2, stride=1, stride_w=2, padding=3, padding_w=0,
+                          dilation=3, dilation_w=2, groups=3)
+    import torch
+    assert Workload.of(torch.empty(2, 6, 15, 14, device="meta"), torch.empty(9, 2, 3, 2, device="meta"),
+                       stride=(1, 2), padding=(3, 0), dilation=(3, 2), groups=3, name="g") == wl
+    with pytest.raises(ValueError, match="groups"):
+        Workload("bad", B=1, C=6, M=4, H=8, W=8, K=3, groups=4)
+
+
+def test_plain_layers_read_as_before():
+    wl = workloads.get("resnet")
+    assert wl.plain and wl.family == "standard" and (wl.Kw, wl.stride_w, wl.padding_w, wl.groups) == (3, 1, 1, 1)
+    assert wl.conv_kwargs() == {"stride": 1, "padding": 1} and wl.kernel_size == 3
+    assert wl.shape_text == "B=64, C=64→M=64, 56×56, K=3×3, pad 1"      # the key of book/data's rows
+
+
+@pytest.mark.parametrize("wl", workloads.LAYERS, ids=lambda w: w.name)
+def test_the_general_layers_and_their_small_twins(wl):
+    import torch
+    import torch.nn.functional as F
+
+    small = wl.small()
+    assert workloads.get(wl.name) is wl and wl.plain == (wl.family == "standard")
+    assert small.family == wl.family and small.B <= 2 and small.Ho <= 20 and small.Wo <= 20
+    assert (small.K, small.Kw, small.stride, small.stride_w, small.dilation, small.dilation_w) == \
+        (wl.K, wl.Kw, wl.stride, wl.stride_w, wl.dilation, wl.dilation_w)
+    assert small.M // small.groups * small.groups == small.M and small.macs < 1e7
+    for w in (wl, small):
+        y = F.conv2d(torch.empty(w.x_shape, device="meta"), torch.empty(w.w_shape, device="meta"), **w.conv_kwargs())
+        assert tuple(y.shape) == w.y_shape
+    assert set(workloads.FAMILIES) == {"depthwise", "grouped", "dilated", "nonsquare", "standard"}

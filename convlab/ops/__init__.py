@@ -43,16 +43,25 @@ def _no_tunables(shape) -> dict:
 @dataclass(frozen=True)
 class Impl:
     """One implementation: called like its launcher. config(shape) gives the tunables it uses
-    for a convlab.workloads.Workload when none are passed (the same function pick() uses)."""
+    for a convlab.workloads.Workload when none are passed (the same function pick() uses).
+
+    any_layer: the launcher takes every layer torch's conv2d takes (groups, dilation, non-square
+    masks, per-axis stride and padding, as keywords: Workload.conv_kwargs). Without it an Impl is
+    offered only the chapters' plain layers (Workload.plain), whatever its `applies` says."""
 
     name: str                   # the one name used by figures, CSV files and text
     launcher: Callable          # the contract above
     op: str = "conv2d"          # "conv2d" | "conv2d_fp16" | "conv3d" | "conv2d_dx" | "conv2d_dw" | "conv2d_train"
     applies: Callable = _always         # Workload -> bool: which shapes it can take
     config: Callable = _no_tunables     # Workload -> dict: its default tunables
+    any_layer: bool = False
 
     def __call__(self, *args, **kwargs):
         return self.launcher(*args, **kwargs)
+
+    def takes(self, shape) -> bool:
+        """Whether it can run this Workload: a plain layer (or any, for an any_layer Impl) it applies to."""
+        return (self.any_layer or getattr(shape, "plain", True)) and bool(self.applies(shape))
 
 
 def ceil_div(a: int, b: int) -> int:

@@ -382,11 +382,15 @@ FP16_PATH = Impl("ours, float32 in and out: to_half + pick() + to_float", conv2d
 IMPLEMENTATIONS = (HALF, HALF2, WMMA, WMMA_SMALLC, FP16_PATH)
 
 
-def accumulation(impl) -> str:
+def accumulation(impl, shape=None) -> str:
     """'half' for the kernels that add in half (conv2d_half, conv2d_half2), else 'float' (tensor
-    cores add in float): what fp16_tolerance needs to know of an Impl or launcher."""
+    cores add in float): what fp16_tolerance needs to know of an Impl or launcher. A launcher that
+    runs different kernels per shape (a dispatcher) says it by an `accumulation(shape)` attribute."""
     launcher = getattr(impl, "launcher", impl)
-    return "half" if launcher in (conv2d_half, conv2d_half2) else "float"
+    per_shape = getattr(launcher, "accumulation", None)
+    if per_shape is not None and shape is not None:
+        return per_shape(shape)
+    return "half" if launcher in (conv2d_half, conv2d_half2) or per_shape is not None else "float"
 
 
 # ---- accuracy ------------------------------------------------------------------------------------------

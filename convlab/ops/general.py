@@ -358,16 +358,11 @@ def course_applies(g: Geometry, dtype) -> bool:
 
 
 def conv2d_forward(x, w, y=None, *, stride=1, padding=0, dilation=1, groups: int = 1, bias=None):
-    """The forward pass the drop-in runs: chapter 5's pick() where course_applies, conv2d_depthwise
-    where it applies, else conv2d_general."""
-    g = geometry(x.shape, w.shape, stride, padding, dilation, groups, None if bias is None else bias.shape)
-    if course_applies(g, x.dtype):
-        from .fused import conv2d_best
+    """The forward pass the drop-in runs: the kernel convlab.ops.dispatch.pick() chooses for the
+    layer and dtype, among chapters 5, 6 and 9's (dispatch.dispatch_rule() prints the rule)."""
+    from .dispatch import conv2d
 
-        y = conv2d_best(x, w, y, stride=g.sh, padding=g.ph)
-        return y if bias is None else y.add_(bias.view(1, -1, 1, 1))
-    fn = conv2d_depthwise if depthwise_applies(g) else conv2d_general
-    return fn(x, w, y, stride=stride, padding=padding, dilation=dilation, groups=groups, bias=bias)
+    return conv2d(x, w, y, stride=stride, padding=padding, dilation=dilation, groups=groups, bias=bias)
 
 
 # ---- dE/dX -------------------------------------------------------------------------------------
@@ -634,19 +629,26 @@ def _is_2d(shape) -> bool:
     return getattr(shape, "D", None) is None
 
 
+def workload_geometry(shape) -> Geometry:
+    """The Geometry of a 2D convlab.workloads.Workload."""
+    return geometry(shape.x_shape, shape.w_shape, **shape.conv_kwargs())
+
+
 def _depthwise_workload(shape) -> bool:
-    """A Workload has no groups (groups=1): it is depthwise when it has one input channel."""
-    return _is_2d(shape) and shape.C == 1 and shape.K * shape.K <= DEPTHWISE_MAX_TAPS
+    """groups == C (one input channel per map; C = 1 counts), and conv2d_depthwise's tile fits."""
+    return _is_2d(shape) and shape.groups == shape.C and depthwise_applies(workload_geometry(shape))
 
 
+GENERAL = Impl("general direct (any layer)", conv2d_general, "conv2d", _is_2d, any_layer=True)
+GENERAL_FP16 = Impl("general direct fp16 (any layer)", conv2d_general, "conv2d_fp16", _is_2d, any_layer=True)
+DEPTHWISE = Impl("depthwise (input tile in shared, column strips)", conv2d_depthwise, "conv2d", _depthwise_workload,
+                 any_layer=True)
+DEPTHWISE_FP16 = Impl("depthwise fp16 (input tile in shared, column strips)", conv2d_depthwise, "conv2d_fp16",
+                      _depthwise_workload, any_layer=True)
 #: The chapter's general kernels, by the names the figures use. Their tunables default to None and
 #: are resolved by the launchers (depthwise_config, dw_splits), so config() is empty.
 IMPLEMENTATIONS: tuple[Impl, ...] = (
-    Impl("general direct (any layer)", conv2d_general, "conv2d", _is_2d),
-    Impl("general direct fp16 (any layer)", conv2d_general, "conv2d_fp16", _is_2d),
-    Impl("depthwise (input tile in shared, column strips)", conv2d_depthwise, "conv2d", _depthwise_workload),
-    Impl("depthwise fp16 (input tile in shared, column strips)", conv2d_depthwise, "conv2d_fp16",
-         _depthwise_workload),
-    Impl("general dX gather (any layer)", conv2d_general_dx, "conv2d_dx", _is_2d),
-    Impl("general dW (blocks, second pass)", conv2d_general_dw, "conv2d_dw", _is_2d),
+    GENERAL, GENERAL_FP16, DEPTHWISE, DEPTHWISE_FP16,
+    Impl("general dX gather (any layer)", conv2d_general_dx, "conv2d_dx", _is_2d, any_layer=True),
+    Impl("general dW (blocks, second pass)", conv2d_general_dw, "conv2d_dw", _is_2d, any_layer=True),
 )

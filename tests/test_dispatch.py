@@ -1,0 +1,114 @@
+"""The dispatcher for any layer (convlab.ops.dispatch): its rule names real kernels, agrees with
+the fastest kernel measured on every shape the chapters' committed results hold, and the kernel
+it picks on random layers (groups, dilation, non-square masks, per-axis stride and padding, plain
+ones too) matches the fp64 reference in float32 and float16."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import convlab as cl
+from convlab import workloads
+from convlab.ops import dispatch, fp16
+from convlab.workloads import Workload
+
+
+@pytest.mark.parametrize("dtype", list(dispatch.RULES))
+def test_every_rule_names_a_registered_kernel_and_the_last_takes_any_layer(dtype):
+    names = {i.name for i in dispatch.implementations(dtype)}
+    for rule in dispatch.RULES[dtype]:
+        assert rule.kernel in names, f"{dtype} rule {rule.condition!r} names {rule.kernel!r}, not a kernel of SOURCES"
+        assert rule.kernel in dispatch.dispatch_rule(dtype)
+    last = dispatch.RULES[dtype][-1]
+    kernel = next(i for i in dispatch.implementations(dtype) if i.name == last.kernel)
+    for wl in [*workloads.WORKLOADS_2D, *workloads.LAYERS]:
+        assert last.holds(wl) and kernel.takes(wl), f"the last {dtype} rule must take {wl}"
+
+
+def test_pick_agrees_with_the_fastest_measured_kernel():
+    """On each shape the committed results measured (book/data/05_fused, 06_fp16, 09_general), the
+    picked kernel is the fastest measured one, within the measurement's spread (its median at most
+    the fastest's 75th percentile)."""
+    ev = dispatch.evidence()
+    if ev is None:
+        pytest.skip("no committed results of the current harness")
+    bad = ev[~ev["agrees"]]
+    assert not len(bad), ("pick() is slower than another measured kernel: change dispatch.RULES (or re-measure):\n"
+                          + bad[["chapter", "workload", "dtype", "pick()", "pick() ms", "fastest", "fastest ms"]]
+                          .to_string(index=False))
+
+
+def test_pick_never_takes_a_kernel_that_cannot_run_the_layer():
+    for wl in [*workloads.WORKLOADS_2D, *workloads.LAYERS]:
+        for dtype in dispatch.RULES:
+            impl = dispatch.pick(wl, dtype)
+            assert impl.takes(wl) and impl in dispatch.candidates(wl, dtype)
+            assert impl.op == dispatch.OPS[dtype]
+
+
+def _random_layer(rng: random.Random) -> Workload:
+    """A small layer: plain (the chapters' kernels) half the time, else any mix of groups (depthwise
+    with a channel multiplier too), dilation, a non-square mask, per-axis stride and padding."""
+    B = rng.choice([1, 2])
+    if rng.random() < 0.5:
+        C, M, K, s, p = rng.choice([1, 2, 3, 5]), rng.choice([1, 3, 4, 8, 12]), rng.choice([1, 2, 3, 5]), \
+            rng.choice([1, 1, 2]), rng.choice([0, 1, 2])
+        H, W = rng.randint(K + 1, 13), rng.randint(K + 1, 13)
+        return Workload("plain", B=B, C=C, M=M, H=H, W=W, K=K, stride=s, padding=p)
+    groups = rng.choice([1, 2, 3])
+    C = groups * rng.choice([1, 2])
+    M = groups * rng.choice([1, 2, 3])
+    if rng.random() < 0.3:
+        C = groups = rng.choice([2, 4, 5])
+        M = C * rng.choice([1, 2])
+    K = (rng.choice([1, 2, 3, 5]), rng.choice([1, 2, 3, 4]))
+    d = (rng.choice([1, 2]), rng.choice([1, 2, 3]))
+    s = (rng.choice([1, 2]), rng.choice([1, 3]))
+    p = (rng.choice([0, 1, 2]), rng.choice([0, 1]))
+    span = [di * (k - 1) + 1 for di, k in zip(d, K)]
+    H, W = (rng.randint(max(1, sp - 2 * pi), sp + 8) for sp, pi in zip(span, p))
+    return Workload("general", B=B, C=C, M=M, H=H, W=W, K=K, stride=s, padding=p, dilation=d, groups=groups)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_picked_kernels_on_random_layers_match_the_reference(seed):
+    rng = random.Random(seed)
+    for _ in range(6):
+        wl = _random_layer(rng)
+        kw = wl.conv_kwargs()
+        x32, w32, b32 = cl.randn(*wl.x_shape), cl.randn(*wl.w_shape), cl.randn(wl.M)
+        for dtype, tdtype in (("fp32", torch.float32), ("fp16", torch.float16)):
+            impl = dispatch.pick(wl, dtype)
+            x, w, b = x32.to(tdtype), w32.to(tdtype), b32.to(tdtype)
+            ref = F.conv2d(x.double().cpu(), w.double().cpu(), b.double().cpu(), **kw)
+            name = f"{impl.name} on {wl}"
+            ref0 = F.conv2d(x.double().cpu(), w.double().cpu(), **kw)
+            with cl.debug():            # outputs poisoned with NaN: one never written cannot pass
+                y = impl(x, w, **kw, **impl.config(wl))                        # the kernel pick() names
+                y_dropin = dispatch.conv2d(x, w, bias=b, **kw)                  # the drop-in's route to it
+            if dtype == "fp32":
+                cl.check(y, ref0, name=name)
+                cl.check(y_dropin, ref, name="dispatch.conv2d: " + name)
+            else:
+                acc = fp16.accumulation(impl)
+                assert dispatch.forward_accumulation(wl.x_shape, wl.w_shape, **kw) == acc
+                fp16.check_fp16(y, ref0, C=wl.reduction, K=1, accumulate=acc, rounded_inputs=True, name=name)
+                dispatch.check_fp16_forward(y_dropin, ref, wl.x_shape, wl.w_shape, b, **kw,
+                                            name="dispatch.conv2d: " + name)
+
+
+def test_the_drop_in_routes_through_pick(monkeypatch):
+    """general.conv2d_forward (the drop-in's forward) runs the kernel pick() names."""
+    from convlab.ops import general
+
+    wl = Workload("t", B=2, C=4, M=4, H=9, W=8, K=3, padding=1, groups=4)
+    ran = []
+    impl = dispatch.pick(wl, "fp32")
+    monkeypatch.setattr(dispatch, "_route", lambda g, dtype: (lambda *a, **k: ran.append(k) or impl(*a, **k),
+                                                              wl.conv_kwargs(), True))
+    x, w = cl.randn(*wl.x_shape), cl.randn(*wl.w_shape)
+    cl.check(general.conv2d_forward(x, w, padding=1, groups=4), F.conv2d(x, w, padding=1, groups=4))
+    assert ran and ran[0]["groups"] == 4
