@@ -232,6 +232,12 @@ class ProfileCard:
     def __len__(self):
         return len(self.kernels)
 
+    @property
+    def ncu(self) -> "ProfileCard | None":
+        """ncu's numbers: this card when ncu made it, the committed card beside an emulator card,
+        else None (an emulator card with nothing committed under its name)."""
+        return self.reference if self.source.startswith("emulator") else self
+
     def kernel(self, name: str) -> KernelProfile:
         """The first kernel whose name contains `name`."""
         for k in self.kernels:
