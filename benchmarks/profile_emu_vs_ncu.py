@@ -8,10 +8,13 @@ profiles every case below with ncu (cl.profile; each case's raw CSV is kept in
 book/data/profiles/NAME.csv), runs the same cases on the emulator in a subprocess
 (CONVLAB_BACKEND=emu), and writes book/data/profiles/emu_vs_ncu.csv: one row per case, kernel and
 counter, with both values and their ratio. The simple patterns (tests/features/profile_patterns.cu)
-must agree exactly; the chapters' kernels within 10% where nvcc neither vectorises nor caches
-their loads (the book says why where they differ).
+must agree exactly, but for the shared-memory instruction counts of a store nvcc predicates (warps
+with every lane off issue it on a GPU: same wavefronts, more instructions); the chapters' kernels
+within 10% where nvcc neither vectorises nor caches their loads (the book says why where they differ).
 
     python benchmarks/profile_emu_vs_ncu.py --emu out.json   # the emulator's half only (any machine)
+    python benchmarks/profile_emu_vs_ncu.py --committed      # the table again from the committed ncu CSVs
+                                                             # and a fresh emulator run (any machine)
 """
 from __future__ import annotations
 
@@ -30,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 import convlab as cl  # noqa: E402
-from convlab.profile import EMU_COUNTERS  # noqa: E402
+from convlab.profile import EMU_COUNTERS, committed  # noqa: E402
 
 PATTERNS = ROOT / "tests" / "features" / "profile_patterns.cu"
 OUT = ROOT / "book" / "data" / "profiles" / "emu_vs_ncu.csv"
@@ -86,12 +89,15 @@ def emulator_half(path: str) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--emu", metavar="JSON", help="only run the emulator's half and write its counters here")
+    ap.add_argument("--committed", action="store_true",
+                    help="take ncu's numbers from the committed book/data/profiles/emu_vs_ncu_*.csv (no GPU needed)")
     a = ap.parse_args()
     if a.emu:
         emulator_half(a.emu)
         return 0
-    if cl.backend() != "cuda":
-        print("run this on a GPU machine (with ncu); --emu JSON runs the emulator's half anywhere")
+    if cl.backend() != "cuda" and not a.committed:
+        print("run this on a GPU machine (with ncu); --emu JSON runs the emulator's half anywhere, "
+              "--committed the whole table from the committed ncu results")
         return 2
     emu_json = ROOT / ".convlab-cache" / "profile_emu.json"
     emu_json.parent.mkdir(exist_ok=True)
@@ -100,7 +106,13 @@ def main() -> int:
     emu = json.loads(emu_json.read_text())
     rows = []
     for name, (fn, args, kwargs) in cases().items():
-        card = cl.profile(fn, *args, name=f"emu_vs_ncu_{name}", **kwargs)
+        if a.committed:
+            card = committed(f"emu_vs_ncu_{name}")
+            if card is None:
+                print(f"# {name}: no committed ncu result; run this on a GPU machine")
+                continue
+        else:
+            card = cl.profile(fn, *args, name=f"emu_vs_ncu_{name}", **kwargs)
         theirs = emu.get(name, [])
         if len(theirs) != len(card.kernels):
             print(f"# {name}: ncu saw {len(card.kernels)} kernels, the emulator {len(theirs)}")
@@ -121,8 +133,22 @@ def main() -> int:
     print(f"# wrote {OUT} ({len(rows)} rows)")
     off = [r for r in rows if r["case"].startswith("pattern_") and r["emulator"] != r["ncu"]]
     for r in off:
-        print(f"# pattern differs: {r}")
-    return 1 if off else 0
+        if _predicated(r, rows):
+            print(f"# {r['case']}: ncu counts {r['ncu']:g} shared-memory instructions, the emulator {r['emulator']:g} "
+                  "with the same wavefronts: warps that issue a predicated instruction with every lane off")
+        else:
+            print(f"# pattern differs: {r}")
+    return 1 if any(not _predicated(r, rows) for r in off) else 0
+
+
+def _predicated(row, rows) -> bool:
+    """A shared-memory instruction count above the emulator's while the wavefronts agree: nvcc
+    predicated the access (`@!P0 STS`), so warps whose lanes are all off issue it too on a GPU."""
+    m = re.fullmatch(r"smsp__inst_executed_op_shared_(ld|st)\.sum", row["metric"])
+    if not m or row["ncu"] < row["emulator"]:
+        return False
+    wave = f"l1tex__data_pipe_lsu_wavefronts_mem_shared_op_{m.group(1)}.sum"
+    return any(r["case"] == row["case"] and r["metric"] == wave and r["emulator"] == r["ncu"] for r in rows)
 
 
 if __name__ == "__main__":

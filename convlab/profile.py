@@ -15,7 +15,10 @@ one line says so and the card shows that committed result instead.
 On the emulator, cl.profile runs the call in this process and counts every warp's global and
 shared-memory requests, 32-byte sectors, bank conflicts (wavefronts), atomics and barriers under
 the same metric names; timing, throughput and occupancy are the GPU's alone. With name=..., ncu's
-committed numbers stand beside the emulator's.
+committed numbers stand beside the emulator's. The shared-memory instruction rows count, on the
+emulator, each warp that makes the access with at least one lane; ncu counts every warp that
+issues the instruction, and where nvcc turns a short `if` into a predicated instruction
+(`@!P0 STS`), warps whose lanes are all predicated off issue it too (with no wavefront).
 """
 from __future__ import annotations
 
@@ -61,9 +64,10 @@ OCCUPANCY_LIMITS = ("blocks", "registers", "shared_mem", "warps", "barriers")
 # ncu splits atomics into ATOM (the old value is used) and RED (it is not); the emulator cannot
 # tell which one the compiler chose, so the card shows their sum.
 ATOMICS = "smsp__inst_executed_op_global_atom.sum + smsp__inst_executed_op_global_red.sum"
-# shared-memory atomics: ncu counts them in three metrics (as its nvprof translation table adds them)
-SHARED_ATOMICS = ("smsp__inst_executed_op_shared_atom.sum + smsp__inst_executed_op_shared_atom_dot_alu.sum"
-                  " + smsp__inst_executed_op_shared_atom_dot_cas.sum")
+# shared-memory atomics: every ATOMS instruction. (ncu's ..._shared_atom_dot_alu and _dot_cas are
+# subsets of it, not further atomics: an H200 counted the histogram pattern's 32 ATOMS.POPC.INC in
+# both _shared_atom and _dot_alu, so their sum counted each one twice.)
+SHARED_ATOMICS = "smsp__inst_executed_op_shared_atom.sum"
 
 
 def _stall(reason: str) -> str:
@@ -92,10 +96,10 @@ ROWS = [
     ("global store requests", "l1tex__t_requests_pipe_lsu_mem_global_op_st.sum"),
     ("global store sectors", "l1tex__t_sectors_pipe_lsu_mem_global_op_st.sum"),
     ("global store sectors per request", "l1tex__average_t_sectors_per_request_pipe_lsu_mem_global_op_st.ratio"),
-    ("shared load requests", "smsp__inst_executed_op_shared_ld.sum"),
+    ("shared load instructions (warp)", "smsp__inst_executed_op_shared_ld.sum"),
     ("shared load wavefronts", "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum"),
     ("shared load bank conflicts", "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum"),
-    ("shared store requests", "smsp__inst_executed_op_shared_st.sum"),
+    ("shared store instructions (warp)", "smsp__inst_executed_op_shared_st.sum"),
     ("shared store wavefronts", "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum"),
     ("shared store bank conflicts", "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum"),
     ("global atomics, ATOM + RED (warp instructions)", "smsp__inst_executed_op_global_atom.sum + smsp__inst_executed_op_global_red.sum"),
@@ -111,7 +115,7 @@ ROWS = [
 # What ncu is asked for: every plain row, the occupancy limits and the stall reasons behind the two
 # summary rows, and the sector-per-request inputs.
 NCU_METRICS = ([m for _, m in ROWS if "*" not in m and " + " not in m]
-               + ATOMICS.split(" + ") + SHARED_ATOMICS.split(" + ")
+               + ATOMICS.split(" + ")
                + [f"launch__occupancy_limit_{k}" for k in OCCUPANCY_LIMITS]
                + [_stall(r) for r in STALL_REASONS])
 
@@ -227,6 +231,12 @@ class ProfileCard:
 
     def __len__(self):
         return len(self.kernels)
+
+    @property
+    def ncu(self) -> "ProfileCard | None":
+        """ncu's numbers: this card when ncu made it, the committed card beside an emulator card,
+        else None (an emulator card with nothing committed under its name)."""
+        return self.reference if self.source.startswith("emulator") else self
 
     def kernel(self, name: str) -> KernelProfile:
         """The first kernel whose name contains `name`."""

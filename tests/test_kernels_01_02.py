@@ -81,8 +81,17 @@ def test_z_mapping_cannot_launch_past_65535():
     x, w = cl.randn(B, 1, 3, 3), cl.randn(M, 1, 3, 3)
     with pytest.raises(cl.LaunchError, match="65,?535"):
         naive.conv2d_naive_z(x, w)
-    # the backend is still fine afterwards, and the flat map launches the same problem
+    # the backend is still fine afterwards, and the flat and textbook maps launch the same problem
     cl.check(naive.conv2d_naive_flat(x, w), cl.ref.conv2d(x, w))
+    cl.check(naive.conv2d_naive_textbook(x, w), cl.ref.conv2d(x, w), name="textbook map, B·M = 66,560")
+
+
+def test_textbook_mapping_covers_every_tile():
+    # 3 x 4 tiles of 8 x 4: a tile's first row is its row of tiles times the tile height (the
+    # textbook's formula without that factor would leave rows 2.. of the output unwritten)
+    x, w, ref = _inputs(B=3, C=2, M=2, H=14, W=19, K=3, stride=1, padding=1)
+    assert naive.grid_textbook(3, 2, 14, 19, block=(8, 4)) == ((3, 2, 3 * 4), (8, 4, 1))
+    cl.check(naive.conv2d_naive_textbook(x, w, padding=1, block=(8, 4)), ref)
 
 
 def test_z_mapping_at_the_limit_launches():
@@ -110,7 +119,9 @@ def test_pick_and_implementations():
     from convlab.workloads import Workload
     assert naive.pick(workloads.get("fa17")) is naive.NAIVE_FLAT
     assert not naive.NAIVE_Z.applies(workloads.get("fa17")) and naive.NAIVE_Z.applies(workloads.get("lenet_c1"))
-    assert [i.name for i in naive.IMPLEMENTATIONS] == ["naive z (B·M on grid z)", "naive flat (1D grid)"]
+    assert [i.name for i in naive.IMPLEMENTATIONS] == ["naive z (B·M on grid z)", "naive flat (1D grid)",
+                                                        "naive textbook (B, M, tiles)"]
+    assert naive.NAIVE_TEXTBOOK.applies(workloads.get("fa17"))
     x, w = cl.randn(2, 3, 9, 8), cl.randn(4, 3, 3, 3)
     best = naive.pick(Workload.of(x, w, padding=1))
     cl.check(best(x, w, padding=1), cl.ref.conv2d(x, w, padding=1), name=best.name)

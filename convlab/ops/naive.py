@@ -4,6 +4,8 @@
   B·M > 65,535 (grid z limit): the launch raises cl.LaunchError, as the GPU refuses it.
 - conv2d_naive_flat: a flat 1D grid over all B·M·Ho·Wo outputs with a grid-stride loop; it scales
   to every workload of the course.
+- conv2d_naive_textbook: the textbook's mapping, grid (B, M, tiles of the output): the images on x
+  (up to 2^31 - 1), so it launches on every workload of the course too.
 """
 from __future__ import annotations
 
@@ -15,9 +17,15 @@ KERNEL_FILE = "kernels/02_naive/conv2d_naive.cu"
 
 
 def grid_z(B: int, M: int, Ho: int, Wo: int, block=(16, 16)):
-    """The course's mapping: x over output columns, y over output rows, z over (image, map) pairs."""
+    """The PyCUDA blog's mapping: x over output columns, y over output rows, z over (image, map) pairs."""
     bx, by = block
     return (ceil_div(Wo, bx), ceil_div(Ho, by), B * M), (bx, by, 1)
+
+
+def grid_textbook(B: int, M: int, Ho: int, Wo: int, block=(16, 16)):
+    """The textbook's mapping: x over images, y over output maps, z over the output's tiles."""
+    bx, by = block
+    return (B, M, ceil_div(Wo, bx) * ceil_div(Ho, by)), (bx, by, 1)
 
 
 def grid_flat(outputs: int, block: int = 256, max_blocks: int | None = None):
@@ -47,6 +55,15 @@ def conv2d_naive_z(x, w, y=None, *, stride: int = 1, padding: int = 0, block=Non
     return y
 
 
+def conv2d_naive_textbook(x, w, y=None, *, stride: int = 1, padding: int = 0, block=None):
+    block = tuple(block or (16, 16))
+    shape, launch = remember(_plans, ("textbook", x.shape, w.shape, stride, padding, block), lambda: _plan(
+        "conv2d_naive_textbook", x, w, stride, padding, lambda B, M, Ho, Wo: grid_textbook(B, M, Ho, Wo, block)))
+    y = output(y, shape, x)
+    launch(x, w, y)
+    return y
+
+
 def conv2d_naive_flat(x, w, y=None, *, stride: int = 1, padding: int = 0, block: int | None = None,
                       max_blocks: int | None = None):
     block = int(block or 256)
@@ -62,7 +79,10 @@ def conv2d_naive_flat(x, w, y=None, *, stride: int = 1, padding: int = 0, block:
 NAIVE_Z = Impl("naive z (B·M on grid z)", conv2d_naive_z, applies=lambda s: s.B * s.M <= GRID_YZ_MAX,
                config=lambda s: {"block": (16, 16)})
 NAIVE_FLAT = Impl("naive flat (1D grid)", conv2d_naive_flat, config=lambda s: {"block": 256})
-IMPLEMENTATIONS = (NAIVE_Z, NAIVE_FLAT)
+NAIVE_TEXTBOOK = Impl("naive textbook (B, M, tiles)", conv2d_naive_textbook,
+                      applies=lambda s: s.M <= GRID_YZ_MAX and grid_textbook(s.B, s.M, s.Ho, s.Wo)[0][2] <= GRID_YZ_MAX,
+                      config=lambda s: {"block": (16, 16)})
+IMPLEMENTATIONS = (NAIVE_Z, NAIVE_FLAT, NAIVE_TEXTBOOK)
 
 
 def pick(shape) -> Impl:

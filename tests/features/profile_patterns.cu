@@ -2,7 +2,10 @@
 // exactly, and ncu on a GPU gives the same (nvcc neither vectorises nor merges these accesses).
 // Each kernel has one plain 4-byte access per line, so every access is one instruction, and every
 // access indexes a kernel parameter (the emulator counts those; not accesses through a pointer
-// copied into a local variable).
+// copied into a local variable). One difference is nvcc's, not the counting's: a one-line `if` around
+// a shared store (broadcast, histogram) becomes a predicated `@!P0 STS` that every warp of the block
+// issues, and ncu's instruction count (smsp__inst_executed_op_shared_st) includes the warps whose
+// lanes are all off; their wavefronts are the same (tests/test_profile.py reads the SASS for it).
 
 // Thread i copies element i: a warp's 32 floats are 128 contiguous bytes, 4 sectors.
 __global__ void copy_coalesced(const float* x, float* y, int n) {
