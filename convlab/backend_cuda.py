@@ -348,7 +348,7 @@ class BoundLaunch:
     whose scalars were packed once, and launches. Anything else goes to slow(tensors): the full
     checks, which say what is wrong."""
 
-    __slots__ = ("launcher", "n", "dtypes", "pack", "slots", "dims", "slow", "cu_launch", "backend")
+    __slots__ = ("launcher", "n", "dtypes", "pack", "slots", "dims", "slow", "backend")
 
     def __init__(self, launcher: KernelLauncher, scalars, grid, block, shared, slow):
         import torch
@@ -367,7 +367,7 @@ class BoundLaunch:
         if shared > launcher.opt_in:
             launcher.allow_shared(shared)
         self.dims = _dims(grid, block, shared)
-        self.backend, self.cu_launch = launcher.backend, launcher.backend.cu.launch
+        self.backend = launcher.backend
 
     def __call__(self, tensors: tuple):
         if len(tensors) != self.n:
@@ -383,7 +383,7 @@ class BoundLaunch:
         self.pack(slots.buf, 0, *ptrs)
         b = self.backend
         if b.has_context():
-            err = self.cu_launch(self.launcher.func, *self.dims, b.stream(), slots.params, None)
+            err = b.cu.launch(self.launcher.func, *self.dims, b.stream(), slots.params, None)
             if err:
                 self.launcher.fail(err, self.dims)
         else:
