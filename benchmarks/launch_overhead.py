@@ -1,25 +1,31 @@
 #!/usr/bin/env python3
-"""How much Python a launch costs: each chapter's best launcher, and Conv2dFunction forward +
-backward, called again and again on a tiny layer (the launch plan is kept after the first call).
+"""How much Python a launch costs: each chapter's best launcher, Conv2dFunction forward +
+backward and torch's conv2d, called again and again on a tiny layer (the launch plan is kept
+after the first call); then, on a GPU, the time a caller waits against the GPU's time on the
+course's layers, and an epoch of chapter 8's LeNet-5 with our convolutions and with torch's.
 
     python benchmarks/launch_overhead.py             # the active backend (a GPU when there is one)
     python benchmarks/launch_overhead.py --profile   # and cProfile's top functions for fused.conv2d_best
 
-On a GPU, three figures per launcher:
-- python_us: wall time per call of N calls made while torch.cuda._sleep keeps the GPU busy, so
-  every kernel only queues: the Python (and the driver's enqueue) a call costs;
+The tiny layer, per launcher:
+- launches: kernels of ours one call launches (torch's own ops inside a call not counted);
+- python_us: wall time per call of CALLS calls made while torch.cuda._sleep keeps the GPU busy,
+  so every kernel only queues: the Python (and the driver's enqueue) a call costs; per_launch_us
+  is that over the launches;
 - caller_us: CUDA events around a single call with nothing held, the median: what a caller waits
   for a tiny layer, launch overhead and GPU time together;
 - gpu_us: cl.bench's time for the same call (events with the GPU held: the kernels' own time).
-torch.nn.functional.conv2d on the same layer is the yardstick.
+The course's layers: gpu_us and caller_us (convlab.bench.time_gpu / time_caller, the L2 flushed)
+and their ratio, for each chapter's best on each layer it takes.
 
 On the emulator the backend's own launch (running nothing) is replaced by a no-op and outputs are
 not poisoned, as on a GPU: python_us is then the CPU time of the Python above the backend's launch,
-the code both backends share (launchers, Kernel.__call__, argument checks).
+the code both backends share (launchers, Kernel.__call__, argument checks); nothing else is timed.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -30,17 +36,20 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 import convlab as cl  # noqa: E402
-from convlab.ops import backprop, conv3d, fp16, fused, im2col, naive, tiled  # noqa: E402
+from convlab.bench import time_caller, time_gpu  # noqa: E402
+from convlab.ops import backprop, conv3d, fp16, fused, general, im2col, naive, tiled  # noqa: E402
 from convlab.workloads import Workload  # noqa: E402
 
 CALLS = 300          # calls per timed loop
 SLEEP_CYCLES = 50_000_000   # ~25 ms at 2 GHz: longer than CALLS launches take to queue
+LAYERS = ("fa17", "lenet_c3", "resnet", "days100")   # the course's 2D layers the best launchers are timed on
 
 
 def cases():
-    """(name, kernels per call, fn) for each chapter's best launcher on a tiny layer, and torch's."""
+    """(name, fn) for each chapter's best launcher on a tiny layer, the autograd functions, and torch's."""
     x, w = cl.randn(2, 4, 20, 20), cl.randn(8, 4, 3, 3)
     shape = Workload.of(x, w, padding=1)
     xh, wh = fp16.to_half(x), fp16.to_half(w)
@@ -60,9 +69,35 @@ def cases():
         ("ch8 conv2d_weight_grad_best", lambda: backprop.conv2d_weight_grad_best(x, dy, padding=1)),
         ("ch8 Conv2dFunction forward+backward",
          lambda: backprop.Conv2dFunction.apply(xg, wg, None, 1, 1).backward(dy)),
-        ("torch F.conv2d", lambda: torch.nn.functional.conv2d(x, w, padding=1)),
+        ("ch9 general.conv2d forward+backward",
+         lambda: general.conv2d(xg, wg, None, 1, 1).backward(dy)),
+        ("torch F.conv2d", lambda: F.conv2d(x, w, padding=1)),
+        ("torch F.conv2d forward+backward", lambda: F.conv2d(xg, wg, padding=1).backward(dy)),
     ]
     return out
+
+
+_emu_launches = [0]
+
+
+def count_launches(fn) -> int:
+    """Kernels of ours that one call of fn launches."""
+    b = cl._get_backend()
+    before = _emu_launches[0]
+    if b.name != "cuda":
+        fn()
+        return _emu_launches[0] - before
+    real, n = b.cu.launch, [0]
+
+    def counting(*args):
+        n[0] += 1
+        return real(*args)
+    b.cu.launch = counting
+    try:
+        fn()
+    finally:
+        b.cu.launch = real
+    return n[0]
 
 
 def python_us_gpu(fn) -> float:
@@ -107,11 +142,52 @@ def python_us_emu(fn, repeats: int = 5) -> float:
 
 
 def stub_emulator_launch():
-    """Replace the emulator's launch (ctypes packing and running every thread) by a no-op, and
+    """Replace the emulator's launch (ctypes packing and running every thread) by a counter, and
     allocate outputs with torch.empty as on a GPU."""
     from convlab.emu import EmuModule
-    EmuModule.launch = lambda self, *args, **kwargs: None
+
+    def launch(self, *args, **kwargs):
+        _emu_launches[0] += 1
+    EmuModule.launch = launch
     cl.poisoning = lambda: False
+
+
+def stat_us() -> float:
+    """One os.stat of a kernel file: what a launcher pays per call to see an edited .cu."""
+    path = str(ROOT / "kernels/05_fused/conv2d_direct_regtile.cu")
+    t0 = time.perf_counter()
+    for _ in range(10_000):
+        os.stat(path)
+    return (time.perf_counter() - t0) / 10_000 * 1e6
+
+
+def layer_rows():
+    """(launcher, layer, gpu_us, caller_us) for each chapter's best on the course's 2D layers."""
+    from convlab import measure, workloads
+
+    best = [("ch5 conv2d_best", fused.pick, "fp32"), ("ch6 conv2d_fp16_best", fp16.pick, "fp16"),
+            ("ch8 dX best", backprop.pick_input_grad, "fp32"), ("ch8 dW best", backprop.pick_weight_grad, "fp32")]
+    rows = []
+    for name in LAYERS:
+        wl = workloads.get(name)
+        for label, pick, dtype in best:
+            impl = pick(wl)
+            t = measure.inputs(wl, measure.PASS_OF_OP[impl.op], dtype)
+            fn = measure.call(impl, wl, t, impl.config(wl))
+            rows.append((label, name, time_gpu(fn).ms * 1e3, time_caller(fn).ms * 1e3))
+            del t, fn
+            torch.cuda.empty_cache()
+    return rows
+
+
+def lenet_epoch_ms(epochs: int = 3) -> dict:
+    """ms of the last of a few epochs of chapter 8's LeNet-5 on the digits, ours and torch's twin."""
+    from convlab import lenet
+
+    data = lenet.load_digits()
+    ours, theirs = lenet.twins(data.image_size, seed=0)
+    return {who: 1e3 * lenet.train(model, data, epochs=epochs).epoch_seconds[-1]
+            for who, model in (("ours", ours), ("torch", theirs))}
 
 
 def profile(fn, calls: int = 2000, top: int = 15):
@@ -136,16 +212,30 @@ def main(argv=None) -> int:
     if not on_gpu:
         stub_emulator_launch()
         print("# emulator: the backend's launch replaced by a no-op; python_us is the Python above it")
+    torch.backends.cudnn.benchmark = False
     rows = []
     for name, fn in cases():
+        fn()                                   # compile, plan
+        launches = 0 if name.startswith("torch") else count_launches(fn)
         if on_gpu:
             t = cl.bench(fn, reps=20, flush_l2=False)
-            rows.append((name, python_us_gpu(fn), caller_us_gpu(fn), t.ms * 1e3))
+            rows.append((name, launches, python_us_gpu(fn), caller_us_gpu(fn), t.ms * 1e3))
         else:
-            rows.append((name, python_us_emu(fn), float("nan"), float("nan")))
-    print(f"{'launcher':46s} {'python_us':>10s} {'caller_us':>10s} {'gpu_us':>9s}")
-    for name, py, caller, gpu in rows:
-        print(f"{name:46s} {py:10.1f} {caller:10.1f} {gpu:9.1f}")
+            rows.append((name, launches, python_us_emu(fn), float("nan"), float("nan")))
+    print(f"{'launcher':40s} {'launches':>8s} {'python_us':>10s} {'per_launch_us':>13s} {'caller_us':>10s} "
+          f"{'gpu_us':>9s}")
+    for name, launches, py, caller, gpu in rows:
+        per = py / launches if launches else float("nan")
+        print(f"{name:40s} {launches or '-':>8} {py:10.1f} {per:13.1f} {caller:10.1f} {gpu:9.1f}")
+    print(f"# one os.stat of a kernel file (a launcher's check for an edited .cu, once per call): {stat_us():.2f} us")
+    if on_gpu:
+        print("\n# the course's layers: the time a caller waits (nothing held) against the GPU's")
+        print(f"{'launcher':24s} {'layer':10s} {'gpu_us':>10s} {'caller_us':>10s} {'caller/gpu':>10s}")
+        for label, layer, gpu, caller in layer_rows():
+            print(f"{label:24s} {layer:10s} {gpu:10.1f} {caller:10.1f} {caller / gpu:10.3f}")
+        ms = lenet_epoch_ms()
+        print(f"\n# chapter 8's LeNet-5 on the digits, one epoch (batch 64): ours {ms['ours']:.1f} ms, "
+              f"torch {ms['torch']:.1f} ms ({ms['ours'] / ms['torch']:.2f}x)")
     if args.profile:
         x, w = cl.randn(2, 4, 20, 20), cl.randn(8, 4, 3, 3)
         profile(lambda: fused.conv2d_best(x, w, padding=1))

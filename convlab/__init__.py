@@ -327,6 +327,23 @@ class Kernel:
         else:
             plan.launch(values, grid, block, shared)
 
+    def bind(self, scalars: tuple, grid: tuple, block: tuple, shared: int = 0, max_shared: int | None = None):
+        """f(tensors): this kernel launched with `tensors` as its first arguments (its pointers) and
+        these scalars, grid, block and shared memory (up to max_shared, the opt-in past 48 KB),
+        which are checked here, once (a launcher's kept launch). On a GPU a call then checks only the
+        tensors and launches from a buffer whose scalars were packed here; on the emulator, or for a
+        kernel whose pointers do not all come before its scalars, it is an ordinary call."""
+        def slow(tensors):
+            self(*tensors, *scalars, grid=grid, block=block, shared=shared, max_shared=max_shared)
+
+        plan = self._plan or self._get_plan()
+        n = len(self.params) - len(scalars)
+        if plan.emu or n < 0 or not all(p.pointer for p in self.params[:n]) or any(p.pointer for p in self.params[n:]):
+            return slow
+        values = [v for _, _, v in _args.check_args(self.name, self.params[n:], tuple(scalars), "cuda")]
+        g, b = plan.check_launch(grid, block, int(shared), max_shared)
+        return plan.launch.bind(tuple(values), g, b, int(shared), slow)
+
 
 class _LaunchPlan:
     """What a Kernel works out on its first call and keeps: the argument checks, the backend's

@@ -20,7 +20,7 @@ class CType:
     kind: str                     # "f" float, "i" signed int, "u" unsigned int, "b" bool, "v" vector/void
     dtypes: tuple                 # tensor dtypes a pointer to it accepts (empty: any)
     ctype: object                 # ctypes type of a scalar of it (None: pointer only)
-    pycuda_code: str              # struct code for PyCUDA's prepared call
+    code: str                     # struct code of a scalar of it (how the GPU backend packs it)
 
 
 _F32, _F64, _F16 = (torch.float32,), (torch.float64,), (torch.float16,)

@@ -1,9 +1,16 @@
-"""The GPU backend: PyCUDA on the primary context, so torch and the kernels share one context
-and torch tensors reach kernels without copies."""
+"""The GPU backend. PyCUDA compiles (nvcc, with its disk cache) and holds the device's primary
+context, which torch shares, so torch tensors reach kernels without copies. Modules are loaded and
+kernels launched through the CUDA driver itself (libcuda, by ctypes): cuLaunchKernel takes torch's
+current stream, so our kernels run in order with the caller's torch work on whatever stream it
+uses (PyCUDA only launches on its own stream objects, or the legacy default stream), and a launch
+costs one struct pack into a buffer kept for it and one foreign call."""
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 import os
+import struct
 import threading
 from pathlib import Path
 
@@ -27,6 +34,104 @@ def _why_not() -> str | None:
     return None
 
 
+# CUfunction_attribute values (cuda.h)
+_MAX_THREADS_PER_BLOCK, _SHARED_SIZE_BYTES, _NUM_REGS, _MAX_DYNAMIC_SHARED_SIZE_BYTES = 0, 1, 4, 8
+_NOT_FOUND = 500          # CUDA_ERROR_NOT_FOUND: no such symbol in the module
+
+
+class Driver:
+    """The CUDA driver calls convlab makes itself. libcuda is opened as a PyDLL, whose calls keep
+    the GIL: a launch's argument buffer cannot change under cuLaunchKernel. `launch` is
+    cuLaunchKernel itself, without argtypes: the launch paths pass it ctypes objects only."""
+
+    def __init__(self, lib=None):
+        if lib is None:
+            lib = _open_libcuda()
+        self.lib = lib
+        P, U, I, S = ctypes.c_void_p, ctypes.c_uint, ctypes.c_int, ctypes.c_size_t  # noqa: E741
+        sig = {"cuModuleLoadData": [ctypes.POINTER(P), ctypes.c_char_p],
+               "cuModuleGetFunction": [ctypes.POINTER(P), P, ctypes.c_char_p],
+               "cuModuleGetGlobal_v2": [ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(S), P, ctypes.c_char_p],
+               "cuMemcpyHtoDAsync_v2": [ctypes.c_uint64, ctypes.c_char_p, S, P],
+               "cuFuncGetAttribute": [ctypes.POINTER(I), I, P],
+               "cuFuncSetAttribute": [P, I, I],
+               "cuGetErrorName": [U, ctypes.POINTER(ctypes.c_char_p)],
+               "cuGetErrorString": [U, ctypes.POINTER(ctypes.c_char_p)]}
+        for name, argtypes in sig.items():
+            f = getattr(lib, name)
+            f.argtypes, f.restype = argtypes, I
+        self.launch = lib.cuLaunchKernel
+        self.launch.restype = I
+
+    def describe(self, err: int) -> str:
+        name, text = ctypes.c_char_p(), ctypes.c_char_p()
+        self.lib.cuGetErrorName(err, ctypes.byref(name))
+        self.lib.cuGetErrorString(err, ctypes.byref(text))
+        return f"{(name.value or b'CUDA error').decode()} ({err}): {(text.value or b'').decode()}"
+
+    def _call(self, what: str, f, *args, error=LaunchError):
+        err = f(*args)
+        if err:
+            raise error(f"{what}: {self.describe(err)}")
+
+    def load_module(self, image: bytes, what: str) -> int:
+        m = ctypes.c_void_p()
+        self._call(f"loading {what}", self.lib.cuModuleLoadData, ctypes.byref(m), image, error=CompileError)
+        return m.value
+
+    def function(self, module: int, name: str) -> int:
+        f = ctypes.c_void_p()
+        self._call(f"finding the kernel {name}", self.lib.cuModuleGetFunction, ctypes.byref(f), module, name.encode())
+        return f.value
+
+    def global_(self, module: int, name: str):
+        """(address, bytes) of a __constant__ or __device__ variable; None when there is none."""
+        ptr, size = ctypes.c_uint64(), ctypes.c_size_t()
+        err = self.lib.cuModuleGetGlobal_v2(ctypes.byref(ptr), ctypes.byref(size), module, name.encode())
+        if err == _NOT_FOUND:
+            return None
+        if err:
+            raise LaunchError(f"finding the __constant__ {name}: {self.describe(err)}")
+        return ptr.value, size.value
+
+    def copy_to_device(self, address: int, data: bytes, stream: int):
+        """Stream-ordered: after the kernels already queued on `stream`, before the next ones (the
+        driver stages pageable memory at once, so `data` may go when this returns)."""
+        self._call("copying to __constant__ memory", self.lib.cuMemcpyHtoDAsync_v2, address, data, len(data), stream)
+
+    def attribute(self, func: int, attr: int) -> int:
+        v = ctypes.c_int()
+        self._call("reading a kernel attribute", self.lib.cuFuncGetAttribute, ctypes.byref(v), attr, func)
+        return v.value
+
+    def set_attribute(self, func: int, attr: int, value: int):
+        self._call("setting a kernel attribute", self.lib.cuFuncSetAttribute, func, attr, value)
+
+
+def _open_libcuda():
+    import ctypes.util
+
+    for name in ("libcuda.so.1", ctypes.util.find_library("cuda"), "nvcuda.dll"):
+        if name:
+            try:
+                return ctypes.PyDLL(name)
+            except OSError:
+                continue
+    raise BackendUnavailable("the cuda backend cannot run here: the CUDA driver library (libcuda) cannot be opened")
+
+
+def current_stream_getter(device_index: int):
+    """A function returning torch's current CUDA stream (a handle) for the device, in the calling
+    thread. torch._C._cuda_getCurrentRawStream is the call torch's compiler uses for this (one
+    C call); torch.cuda.current_stream() builds a Stream object on each call."""
+    import torch
+
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return functools.partial(raw, device_index)
+    return lambda: torch.cuda.current_stream(device_index).cuda_stream
+
+
 class CudaBackend:
     name = "cuda"
     device_type = "cuda"
@@ -42,6 +147,10 @@ class CudaBackend:
         self.drv = drv
         self.dev = apc.device
         self.ctx = apc.context
+        self.cu = Driver()
+        self.device_index = torch.cuda.current_device()
+        self.raw_stream = current_stream_getter(self.device_index)
+        self._streams = {}
         self.cc = self.dev.compute_capability()
         self.gpu_name = self.dev.name()
         attr = drv.device_attribute
@@ -50,6 +159,16 @@ class CudaBackend:
         self.max_shared_optin = self.dev.get_attribute(attr.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
         self.threads = self.dev.get_attribute(attr.MULTIPROCESSOR_COUNT)
         self._threads = threading.local()
+
+    def stream(self) -> ctypes.c_void_p:
+        """torch's current stream in this thread, as the ctypes object cuLaunchKernel takes."""
+        h = self.raw_stream()
+        s = self._streams.get(h)
+        if s is None:
+            if len(self._streams) > 256:     # streams made and dropped in a loop: keep the table small
+                self._streams.clear()
+            s = self._streams[h] = ctypes.c_void_p(h)
+        return s
 
     @contextlib.contextmanager
     def context(self):
@@ -79,7 +198,7 @@ class CudaBackend:
         too_old = arch.too_old(src.text, src.path, self.cc, self.gpu_name)
         if too_old:  # before nvcc, whose error would name an intrinsic, not the GPU
             raise CompileError(too_old)
-        from pycuda.compiler import SourceModule
+        from pycuda.compiler import compile as nvcc
 
         from .book import repo_root
         text = f'#line 1 "{src.path}"\n' + rewrite_for_nvcc(src)
@@ -88,85 +207,184 @@ class CudaBackend:
         cache = Path(os.environ.get("CONVLAB_CACHE") or Path.home() / ".cache" / "convlab") / "cuda"
         cache.mkdir(parents=True, exist_ok=True)
         try:
-            with self.context():
-                mod = SourceModule(text, options=opts, include_dirs=[str(src.path.parent), str(repo_root() / "kernels")],
-                                   no_extern_c=True, arch=f"sm_{self.cc[0]}{self.cc[1]}", cache_dir=str(cache))
+            cubin = nvcc(text, options=opts, include_dirs=[str(src.path.parent), str(repo_root() / "kernels")],
+                         no_extern_c=True, arch=f"sm_{self.cc[0]}{self.cc[1]}", cache_dir=str(cache))
         except Exception as e:   # pycuda.driver.CompileError carries nvcc's stderr
             err = getattr(e, "stderr", None) or str(e)
             raise CompileError(f"{src.path} does not compile (nvcc):\n" + map_compiler_output(err)) from None
-        return CudaModule(self, mod, src)
+        with self.context():
+            return CudaModule(self, self.cu.load_module(cubin, src.path.name), src)
 
 
 class CudaModule:
-    def __init__(self, backend, mod, src):
-        self.backend, self.mod, self.src = backend, mod, src
+    def __init__(self, backend, handle: int, src):
+        self.backend, self.handle, self.src = backend, handle, src
         self._funcs = {}
 
-    def _function(self, name):
+    def _function(self, name) -> int:
         f = self._funcs.get(name)
         if f is None:
             with self.backend.context():
-                f = self._funcs[name] = self.mod.get_function(name)
+                f = self._funcs[name] = self.backend.cu.function(self.handle, name)
         return f
 
     def set_constant(self, name: str, data: bytes):
-        with self.backend.context():
-            self._set_constant(name, data)
-
-    def _set_constant(self, name: str, data: bytes):
-        try:
-            ptr, size = self.mod.get_global(name)
-        except Exception:   # noqa: BLE001 - pycuda raises LogicError for a missing symbol
-            raise ArgumentError(f"__constant__ {name} is not in this build of {self.src.path.name}: is it "
-                                f"inside an #if that the defines turned off?") from None
-        if len(data) > size:
-            raise ArgumentError(f"__constant__ {name} holds {size} bytes, but {len(data)} were given")
-        self.backend.drv.memcpy_htod(ptr, data)
+        b = self.backend
+        with b.context():
+            found = b.cu.global_(self.handle, name)
+            if found is None:
+                raise ArgumentError(f"__constant__ {name} is not in this build of {self.src.path.name}: is it "
+                                    f"inside an #if that the defines turned off?")
+            ptr, size = found
+            if len(data) > size:
+                raise ArgumentError(f"__constant__ {name} holds {size} bytes, but {len(data)} were given")
+            b.cu.copy_to_device(ptr, data, b.stream())     # in order with the kernels on the current stream
 
     def limits(self, name) -> dict:
         """The compiled kernel's attributes, read from the driver (once per Kernel: its plan keeps them)."""
-        f = self._function(name)
+        f, cu = self._function(name), self.backend.cu
         with self.backend.context():
-            return dict(static_shared=f.shared_size_bytes, max_threads=f.max_threads_per_block,
-                        registers=f.num_regs, max_grid=self.backend.max_grid)
+            return dict(static_shared=cu.attribute(f, _SHARED_SIZE_BYTES),
+                        max_threads=cu.attribute(f, _MAX_THREADS_PER_BLOCK),
+                        registers=cu.attribute(f, _NUM_REGS), max_grid=self.backend.max_grid)
 
-    def launcher(self, name, params, ctypes):
-        """launch(values, grid, block, shared) for one kernel: values are the checked arguments
-        (tensors and Python numbers, a tuple or a list) in order; grid and block 3-tuples already
-        within the limits.
-        Pointers go as their addresses, float scalars as Python floats, half scalars as their 16
-        bits, integers as they are, packed by PyCUDA's prepared call with the struct format worked
-        out here once."""
-        import numpy as np
+    def launcher(self, name, params, ctypes_) -> "KernelLauncher":
+        return KernelLauncher(self.backend, name, self._function(name), params, ctypes_)
 
-        f = self._function(name)
-        f.prepare("".join("P" if p.pointer else t.pycuda_code for p, t in zip(params, ctypes)))
-        pointers = [i for i, p in enumerate(params) if p.pointer]
-        halves = [i for i, p in enumerate(params) if not p.pointer and p.base == "half"]
-        floats = [i for i, (p, t) in enumerate(zip(params, ctypes)) if not p.pointer and t.kind == "f"
-                  and p.base != "half"]                       # an int passed for a float: packed as a float
-        backend, call = self.backend, f.prepared_call
-        opt_in = [SHARED_DEFAULT_MAX]      # the dynamic shared memory this function may use now
 
-        def launch(values, grid, block, shared):
-            values = list(values)
-            for i in pointers:
-                values[i] = values[i].data_ptr()
-            for i in floats:
-                values[i] = float(values[i])
-            for i in halves:
-                values[i] = int(np.float16(values[i]).view(np.uint16))
-            if shared > opt_in[0]:
-                if shared > backend.max_shared_optin:
-                    raise LaunchError(f"{name}: {shared:,} bytes of shared memory is over this GPU's opt-in "
-                                      f"maximum of {backend.max_shared_optin:,}")
-                with backend.context():
-                    f.set_attribute(backend.drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, shared)
-                opt_in[0] = shared
-            if backend.has_context():
-                call(grid, block, *values, shared_size=shared)
-            else:
-                with backend.context():
-                    call(grid, block, *values, shared_size=shared)
+def _half_bits(v) -> int:
+    """A half scalar as the kernel reads it: its 16 bits (numpy rounds, and overflows to inf, as a GPU does)."""
+    import numpy as np
 
-        return launch
+    return int(np.float16(v).view(np.uint16))
+
+
+class _Slots(threading.local):
+    """One thread's argument buffer for one kernel: 8 bytes per argument, and the void** array of
+    their addresses that cuLaunchKernel reads. Per thread, because packing and launching are two
+    steps between which another thread may run."""
+
+    def __init__(self, n: int, init: bytes):
+        self.buf = ctypes.create_string_buffer(init, 8 * max(n, 1))
+        base = ctypes.addressof(self.buf)
+        self.params = (ctypes.c_void_p * n)(*[base + 8 * i for i in range(n)]) if n else None
+
+
+def _dims(grid, block, shared) -> tuple:
+    return tuple(ctypes.c_uint(v) for v in (*grid, *block, shared))
+
+
+class KernelLauncher:
+    """One kernel's launches: launcher(values, grid, block, shared) with the checked arguments
+    (tensors and Python numbers, in order; _args.ArgPlan) and a 3-tuple grid and block within the
+    limits; bind() a launch whose scalars, grid and block are fixed. Pointers go as their
+    addresses, half scalars as their 16 bits, everything else as struct packs it, each argument in
+    an 8-byte slot (all scalar types are at most 8 bytes; the driver reads each one's own size)."""
+
+    def __init__(self, backend, name: str, func: int, params, ctypes_):
+        self.backend, self.name, self.func = backend, name, ctypes.c_void_p(func)
+        codes = []
+        for p, t in zip(params, ctypes_):
+            code, size = ("Q", 8) if p.pointer else (t.code, ctypes.sizeof(t.ctype))
+            codes.append(code + (f"{8 - size}x" if size < 8 else ""))
+        self.n = len(params)
+        self.struct = struct.Struct("=" + "".join(codes))
+        self.pointers = [i for i, p in enumerate(params) if p.pointer]
+        self.halves = [i for i, p in enumerate(params) if not p.pointer and p.base == "half"]
+        self.params = params
+        self.slots = _Slots(self.n, bytes(8 * self.n))
+        self.opt_in = SHARED_DEFAULT_MAX      # the dynamic shared memory this function may use now
+        self._dims = {}                       # (grid, block, shared) -> their c_uint objects
+
+    def __call__(self, values, grid, block, shared):
+        values = list(values)
+        for i in self.pointers:
+            values[i] = values[i].data_ptr()
+        for i in self.halves:
+            values[i] = _half_bits(values[i])
+        if shared > self.opt_in:
+            self.allow_shared(shared)
+        dims = self._dims.get((grid, block, shared))
+        if dims is None:
+            dims = self._dims[(grid, block, shared)] = _dims(grid, block, shared)
+        slots = self.slots
+        self.struct.pack_into(slots.buf, 0, *values)
+        self.launch(dims, slots.params)
+
+    def launch(self, dims, params):
+        b = self.backend
+        if b.has_context():
+            err = b.cu.launch(self.func, *dims, b.stream(), params, None)
+        else:
+            with b.context():
+                err = b.cu.launch(self.func, *dims, b.stream(), params, None)
+        if err:
+            self.fail(err, dims)
+
+    def fail(self, err: int, dims):
+        g, bl = tuple(d.value for d in dims[:3]), tuple(d.value for d in dims[3:6])
+        raise LaunchError(f"{self.name} (grid {g}, block {bl}, {dims[6].value:,} bytes of dynamic shared memory) "
+                          f"did not launch: {self.backend.cu.describe(err)}. An error from an earlier kernel "
+                          f"(an illegal address, say) shows at the next launch and leaves the GPU unusable "
+                          f"until the Python process restarts.")
+
+    def allow_shared(self, shared: int):
+        b = self.backend
+        if shared > b.max_shared_optin:
+            raise LaunchError(f"{self.name}: {shared:,} bytes of shared memory is over this GPU's opt-in "
+                              f"maximum of {b.max_shared_optin:,}")
+        with b.context():
+            b.cu.set_attribute(self.func.value, _MAX_DYNAMIC_SHARED_SIZE_BYTES, shared)
+        self.opt_in = shared
+
+    def bind(self, scalars: tuple, grid: tuple, block: tuple, shared: int, slow) -> "BoundLaunch":
+        return BoundLaunch(self, scalars, grid, block, shared, slow)
+
+
+class BoundLaunch:
+    """A launch with its scalar arguments, grid, block and shared memory fixed, after a first call
+    through the full checks (a launcher's kept Launch): bound(tensors) checks each tensor against
+    its parameter (on the GPU, an accepted dtype, contiguous), writes the addresses into the buffer
+    whose scalars were packed once, and launches. Anything else goes to slow(tensors): the full
+    checks, which say what is wrong."""
+
+    __slots__ = ("launcher", "n", "dtypes", "pack", "slots", "dims", "slow", "backend")
+
+    def __init__(self, launcher: KernelLauncher, scalars, grid, block, shared, slow):
+        import torch
+
+        from ._args import ctype_of
+
+        n = launcher.n - len(scalars)         # the pointers come first (Kernel.bind sees to it)
+        everything = tuple(v for v in vars(torch).values() if isinstance(v, torch.dtype))
+        self.dtypes = tuple(ctype_of(p, launcher.name).dtypes or everything for p in launcher.params[:n])
+        values = [0] * n + list(scalars)
+        for i in launcher.halves:
+            values[i] = _half_bits(values[i])
+        self.launcher, self.n, self.slow = launcher, n, slow
+        self.pack = struct.Struct("=" + "Q" * n).pack_into
+        self.slots = _Slots(launcher.n, launcher.struct.pack(*values))
+        if shared > launcher.opt_in:
+            launcher.allow_shared(shared)
+        self.dims = _dims(grid, block, shared)
+        self.backend = launcher.backend
+
+    def __call__(self, tensors: tuple):
+        if len(tensors) != self.n:
+            return self.slow(tensors)
+        try:
+            for t, dtypes in zip(tensors, self.dtypes):
+                if not (t.is_cuda and t.dtype in dtypes and t.is_contiguous()):
+                    return self.slow(tensors)
+            ptrs = [t.data_ptr() for t in tensors]
+        except AttributeError:                       # not a tensor
+            return self.slow(tensors)
+        slots = self.slots
+        self.pack(slots.buf, 0, *ptrs)
+        b = self.backend
+        if b.has_context():
+            err = b.cu.launch(self.launcher.func, *self.dims, b.stream(), slots.params, None)
+            if err:
+                self.launcher.fail(err, self.dims)
+        else:
+            self.launcher.launch(self.dims, slots.params)

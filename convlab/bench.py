@@ -5,7 +5,11 @@ median of many and the spread. On the emulator: wall time, labelled as such, nev
 Before each timed call the GPU is kept busy by a short sleep, so Python has queued the call's
 kernels by the time the start event fires: the events then time the GPU's work, not Python's.
 Without it a launcher that does 50-100 us of Python work between two ~0.1 ms kernels was timed
-60% slow on an H200 (resnet fp16: 0.170 ms instead of 0.107)."""
+60% slow on an H200 (resnet fp16: 0.170 ms instead of 0.107).
+
+The events, the flush and the hold all go on torch's current stream, where convlab's kernels
+launch too (as torch's ops do): timed from inside `with torch.cuda.stream(s):`, the events bracket
+the call's kernels on s."""
 from __future__ import annotations
 
 import statistics

@@ -42,12 +42,23 @@ class _LaunchRecorder:
         self.launches, self.defines = launches, defines
 
     def kernel(self, name):
-        def launch(*args, grid, block, shared=0):
-            self.launches.append((name, tuple(grid), tuple(block), shared, self.defines))
-        return launch
+        return _RecordedKernel(self, name)
 
     def set_constant(self, name, value):
         assert value.numel() * value.element_size() <= 64 * 1024, f"__constant__ {name} over 64 KB"
+
+
+class _RecordedKernel:
+    """A kernel of _LaunchRecorder: called like a cl.Kernel, or bound like one (a launcher's Launch)."""
+
+    def __init__(self, module, name):
+        self.module, self.name = module, name
+
+    def __call__(self, *args, grid, block, shared=0, max_shared=None):
+        self.module.launches.append((self.name, tuple(grid), tuple(block), shared, self.module.defines))
+
+    def bind(self, scalars, grid, block, shared=0, max_shared=None):
+        return lambda tensors: self(*tensors, *scalars, grid=grid, block=block, shared=shared, max_shared=max_shared)
 
 
 @pytest.fixture

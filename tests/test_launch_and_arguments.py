@@ -191,46 +191,105 @@ def test_an_edited_kernel_file_recompiles_through_its_launcher(tmp_path, monkeyp
     assert _kernels.module(str(path)) is first
 
 
-def test_the_gpu_launcher_packs_what_pycuda_needs():
-    """The cuda backend's launch function with a stand-in for PyCUDA (no GPU needed): the struct
-    format, the packed values (addresses, floats, half bits), the shared-memory opt-in set once."""
+class _OnGpu(torch.Tensor):
+    """A CPU tensor that says it is on the GPU: what the cuda backend's launch path checks, with no GPU."""
+    is_cuda = True
+
+
+def _stand_in_cuda_module(source, kernel, launches, attributes, streams):
+    """A CudaModule on a stand-in for the CUDA driver (no GPU): cuLaunchKernel reads every argument
+    back from the void** array, by the parameter's type, as the driver would."""
+    import ctypes
     import threading
-    from convlab import _args, _source
+    from convlab import _source
     from convlab.backend_cuda import CudaBackend, CudaModule
 
-    calls = []
-
-    class Function:
-        def prepare(self, fmt):
-            self.fmt = fmt
-
-        def prepared_call(self, grid, block, *args, shared_size=0):
-            calls.append((grid, block, args, shared_size))
-
-        def set_attribute(self, attr, value):
-            calls.append((attr, value))
+    src = _source.parse(source, "k.cu", [])
+    params = src.kernels[kernel].params
+    read = {"float": ctypes.c_float, "double": ctypes.c_double, "half": ctypes.c_uint16, "int": ctypes.c_int32,
+            "unsigned int": ctypes.c_uint32, "long long": ctypes.c_int64, "bool": ctypes.c_bool,
+            "short": ctypes.c_int16, "char": ctypes.c_int8, "size_t": ctypes.c_uint64}
 
     class Driver:
-        class Context:
-            get_current = staticmethod(lambda: "the primary context")
+        def function(self, module, name):
+            return 0xF00
 
-        class function_attribute:
-            MAX_DYNAMIC_SHARED_SIZE_BYTES = "max dynamic shared"
+        def set_attribute(self, func, attr, value):
+            attributes.append((func, attr, value))
 
-    f = Function()
+        def launch(self, func, gx, gy, gz, bx, by, bz, shared, stream, args, extra):
+            values = [ctypes.c_uint64.from_address(args[i]).value if p.pointer
+                      else read[p.base].from_address(args[i]).value for i, p in enumerate(params)]
+            launches.append((func.value, tuple(d.value for d in (gx, gy, gz)), tuple(d.value for d in (bx, by, bz)),
+                             shared.value, stream.value, values, extra))
+            return 0
+
+    class Context:
+        get_current = staticmethod(lambda: "the primary context")
+
     backend = object.__new__(CudaBackend)       # no GPU: only what a launch uses
-    backend.drv, backend._threads, backend.max_shared_optin = Driver, threading.local(), 100_000
-    src = _source.parse("__global__ void k(const float* x, half* y, int n, float a, half h) {}", "k.cu", [])
-    params = src.kernels["k"].params
-    mod = CudaModule(backend, type("Mod", (), {"get_function": lambda self, name: f})(), src)
+    backend.cu, backend.drv, backend._threads = Driver(), type("Drv", (), {"Context": Context}), threading.local()
+    backend.max_shared_optin, backend._streams = 100_000, {}
+    backend.raw_stream = lambda: streams[threading.get_ident()]    # torch's current stream, per thread
+    streams[threading.get_ident()] = 0x5EED
+    return CudaModule(backend, 0x40D, src), params
+
+
+def test_the_gpu_launch_passes_every_kind_of_argument():
+    """The cuda backend's launch with a stand-in driver (no GPU needed): pointers as addresses,
+    each scalar type in its own size (an int for a float parameter as a float, a half as its 16
+    bits), torch's current stream of the launching thread, the shared-memory opt-in set once."""
+    from convlab import _args
+
+    source = ("__global__ void k(const float* x, half* y, int n, float a, half h, double d, unsigned int u, "
+              "long long q, bool b, short s, char c, size_t z) {}")
+    launches, attributes, streams = [], [], {}
+    mod, params = _stand_in_cuda_module(source, "k", launches, attributes, streams)
     launch = mod.launcher("k", params, [_args.ctype_of(p, "k") for p in params])
-    assert f.fmt == "PPifH"
     x, y = torch.ones(4), torch.ones(4, dtype=torch.float16)
-    launch((x, y, 4, 2, 1.5), (3, 1, 1), (32, 1, 1), 0)
-    assert calls[-1] == ((3, 1, 1), (32, 1, 1), (x.data_ptr(), y.data_ptr(), 4, 2.0, 0x3E00), 0)
-    assert type(calls[-1][2][3]) is float
-    launch((x, y, 4, 2.0, 1.5), (3, 1, 1), (32, 1, 1), 64 * 1024)
-    launch((x, y, 4, 2.0, 1.5), (3, 1, 1), (32, 1, 1), 64 * 1024)
-    assert [c for c in calls if c[0] == "max dynamic shared"] == [("max dynamic shared", 64 * 1024)]
+    scalars = [-4, 2, 1.5, 0.1, 2**32 - 1, -(2**40), True, -300, -7, 2**63 + 5]
+    launch((x, y, *scalars), (3, 1, 1), (32, 1, 1), 0)
+    func, grid, block, shared, stream, values, extra = launches[-1]
+    assert (func, grid, block, shared, stream, extra) == (0xF00, (3, 1, 1), (32, 1, 1), 0, 0x5EED, None)
+    assert values[:2] == [x.data_ptr(), y.data_ptr()]
+    assert values[2:] == [-4, 2.0, 0x3E00, 0.1, 2**32 - 1, -(2**40), True, -300, -7, 2**63 + 5]
+    launch((x, y, *scalars), (3, 1, 1), (32, 1, 1), 64 * 1024)
+    launch((x, y, *scalars), (3, 1, 1), (32, 1, 1), 64 * 1024)
+    assert [a[2] for a in attributes] == [64 * 1024]
     with pytest.raises(cl.LaunchError, match="opt-in maximum of 100,000"):
-        launch((x, y, 4, 2.0, 1.5), (3, 1, 1), (32, 1, 1), 200_000)
+        launch((x, y, *scalars), (3, 1, 1), (32, 1, 1), 200_000)
+
+
+def test_a_bound_gpu_launch_packs_its_scalars_once_and_checks_each_tensor():
+    """A launcher's kept launch on the cuda backend (stand-in driver): the scalars packed at bind,
+    each call's tensors written in, another thread with its own buffer and its own current stream,
+    and a tensor the kernel cannot take sent to the full checks."""
+    import threading
+    from convlab import _args
+
+    source = "__global__ void k(const float* x, float* y, int n, float a, half h) {}"
+    launches, attributes, streams = [], [], {}
+    mod, params = _stand_in_cuda_module(source, "k", launches, attributes, streams)
+    slow = []
+    bound = mod.launcher("k", params, [_args.ctype_of(p, "k") for p in params]).bind(
+        (7, 0.5, 1.5), (2, 3, 1), (64, 1, 1), 0, slow.append)
+    x, y = torch.ones(4).as_subclass(_OnGpu), torch.ones(8).as_subclass(_OnGpu)
+    bound((x, y))
+    bound((y, x))
+    assert [v for *_, v, _ in launches] == [[x.data_ptr(), y.data_ptr(), 7, 0.5, 0x3E00],
+                                            [y.data_ptr(), x.data_ptr(), 7, 0.5, 0x3E00]]
+    assert launches[-1][1:5] == ((2, 3, 1), (64, 1, 1), 0, 0x5EED)
+
+    def other_thread():
+        streams[threading.get_ident()] = 0xBEEF
+        bound((x, x))
+    t = threading.Thread(target=other_thread)
+    t.start()
+    t.join()
+    assert launches[-1][4] == 0xBEEF and launches[-1][5] == [x.data_ptr(), x.data_ptr(), 7, 0.5, 0x3E00]
+    n = len(launches)
+    transposed = torch.ones(4, 2).as_subclass(_OnGpu).t()
+    for wrong in ((x.double().as_subclass(_OnGpu), y), (torch.ones(4), y), (x, transposed), (x, 3), (x,)):
+        bound(wrong)
+        assert slow[-1] is wrong
+    assert len(launches) == n and len(slow) == 5

@@ -6,7 +6,8 @@
   live notebook, and going back to an earlier text finds its compiled module again.
 - Launch: one launch worked out by a launcher for one shape (file, defines, kernel, grid, block,
   shared memory and its opt-in past 48 KB, scalar arguments), kept so that a repeated call only
-  launches it.
+  launches it: its kernel's bind() checks the scalars, grid and block once per compiled module, and
+  a call then only checks its tensors (on a GPU, from a buffer with the scalars already packed).
 - set_mask(): fill a module's __constant__ mask, skipped when the same weights are already there
   (on the GPU each fill is a host round trip that would otherwise sit inside every timing);
 - batch_chunks(): split a batch that would put more than 65,535 blocks on gridDim.y or z.
@@ -71,7 +72,8 @@ class Launch:
     """One kernel launch as a launcher works it out for a shape; launch(*tensors) runs it with the
     kept scalar arguments after the tensors."""
 
-    __slots__ = ("path", "defines", "kernel", "scalars", "grid", "block", "shared", "max_shared", "ref")
+    __slots__ = ("path", "defines", "kernel", "scalars", "grid", "block", "shared", "max_shared", "ref", "mod",
+                 "bound")
 
     def __init__(self, path: str, kernel: str, defines: dict | None = None, scalars: tuple = (), *,
                  grid: tuple, block: tuple, shared: int = 0, max_shared: int | None = None):
@@ -81,7 +83,7 @@ class Launch:
         self.block = tuple(int(b) for b in block) + (1,) * (3 - len(block))
         self.shared = int(shared)
         self.max_shared = None if max_shared is None else int(max_shared)   # the opt-in past 48 KB
-        self.ref = None
+        self.ref = self.mod = self.bound = None
 
     def module(self):
         if self.ref is None:
@@ -89,11 +91,14 @@ class Launch:
         return self.ref.get()
 
     def __call__(self, *tensors):
-        ref = self.ref or self._bind()
-        ref.get().kernel(self.kernel)(*tensors, *self.scalars, grid=self.grid, block=self.block, shared=self.shared,
-                                                  max_shared=self.max_shared)
+        mod = (self.ref or self._ref()).get()
+        if mod is not self.mod:          # the first call, or the file was edited: bind the new build
+            self.bound = mod.kernel(self.kernel).bind(self.scalars, self.grid, self.block, self.shared,
+                                                      self.max_shared)
+            self.mod = mod
+        self.bound(tensors)
 
-    def _bind(self):
+    def _ref(self):
         self.ref = module_ref(self.path, self.defines)
         return self.ref
 
