@@ -36,11 +36,18 @@ def card(name: str, fn, *args, **kwargs):
     return _committed(name)
 
 
+def torch_strict(fn, *args, **kwargs):
+    """fn(*args, **kwargs) as the book times torch: strict fp32 (TF32 off), cudnn.benchmark on."""
+    from .baselines import strict_fp32
+    with strict_fp32(benchmark=True):
+        return fn(*args, **kwargs)
+
+
 def torch_card(name: str, fn, *args, **kwargs):
-    """cl.profile_torch(...) on a GPU: the cuDNN/cuBLAS kernels torch's call ran; elsewhere the
-    committed card, or None."""
+    """cl.profile_torch of torch_strict(fn, ...) on a GPU: the cuDNN/cuBLAS kernels torch's call ran
+    (after a warm-up call that lets cudnn.benchmark choose); elsewhere the committed card, or None."""
     if _on_gpu():
-        return _P.profile_torch(fn, *args, name=name, **kwargs)
+        return _P.profile_torch(torch_strict, fn, *args, name=name, **kwargs)
     return _committed(name, torch=True)
 
 
@@ -108,3 +115,32 @@ def describe_mask_reads(counts: dict | None) -> str | None:
         return f"every one of its {n:,} FFMAs takes its mask value from the constant bank as an operand: no load"
     head = ("none of its" if direct == 0 else f"{direct:,} of its") + f" {n:,} FFMAs read the mask from the constant bank directly"
     return head + (f"; {loaded} load the mask values first" if loads else "")
+
+
+# The rows the chapters compare kernels on: what bounds each one.
+SUMMARY = [("duration (us)", "gpu__time_duration.sum"),
+           ("issue slots busy (%)", "smsp__issue_active.avg.pct_of_peak_sustained_active"),
+           ("DRAM throughput (% of peak)", "dram__throughput.avg.pct_of_peak_sustained_elapsed"),
+           ("SM throughput (% of peak)", "sm__throughput.avg.pct_of_peak_sustained_elapsed"),
+           ("tensor pipe busy (%)", "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active"),
+           ("registers per thread", "launch__registers_per_thread"),
+           ("theoretical occupancy (%)", "sm__maximum_warps_per_active_cycle_pct"),
+           ("achieved occupancy (%)", "sm__warps_active.avg.pct_of_peak_sustained_active"),
+           ("occupancy limited by", "launch__occupancy_limit_*"),
+           ("DRAM bytes read", "dram__bytes_read.sum"),
+           ("DRAM bytes written", "dram__bytes_write.sum"),
+           ("top warp stalls (cycles per issue)", "smsp__average_warps_issue_stalled_*_per_issue_active.ratio")]
+
+
+def table(columns: dict, rows=SUMMARY):
+    """One column per entry label -> (card, kernel name part or None), one row per (what, metric)
+    that some column has; None when no column has a card."""
+    import pandas as pd
+
+    from .profile import _fmt
+    cols = {label: [value(c, part, m) for _, m in rows] for label, (c, part) in columns.items() if c is not None}
+    if not cols:
+        return None
+    keep = [i for i in range(len(rows)) if any(v[i] is not None for v in cols.values())]
+    index = pd.MultiIndex.from_tuples([rows[i] for i in keep], names=["what", "ncu metric"])
+    return pd.DataFrame({k: [_fmt(v[i]) for i in keep] for k, v in cols.items()}, index=index)

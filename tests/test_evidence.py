@@ -53,3 +53,13 @@ def test_without_a_gpu_the_committed_card_or_one_line(tmp_path, monkeypatch, cap
     longest = evidence.kernel(card)
     assert longest.value("gpu__time_duration.sum") == max(k.value("gpu__time_duration.sum") for k in card.kernels)
     assert evidence.value(card, "no such kernel", "gpu__time_duration.sum") is None
+
+
+def test_committed_sass_is_compact_and_reads_the_same():
+    from convlab.sass import compact
+    text = (Path(__file__).parent / "data" / "sass" / "conv3d_coarse.sass").read_text()
+    small = compact(text)
+    assert "/* 0x" not in small and len(small) < len(text)
+    full, kept = parse_sass(text), parse_sass(small)
+    assert {k: [str(i) for i in v] for k, v in full.functions.items()} == \
+           {k: [str(i) for i in v] for k, v in kept.functions.items()}
