@@ -150,8 +150,8 @@ def conv3d_cube(x, w, y=None, *, stride: int = 1, padding: int = 0, TX: int | No
 def coarse_config(D: int, H: int, W: int, KD: int, KH: int, KW: int) -> dict:
     """Default tunables for conv3d_coarse, from the napkin math of the challenge shape (an H100/H200
     has 132 SMs; see the kernel's comment): TX=4 outputs per thread when the output rows are wider
-    than 64 (a warp covers 128 columns: Wo=124 wastes 3%), else 2 or 1; TY=1; BY=8 warps for tall volumes (measured below); ZC=32 output planes per block: (KZ-1)/ZC = 12.5% of the FMAs wasted on the
-    planes below z0, and 1 × 31 × 8 = 248 blocks of ~195 registers per thread: all resident at once
+    than 64 (a warp covers 128 columns: Wo=124 wastes 3%), else 2 or 1; TY=1; BY=8 warps for tall volumes (measured below); ZC=32 output planes per block: (KZ-1)/(ZC+KZ-1) = 11% of the planes read and the
+    FMAs wasted on the neighbouring blocks' outputs, and 1 × 31 × 8 = 248 blocks of ~195 registers per thread: all resident at once
     (two 128-thread blocks per SM). MASK_REGS=1: the mask in registers, when it and the accumulators
     stay within 200 values per thread (5×5×5: 125 + 20); larger masks from constant memory."""
     Do, Ho, Wo = D - KD + 1, H - KH + 1, W - KW + 1
