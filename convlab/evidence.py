@@ -32,7 +32,7 @@ def card(name: str, fn, *args, **kwargs):
     """cl.profile(fn, *args, name=name, **kwargs) on a GPU (a KernelProfile per kernel the call
     launches); elsewhere the card a GPU run committed under name, or None."""
     if _on_gpu():
-        return _P.profile(fn, *args, name=name, **kwargs)
+        return _measured(_P.profile, fn, *args, name=name, **kwargs)
     return _committed(name)
 
 
@@ -47,8 +47,18 @@ def torch_card(name: str, fn, *args, **kwargs):
     """cl.profile_torch of torch_strict(fn, ...) on a GPU: the cuDNN/cuBLAS kernels torch's call ran
     (after a warm-up call that lets cudnn.benchmark choose); elsewhere the committed card, or None."""
     if _on_gpu():
-        return _P.profile_torch(torch_strict, fn, *args, name=name, **kwargs)
+        return _measured(_P.profile_torch, torch_strict, fn, *args, name=name, **kwargs)
     return _committed(name, torch=True)
+
+
+def _measured(how, *args, **kwargs):
+    # where ncu is missing or refused, cl.profile falls back to the committed card; before the
+    # first one is committed that is an error, which here is one line and no card
+    try:
+        return how(*args, **kwargs)
+    except _P.ProfileUnavailable as e:
+        print(e)
+        return None
 
 
 def _committed(name: str, torch: bool = False):
