@@ -1,8 +1,8 @@
 // Chapter 7, step 2b: coarsening in a cube. Step 2's shared tile, each thread CX x CY x CZ outputs.
 //
-// The coarsening a write-up on this 3D challenge tried before walking down z (and measured no gain
-// from): keep step 2's kernel, but let every thread compute a small cube of outputs, so the same
-// threads cover a box CX*CY*CZ times larger.
+// The coarsening an article on 3D convolution (one of the course's sources) tried, and measured no
+// gain from: keep step 2's kernel, but let every thread compute a small cube of outputs, so the
+// same threads cover a box CX*CY*CZ times larger.
 //
 // What that changes: the halo is shared by more outputs. With the default 32 x 4 x 4 threads and
 // 2 x 2 x 2 outputs each, a block computes a 64 x 8 x 8 box of outputs from a 68 x 12 x 12 box of
