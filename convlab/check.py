@@ -31,14 +31,20 @@ class CheckResult:
     __repr__ = __str__
 
 
-def _where(idx, ndim):
-    names = {4: "(b,m,h,w)", 5: "(b,m,d,h,w)", 3: "(d,h,w)", 2: "(row,col)"}.get(ndim)
-    return f"{tuple(idx)}" + (f" {names}" if names else "")
+# The index names of an output, by its number of dimensions. A weight gradient is 4-D too but has
+# no image axes: pass index=DW_INDEX (its wrong elements are no pixels near an edge).
+INDEX = {4: ("b", "m", "h", "w"), 5: ("b", "m", "d", "h", "w"), 3: ("d", "h", "w"), 2: ("row", "col")}
+DW_INDEX = ("m", "c", "ky", "kx")
 
 
-def _edge_hint(bad: torch.Tensor, shape) -> str:
-    """A student's most common bug is at the border: say so when the bad outputs are all there."""
-    if len(shape) < 2 or bad.shape[0] == 0:
+def _where(idx, names):
+    return f"{tuple(idx)}" + (f" ({','.join(names)})" if names else "")
+
+
+def _edge_hint(bad: torch.Tensor, shape, names) -> str:
+    """A student's most common bug is at the border: say so when the bad outputs are all there
+    (outputs whose last two axes are an image's rows and columns only)."""
+    if len(shape) < 2 or bad.shape[0] == 0 or tuple(names or ())[-2:] != ("h", "w"):
         return ""
     h, w = bad[:, -2], bad[:, -1]
     H, W = shape[-2], shape[-1]
@@ -50,9 +56,11 @@ def _edge_hint(bad: torch.Tensor, shape) -> str:
 
 
 def check(out, ref, rtol: float | None = None, atol: float | None = None, name: str = "y",
-          raise_on_error: bool = True):
+          raise_on_error: bool = True, index: tuple | None = None):
     """Raise CheckError (or return it, with raise_on_error=False) unless |out-ref| <= atol + rtol*|ref|
-    everywhere. atol defaults to a fraction of the reference's RMS, by the output's dtype."""
+    everywhere. atol defaults to a fraction of the reference's RMS, by the output's dtype. index
+    names the output's axes in messages (default by its dimensions: (b,m,h,w) for 4-D; a weight
+    gradient takes index=("m", "c", "ky", "kx"), convlab.check.DW_INDEX)."""
     if not isinstance(out, torch.Tensor):
         out = torch.as_tensor(out)
     dt = out.dtype
@@ -62,6 +70,9 @@ def check(out, ref, rtol: float | None = None, atol: float | None = None, name: 
     if o.shape != r.shape:
         err = CheckError(f"{name}: shape {tuple(o.shape)} but the reference has shape {tuple(r.shape)}")
     else:
+        names = tuple(index) if index is not None else INDEX.get(o.dim())
+        if names is not None and len(names) != o.dim():
+            raise ValueError(f"index={names} names {len(names)} axes, but {name} has {o.dim()}")
         d_rtol, d_atol = _TOL.get(dt, (1e-4, 1e-4))
         rtol = d_rtol if rtol is None else rtol
         scale = float(r.pow(2).mean().sqrt()) if r.numel() else 1.0
@@ -80,8 +91,8 @@ def check(out, ref, rtol: float | None = None, atol: float | None = None, name: 
             idx = unwritten.nonzero()
             first = idx[0].tolist()
             msg = (f"{name}: {n_nan:,} of {n:,} outputs were never written (still NaN, as cl.empty left them), "
-                   f"first at {_where(first, o.dim())}. Does the grid cover every output, and does every "
-                   f"thread that should write reach its store?" + _edge_hint(idx, o.shape))
+                   f"first at {_where(first, names)}. Does the grid cover every output, and does every "
+                   f"thread that should write reach its store?" + _edge_hint(idx, o.shape, names))
             if n_bad > n_nan:
                 msg += f" Besides, {n_bad - n_nan:,} written outputs are wrong."
         else:
@@ -89,11 +100,11 @@ def check(out, ref, rtol: float | None = None, atol: float | None = None, name: 
             first = idx[0].tolist()
             worst = torch.where(bad, diff.nan_to_num(float("inf")), torch.zeros_like(diff))
             wi = list(divmod_index(int(worst.argmax()), o.shape))
-            msg = (f"{name}: {n_bad:,} of {n:,} outputs are wrong. First at {_where(first, o.dim())}: expected "
+            msg = (f"{name}: {n_bad:,} of {n:,} outputs are wrong. First at {_where(first, names)}: expected "
                    f"{r[tuple(first)].item():.6g}, got {o[tuple(first)].item():.6g}. Largest error "
-                   f"{float(worst.max()):.3g} at {_where(wi, o.dim())}: expected {r[tuple(wi)].item():.6g}, "
+                   f"{float(worst.max()):.3g} at {_where(wi, names)}: expected {r[tuple(wi)].item():.6g}, "
                    f"got {o[tuple(wi)].item():.6g}. (tolerance |err| <= {atol:.2g} + {rtol:.0e}*|expected|)"
-                   + _edge_hint(idx, o.shape))
+                   + _edge_hint(idx, o.shape, names))
         err = CheckError(msg)
     if raise_on_error:
         raise err

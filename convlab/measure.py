@@ -24,6 +24,7 @@ import torch
 
 from . import baselines, results
 from .book import progress
+from .check import DW_INDEX
 
 SAMPLED_IMAGES = 4
 
@@ -103,7 +104,7 @@ def check_output(impl, wl, t: dict, out, dtype: str = "fp32") -> None:
         _check(impl, wl, out[idx], ref, what, dtype, wl.M // wl.groups * wl.K * wl.Kw, derived=True)
     elif p == "dW":
         ref = torch.nn.grad.conv2d_weight(d(t["x"]), wl.w_shape, d(t["dy"]), **kw)
-        _check(impl, wl, out, ref, what, dtype, wl.B * wl.Ho * wl.Wo, derived=False)
+        _check(impl, wl, out, ref, what, dtype, wl.B * wl.Ho * wl.Wo, derived=False, index=DW_INDEX)
     else:
         y, dx, dw = out
         fake = lambda op: type(impl)(impl.name, impl.launcher, op=op)  # noqa: E731
@@ -115,12 +116,13 @@ def check_output(impl, wl, t: dict, out, dtype: str = "fp32") -> None:
 ROUNDING = {"fp32": (2.0 ** -24, 1e-4), "fp16": (2.0 ** -11, 1e-2)}   # unit roundoff, cl.check's share
 
 
-def _check(impl, wl, out, ref, what: str, dtype: str, length: int, derived: bool) -> None:
+def _check(impl, wl, out, ref, what: str, dtype: str, length: int, derived: bool, index=None) -> None:
     """cl.check against ref (fp64 of the inputs as the kernel got them). fp16 forward and dX: chapter
     6's derived bound (fp16.fp16_tolerance: half inputs, sums of `length` terms in half or float as
     the kernel keeps them (fp16.accumulation), the result rounded to half), far tighter than the
     generic one for float sums. fp32, and dW: _atol's generic bound (dW sums over the whole batch,
-    where the derived bound's term for a tensor core's truncating adds, length·2^-24, grows past it)."""
+    where the derived bound's term for a tensor core's truncating adds, length·2^-24, grows past it).
+    index: the names of out's axes in messages (dW: DW_INDEX)."""
     import convlab as cl
 
     if dtype == "fp16" and derived:
@@ -128,14 +130,20 @@ def _check(impl, wl, out, ref, what: str, dtype: str, length: int, derived: bool
 
         rtol, atol_rms = fp16_tolerance(max(length, 1), 1, accumulation(impl, wl), rounded_inputs=True)
         rms = float(ref.pow(2).mean().sqrt()) if ref.numel() else 1.0
-        cl.check(out, ref, name=what, rtol=rtol, atol=atol_rms * max(rms, 1e-30))
+        cl.check(out, ref, name=what, rtol=rtol, atol=atol_rms * max(rms, 1e-30), index=index)
     else:
-        cl.check(out, ref, name=what, atol=_atol(ref, dtype, length))
+        cl.check(out, ref, name=what, atol=_atol(ref, dtype, length), index=index)
 
 
 def _atol(ref, dtype: str, length: int) -> float:
     """The absolute tolerance: cl.check's default share of the reference's RMS, widened for long
-    reductions to what rounding alone reaches (a random walk of `length` roundings of size u)."""
+    reductions to what rounding alone reaches. An output that sums n = `length` products of zero
+    mean rounds its running sum n times; the k-th rounding is off by up to u (the unit roundoff)
+    times a sum of about sqrt(k/n) of the output's RMS. Independent, these errors add up to a
+    standard deviation of about u*sqrt(n/6) RMS; 8*u*sqrt(n) RMS is some 20 of them, enough for the
+    largest of millions of outputs and for any order of the sum (blocked or split sums only shrink
+    the running sums). It passes the fixed share for dW, whose elements sum B*Ho*Wo products
+    (days100: 65,536, resnet: 200,704); in fp32, never for the forward pass's C*K*K (at most 576)."""
     u, share = ROUNDING[dtype]
     rms = float(ref.pow(2).mean().sqrt()) if ref.numel() else 1.0
     return max(share, 8 * u * math.sqrt(length)) * max(rms, 1e-30)

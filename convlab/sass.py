@@ -24,7 +24,7 @@ from pathlib import Path
 from ._errors import CompileError, ConvlabError
 
 __all__ = ["sass", "parse_sass", "compile_cubin", "disassemble", "Sass", "Instruction", "SassUnavailable",
-           "SASS_DIR", "KEY_OPCODES"]
+           "SASS_DIR", "KEY_OPCODES", "compact"]
 
 SASS_DIR = "book/data/sass"
 
@@ -231,6 +231,19 @@ def disassemble(cubin: Path) -> str:
     return r.stdout
 
 
+def compact(text: str) -> str:
+    """cuobjdump's text without the instruction encodings (the /* 0x... */ columns and lines): what
+    parse_sass reads, at about a fifth of the size, for committing."""
+    out = []
+    for line in text.splitlines():
+        bare = re.sub(r"\s*/\*\s*0x[0-9a-f]+\s*\*/\s*$", "", line)
+        if _LINE.match(bare):
+            bare = "    " + re.sub(r"\s+", " ", bare.strip())      # the columns' padding too
+        if bare.strip() or not line.strip():
+            out.append(bare)
+    return "\n".join(out) + "\n"
+
+
 def committed(name: str) -> Sass | None:
     from . import book
     p = book.path(SASS_DIR) / f"{name}.sass"
@@ -242,6 +255,8 @@ def sass(path, defines: dict | None = None, *, name: str | None = None, arch: st
     kept in book/data/sass/NAME.sass, and shown from there where cuobjdump is missing."""
     with tempfile.TemporaryDirectory() as tmp:
         try:
+            if _tool("cuobjdump") is None:     # say so before a compile that could not be read
+                raise SassUnavailable("cuobjdump is not installed here (it comes with the CUDA toolkit, next to nvcc)")
             cubin = compile_cubin(path, Path(tmp) / "k.cubin", defines, arch)
             text = disassemble(cubin)
         except SassUnavailable as e:
@@ -256,5 +271,5 @@ def sass(path, defines: dict | None = None, *, name: str | None = None, arch: st
         from . import book
         d = book.path(SASS_DIR)
         d.mkdir(parents=True, exist_ok=True)
-        (d / f"{name}.sass").write_text(text)
+        (d / f"{name}.sass").write_text(compact(text))
     return parse_sass(text, f"nvcc -cubin -arch={arch} {Path(path).name} | cuobjdump --dump-sass")

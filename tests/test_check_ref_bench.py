@@ -32,6 +32,36 @@ def test_check_names_first_wrong_value():
     assert "1 of 16 outputs are wrong. First at (0, 0, 2, 1)" in str(e.value)
 
 
+def test_check_names_a_weight_gradients_axes_and_gives_no_edge_hint():
+    # dW (M, C, K, K) is 4-D like an image batch, but its last axes are mask taps, not pixels
+    ref = torch.randn(4, 3, 5, 5, dtype=torch.float64)
+    out = ref.float().clone()
+    out[:, :, 4, :] += 1.0          # the last mask row: a pixel edge in an image, not in a mask
+    with pytest.raises(cl.CheckError) as e:
+        cl.check(out, ref, index=("m", "c", "ky", "kx"))
+    msg = str(e.value)
+    assert "(0, 0, 4, 0) (m,c,ky,kx)" in msg and "(b,m,h,w)" not in msg
+    assert "edge" not in msg and "last row or column" not in msg
+    with pytest.raises(cl.CheckError) as e:
+        cl.check(out, ref)          # the same values as an image batch: the edge hint is right there
+    assert "(b,m,h,w)" in str(e.value) and "last row or column" in str(e.value)
+    with pytest.raises(ValueError, match="names 3 axes"):
+        cl.check(out, ref, index=("m", "c", "k"))
+
+
+def test_the_harness_checks_dw_with_its_own_axes():
+    from convlab import measure, workloads
+    from convlab.ops import Impl
+    wl = workloads.Workload("t", B=2, C=3, M=4, H=9, W=9, K=3)
+    t = measure.inputs(wl, "dW")
+    ref = torch.nn.grad.conv2d_weight(t["x"].double(), wl.w_shape, t["dy"].double())
+    bad = ref.float().clone()
+    bad[1, 2, 0, 1] += 10.0
+    impl = Impl("wrong dW", lambda x, dy, **k: bad, op="conv2d_dw")
+    with pytest.raises(cl.CheckError, match=r"\(1, 2, 0, 1\) \(m,c,ky,kx\)"):
+        measure.check_output(impl, wl, t, bad)
+
+
 def test_check_shape_and_no_raise():
     err = cl.check(torch.zeros(3), torch.zeros(4, dtype=torch.float64), raise_on_error=False)
     assert isinstance(err, cl.CheckError) and "shape" in str(err)

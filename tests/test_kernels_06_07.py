@@ -313,8 +313,10 @@ def _check3(y, ref, name):
 @pytest.mark.parametrize("fn, tunables", [
     (conv3d.conv3d_naive, {}),
     (conv3d.conv3d_tiled, {"TX": 16, "TY": 2, "TZ": 2}),
+    (conv3d.conv3d_cube, {}),
+    (conv3d.conv3d_cube, {"TX": 8, "TY": 2, "TZ": 3, "CX": 3, "CY": 1, "CZ": 2}),   # odd, uneven cubes
     (conv3d.conv3d_coarse, {}),
-], ids=["naive", "tiled", "coarse"])
+], ids=["naive", "tiled", "cube", "cube 3x1x2", "coarse"])
 def test_conv3d(fn, tunables, shape):
     x, w, y, ref = _case3(shape)
     assert fn(x, w, y, **tunables) is y
@@ -335,7 +337,8 @@ def test_conv3d_coarse_tunables(shape, tunables):
     _check3(y, ref, f"conv3d_coarse {tunables}")
 
 
-@pytest.mark.parametrize("fn", [conv3d.conv3d_naive, conv3d.conv3d_tiled, conv3d.conv3d_coarse, conv3d.conv3d_best])
+@pytest.mark.parametrize("fn", [conv3d.conv3d_naive, conv3d.conv3d_tiled, conv3d.conv3d_cube, conv3d.conv3d_coarse,
+                                conv3d.conv3d_best])
 def test_conv3d_takes_torch_5d_shapes(fn):
     x, w, y, ref = _case3((7, 10, 13, (3, 3, 3)), five_d=True)
     assert fn(x, w, y) is y and y.dim() == 5
@@ -356,7 +359,7 @@ def test_conv3d_coarse_on_views_that_are_not_16_byte_aligned():
 
 def test_conv3d_constant_mask_update_is_seen():
     """The launchers skip re-filling c_mask for the same weights, but not after they change."""
-    for kw in ({"fn": conv3d.conv3d_tiled}, {"fn": conv3d.conv3d_coarse, "MASK_REGS": 0}):
+    for kw in ({"fn": conv3d.conv3d_tiled}, {"fn": conv3d.conv3d_cube}, {"fn": conv3d.conv3d_coarse, "MASK_REGS": 0}):
         fn = kw.pop("fn")
         x, w, y, _ = _case3((6, 7, 9, (3, 3, 3)))
         fn(x, w, y, **kw)
@@ -375,6 +378,10 @@ def test_conv3d_refusals():
         conv3d.conv3d_coarse(x, cl.randn(3, 3, 3), TX=3)
     with pytest.raises(ValueError, match="48 KB"):
         conv3d.conv3d_tiled(cl.randn(16, 16, 16), cl.randn(15, 15, 15), TX=32, TY=8, TZ=4)
+    with pytest.raises(ValueError, match="48 KB"):
+        conv3d.conv3d_cube(cl.randn(16, 16, 16), cl.randn(5, 5, 5), CZ=4)
+    with pytest.raises(ValueError, match="at least one output"):
+        conv3d.conv3d_cube(x, cl.randn(3, 3, 3), CX=0)
     with pytest.raises(ValueError, match="registers"):
         conv3d.conv3d_coarse(cl.randn(9, 9, 9), cl.randn(7, 7, 7), MASK_REGS=1)
     with pytest.raises(ValueError, match="stride 1 and padding 0"):

@@ -7,6 +7,8 @@ y (D-KD+1, H-KH+1, W-KW+1). The launchers also take the 5-D torch shapes (1, 1, 
 - conv3d_naive: one thread per output, mask from global memory; sizes at run time.
 - conv3d_tiled: a 3D shared-memory tile with halo per block (TX×TY×TZ outputs), the mask in
   __constant__ memory, one output per thread.
+- conv3d_cube: step 2's kernel with CX×CY×CZ outputs per thread (a cube, a block's width apart),
+  the coarsening that keeps the shared load per FMA.
 - conv3d_coarse: warp-wide rows along x, TX×TY outputs per thread, each block walking ZC output
   planes down z with a rolling window of KZ accumulators per output; one input plane (with its x/y
   halo) in shared memory at a time, double-buffered; the mask in registers (MASK_REGS=1) or in
@@ -25,6 +27,7 @@ from ._kernels import Launch, remember, set_mask
 
 NAIVE_FILE = "kernels/07_conv3d/conv3d_naive.cu"
 TILED_FILE = "kernels/07_conv3d/conv3d_tiled.cu"
+CUBE_FILE = "kernels/07_conv3d/conv3d_cube.cu"
 COARSE_FILE = "kernels/07_conv3d/conv3d_coarse.cu"
 
 CONSTANT_FLOATS = 16384   # 64 KB of __constant__ memory
@@ -111,13 +114,44 @@ def conv3d_tiled(x, w, y=None, *, stride: int = 1, padding: int = 0, TX: int | N
     return y
 
 
+# ---- step 2b: step 2's tile, a cube of outputs per thread -----------------------------------------
+
+def conv3d_cube(x, w, y=None, *, stride: int = 1, padding: int = 0, TX: int | None = None,
+                TY: int | None = None, TZ: int | None = None, CX: int | None = None, CY: int | None = None,
+                CZ: int | None = None):
+    """TX×TY×TZ threads (default 32×4×4), each CX×CY×CZ outputs (default 2×2×2)."""
+    def build():
+        D, H, W, KD, KH, KW, Do, Ho, Wo, five = conv3d_shapes(x, w, stride, padding)
+        if KD * KH * KW > CONSTANT_FLOATS:
+            raise ValueError(f"the mask has {KD * KH * KW:,} values, over the {CONSTANT_FLOATS:,} of constant memory")
+        if min(t) < 1 or t[0] * t[1] * t[2] > 1024:
+            raise ValueError(f"a {t[0]}x{t[1]}x{t[2]} block: 1 to 1024 threads")
+        if min(c) < 1:
+            raise ValueError(f"CX, CY, CZ = {c}: at least one output per thread along each axis")
+        box = [t[i] * c[i] for i in range(3)]
+        if tiled_shared(*box, KD, KH, KW) > SHARED_DEFAULT_MAX:
+            raise ValueError(f"the input box of a {box[0]}x{box[1]}x{box[2]} output box with a {KD}x{KH}x{KW} "
+                             f"halo is over 48 KB: fewer threads or outputs per thread")
+        grid = (ceil_div(Wo, box[0]), ceil_div(Ho, box[1]), ceil_div(Do, box[2]))
+        defines = {"TX": t[0], "TY": t[1], "TZ": t[2], "CX": c[0], "CY": c[1], "CZ": c[2], "KZ": KD, "KY": KH, "KX": KW}
+        return _out_shape(Do, Ho, Wo, five), Launch(CUBE_FILE, "conv3d_cube", defines, (D, H, W), grid=grid, block=t)
+
+    t = tuple(int(d if v is None else v) for v, d in ((TX, 32), (TY, 4), (TZ, 4)))
+    c = tuple(int(2 if v is None else v) for v in (CX, CY, CZ))
+    shape, launch = remember(_plans, ("cube", x.shape, w.shape, stride, padding, t, c), build)
+    y = output(y, shape, x)
+    set_mask(launch.module(), w)
+    launch(x, y)
+    return y
+
+
 # ---- step 3: z coarsening, warp-wide rows, rolling window ------------------------------------------
 
 def coarse_config(D: int, H: int, W: int, KD: int, KH: int, KW: int) -> dict:
     """Default tunables for conv3d_coarse, from the napkin math of the challenge shape (an H100/H200
     has 132 SMs; see the kernel's comment): TX=4 outputs per thread when the output rows are wider
-    than 64 (a warp covers 128 columns: Wo=124 wastes 3%), else 2 or 1; TY=1; BY=8 warps for tall volumes (measured below); ZC=32 output planes per block: (KZ-1)/ZC = 12.5% of the FMAs wasted on the
-    planes below z0, and 1 × 31 × 8 = 248 blocks of ~195 registers per thread: all resident at once
+    than 64 (a warp covers 128 columns: Wo=124 wastes 3%), else 2 or 1; TY=1; BY=8 warps for tall volumes (measured below); ZC=32 output planes per block: (KZ-1)/(ZC+KZ-1) = 11% of the planes read and the
+    FMAs wasted on the neighbouring blocks' outputs, and 1 × 31 × 8 = 248 blocks of ~195 registers per thread: all resident at once
     (two 128-thread blocks per SM). MASK_REGS=1: the mask in registers, when it and the accumulators
     stay within 200 values per thread (5×5×5: 125 + 20); larger masks from constant memory."""
     Do, Ho, Wo = D - KD + 1, H - KH + 1, W - KW + 1
@@ -193,14 +227,17 @@ NAIVE = Impl("naive (one thread per output)", conv3d_naive, op="conv3d", applies
              config=lambda s: {"BX": 32, "BY": 4, "BZ": 2})
 TILED = Impl("shared tile with halo, const mask", conv3d_tiled, op="conv3d",
              applies=lambda s: _valid(s) and s.K ** 3 <= CONSTANT_FLOATS, config=lambda s: {"TX": 32, "TY": 4, "TZ": 4})
+CUBE = Impl("shared tile, a 2×2×2 cube per thread", conv3d_cube, op="conv3d",
+            applies=lambda s: _valid(s) and s.K ** 3 <= CONSTANT_FLOATS and tiled_shared(64, 8, 8, s.K, s.K, s.K)
+            <= SHARED_DEFAULT_MAX, config=lambda s: {"TX": 32, "TY": 4, "TZ": 4, "CX": 2, "CY": 2, "CZ": 2})
 COARSE = Impl("coarsened along z (rolling window)", conv3d_coarse, op="conv3d", applies=_valid, config=_config)
 #: The chapter's implementations, by the name the figures use.
-IMPLEMENTATIONS = (NAIVE, TILED, COARSE)
+IMPLEMENTATIONS = (NAIVE, TILED, CUBE, COARSE)
 
 
 def pick(shape: Workload) -> Impl:
     """The kernel a single-channel 3D layer gets: always the coarsened kernel, with coarse_config's
-    tunables (the other two are the steps towards it)."""
+    tunables (the others are the steps towards it)."""
     return COARSE
 
 

@@ -30,8 +30,11 @@
 //  - Edges: the tile's rows past H and columns past W feed only outputs that are never stored, so
 //    they are loaded from a clamped (in-bounds) address instead of being tested and zeroed: the
 //    loop has no branches around its loads.
-//  - The price of coarsening: a block's first KZ-1 planes feed outputs below z0 (another block's)
-//    and are wasted work, (KZ-1)/ZC of the total (12.5% at ZC=32); and fewer, longer-lived blocks.
+//  - The price of coarsening: a block reads ZC+KZ-1 input planes for its ZC output planes, and
+//    KZ-1 planes' worth of its work (filling the window at the start, and the contributions to
+//    planes past zend-1 at the end) feeds outputs of the neighbouring blocks: (KZ-1)/(ZC+KZ-1) of
+//    the planes read and of the FMAs are wasted (11% at ZC=32, 33% at ZC=8); and fewer,
+//    longer-lived blocks.
 //    The sweep over TX, TY, BY and ZC finds the balance on a given GPU.
 //
 // Layout: x (D,H,W), mask (KZ,KY,KX), y (Do,Ho,Wo), float32, valid cross-correlation, stride 1.

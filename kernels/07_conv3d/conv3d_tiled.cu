@@ -7,8 +7,10 @@
 // once per output that uses it (125 times for a 5x5x5 mask).
 //
 // The mask is in __constant__ memory and its size (KZ, KY, KX) is known at compile time, so the
-// tap loops unroll completely and every mask value is a constant-bank operand of its FFMA: no
-// load at all. What remains per FMA is one shared-memory load: the shared-memory pipe, not the
+// tap loops unroll completely and every mask index is a constant. ptxas could make each mask
+// value an operand of its FFMA (c[0x3][...]); on sm_90 (nvcc 13) it does not: it loads the values
+// into uniform registers first (ULDC, two at a time), and the FFMAs read those (chapter 7 shows
+// the SASS). What remains per FMA is one shared-memory load: the shared-memory pipe, not the
 // FMA pipe, is the limit here, which step 3 (conv3d_coarse.cu) addresses.
 //
 // The halo costs: with the default 32 x 4 x 4 box and a 5x5x5 mask, the block loads
