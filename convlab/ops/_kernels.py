@@ -93,10 +93,20 @@ class Launch:
     def __call__(self, *tensors):
         mod = (self.ref or self._ref()).get()
         if mod is not self.mod:          # the first call, or the file was edited: bind the new build
-            self.bound = mod.kernel(self.kernel).bind(self.scalars, self.grid, self.block, self.shared,
-                                                      self.max_shared)
-            self.mod = mod
+            self._bind(mod)
         self.bound(tensors)
+
+    def with_mask(self, w, *tensors, name: str = "c_mask"):
+        """set_mask(module, w, name), then launch: one look at the file for both."""
+        mod = (self.ref or self._ref()).get()
+        if mod is not self.mod:
+            self._bind(mod)
+        set_mask(mod, w, name)
+        self.bound(tensors)
+
+    def _bind(self, mod):
+        self.bound = mod.kernel(self.kernel).bind(self.scalars, self.grid, self.block, self.shared, self.max_shared)
+        self.mod = mod
 
     def _ref(self):
         self.ref = module_ref(self.path, self.defines)
