@@ -10,6 +10,7 @@
   a call then only checks its tensors (on a GPU, from a buffer with the scalars already packed).
 - set_mask(): fill a module's __constant__ mask, skipped when the same weights are already there
   (on the GPU each fill is a host round trip that would otherwise sit inside every timing);
+  Launch.with_mask(w, *tensors) does it for a kept launch, with the one os.stat of its call;
 - batch_chunks(): split a batch that would put more than 65,535 blocks on gridDim.y or z.
 """
 from __future__ import annotations
