@@ -396,6 +396,7 @@ def _backprop():
 
     return backprop
 
+
 def conv2d_general_dx(dy, w, dx=None, *, stride=1, padding=0, input_size, dilation=1, groups: int = 1):
     """dx of conv2d by kernels/09_general/conv2d_general_dx.cu (a gather: one thread per dx
     element, no atomics). input_size=(H, W): with stride > 1 several input sizes give dy's size."""
