@@ -222,9 +222,11 @@ def conv2d_wmma(xh, wh, y=None, *, stride: int = 1, padding: int = 0, BM: int | 
     """Step 3: implicit GEMM on tensor cores. Runs mask_to_tap_major first (counted in its time).
     Tunables left out come from wmma_config(M, C, K)."""
     _need_half(x=xh, w=wh)
-    shape, tap_major, wb_shape, launch = _wmma_plan(xh, wh, stride, padding, BM, BN, BK, WARPS_M, WARPS_N)
+    shape, tap_major, wt_shape, launch = _wmma_plan(xh, wh, stride, padding, BM, BN, BK, WARPS_M, WARPS_N)
     y = _half_out(y, shape, xh)
-    launch(xh, mask_to_tap_major(wh), y)
+    wt = _scratch(wt_shape, wh)
+    tap_major(wh, wt)       # mask_to_tap_major
+    launch(xh, wt, y)
     return y
 
 
