@@ -42,6 +42,8 @@ def tf32_setting() -> str:
 
 TORCH_BEST = "torch best"
 LAYOUTS = {"nchw": "torch (NCHW)", "channels_last": "torch (channels_last)"}
+#: float32 in and out through half (torch_baseline's conv2d_via_half, NCHW): chapter 6's torch row
+TORCH_VIA_HALF = "torch, float32 in and out: .half() + conv2d + .float()"
 TORCH_CACHE = "torch"       # book/data/torch.csv
 
 
@@ -95,6 +97,19 @@ def torch_rows(wl, pass_: str = "forward", dtype: str = "fp32", *, roof=None, re
     """Result rows for torch on one layer and pass: one per layout, then "torch best", the faster.
     Read from book/data/torch.csv when this GPU and torch version measured them there; otherwise
     measured now (a fresh process per layout) and added to it."""
+    mine = _cached_or_measured(wl, pass_, dtype, LAYOUTS, torch_op(wl, pass_), roof, refresh)
+    return mine + [best_of(mine)]
+
+
+def torch_via_half_row(wl, *, roof=None, refresh: bool = False) -> dict:
+    """torch on a float32 layer run in half, conversions included (TORCH_VIA_HALF): one row,
+    timed in a fresh process like torch_rows' and kept in book/data/torch.csv under its own name."""
+    return _cached_or_measured(wl, "forward", "fp32", {"nchw": TORCH_VIA_HALF}, "conv2d_via_half", roof, refresh)[0]
+
+
+def _cached_or_measured(wl, pass_, dtype, layouts: dict, op: str, roof, refresh) -> list:
+    """The rows of layouts (layout -> impl name) for one layer, pass and dtype: from the cache, or
+    measured by `op` and added to it."""
     import pandas as pd
 
     from . import results
@@ -103,15 +118,15 @@ def torch_rows(wl, pass_: str = "forward", dtype: str = "fp32", *, roof=None, re
     cached = results.load(TORCH_CACHE)
     if cached is not None and not refresh:
         hit = cached[(cached["workload"] == wl.name) & (cached["shape"] == wl.shape_text)
-                     & (cached["pass"] == pass_) & (cached["dtype"] == dtype) & (cached["kind"] == "torch")]
+                     & (cached["pass"] == pass_) & (cached["dtype"] == dtype) & (cached["kind"] == "torch")
+                     & cached["impl"].isin(list(layouts.values()))]
         for k, v in meta.items():
             hit = hit[hit[k].astype(str) == str(v)]
-        if len(hit) == len(LAYOUTS):
-            rows = hit.to_dict("records")
-            return rows + [best_of(rows)]
+        if len(hit) == len(layouts):
+            return hit.to_dict("records")
     rows = []
-    for layout, impl in LAYOUTS.items():
-        for m in measure_torch(wl, torch_op(wl, pass_), dtype, layout):
+    for layout, impl in layouts.items():
+        for m in measure_torch(wl, op, dtype, layout):
             r = results.row(wl, impl, results.Measured(m["ms"], m["p25"], m["p75"], m["caller_ms"], m["wall_ms"]),
                             kind="torch", pass_=m["pass"], dtype=dtype, layout=layout, roof=roof,
                             torch_kernels=" | ".join(m["kernels"]))
@@ -122,8 +137,7 @@ def torch_rows(wl, pass_: str = "forward", dtype: str = "fp32", *, roof=None, re
         new_keys = set(zip(fresh["workload"], fresh["pass"], fresh["dtype"], fresh["impl"]))
         keep = keep[[k not in new_keys for k in zip(keep["workload"], keep["pass"], keep["dtype"], keep["impl"])]]
         results.save(pd.concat([keep, fresh], ignore_index=True), TORCH_CACHE, quiet=True)
-    mine = [r for r in rows if r["pass"] == pass_]
-    return mine + [best_of(mine)]
+    return [r for r in rows if r["pass"] == pass_]
 
 
 def best_of(rows: list) -> dict:

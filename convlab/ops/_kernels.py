@@ -10,6 +10,7 @@
   a call then only checks its tensors (on a GPU, from a buffer with the scalars already packed).
 - set_mask(): fill a module's __constant__ mask, skipped when the same weights are already there
   (on the GPU each fill is a host round trip that would otherwise sit inside every timing);
+  Launch.with_mask(w, *tensors) does it for a kept launch, with the one os.stat of its call;
 - batch_chunks(): split a batch that would put more than 65,535 blocks on gridDim.y or z.
 """
 from __future__ import annotations
@@ -93,10 +94,20 @@ class Launch:
     def __call__(self, *tensors):
         mod = (self.ref or self._ref()).get()
         if mod is not self.mod:          # the first call, or the file was edited: bind the new build
-            self.bound = mod.kernel(self.kernel).bind(self.scalars, self.grid, self.block, self.shared,
-                                                      self.max_shared)
-            self.mod = mod
+            self._bind(mod)
         self.bound(tensors)
+
+    def with_mask(self, w, *tensors, name: str = "c_mask"):
+        """set_mask(module, w, name), then launch: one look at the file for both."""
+        mod = (self.ref or self._ref()).get()
+        if mod is not self.mod:
+            self._bind(mod)
+        set_mask(mod, w, name)
+        self.bound(tensors)
+
+    def _bind(self, mod):
+        self.bound = mod.kernel(self.kernel).bind(self.scalars, self.grid, self.block, self.shared, self.max_shared)
+        self.mod = mod
 
     def _ref(self):
         self.ref = module_ref(self.path, self.defines)

@@ -123,11 +123,14 @@ def _sms() -> int:
 def reduce_partials(partial, out, nparts: int, n: int, PARTS_Y: int | None = None):
     """out[i] = sum over j < nparts of partial[j*n + i], in a fixed order (kernels/08_backprop/reduce_partials.cu).
     PARTS_Y rows are read at once: 32 (blocks of 1,024 threads) for many rows, 8 for a few."""
-    parts_y = int(PARTS_Y or (32 if nparts >= 256 else 8))
-    launch = remember(_plans, ("reduce", nparts, n, parts_y), lambda: Launch(
-        REDUCE_FILE, "reduce_partials", {"PARTS_Y": parts_y}, (nparts, n), grid=(ceil_div(n, 32),), block=(32, parts_y)))
-    launch(partial, out)
+    _reduce_plan(nparts, n, PARTS_Y)(partial, out)
     return out
+
+
+def _reduce_plan(nparts: int, n: int, PARTS_Y: int | None = None) -> Launch:
+    parts_y = int(PARTS_Y or (32 if nparts >= 256 else 8))
+    return remember(_plans, ("reduce", nparts, n, parts_y), lambda: Launch(
+        REDUCE_FILE, "reduce_partials", {"PARTS_Y": parts_y}, (nparts, n), grid=(ceil_div(n, 32),), block=(32, parts_y)))
 
 
 # ---- dE/dX -------------------------------------------------------------------------------------
@@ -194,6 +197,18 @@ def conv2d_input_grad_gather(dy, w, dx=None, *, stride: int = 1, padding: int = 
     """dx by gather, no atomics (kernels/08_backprop/conv2d_dx_gather.cu). Tunables left out come from
     gather_config; mchunk: maps whose mask slice shared memory holds at once (default: as many as fit
     in 48 KB)."""
+    _check_in(dy, "dy")
+    _check_in(w, "w")
+    x_shape = _x_shape(dy, w, stride, padding, input_size)
+    launch = _gather_plan(dy, w, stride, padding, x_shape, CT, MV, ROWS, BLOCK, MIN_BLOCKS, mchunk)
+    dx = output(dx, x_shape, dy, name="dx")
+    launch(dy, w, dx)
+    return dx
+
+
+def _gather_plan(dy, w, stride, padding, x_shape, CT=None, MV=None, ROWS=None, BLOCK=None, MIN_BLOCKS=None,
+                 mchunk=None) -> Launch:
+    """The Launch of conv2d_dx_gather, worked out once per shape and tunables."""
     def build():
         B, C, M, H, W, K, Ho, Wo = grad_shapes(x_shape, w, dy, stride, padding)
         cfg = gather_config(C, M, K, stride, H)
@@ -220,14 +235,8 @@ def conv2d_input_grad_gather(dy, w, dx=None, *, stride: int = 1, padding: int = 
                       grid=(ceil_div(threads, block), ceil_div(C, ct), 1), block=(block,),
                       shared=chunk * KP * KP * ct * 4)
 
-    _check_in(dy, "dy")
-    _check_in(w, "w")
-    x_shape = _x_shape(dy, w, stride, padding, input_size)
-    launch = remember(_plans, ("dx_gather", dy.shape, w.shape, stride, padding, x_shape, CT, MV, ROWS, BLOCK,
-                               MIN_BLOCKS, mchunk), build)
-    dx = output(dx, x_shape, dy, name="dx")
-    launch(dy, w, dx)
-    return dx
+    return remember(_plans, ("dx_gather", dy.shape, w.shape, stride, padding, x_shape, CT, MV, ROWS, BLOCK,
+                             MIN_BLOCKS, mchunk), build)
 
 
 def flip_transpose(w, wt=None):
@@ -235,16 +244,30 @@ def flip_transpose(w, wt=None):
     _check_in(w, "w")
     M, C, K, _ = (int(s) for s in w.shape)
     wt = output(wt, (C, M, K, K), w, name="wt")
-    launch = remember(_plans, ("flip", w.shape), lambda: Launch(
-        FLIP_FILE, "mask_flip_transpose", None, (M, C, K), grid=(ceil_div(M * C * K * K, 256),), block=(256,)))
-    launch(w, wt)
+    _flip_plan(w)(w, wt)
     return wt
+
+
+def _flip_plan(w) -> Launch:
+    M, C, K, _ = (int(s) for s in w.shape)
+    return remember(_plans, ("flip", w.shape), lambda: Launch(
+        FLIP_FILE, "mask_flip_transpose", None, (M, C, K), grid=(ceil_div(M * C * K * K, 256),), block=(256,)))
 
 
 def conv2d_input_grad_forward(dy, w, dx=None, *, stride: int = 1, padding: int = 0, input_size=None):
     """dx as a forward convolution: chapter 5's pick for the transposed layer (M channels in, C maps
     out, so fused.gemm_config(C)'s tile for a GEMM) on dy with the flipped, transposed mask and
     padding K-1-padding. Stride 1 and padding <= K-1 only."""
+    _check_in(dy, "dy")
+    _check_in(w, "w")
+    x_shape = _x_shape(dy, w, stride, padding, input_size)
+    launcher, tunables, pad_t = _forward_plan(dy, w, stride, padding, x_shape)
+    dx = output(dx, x_shape, dy, name="dx")
+    return launcher(dy, flip_transpose(w), dx, stride=1, padding=pad_t, **tunables)
+
+
+def _forward_plan(dy, w, stride, padding, x_shape):
+    """(chapter 5's launcher, its tunables, the padding) for the transposed layer, once per shape."""
     def build():
         B, C, M, H, W, K, Ho, Wo = grad_shapes(x_shape, w, dy, stride, padding)
         if stride != 1:
@@ -257,12 +280,7 @@ def conv2d_input_grad_forward(dy, w, dx=None, *, stride: int = 1, padding: int =
         impl = fused.pick(shape)
         return impl.launcher, impl.config(shape), K - 1 - padding
 
-    _check_in(dy, "dy")
-    _check_in(w, "w")
-    x_shape = _x_shape(dy, w, stride, padding, input_size)
-    launcher, tunables, pad_t = remember(_plans, ("dx_forward", dy.shape, w.shape, stride, padding, x_shape), build)
-    dx = output(dx, x_shape, dy, name="dx")
-    return launcher(dy, flip_transpose(w), dx, stride=1, padding=pad_t, **tunables)
+    return remember(_plans, ("dx_forward", dy.shape, w.shape, stride, padding, x_shape), build)
 
 
 # ---- dE/dW -------------------------------------------------------------------------------------
@@ -301,15 +319,18 @@ def direct_dw_fits(C: int, M: int, K: int) -> bool:
     return C * K * K <= 64
 
 
-def _second_pass(launch, n, nparts, a, b, dw, final):
-    """Run a reduction kernel straight into dw (final="atomic") or into partial sums, then add those."""
+def _second_pass(launch, n, nparts, reduce, a, b, dw, final):
+    """Run a reduction kernel straight into dw (final="atomic", or a single part: its partial sums
+    are dw) or into partial sums, then add those with `reduce` (a reduce_partials Launch)."""
     if final == "atomic":
         dw.zero_()
+        launch(a, b, dw)
+    elif nparts == 1:
         launch(a, b, dw)
     else:
         partial = new_output((nparts * n,), dw)        # NaN under cl.debug and on the emulator
         launch(a, b, partial)
-        reduce_partials(partial, dw, nparts, n)
+        reduce(partial, dw)
     return dw
 
 
@@ -319,6 +340,21 @@ def conv2d_weight_grad_direct(x, dy, dw=None, *, stride: int = 1, padding: int =
     """dw by reduction (kernels/08_backprop/conv2d_dw_direct.cu). final="partials" (default): per-block
     sums, then reduce_partials (deterministic); final="atomic": each block atomicAdds its sums into dw.
     Tunables left out come from direct_dw_config; chunks: about 4 waves of resident blocks."""
+    _check_in(x, "x")
+    _check_in(dy, "dy")
+    final_ = final or "partials"
+    if final_ not in FINALS:
+        raise ValueError(f"final must be one of {FINALS}, got {final!r}")
+    w_shape = _w_shape(x, dy, stride, padding, kernel_size)
+    n, n_chunks, launch, reduce = _direct_dw_plan(x, dy, stride, padding, w_shape, MT, ROWS, BLOCK, MIN_BLOCKS,
+                                                  chunks, final_)
+    dw = output(dw, w_shape, x, name="dw")
+    return _second_pass(launch, n, n_chunks, reduce, x, dy, dw, final_)
+
+
+def _direct_dw_plan(x, dy, stride, padding, w_shape, MT=None, ROWS=None, BLOCK=None, MIN_BLOCKS=None, chunks=None,
+                    final_="partials"):
+    """(dw's elements, chunks, the Launch, its reduce_partials Launch) of conv2d_dw_direct, once per shape."""
     def build():
         B, C, M, H, W, K, Ho, Wo = grad_shapes(x, w_shape, dy, stride, padding)
         cfg = direct_dw_config(C, M, K, stride, Ho)
@@ -338,20 +374,12 @@ def conv2d_weight_grad_direct(x, dy, dw=None, *, stride: int = 1, padding: int =
             raise ValueError(f"{n_chunks} chunks x {pairs} (map group, channel) pairs: over the grid's x limit")
         defines = {"KSIZE": K, "STRIDE": stride, "MT": mt, "ROWS": rows, "BLOCK": block, "MIN_BLOCKS": min_blocks,
                    "FINAL_ATOMIC": int(final_ == "atomic")}
-        return M * C * K * K, n_chunks, Launch(DW_DIRECT_FILE, "conv2d_dw_direct", defines,
-                                               (B, C, M, H, W, padding, n_chunks), grid=(n_chunks * pairs,),
-                                               block=(block,))
+        n = M * C * K * K
+        return n, n_chunks, Launch(DW_DIRECT_FILE, "conv2d_dw_direct", defines, (B, C, M, H, W, padding, n_chunks),
+                                   grid=(n_chunks * pairs,), block=(block,)), _reduce_plan(n_chunks, n)
 
-    _check_in(x, "x")
-    _check_in(dy, "dy")
-    final_ = final or "partials"
-    if final_ not in FINALS:
-        raise ValueError(f"final must be one of {FINALS}, got {final!r}")
-    w_shape = _w_shape(x, dy, stride, padding, kernel_size)
-    n, n_chunks, launch = remember(_plans, ("dw_direct", x.shape, dy.shape, stride, padding, w_shape, MT, ROWS, BLOCK,
-                                            MIN_BLOCKS, chunks, final_), build)
-    dw = output(dw, w_shape, x, name="dw")
-    return _second_pass(launch, n, n_chunks, x, dy, dw, final_)
+    return remember(_plans, ("dw_direct", x.shape, dy.shape, stride, padding, w_shape, MT, ROWS, BLOCK, MIN_BLOCKS,
+                             chunks, final_), build)
 
 
 def gemm_dw_config(C: int, M: int, K: int) -> dict:
@@ -391,6 +419,20 @@ def conv2d_weight_grad_gemm(x, dy, dw=None, *, stride: int = 1, padding: int = 0
     """dw by split-K implicit GEMM (kernels/08_backprop/conv2d_dw_gemm.cu), then reduce_partials
     (final="partials", the default: deterministic) or block atomics (final="atomic"). Tiles left out
     come from gemm_dw_config; splits: about 2 x 2,048 resident threads per SM in all."""
+    _check_in(x, "x")
+    _check_in(dy, "dy")
+    final_ = final or "partials"
+    if final_ not in FINALS:
+        raise ValueError(f"final must be one of {FINALS}, got {final!r}")
+    w_shape = _w_shape(x, dy, stride, padding, kernel_size)
+    n, n_splits, launch, reduce = _gemm_dw_plan(x, dy, stride, padding, w_shape, BM, BN, BK, TM, TN, splits, final_)
+    dw = output(dw, w_shape, x, name="dw")
+    return _second_pass(launch, n, n_splits, reduce, x, dy, dw, final_)
+
+
+def _gemm_dw_plan(x, dy, stride, padding, w_shape, BM=None, BN=None, BK=None, TM=None, TN=None, splits=None,
+                  final_="partials"):
+    """(dw's elements, splits, the Launch, its reduce_partials Launch) of conv2d_dw_gemm, once per shape."""
     def build():
         B, C, M, H, W, K, Ho, Wo = grad_shapes(x, w_shape, dy, stride, padding)
         cfg = gemm_dw_config(C, M, K)
@@ -406,19 +448,12 @@ def conv2d_weight_grad_gemm(x, dy, dw=None, *, stride: int = 1, padding: int = 0
         n_per = ceil_div(ceil_div(N, n_splits), t["BK"]) * t["BK"]
         n_splits = ceil_div(N, n_per)
         defines = {**t, "KSIZE": K, "FINAL_ATOMIC": int(final_ == "atomic")}
-        return M * KD, n_splits, Launch(DW_GEMM_FILE, "conv2d_dw_gemm", defines, (B, C, M, H, W, padding, stride, n_per),
-                                        grid=(ceil_div(KD, t["BN"]), ceil_div(M, t["BM"]), n_splits), block=(nthreads,))
+        launch = Launch(DW_GEMM_FILE, "conv2d_dw_gemm", defines, (B, C, M, H, W, padding, stride, n_per),
+                        grid=(ceil_div(KD, t["BN"]), ceil_div(M, t["BM"]), n_splits), block=(nthreads,))
+        return M * KD, n_splits, launch, _reduce_plan(n_splits, M * KD)
 
-    _check_in(x, "x")
-    _check_in(dy, "dy")
-    final_ = final or "partials"
-    if final_ not in FINALS:
-        raise ValueError(f"final must be one of {FINALS}, got {final!r}")
-    w_shape = _w_shape(x, dy, stride, padding, kernel_size)
-    n, n_splits, launch = remember(_plans, ("dw_gemm", x.shape, dy.shape, stride, padding, w_shape, BM, BN, BK, TM,
-                                            TN, splits, final_), build)
-    dw = output(dw, w_shape, x, name="dw")
-    return _second_pass(launch, n, n_splits, x, dy, dw, final_)
+    return remember(_plans, ("dw_gemm", x.shape, dy.shape, stride, padding, w_shape, BM, BN, BK, TM, TN, splits,
+                             final_), build)
 
 
 # ---- the implementations and the picks -----------------------------------------------------------
@@ -468,30 +503,55 @@ _best: dict = {}
 
 
 def conv2d_input_grad_best(dy, w, dx=None, *, stride: int = 1, padding: int = 0, input_size=None):
-    """pick_input_grad()'s kernel for this shape, launched with its tunables."""
+    """pick_input_grad()'s kernel for this shape, launched with its tunables (the same launches as
+    pick_input_grad(shape)(dy, w, ...), kept per shape: one lookup per call)."""
+    _check_in(dy, "dy")
+    _check_in(w, "w")
     key = ("dx", dy.shape, w.shape, stride, padding, input_size)
     hit = _best.get(key)
     if hit is None:
-        B, C, H, W = _x_shape(dy, w, stride, padding, input_size)
-        shape = Workload("", B=B, C=C, M=int(w.shape[0]), H=H, W=W, K=int(w.shape[2]), stride=stride, padding=padding)
-        impl = pick_input_grad(shape)
-        hit = _best[key] = (impl.launcher, impl.config(shape), (H, W))
-    launcher, tunables, hw = hit
-    return launcher(dy, w, dx, stride=stride, padding=padding, input_size=hw, **tunables)
+        hit = _best[key] = _input_grad_best_plan(dy, w, stride, padding, input_size)
+    x_shape, launch, flip, wt_shape = hit
+    dx = output(dx, x_shape, dy, name="dx")
+    if flip is None:
+        launch(dy, w, dx)
+    else:                   # the forward of the flipped, transposed mask
+        wt = new_output(wt_shape, w)
+        flip(w, wt)
+        launch(dy, wt, dx)
+    return dx
+
+
+def _input_grad_best_plan(dy, w, stride, padding, input_size):
+    """(dx's shape, the convolution's Launch, the mask flip's Launch or None, the flipped mask's shape)."""
+    x_shape = _x_shape(dy, w, stride, padding, input_size)
+    B, C, H, W = x_shape
+    M, K = int(w.shape[0]), int(w.shape[2])
+    shape = Workload("", B=B, C=C, M=M, H=H, W=W, K=K, stride=stride, padding=padding)
+    impl = pick_input_grad(shape)
+    if impl is DX_GATHER:
+        return x_shape, _gather_plan(dy, w, stride, padding, x_shape, **impl.config(shape)), None, None
+    launcher, tunables, pad_t = _forward_plan(dy, w, stride, padding, x_shape)
+    wt = torch.empty((C, M, K, K), device="meta")         # only its shape is read
+    _, launch = fused._PLAN_OF[launcher](dy, wt, 1, pad_t, **tunables)
+    return x_shape, launch, _flip_plan(w), (C, M, K, K)
 
 
 def conv2d_weight_grad_best(x, dy, dw=None, *, stride: int = 1, padding: int = 0, kernel_size=None):
-    """pick_weight_grad()'s kernel for this shape, launched with its tunables."""
+    """pick_weight_grad()'s kernel for this shape, launched with its tunables (the same launches as
+    pick_weight_grad(shape)(x, dy, ...), kept per shape: one lookup per call)."""
+    _check_in(x, "x")
+    _check_in(dy, "dy")
     key = ("dw", x.shape, dy.shape, stride, padding, kernel_size)
     hit = _best.get(key)
     if hit is None:
-        M, C, K, _ = _w_shape(x, dy, stride, padding, kernel_size)
+        w_shape = M, C, K, _ = _w_shape(x, dy, stride, padding, kernel_size)
         B, _, H, W = _dims(x)
         shape = Workload("", B=B, C=C, M=M, H=H, W=W, K=K, stride=stride, padding=padding)
-        impl = pick_weight_grad(shape)
-        hit = _best[key] = (impl.launcher, impl.config(shape), K)
-    launcher, tunables, K = hit
-    return launcher(x, dy, dw, stride=stride, padding=padding, kernel_size=K, **tunables)
+        plan = _direct_dw_plan if pick_weight_grad(shape) is DW_DIRECT else _gemm_dw_plan
+        hit = _best[key] = (w_shape, *plan(x, dy, stride, padding, w_shape, **pick_weight_grad(shape).config(shape)))
+    w_shape, n, nparts, launch, reduce = hit
+    return _second_pass(launch, n, nparts, reduce, x, dy, output(dw, w_shape, x, name="dw"), "partials")
 
 
 # ---- autograd ----------------------------------------------------------------------------------

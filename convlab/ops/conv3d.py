@@ -23,7 +23,7 @@ from __future__ import annotations
 from .._limits import SHARED_DEFAULT_MAX
 from ..workloads import Workload
 from . import Impl, ceil_div, output
-from ._kernels import Launch, remember, set_mask
+from ._kernels import Launch, remember
 
 NAIVE_FILE = "kernels/07_conv3d/conv3d_naive.cu"
 TILED_FILE = "kernels/07_conv3d/conv3d_tiled.cu"
@@ -109,8 +109,7 @@ def conv3d_tiled(x, w, y=None, *, stride: int = 1, padding: int = 0, TX: int | N
     tx, ty, tz = int(TX or 32), int(TY or 4), int(TZ or 4)
     shape, launch = remember(_plans, ("tiled", x.shape, w.shape, stride, padding, tx, ty, tz), build)
     y = output(y, shape, x)
-    set_mask(launch.module(), w)
-    launch(x, y)
+    launch.with_mask(w, x, y)
     return y
 
 
@@ -189,6 +188,21 @@ def check_coarse_tunables(TX: int, TY: int, BY: int, ZC: int, KD: int, KH: int, 
 def conv3d_coarse(x, w, y=None, *, stride: int = 1, padding: int = 0, TX: int | None = None,
                   TY: int | None = None, BY: int | None = None, ZC: int | None = None, MASK_REGS: int | None = None):
     """Tunables left out come from coarse_config."""
+    shape, regs, launch = _coarse_plan(x, w, stride, padding, TX, TY, BY, ZC, MASK_REGS, _aligned16(x),
+                                       y is None or _aligned16(y))   # a new output starts an allocation
+    return _run_coarse(regs, launch, x, w, output(y, shape, x))
+
+
+def _run_coarse(regs, launch, x, w, y):
+    if regs:
+        launch(x, w, y)     # 5-D or 3-D: the kernels see the same contiguous data
+    else:
+        launch.with_mask(w, x, w, y)
+    return y
+
+
+def _coarse_plan(x, w, stride, padding, TX, TY, BY, ZC, MASK_REGS, x_aligned, y_aligned):
+    """(output shape, MASK_REGS, Launch) of conv3d_coarse, worked out once per shape, tunables and alignment."""
     def build():
         D, H, W, KD, KH, KW, Do, Ho, Wo, five = conv3d_shapes(x, w, stride, padding)
         cfg = coarse_config(D, H, W, KD, KH, KW)
@@ -202,15 +216,8 @@ def conv3d_coarse(x, w, y=None, *, stride: int = 1, padding: int = 0, TX: int | 
         return _out_shape(Do, Ho, Wo, five), regs, Launch(COARSE_FILE, "conv3d_coarse", defines, (D, H, W),
                                                           grid=grid, block=(32, by, 1))
 
-    x_aligned = _aligned16(x)
-    y_aligned = y is None or _aligned16(y)      # a new output starts at the start of an allocation
-    shape, regs, launch = remember(_plans, ("coarse", x.shape, w.shape, stride, padding, TX, TY, BY, ZC, MASK_REGS,
-                                            x_aligned, y_aligned), build)
-    y = output(y, shape, x)
-    if not regs:
-        set_mask(launch.module(), w)
-    launch(x, w, y)         # 5-D or 3-D: the kernels see the same contiguous data
-    return y
+    return remember(_plans, ("coarse", x.shape, w.shape, stride, padding, TX, TY, BY, ZC, MASK_REGS, x_aligned,
+                             y_aligned), build)
 
 
 # ---- the implementations and the dispatcher -------------------------------------------------------------
@@ -241,6 +248,17 @@ def pick(shape: Workload) -> Impl:
     return COARSE
 
 
+_best: dict = {}
+
+
 def conv3d_best(x, w, y=None, *, stride: int = 1, padding: int = 0):
-    """pick()'s kernel, launched: conv3d_coarse, whose tunables default to coarse_config's."""
-    return conv3d_coarse(x, w, y, stride=stride, padding=padding)
+    """pick()'s kernel, launched: conv3d_coarse with coarse_config's tunables (its plan kept per shape
+    and alignment of x: one lookup per call)."""
+    if y is not None:
+        return conv3d_coarse(x, w, y, stride=stride, padding=padding)
+    key = (x.shape, w.shape, stride, padding, _aligned16(x))
+    hit = _best.get(key)
+    if hit is None:
+        hit = _best[key] = _coarse_plan(x, w, stride, padding, None, None, None, None, None, key[4], True)
+    shape, regs, launch = hit
+    return _run_coarse(regs, launch, x, w, output(None, shape, x))

@@ -158,18 +158,30 @@ def _route(g, dtype: str):
     return impl.launcher, kw, "bias" in inspect.signature(impl.launcher).parameters
 
 
+_routes: dict = {}      # (shapes, dtype, plain arguments) -> _route's answer: a repeated call's one lookup
+
+
 def conv2d(x, w, y=None, *, stride=1, padding=0, dilation=1, groups: int = 1, bias=None):
     """y = conv2d(x, w, bias) by pick()'s kernel for the layer (x 4-D, float32 or float16, NCHW
     contiguous); stride, padding and dilation in any form torch takes."""
-    from .general import geometry
+    from .general import _plain, geometry
 
-    g = geometry(x.shape, w.shape, stride, padding, dilation, groups, None if bias is None else bias.shape)
-    dtype = DTYPE_NAMES.get(x.dtype)
-    if dtype is None:
-        raise TypeError(f"x is {x.dtype}: pick() has float32 and float16 kernels")
-    launcher, kw, takes_bias = _route(g, dtype)
-    if kw is None:
-        kw = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
+    b_shape = None if bias is None else bias.shape
+    key = (x.shape, w.shape, b_shape, x.dtype, stride, padding, dilation, groups)
+    plain = _plain(stride) and _plain(padding) and _plain(dilation) and _plain(groups)
+    hit = _routes.get(key) if plain else None
+    if hit is None:
+        g = geometry(x.shape, w.shape, stride, padding, dilation, groups, b_shape)
+        dtype = DTYPE_NAMES.get(x.dtype)
+        if dtype is None:
+            raise TypeError(f"x is {x.dtype}: pick() has float32 and float16 kernels")
+        launcher, kw, takes_bias = _route(g, dtype)
+        if kw is None:
+            kw = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
+        hit = (launcher, kw, takes_bias)
+        if plain:
+            _routes[key] = hit
+    launcher, kw, takes_bias = hit
     if takes_bias:
         return launcher(x, w, y, bias=bias, **kw)
     y = launcher(x, w, y, **kw)

@@ -110,11 +110,15 @@ def mask_to_tap_major(wh, out=None):
     _need_half(w=wh)
     M, C, K, _ = (int(s) for s in wh.shape)
     out = _scratch((M, K, K, C), wh) if out is None else out
-    launch = remember(_plans, ("tap_major", wh.shape), lambda: Launch(
+    _tap_major_plan(wh)(wh, out)
+    return out
+
+
+def _tap_major_plan(wh) -> Launch:
+    M, C, K, _ = (int(s) for s in wh.shape)
+    return remember(_plans, ("tap_major", wh.shape), lambda: Launch(
         CONVERT_FILE, "mask_to_tap_major", {"BLOCK": CONVERT_BLOCK}, (M, C, K * K),
         grid=(ceil_div(M * C * K * K, CONVERT_BLOCK),), block=(CONVERT_BLOCK,)))
-    launch(wh, out)
-    return out
 
 
 # ---- steps 1 and 2: direct convolution in half, then half2 -----------------------------------------
@@ -217,6 +221,18 @@ def conv2d_wmma(xh, wh, y=None, *, stride: int = 1, padding: int = 0, BM: int | 
                 WARPS_N: int | None = None):
     """Step 3: implicit GEMM on tensor cores. Runs mask_to_tap_major first (counted in its time).
     Tunables left out come from wmma_config(M, C, K)."""
+    _need_half(x=xh, w=wh)
+    shape, tap_major, wt_shape, launch = _wmma_plan(xh, wh, stride, padding, BM, BN, BK, WARPS_M, WARPS_N)
+    y = _half_out(y, shape, xh)
+    wt = _scratch(wt_shape, wh)
+    tap_major(wh, wt)       # mask_to_tap_major
+    launch(xh, wt, y)
+    return y
+
+
+def _wmma_plan(xh, wh, stride, padding, BM=None, BN=None, BK=None, WARPS_M=None, WARPS_N=None):
+    """(output shape, the mask reorder's Launch, the reordered mask's shape, the convolution's Launch)
+    of conv2d_wmma, once per shape and tunables."""
     def build():
         B, C, M, H, W, K, Ho, Wo = conv2d_shapes(xh, wh, stride, padding)
         cfg = wmma_config(M, C, K)
@@ -225,16 +241,11 @@ def conv2d_wmma(xh, wh, y=None, *, stride: int = 1, padding: int = 0, BM: int | 
         check_wmma_tunables(**t)
         N = B * Ho * Wo
         defines = {**t, "C_IN": C, "M_OUT": M, "IN_H": H, "IN_W": W, "KSIZE": K, "PAD": padding, "STRIDE": stride}
-        return (B, M, Ho, Wo), Launch(WMMA_FILE, "conv2d_wmma", defines, (B,),
-                                      grid=(ceil_div(N, t["BN"]), ceil_div(M, t["BM"]), 1),
-                                      block=(32 * t["WARPS_M"] * t["WARPS_N"], 1, 1))
+        return (B, M, Ho, Wo), _tap_major_plan(wh), (M, K, K, C), Launch(
+            WMMA_FILE, "conv2d_wmma", defines, (B,), grid=(ceil_div(N, t["BN"]), ceil_div(M, t["BM"]), 1),
+            block=(32 * t["WARPS_M"] * t["WARPS_N"], 1, 1))
 
-    _need_half(x=xh, w=wh)
-    shape, launch = remember(_plans, ("wmma", xh.shape, wh.shape, stride, padding, BM, BN, BK, WARPS_M, WARPS_N),
-                             build)
-    y = _half_out(y, shape, xh)
-    launch(xh, mask_to_tap_major(wh), y)
-    return y
+    return remember(_plans, ("wmma", xh.shape, wh.shape, stride, padding, BM, BN, BK, WARPS_M, WARPS_N), build)
 
 
 # ---- step 4: WMMA for few channels, no im2col ---------------------------------------------------------
@@ -286,6 +297,18 @@ def conv2d_wmma_smallc(xh, wh, y=None, *, stride: int = 1, padding: int = 0, WAR
     """Step 4: tensor cores straight from an input tile in shared memory (1 <= C <= 8, stride 1).
     Runs smallc_mask first (the mask as B matrices; counted in its time). WARPS and BAND left out
     come from smallc_config."""
+    _need_half(x=xh, w=wh)
+    shape, mask, wb_shape, conv = _smallc_plan(xh, wh, stride, padding, WARPS, BAND)
+    y = _half_out(y, shape, xh)
+    wb = _scratch(wb_shape, xh)
+    mask(wh, wb)
+    conv(xh, wb, y)
+    return y
+
+
+def _smallc_plan(xh, wh, stride, padding, WARPS=None, BAND=None):
+    """(output shape, smallc_mask's Launch, its output's shape, the convolution's Launch) of
+    conv2d_wmma_smallc, once per shape and tunables."""
     def build():
         B, C, M, H, W, K, Ho, Wo = conv2d_shapes(xh, wh, stride, padding)
         if stride != 1:
@@ -305,15 +328,9 @@ def conv2d_wmma_smallc(xh, wh, y=None, *, stride: int = 1, padding: int = 0, WAR
         mask = Launch(SMALLC_FILE, "smallc_mask", defines, grid=(ceil_div(nb, 256),), block=(256,))
         conv = Launch(SMALLC_FILE, "conv2d_wmma_smallc", defines, (B,), grid=(B * ceil_div(Ho, cfg["BAND"]), groups, 1),
                       block=(32 * cfg["WARPS"], 1, 1))
-        return (B, M, Ho, Wo), nb, mask, conv
+        return (B, M, Ho, Wo), mask, (nb,), conv
 
-    _need_half(x=xh, w=wh)
-    shape, nb, mask, conv = remember(_plans, ("smallc", xh.shape, wh.shape, stride, padding, WARPS, BAND), build)
-    y = _half_out(y, shape, xh)
-    wb = _scratch((nb,), xh)
-    mask(wh, wb)
-    conv(xh, wb, y)
-    return y
+    return remember(_plans, ("smallc", xh.shape, wh.shape, stride, padding, WARPS, BAND), build)
 
 
 # ---- the implementations, the dispatcher and the whole float32 -> float32 path ---------------------------
@@ -351,16 +368,26 @@ def pick(shape: Workload) -> Impl:
 _best: dict = {}
 
 
+_PLAN_OF = {conv2d_wmma_smallc: _smallc_plan, conv2d_wmma: _wmma_plan}
+
+
 def conv2d_fp16_best(xh, wh, y=None, *, stride: int = 1, padding: int = 0):
-    """pick()'s kernel for this shape, launched with its tunables (half in, half out)."""
+    """pick()'s kernel for this shape, launched with its tunables (half in, half out): the same
+    launches as pick(shape)(xh, wh, ...), kept per shape, one lookup per call."""
+    if xh.dtype is not torch.float16 or wh.dtype is not torch.float16:
+        _need_half(x=xh, w=wh)
     key = (xh.shape, wh.shape, stride, padding)
     hit = _best.get(key)
     if hit is None:
         shape = Workload.of(xh, wh, stride=stride, padding=padding)
         impl = pick(shape)
-        hit = _best[key] = (impl.launcher, impl.config(shape))
-    launcher, tunables = hit
-    return launcher(xh, wh, y, stride=stride, padding=padding, **tunables)
+        hit = _best[key] = _PLAN_OF[impl.launcher](xh, wh, stride, padding, **impl.config(shape))
+    out_shape, prep, wb_shape, conv = hit
+    y = _half_out(y, out_shape, xh)
+    wb = _scratch(wb_shape, wh)
+    prep(wh, wb)            # the mask in the kernel's layout, in every call's time
+    conv(xh, wb, y)
+    return y
 
 
 def conv2d_fp16(x, w, y=None, *, stride: int = 1, padding: int = 0, impl=None, **tunables):

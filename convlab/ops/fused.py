@@ -20,7 +20,7 @@ from __future__ import annotations
 from .._limits import SHARED_DEFAULT_MAX
 from ..workloads import Workload
 from . import Impl, ceil_div, conv2d_shapes, output
-from ._kernels import Launch, batch_chunks, remember, set_mask
+from ._kernels import Launch, batch_chunks, remember
 
 IMPLICIT_GEMM_FILE = "kernels/05_fused/conv2d_implicit_gemm.cu"
 IMPLICIT_GEMM_REG_FILE = "kernels/05_fused/conv2d_implicit_gemm_reg.cu"
@@ -153,8 +153,7 @@ def conv2d_direct_coarse(x, w, y=None, *, stride: int = 1, padding: int = 0, ROW
 
     shape, launch = remember(_plans, ("coarse", x.shape, w.shape, stride, padding, ROWS, BLOCK), build)
     y = output(y, shape, x)
-    set_mask(launch.module(), w)
-    launch(x, y)
+    launch.with_mask(w, x, y)
     return y
 
 

@@ -146,10 +146,29 @@ def _geometry_of(key: tuple) -> Geometry:
                     d[0], d[1], groups)
 
 
+def _plain(v) -> bool:
+    """An argument whose value alone says what torch makes of it: an int, a str, None, a shape, a
+    tuple of ints (True or 1.0 equal 1 and hash alike, but torch takes them differently)."""
+    t = type(v)
+    return t is int or t is str or v is None or t is torch.Size or (t is tuple and all(type(e) is int for e in v))
+
+
+_plain_geometry: dict = {}      # plain arguments, as given -> Geometry: a repeated call's one lookup
+
+
 def _geometry(x_shape, w_shape, b_shape, stride, padding, dilation, groups) -> Geometry:
     """Geometry, cached by the arguments' values and types; _TorchMustAnswer (or TypeError for
     unhashable arguments) where torch must answer."""
-    return _geometry_of(tuple(_key(v) for v in (x_shape, w_shape, b_shape, stride, padding, dilation, groups)))
+    args = (x_shape, w_shape, b_shape, stride, padding, dilation, groups)
+    plain = all(map(_plain, args))
+    if plain:
+        g = _plain_geometry.get(args)
+        if g is not None:
+            return g
+    g = _geometry_of(tuple(_key(v) for v in args))
+    if plain:
+        _plain_geometry[args] = g
+    return g
 
 
 def geometry(x_shape, w_shape, stride=1, padding=0, dilation=1, groups=1, bias_shape=None) -> Geometry:
@@ -367,6 +386,17 @@ def conv2d_forward(x, w, y=None, *, stride=1, padding=0, dilation=1, groups: int
 
 # ---- dE/dX -------------------------------------------------------------------------------------
 
+# (the gradient's tensors' shapes and dtype, the plain arguments as given) -> chapter 8's arguments,
+# for the layers course_applies takes: a repeated backward's one lookup
+_course_grads: dict = {}
+
+
+def _backprop():
+    from . import backprop      # imports this module: imported on first use
+
+    return backprop
+
+
 def conv2d_general_dx(dy, w, dx=None, *, stride=1, padding=0, input_size, dilation=1, groups: int = 1):
     """dx of conv2d by kernels/09_general/conv2d_general_dx.cu (a gather: one thread per dx
     element, no atomics). input_size=(H, W): with stride > 1 several input sizes give dy's size."""
@@ -406,12 +436,17 @@ def conv2d_input_grad(dy, w, dx=None, *, stride=1, padding=0, input_size, dilati
     """The dx the drop-in runs: chapter 8's best dX where course_applies, conv2d_depthwise on dy with
     the flipped mask where depthwise_dx_padding allows (MobileNet/ConvNeXt layers), else
     conv2d_general_dx."""
+    key = ("dx", dy.shape, w.shape, dy.dtype, input_size, stride, padding, dilation, groups)
+    plain = all(map(_plain, key[4:]))
+    hit = _course_grads.get(key) if plain else None
+    if hit is not None:                 # a repeated call of a layer chapter 8's kernels take
+        return _backprop().conv2d_input_grad_best(dy, w, dx, stride=hit[0], padding=hit[1], input_size=hit[2])
     H, W = (int(s) for s in _two(input_size))
     g = geometry((dy.shape[0], w.shape[1] * groups, H, W), w.shape, stride, padding, dilation, groups)
     if course_applies(g, dy.dtype):
-        from .backprop import conv2d_input_grad_best
-
-        return conv2d_input_grad_best(dy, w, dx, stride=g.sh, padding=g.ph, input_size=(H, W))
+        if plain:
+            _course_grads[key] = (g.sh, g.ph, (H, W))
+        return _backprop().conv2d_input_grad_best(dy, w, dx, stride=g.sh, padding=g.ph, input_size=(H, W))
     pad = depthwise_dx_padding(g)
     if pad is not None and depthwise_applies(g):
         return conv2d_depthwise(dy, torch.flip(w, (2, 3)), dx, padding=pad, dilation=(g.dh, g.dw), groups=g.C)
@@ -476,12 +511,17 @@ def conv2d_general_dw(x, dy, dw=None, *, stride=1, padding=0, kernel_size, dilat
 
 def conv2d_weight_grad(x, dy, dw=None, *, stride=1, padding=0, kernel_size, dilation=1, groups: int = 1):
     """The dw the drop-in runs: chapter 8's best dW where course_applies, else conv2d_general_dw."""
+    key = ("dw", x.shape, dy.shape, x.dtype, kernel_size, stride, padding, dilation, groups)
+    plain = all(map(_plain, key[4:]))
+    hit = _course_grads.get(key) if plain else None
+    if hit is not None:
+        return _backprop().conv2d_weight_grad_best(x, dy, dw, stride=hit[0], padding=hit[1], kernel_size=hit[2])
     Kh, Kw = (int(k) for k in _two(kernel_size))
     g = geometry(x.shape, (dy.shape[1], x.shape[1] // groups, Kh, Kw), stride, padding, dilation, groups)
     if course_applies(g, x.dtype):
-        from .backprop import conv2d_weight_grad_best
-
-        return conv2d_weight_grad_best(x, dy, dw, stride=g.sh, padding=g.ph, kernel_size=Kh)
+        if plain:
+            _course_grads[key] = (g.sh, g.ph, Kh)
+        return _backprop().conv2d_weight_grad_best(x, dy, dw, stride=g.sh, padding=g.ph, kernel_size=Kh)
     return conv2d_general_dw(x, dy, dw, stride=stride, padding=padding, kernel_size=(Kh, Kw), dilation=dilation,
                              groups=groups)
 

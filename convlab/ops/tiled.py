@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from .._limits import GRID_YZ_MAX, SHARED_DEFAULT_MAX
 from . import Impl, ceil_div, conv2d_shapes, output
-from ._kernels import Launch, batch_chunks, remember, set_mask
+from ._kernels import Launch, batch_chunks, remember
 
 MULTI_PASS_FILE = "kernels/03_tiled/conv2d_tiled_halo_multi_pass.cu"
 INPUT_BLOCK_FILE = "kernels/03_tiled/conv2d_tiled_input_block.cu"
@@ -51,12 +51,11 @@ def _run(plan, x, w, y, mask):
     shape, launches = plan
     y = output(y, shape, x)
     for b0, b1, launch in launches:
+        xs, ys = (x, y) if len(launches) == 1 else (x[b0:b1], y[b0:b1])
         if mask == "constant":
-            set_mask(launch.module(), w)
-        if len(launches) == 1:
-            launch(x, w, y)
+            launch.with_mask(w, xs, w, ys)
         else:
-            launch(x[b0:b1], w, y[b0:b1])
+            launch(xs, w, ys)
     return y
 
 
