@@ -280,12 +280,20 @@ def _depthwise_tile(g: Geometry, OY: int, BX: int | None = None, BY: int | None 
     return BX, BY, BZ, BZ * shared(BY)
 
 
+#: Output maps of at least TALL_MAP rows take OY=16 rows a thread, others OY=8. From
+#: benchmarks/depthwise_layers.py on an H200 (MobileNetV2 and ConvNeXt depthwise layers, fp32 and
+#: fp16): OY=16 was the fastest on the 3x3 layers of 56x56 outputs, OY=8 on 14x14 maps and at
+#: stride 2 (28x28 outputs); between the two at 28x28 and on the 7x7 masks (float32 and float16
+#: disagreeing); both well ahead of OY=4 (each strip re-reads Kh-1 input rows: a taller strip
+#: re-reads fewer, but cuts a short map into too few blocks).
+TALL_MAP = 48
+
+
 def depthwise_config(g: Geometry) -> dict:
-    """Default tunables of conv2d_depthwise: OY=4 output rows per thread for masks up to 3 rows
-    (3x3: 18 shared loads per 36 FMAs), 8 for taller ones (7x7: 98 loads per 392 FMAs), and the
-    block of _depthwise_tile. OY is not cut to a small Ho: it is compiled in, and one variant per
-    mask serves every plane size."""
-    OY = 4 if g.Kh <= 3 else 8
+    """Default tunables of conv2d_depthwise: OY output rows per thread (16 on maps of TALL_MAP
+    rows or more, else 8), and the block of _depthwise_tile. OY is compiled in: one variant per
+    mask and map height class serves every plane size."""
+    OY = 16 if g.Ho >= TALL_MAP else 8
     BX, BY, BZ, _ = _depthwise_tile(g, OY)
     return {"OY": OY, "BX": BX, "BY": BY, "BZ": BZ}
 
