@@ -411,11 +411,15 @@ def depthwise_dx_padding(g: Geometry) -> tuple | None:
 
 
 def conv2d_input_grad(dy, w, dx=None, *, stride=1, padding=0, input_size, dilation=1, groups: int = 1):
-    """The dx the drop-in runs: chapter 8's best dX where course_applies, conv2d_depthwise on dy with
-    the flipped mask where depthwise_dx_padding allows (MobileNet/ConvNeXt layers), else
-    conv2d_general_dx."""
+    """The dx the drop-in runs: the fp32 implicit GEMM's dX where igemm_dx_applies, chapter 8's best
+    dX where course_applies, conv2d_depthwise on dy with the flipped mask where depthwise_dx_padding
+    allows (MobileNet/ConvNeXt layers), else conv2d_general_dx."""
     H, W = (int(s) for s in _two(input_size))
     g = geometry((dy.shape[0], w.shape[1] * groups, H, W), w.shape, stride, padding, dilation, groups)
+    if dy.dtype == torch.float32 and igemm_dx_applies(g):
+        from .igemm import conv2d_igemm_f32_dx
+
+        return conv2d_igemm_f32_dx(dy, w, dx, padding=g.ph, input_size=(H, W))
     if course_applies(g, dy.dtype):
         from .backprop import conv2d_input_grad_best
 
@@ -425,6 +429,19 @@ def conv2d_input_grad(dy, w, dx=None, *, stride=1, padding=0, input_size, dilati
         return conv2d_depthwise(dy, torch.flip(w, (2, 3)), dx, padding=pad, dilation=(g.dh, g.dw), groups=g.C)
     return conv2d_general_dx(dy, w, dx, stride=stride, padding=padding, input_size=(H, W), dilation=dilation,
                              groups=groups)
+
+
+def igemm_dx_applies(g: Geometry) -> bool:
+    """A stride-1 plain layer (padding at most K-1) whose dX, itself a convolution of dy by the
+    flipped mask (M channels to C maps), the dispatcher gives to the fp32 implicit GEMM. Its dX was
+    faster than torch's on the layers benchmarks/f32_layers.py measured; its dW was not, so dW
+    stays on conv2d_weight_grad's kernels."""
+    from . import dispatch, igemm
+
+    shape = dispatch._workload_of(g)
+    if not (shape.plain and (shape.Ho, shape.Wo) == (g.Ho, g.Wo) and igemm.IGEMM_F32_DX.applies(shape)):
+        return False
+    return dispatch.pick(igemm.dx_workload(shape), "fp32") is igemm.IGEMM_F32
 
 
 # ---- dE/dW -------------------------------------------------------------------------------------
@@ -533,7 +550,8 @@ class Conv2dFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, w, bias, stride, padding, dilation, groups):
-        y = conv2d_forward(x.contiguous(), w.contiguous(), stride=stride, padding=padding, dilation=dilation,
+        # x as given: the dispatcher makes it NCHW contiguous, or keeps channels_last for its NHWC kernels
+        y = conv2d_forward(x, w.contiguous(), stride=stride, padding=padding, dilation=dilation,
                            groups=groups, bias=None if bias is None else bias.contiguous())
         ctx.save_for_backward(x, w)          # the inputs themselves: second derivatives flow back to them
         ctx.conf = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)

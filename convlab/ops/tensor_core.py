@@ -134,7 +134,7 @@ def preference(shape: Workload, sms: int = SMS) -> tuple:
     """The tiles mma_config tries for a layer, best first (the PREFERENCE tuples: which kind of
     layer gets which, and the measured reason)."""
     P, M = shape.B * shape.Ho * shape.Wo, shape.M
-    K = shape.K * shape.K * ceil_div(shape.C, 8) * 8
+    K = shape.K * shape.Kw * ceil_div(shape.C, 8) * 8
     if shape.C < 8:
         return PREFERENCE_FEW_CHANNELS
     if K <= 64 and M > 64:
@@ -150,7 +150,7 @@ def mma_config(shape: Workload, sms: int = SMS) -> dict:
     else the one with the most blocks (7x7 maps: few pixels, where even a 128x64 tile leaves SMs
     idle without a split)."""
     P = shape.B * shape.Ho * shape.Wo
-    K = shape.K * shape.K * ceil_div(shape.C, 8) * 8
+    K = shape.K * shape.Kw * ceil_div(shape.C, 8) * 8
     options = [dict(CANDIDATES[n], SPLIT_K=split_k(P, shape.M, K, CANDIDATES[n], sms)) for n in preference(shape, sms)]
     for t in options:
         if _blocks(P, shape.M, t) * t["SPLIT_K"] >= BLOCKS_PER_SM * sms:
@@ -242,7 +242,8 @@ def _plan(x_shape, w_shape, stride, padding, dilation, tunables):
     for name, n in (("x", B * H * W * C8), ("y", P * M), ("w", M * Kh * Kw * C8)):
         if n > INT32_MAX // 2:
             raise ValueError(f"{name} has {n:,} elements: too many for the kernel's int indices; split the batch")
-    cfg = mma_config(Workload("", B=B, C=C, M=M, H=H, W=W, K=max(Kh, Kw), stride=sh, padding=ph))
+    cfg = mma_config(Workload("", B=B, C=C, M=M, H=H, W=W, K=(Kh, Kw), stride=(sh, sw), padding=(ph, pw),
+                              dilation=(dh, dw)))
     t = {k: int(tunables[k]) if tunables.get(k) is not None else cfg[k] for k in TUNABLES}
     if tunables.get("SPLIT_K") is None and any(tunables.get(k) is not None for k in TILE):
         t["SPLIT_K"] = 1                 # mma_config's split was for its own tile
@@ -264,10 +265,22 @@ def _plan(x_shape, w_shape, stride, padding, dilation, tunables):
     return _Plan((B, M, Ho, Wo), C8, launch, reduce, (splits, P, M))
 
 
-def _is_2d(shape) -> bool:
-    return getattr(shape, "D", None) is None
+def runs_here() -> bool:
+    """mma.sync and cp.async need sm_80: False on an older GPU (the emulator runs them)."""
+    import convlab as cl
+
+    dev = cl.device()
+    return dev.backend != "cuda" or tuple(dev.cc) >= (8, 0)
 
 
-MMA = Impl("mma.sync implicit GEMM (NHWC)", conv2d_mma, op="conv2d_fp16", applies=_is_2d, config=mma_config)
+def _takes(shape) -> bool:
+    """A 2D layer of one group, masks up to 31 taps a side, on a GPU that has mma.sync."""
+    return (getattr(shape, "D", None) is None and shape.groups == 1 and max(shape.K, shape.Kw) <= 31
+            and runs_here())
+
+
+#: any_layer: stride, padding and dilation per axis and non-square masks (groups=1: _takes).
+MMA = Impl("mma.sync implicit GEMM (NHWC)", conv2d_mma, op="conv2d_fp16", applies=_takes, config=mma_config,
+           any_layer=True)
 #: The chapter's tensor-core implementations, by the names the figures use.
 IMPLEMENTATIONS: tuple[Impl, ...] = (MMA,)
