@@ -107,7 +107,8 @@ def test_the_drop_in_routes_through_pick(monkeypatch):
     wl = Workload("t", B=2, C=4, M=4, H=9, W=8, K=3, padding=1, groups=4)
     ran = []
     impl = dispatch.pick(wl, "fp32")
-    monkeypatch.setattr(dispatch, "_route", lambda g, dtype, nhwc=False: (lambda *a, **k: ran.append(k) or impl(*a, **k),
+    monkeypatch.setattr(dispatch, "_route", lambda g, dtype, nhwc=False: (lambda *a, **k: ran.append(k)
+                                                                           or impl(*a, **k),
                                                               wl.conv_kwargs(), True))
     x, w = cl.randn(*wl.x_shape), cl.randn(*wl.w_shape)
     cl.check(general.conv2d_forward(x, w, padding=1, groups=4), F.conv2d(x, w, padding=1, groups=4))

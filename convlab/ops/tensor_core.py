@@ -7,7 +7,9 @@ kernels/09_general/tensor_core.cuh).
   as torch's). Any stride, padding and dilation (ints or pairs), groups=1.
 - mma_config(shape): the tile a layer gets (tunables BM, BN, BK, WARPS_M, WARPS_N, STAGES) and its
   SPLIT_K (K split over that many blocks when the output tiles alone would leave SMs idle), from
-  preference(shape) (the PREFERENCE tuples); the one place to change the choice. CANDIDATES: the tiles benchmarks/tensor_core_layers.py times.
+  preference(shape) (the PREFERENCE tuples); the one place to change the choice. CANDIDATES: the
+  tiles benchmarks/tensor_core_layers.py times.
+- MMA.applies: a 2D layer of one group on sm_80 or newer (runs_here; the emulator runs it too).
 - check_mma_tunables(...): the kernel's static_asserts and its shared memory, as a Python error.
 - MMA: the Impl record, "mma.sync implicit GEMM (NHWC)".
 
