@@ -23,7 +23,7 @@ At the end: the geometric mean of the ratio over the layers for mma_config's cho
 best candidate of each layer (what a better mma_config could reach), the best tile per layer, and
 the SASS of the main loop (HMMA, LDSM, LDGSTS, BAR counts per iteration, and all instructions: the
 ones that are not HMMA/LDSM are the loop's overhead) and registers of each tile.
-To change the choice: edit PREFERENCE_WIDE / PREFERENCE_NARROW / BLOCKS_PER_SM / MIN_STEPS_PER_SPLIT in
+To change the choice: edit the PREFERENCE tuples / preference() / BLOCKS_PER_SM / MIN_STEPS_PER_SPLIT in
 convlab/ops/tensor_core.py (mma_config), or pass --configs.
 
 Output: the printed table, and a CSV of every row (with the GPU, versions and date) in --out

@@ -77,6 +77,19 @@ def test_default_config_on_a_layer_of_many_maps():
     _run((1, 16, 130, 9, 7, 3, 1, 1, "M=130"))
 
 
+def test_the_tile_of_layers_with_many_maps_and_pixels():
+    """More than 64 maps and MANY_PIXELS outputs: 128 maps x 64 pixels, 16 deep on a reduction of
+    DEEP_K or more (8 below); that tile, run on a small ragged layer of 32 channels (MODE 1 at BK 16)."""
+    deep = Workload("vgg", 16, 256, 256, 56, 56, 3, 1, 1)
+    short = Workload("pw", 32, 64, 256, 56, 56, 1, 1, 0)
+    few = Workload("late", 32, 512, 512, 7, 7, 3, 1, 1)
+    c = igemm.igemm_config(deep, sms=132)
+    assert (c["BM"], c["BN"], c["BK"]) == (128, 64, 16)
+    assert igemm.igemm_config(short, sms=132)["BK"] == 8
+    assert igemm.igemm_config(few, sms=132)["BN"] == 128            # few pixels: the wide tile, split
+    _run((2, 32, 130, 9, 7, 3, 1, 1, "M=130, 128x64x16"), bias=True, **c)
+
+
 def test_the_mask_is_made_again_when_the_weights_change():
     x, w, _, _, _ = _case(1, 8, 4, 6, 6, 3, 1, 1)
     igemm.conv2d_igemm_f32(x, w, padding=1, **SMALL)

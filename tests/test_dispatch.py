@@ -107,8 +107,65 @@ def test_the_drop_in_routes_through_pick(monkeypatch):
     wl = Workload("t", B=2, C=4, M=4, H=9, W=8, K=3, padding=1, groups=4)
     ran = []
     impl = dispatch.pick(wl, "fp32")
-    monkeypatch.setattr(dispatch, "_route", lambda g, dtype: (lambda *a, **k: ran.append(k) or impl(*a, **k),
+    monkeypatch.setattr(dispatch, "_route", lambda g, dtype, nhwc=False: (lambda *a, **k: ran.append(k)
+                                                                           or impl(*a, **k),
                                                               wl.conv_kwargs(), True))
     x, w = cl.randn(*wl.x_shape), cl.randn(*wl.w_shape)
     cl.check(general.conv2d_forward(x, w, padding=1, groups=4), F.conv2d(x, w, padding=1, groups=4))
     assert ran and ran[0]["groups"] == 4
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_a_channels_last_depthwise_layer_runs_the_nhwc_kernel_and_keeps_its_layout(dtype, monkeypatch):
+    from convlab.ops import depthwise
+
+    ran = []
+    real = depthwise.conv2d_depthwise_nhwc
+    monkeypatch.setattr(depthwise, "conv2d_depthwise_nhwc", lambda *a, **k: ran.append(1) or real(*a, **k))
+    dispatch._route.cache_clear()
+    x = cl.randn(2, 8, 9, 7, dtype=dtype).to(memory_format=torch.channels_last)
+    w, b = cl.randn(8, 1, 3, 3, dtype=dtype), cl.randn(8, dtype=dtype)
+    with cl.debug():
+        y = dispatch.conv2d(x, w, stride=(2, 1), padding=1, groups=8, bias=b)
+    dispatch._route.cache_clear()
+    assert ran, "a channels_last depthwise input must run depthwise.conv2d_depthwise_nhwc"
+    assert y.is_contiguous(memory_format=torch.channels_last), "the result keeps x's layout, as torch's"
+    ref = F.conv2d(x.double().cpu(), w.double().cpu(), b.double().cpu(), stride=(2, 1), padding=1, groups=8)
+    if dtype == torch.float32:
+        cl.check(y, ref)
+    else:
+        dispatch.check_fp16_forward(y, ref, x.shape, w.shape, b, stride=(2, 1), padding=1, groups=8)
+
+
+@pytest.mark.parametrize("layout", [torch.contiguous_format, torch.channels_last])
+def test_the_mma_route_takes_either_layout_and_returns_torchs(layout):
+    wl = Workload("t", B=2, C=16, M=24, H=7, W=9, K=3, padding=1)
+    assert dispatch.pick(wl, "fp16").name == "mma.sync implicit GEMM (NHWC)"
+    x = cl.randn(*wl.x_shape, dtype=torch.float16).contiguous(memory_format=layout)
+    w, b = cl.randn(*wl.w_shape, dtype=torch.float16), cl.randn(wl.M, dtype=torch.float16)
+    with cl.debug():
+        y = dispatch.conv2d(x, w, padding=1, bias=b)
+    assert y.is_contiguous(memory_format=layout)
+    ref = F.conv2d(x.double().cpu(), w.double().cpu(), b.double().cpu(), padding=1)
+    dispatch.check_fp16_forward(y, ref, x.shape, w.shape, b, padding=1)
+
+
+def test_the_drop_ins_dx_runs_the_fp32_implicit_gemm_where_pick_gives_it_the_dx_convolution(monkeypatch):
+    from convlab.ops import general, igemm
+
+    ran = []
+    real = igemm.conv2d_igemm_f32_dx
+    monkeypatch.setattr(igemm, "conv2d_igemm_f32_dx", lambda *a, **k: ran.append(1) or real(*a, **k))
+    x = cl.randn(2, 12, 6, 5).requires_grad_()
+    w = cl.randn(16, 12, 3, 3)
+    y = general.conv2d(x, w, padding=1)
+    dy = cl.randn(*y.shape)
+    (dx,) = torch.autograd.grad(y, x, dy)
+    assert ran, "a stride-1 fp32 layer of 12 channels: dX by igemm.conv2d_igemm_f32_dx"
+    xd = x.detach().double().cpu().requires_grad_()
+    (ref,) = torch.autograd.grad(F.conv2d(xd, w.double().cpu(), padding=1), xd, dy.double().cpu())
+    cl.check(dx, ref, name="dx")
+    ran.clear()
+    xs = cl.randn(2, 1, 6, 5).requires_grad_()           # one channel: dX's 1 map is chapter 8's
+    torch.autograd.grad(general.conv2d(xs, cl.randn(4, 1, 3, 3), padding=1), xs, cl.randn(2, 4, 6, 5))
+    assert not ran

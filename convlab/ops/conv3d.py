@@ -139,8 +139,7 @@ def conv3d_cube(x, w, y=None, *, stride: int = 1, padding: int = 0, TX: int | No
     c = tuple(int(2 if v is None else v) for v in (CX, CY, CZ))
     shape, launch = remember(_plans, ("cube", x.shape, w.shape, stride, padding, t, c), build)
     y = output(y, shape, x)
-    set_mask(launch.module(), w)
-    launch(x, y)
+    launch.with_mask(w, x, y)
     return y
 
 

@@ -38,12 +38,17 @@ def nhwc_vec(g: Geometry, x: torch.Tensor, vec: int | None = None) -> int:
     return v
 
 
-def nhwc_config(g: Geometry) -> dict:
+def nhwc_config(g: Geometry, dtype: torch.dtype = torch.float32) -> dict:
     """Default tunables: an OY x OX patch per thread, 2 x 4 for masks up to 3 rows (24 loads per 8
-    outputs at 3x3), 4 x 2 for taller ones (80 per 8 at 7x7, fewer rows re-read by the next patch
-    down); vec=4 channels a thread."""
-    OY, OX = (2, 4) if g.Kh <= 3 else (4, 2)
-    return {"OY": OY, "OX": OX, "vec": 4}
+    outputs at 3x3) in float32 and 2 x 2 in float16, 4 x 2 for taller masks (80 per 8 at 7x7, fewer
+    rows re-read by the next patch down) with PB=16 patches a block; vec=4 channels a thread.
+    From benchmarks/depthwise_layers.py on an H200: half's 2 x 2 patch was the fastest on the 3x3
+    layers of 14x14 maps and at stride 2 (where 2 x 4 fell behind torch), and PB=16 the fastest
+    on the 7x7 layers in both dtypes (PB left out: THREADS / CB, more patches a block)."""
+    if g.Kh <= 3:
+        OY, OX = (2, 2) if dtype == torch.float16 else (2, 4)
+        return {"OY": OY, "OX": OX, "vec": 4, "PB": None}
+    return {"OY": 4, "OX": 2, "vec": 4, "PB": 16}
 
 
 def _block(g: Geometry, vec: int, CB: int | None, PB: int | None) -> tuple:
@@ -80,10 +85,10 @@ def conv2d_depthwise_nhwc(x, w, y=None, *, stride=1, padding=0, dilation=1, grou
         raise ValueError(f"conv2d_depthwise_nhwc takes one map per channel (groups == C == M; here {g.groups} groups, "
                          f"{g.C} channels, {g.M} maps) and masks of at most {DEPTHWISE_MAX_TAPS} taps "
                          f"(here {g.Kh}x{g.Kw}): use general.conv2d_general")
-    cfg = nhwc_config(g)
+    cfg = nhwc_config(g, x.dtype)
     OY, OX = int(OY or cfg["OY"]), int(OX or cfg["OX"])
     v = nhwc_vec(g, x, vec or cfg["vec"])
-    CB, PB, shared = _block(g, v, CB, PB)
+    CB, PB, shared = _block(g, v, CB, PB or cfg["PB"])
     if CB * PB > 1024 or shared > SHARED_DEFAULT_MAX:
         raise ValueError(f"block of CB={CB} lanes x PB={PB} patches, {shared:,} bytes of masks: at most 1,024 "
                          "threads and 48 KB: lower CB or PB")

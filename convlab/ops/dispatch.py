@@ -2,14 +2,17 @@
 that takes the layer, by an explicit rule derived from the chapters' measurements.
 
 - SOURCES: the modules whose IMPLEMENTATIONS pick() chooses from (chapter 5's fp32 kernels,
-  chapter 6's fp16 kernels, chapter 9's general and depthwise ones). A new module joins with one
-  line; a rule naming its kernel decides where pick() takes it.
+  chapter 6's fp16 kernels, chapter 9's general and depthwise ones, its fp32 implicit GEMM and its
+  mma.sync one). A new module joins with one line; a rule naming its kernel decides where pick()
+  takes it.
 - candidates(shape, dtype): every registered kernel of that dtype that takes the layer (the
   chapters' own kernels take only plain layers: Impl.takes).
 - RULES / dispatch_rule(): the rule, an ordered table of conditions -> kernel: the first row whose
   condition holds and whose kernel takes the layer wins. Printable.
 - pick(shape, dtype) -> Impl; conv2d(x, w, ...): the forward the drop-in runs (pick()'s kernel
-  with its tunables, the bias added where the kernel has none).
+  with its tunables, the bias added where the kernel has none). The layout of x decides one thing
+  more: a channels_last x of a depthwise layer goes to the NHWC depthwise kernel, and the mma.sync
+  kernel reads it without a conversion; the result has x's layout, as torch's.
 - evidence(): pick()'s choice beside the fastest kernel measured on each shape of the chapters'
   committed results (book/data/05_fused.csv, 06_fp16.csv, 09_general.csv): the rule holds where
   every choice is the fastest, within the measurement's spread.
@@ -28,7 +31,7 @@ from .._limits import INT32_MAX
 from ..workloads import Workload
 
 #: The modules of convlab.ops whose IMPLEMENTATIONS are candidates (one line per module).
-SOURCES = ["fused", "fp16", "general"]
+SOURCES = ["fused", "fp16", "general", "igemm", "tensor_core"]
 
 OPS = {"fp32": "conv2d", "fp16": "conv2d_fp16"}      # the forward op of each dtype's kernels
 DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16"}
@@ -76,13 +79,22 @@ def _taps(s: Workload) -> int:
     return s.C * s.K * s.Kw
 
 
+def _pads_cheaply(s: Workload) -> bool:
+    """C a multiple of 8, or padding it to one (the mma.sync kernel's 16-byte loads) adds at most a
+    quarter: an RGB stem's 3 -> 8 would nearly triple its tensor-core work."""
+    return s.C % 8 == 0 or 4 * (-(-s.C // 8) * 8) <= 5 * s.C
+
+
 RULES = {
     "fp32": [
-        Rule("plain, C·K² ≤ 256, M ≤ 64", lambda s: s.plain and _taps(s) <= 256 and s.M <= 64,
+        Rule("plain, stride 1, C < 8, M ≤ 64", lambda s: s.plain and s.stride == 1 and s.C < 8 and s.M <= 64,
              "direct, register-tiled (mask in shared)",
              "few channels: a GEMM tile would be mostly padding (05_fused: lenet_c1, lenet_c3, fa17)"),
+        Rule("plain", lambda s: s.plain, "implicit GEMM fp32, warp-tiled",
+             "long reductions: warp tiles of 8x8 outputs (benchmarks/f32_layers.py: faster than chapter 5's "
+             "best on every layer it measured)"),
         Rule("plain", lambda s: s.plain, "implicit GEMM, register-tiled",
-             "long reductions: compute-bound (05_fused: days100, resnet)"),
+             "where the warp-tiled kernel does not take the layer (05_fused: days100, resnet)"),
         Rule("depthwise (groups = C)", lambda s: s.groups == s.C, "depthwise (input tile in shared, column strips)",
              "memory-bound: each input read once into shared memory (09_general)"),
         Rule("any layer", lambda s: True, "general direct (any layer)", "the only kernel that takes every layer"),
@@ -94,8 +106,12 @@ RULES = {
              "one channel: a reduction of K² taps, too short for tensor cores (06_fp16: fa17)"),
         Rule("plain, C ≤ 8, stride 1", lambda s: s.plain and s.C <= 8 and s.stride == 1,
              "WMMA, few channels (no im2col)", "fragments read straight from the input tile (06_fp16: lenet_c3)"),
+        Rule("groups 1, C·Kh·Kw ≥ 64, C pads to 8 cheaply", lambda s: s.groups == 1 and _taps(s) >= 64 and
+             _pads_cheaply(s), "mma.sync implicit GEMM (NHWC)",
+             "many channels: mma.sync fed by ldmatrix from a cp.async pipeline (benchmarks/tensor_core_layers.py; "
+             "needs sm_80)"),
         Rule("plain", lambda s: s.plain, "WMMA implicit GEMM",
-             "many channels: tensor cores (06_fp16: days100, resnet)"),
+             "tensor cores through WMMA (06_fp16: days100, resnet); the stem's 3 channels, an older GPU"),
         Rule("depthwise (groups = C)", lambda s: s.groups == s.C,
              "depthwise fp16 (input tile in shared, column strips)",
              "memory-bound: each input read once into shared memory (09_general)"),
@@ -142,10 +158,15 @@ def _workload_of(g) -> Workload:
 
 
 @functools.lru_cache(maxsize=4096)
-def _route(g, dtype: str):
-    """(launcher, keyword arguments, whether it adds the bias) for a Geometry; None for the
-    arguments as given (torch's 'same' with an even mask pads one more at the end, which only
-    chapter 9's kernels take: their pick among themselves)."""
+def _route(g, dtype: str, nhwc: bool = False):
+    """(launcher, keyword arguments, whether it adds the bias) for a Geometry and x's layout (nhwc:
+    channels_last); None for the arguments as given (torch's 'same' with an even mask pads one
+    more at the end, which only chapter 9's kernels take: their pick among themselves; the NHWC
+    depthwise kernel takes any depthwise layer's arguments)."""
+    from .depthwise import conv2d_depthwise_nhwc, nhwc_applies
+
+    if nhwc and nhwc_applies(g):
+        return conv2d_depthwise_nhwc, None, True
     shape = _workload_of(g)
     if (shape.Ho, shape.Wo) != (g.Ho, g.Wo):
         from .general import DEPTHWISE, DEPTHWISE_FP16, GENERAL, GENERAL_FP16, depthwise_applies
@@ -158,34 +179,52 @@ def _route(g, dtype: str):
     return impl.launcher, kw, "bias" in inspect.signature(impl.launcher).parameters
 
 
-_routes: dict = {}      # (shapes, dtype, plain arguments) -> _route's answer: a repeated call's one lookup
+_routes: dict = {}      # (shapes, dtype, layout, plain arguments) -> the route: a repeated call's one lookup
+
+
+def _channels_last(x) -> bool:
+    """x is in channels_last memory (and not also plain NCHW, as a 1x1 plane or one channel is)."""
+    return x.dim() == 4 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last)
 
 
 def conv2d(x, w, y=None, *, stride=1, padding=0, dilation=1, groups: int = 1, bias=None):
-    """y = conv2d(x, w, bias) by pick()'s kernel for the layer (x 4-D, float32 or float16, NCHW
-    contiguous); stride, padding and dilation in any form torch takes."""
+    """y = conv2d(x, w, bias) by pick()'s kernel for the layer (x 4-D, float32 or float16, NCHW or
+    channels_last); stride, padding and dilation in any form torch takes. y comes back in x's
+    layout, as torch's does (a given y: NCHW contiguous)."""
     from .general import _plain, geometry
 
+    nhwc = _channels_last(x)
     b_shape = None if bias is None else bias.shape
-    key = (x.shape, w.shape, b_shape, x.dtype, stride, padding, dilation, groups)
+    key = (x.shape, w.shape, b_shape, x.dtype, nhwc, stride, padding, dilation, groups)
     plain = _plain(stride) and _plain(padding) and _plain(dilation) and _plain(groups)
     hit = _routes.get(key) if plain else None
     if hit is None:
+        from .depthwise import conv2d_depthwise_nhwc
+        from .tensor_core import conv2d_mma
+
         g = geometry(x.shape, w.shape, stride, padding, dilation, groups, b_shape)
         dtype = DTYPE_NAMES.get(x.dtype)
         if dtype is None:
             raise TypeError(f"x is {x.dtype}: pick() has float32 and float16 kernels")
-        launcher, kw, takes_bias = _route(g, dtype)
+        launcher, kw, takes_bias = _route(g, dtype, nhwc)
         if kw is None:
             kw = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
-        hit = (launcher, kw, takes_bias)
+        hit = (launcher, kw, takes_bias, launcher in (conv2d_mma, conv2d_depthwise_nhwc))
         if plain:
             _routes[key] = hit
-    launcher, kw, takes_bias = hit
-    if takes_bias:
-        return launcher(x, w, y, bias=bias, **kw)
-    y = launcher(x, w, y, **kw)
-    return y if bias is None else y.add_(bias.view(1, -1, 1, 1))
+    launcher, kw, takes_bias, nhwc_kernel = hit
+    if nhwc_kernel:                                    # NHWC kernels: channels_last out
+        out = launcher(x, w.contiguous(), bias=bias, **kw)
+    else:
+        xc = x.contiguous()
+        if takes_bias:
+            out = launcher(xc, w, None if nhwc else y, bias=bias, **kw)
+        else:
+            out = launcher(xc, w, None if nhwc else y, **kw)
+            out = out if bias is None else out.add_(bias.view(1, -1, 1, 1))
+    if y is not None:
+        return y if out is y else y.copy_(out)
+    return out.contiguous(memory_format=torch.channels_last if nhwc else torch.contiguous_format)
 
 
 def _accumulation(shape: Workload) -> str:
@@ -262,7 +301,9 @@ def measured(chapters=EVIDENCE):
 def evidence(chapters=EVIDENCE):
     """Per measured (chapter, workload, dtype): pick()'s kernel, the fastest measured kernel, their
     GPU times and whether pick() agrees (its median within the fastest's p75: as fast, within the
-    measurement's spread). None when no results are committed."""
+    measurement's spread). A (chapter, workload, dtype) whose results lack pick()'s kernel (chapters
+    5 and 6 measure their own kernels; chapter 9's run measures every registered one on the course's
+    layers too) is left out. None when no results are committed."""
     import pandas as pd
 
     from .. import workloads
@@ -279,9 +320,11 @@ def evidence(chapters=EVIDENCE):
         fastest = sub.loc[sub["ms"].idxmin()]
         chosen = pick(shape, dtype).name
         mine = sub[sub["impl"] == chosen]
-        ms = float(mine["ms"].iloc[0]) if len(mine) else float("nan")
+        if not len(mine):                # a kernel newer than the chapter's run: chapter 9's run measures it
+            continue
+        ms = float(mine["ms"].iloc[0])
         rows.append({"chapter": ch, "workload": name, "family": shape.family, "dtype": dtype,
                      "pick()": chosen, "pick() ms": ms, "fastest": fastest["impl"], "fastest ms": fastest["ms"],
                      "pick() / fastest": ms / fastest["ms"], "agrees": bool(ms <= fastest["p75"]),
                      "kernels measured": len(sub)})
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows) if rows else None

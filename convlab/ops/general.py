@@ -299,12 +299,20 @@ def _depthwise_tile(g: Geometry, OY: int, BX: int | None = None, BY: int | None 
     return BX, BY, BZ, BZ * shared(BY)
 
 
+#: Output maps of at least TALL_MAP rows take OY=16 rows a thread, others OY=8. From
+#: benchmarks/depthwise_layers.py on an H200 (MobileNetV2 and ConvNeXt depthwise layers, fp32 and
+#: fp16): OY=16 was the fastest on the 3x3 layers of 56x56 outputs, OY=8 on 14x14 maps and at
+#: stride 2 (28x28 outputs); between the two at 28x28 and on the 7x7 masks (float32 and float16
+#: disagreeing); both well ahead of OY=4 (each strip re-reads Kh-1 input rows: a taller strip
+#: re-reads fewer, but cuts a short map into too few blocks).
+TALL_MAP = 48
+
+
 def depthwise_config(g: Geometry) -> dict:
-    """Default tunables of conv2d_depthwise: OY=4 output rows per thread for masks up to 3 rows
-    (3x3: 18 shared loads per 36 FMAs), 8 for taller ones (7x7: 98 loads per 392 FMAs), and the
-    block of _depthwise_tile. OY is not cut to a small Ho: it is compiled in, and one variant per
-    mask serves every plane size."""
-    OY = 4 if g.Kh <= 3 else 8
+    """Default tunables of conv2d_depthwise: OY output rows per thread (16 on maps of TALL_MAP
+    rows or more, else 8), and the block of _depthwise_tile. OY is compiled in: one variant per
+    mask and map height class serves every plane size."""
+    OY = 16 if g.Ho >= TALL_MAP else 8
     BX, BY, BZ, _ = _depthwise_tile(g, OY)
     return {"OY": OY, "BX": BX, "BY": BY, "BZ": BZ}
 
@@ -433,9 +441,9 @@ def depthwise_dx_padding(g: Geometry) -> tuple | None:
 
 
 def conv2d_input_grad(dy, w, dx=None, *, stride=1, padding=0, input_size, dilation=1, groups: int = 1):
-    """The dx the drop-in runs: chapter 8's best dX where course_applies, conv2d_depthwise on dy with
-    the flipped mask where depthwise_dx_padding allows (MobileNet/ConvNeXt layers), else
-    conv2d_general_dx."""
+    """The dx the drop-in runs: the fp32 implicit GEMM's dX where igemm_dx_applies, chapter 8's best
+    dX where course_applies, conv2d_depthwise on dy with the flipped mask where depthwise_dx_padding
+    allows (MobileNet/ConvNeXt layers), else conv2d_general_dx."""
     key = ("dx", dy.shape, w.shape, dy.dtype, input_size, stride, padding, dilation, groups)
     plain = all(map(_plain, key[4:]))
     hit = _course_grads.get(key) if plain else None
@@ -443,6 +451,10 @@ def conv2d_input_grad(dy, w, dx=None, *, stride=1, padding=0, input_size, dilati
         return _backprop().conv2d_input_grad_best(dy, w, dx, stride=hit[0], padding=hit[1], input_size=hit[2])
     H, W = (int(s) for s in _two(input_size))
     g = geometry((dy.shape[0], w.shape[1] * groups, H, W), w.shape, stride, padding, dilation, groups)
+    if dy.dtype == torch.float32 and igemm_dx_applies(g):
+        from .igemm import conv2d_igemm_f32_dx
+
+        return conv2d_igemm_f32_dx(dy, w, dx, padding=g.ph, input_size=(H, W))
     if course_applies(g, dy.dtype):
         if plain:
             _course_grads[key] = (g.sh, g.ph, (H, W))
@@ -452,6 +464,19 @@ def conv2d_input_grad(dy, w, dx=None, *, stride=1, padding=0, input_size, dilati
         return conv2d_depthwise(dy, torch.flip(w, (2, 3)), dx, padding=pad, dilation=(g.dh, g.dw), groups=g.C)
     return conv2d_general_dx(dy, w, dx, stride=stride, padding=padding, input_size=(H, W), dilation=dilation,
                              groups=groups)
+
+
+def igemm_dx_applies(g: Geometry) -> bool:
+    """A stride-1 plain layer (padding at most K-1) whose dX, itself a convolution of dy by the
+    flipped mask (M channels to C maps), the dispatcher gives to the fp32 implicit GEMM. Its dX was
+    faster than torch's on the layers benchmarks/f32_layers.py measured; its dW was not, so dW
+    stays on conv2d_weight_grad's kernels."""
+    from . import dispatch, igemm
+
+    shape = dispatch._workload_of(g)
+    if not (shape.plain and (shape.Ho, shape.Wo) == (g.Ho, g.Wo) and igemm.IGEMM_F32_DX.applies(shape)):
+        return False
+    return dispatch.pick(igemm.dx_workload(shape), "fp32") is igemm.IGEMM_F32
 
 
 # ---- dE/dW -------------------------------------------------------------------------------------
@@ -565,7 +590,8 @@ class Conv2dFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, w, bias, stride, padding, dilation, groups):
-        y = conv2d_forward(x.contiguous(), w.contiguous(), stride=stride, padding=padding, dilation=dilation,
+        # x as given: the dispatcher makes it NCHW contiguous, or keeps channels_last for its NHWC kernels
+        y = conv2d_forward(x, w.contiguous(), stride=stride, padding=padding, dilation=dilation,
                            groups=groups, bias=None if bias is None else bias.contiguous())
         ctx.save_for_backward(x, w)          # the inputs themselves: second derivatives flow back to them
         ctx.conf = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)

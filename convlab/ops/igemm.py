@@ -92,23 +92,45 @@ def split_time(shape: Workload, cfg: dict, split: int, sms: int) -> float:
     return t
 
 
+#: Layers of more than 64 maps with at least MANY_PIXELS outputs (B·Ho·Wo) take a 128-map x 64-pixel
+#: tile; DEEP_K: the reduction (C·K²) from which that tile steps 16 deep. From benchmarks/f32_layers.py
+#: on an H200 (benchmarks/results/f32_layers_NVIDIA_H200.csv, every candidate on each layer): on the
+#: 3x3 layers of 28x28 and 14x14 maps, the 1x1 1024->256 and the VGG layer the 128x64 tile was the
+#: fastest, ahead of 128x128 (twice the blocks of 128 threads, a fuller last wave); BK=16 was faster
+#: on the 3x3 reductions of 2304, BK=8 on the 1x1 of 1024. With fewer pixels (7x7 maps) the
+#: 128x128 tile split deep was faster: half the partial sums written per split.
+MANY_PIXELS = 4096
+DEEP_K = 2048
+
+
+def _best_split(shape: Workload, cfg: dict, sms: int) -> int:
+    steps = ceil_div(shape.C * shape.K * shape.K, cfg["BK"])
+    splits = [s for s in range(1, MAX_SPLIT + 1) if steps // s >= 4] or [1]
+    return min(splits, key=lambda s: split_time(shape, cfg, s, sms))
+
+
 def igemm_config(shape: Workload, sms: int | None = None) -> dict:
-    """The tunables for a layer. The tile: as many maps as the layer has, up to 128 (BM 128, 64 or
-    32), 128 pixels, warp tiles of 32 maps x 64 pixels, BK 8 (the 128x128 tile's 64 accumulators,
-    prefetch registers and addresses fit the 128 registers two blocks per SM allow; BK 16 spills).
+    """The tunables for a layer. The tile: BM as many maps as the layer has, up to 128 (128, 64 or
+    32), warp tiles of 32 maps x 64 pixels, BK 8 (the 128x128 tile's 64 accumulators, prefetch
+    registers and addresses fit the 128 registers two blocks per SM allow; BK 16 spills); 128
+    pixels (BN), or 64 for layers of more than 64 maps and MANY_PIXELS outputs (BK 16 from DEEP_K).
     The split: the one split_time() estimates fastest, so a layer with few pixels (7x7, 14x14),
-    whose tile grid leaves SMs idle or half a wave short, gets its reduction cut in parts.
+    whose tile grid leaves SMs idle or half a wave short, gets its reduction cut in parts; for the
+    128x64 tile half that (the estimate overrates its split: the measured best was half).
     A layer in TUNED gets the measured choice instead."""
     tuned = TUNED.get((shape.B, shape.C, shape.M, shape.H, shape.W, shape.K, shape.stride, shape.padding))
     if tuned is not None:
         return dict(tuned)
+    sms = sms or _sm_count()
+    if shape.M > 64 and shape.B * shape.Ho * shape.Wo >= MANY_PIXELS:
+        cfg = {"BM": 128, "BN": 64, "BK": 16 if shape.C * shape.K * shape.K >= DEEP_K else 8, "WM": 32, "WN": 64,
+               "MIN_BLOCKS": 1}
+        cfg["SPLIT"] = max(1, _best_split(shape, cfg, sms) // 2)
+        return cfg
     BM = 128 if shape.M > 64 else 64 if shape.M > 32 else 32
     cfg = {"BM": BM, "BN": 128, "BK": 8, "WM": 32, "WN": 64}
     cfg["MIN_BLOCKS"] = 2 if threads(BM, 128, 32, 64) == 256 else 1
-    sms = sms or _sm_count()
-    steps = ceil_div(shape.C * shape.K * shape.K, cfg["BK"])
-    splits = [s for s in range(1, MAX_SPLIT + 1) if steps // s >= 4] or [1]
-    cfg["SPLIT"] = min(splits, key=lambda s: split_time(shape, cfg, s, sms))
+    cfg["SPLIT"] = _best_split(shape, cfg, sms)
     return cfg
 
 

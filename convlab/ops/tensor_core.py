@@ -6,8 +6,10 @@ kernels/09_general/tensor_core.cuh).
   float sums. x NCHW or channels_last; the result is channels_last (logical shape (B, M, Ho, Wo),
   as torch's). Any stride, padding and dilation (ints or pairs), groups=1.
 - mma_config(shape): the tile a layer gets (tunables BM, BN, BK, WARPS_M, WARPS_N, STAGES) and its
-  SPLIT_K (K split over that many blocks when the output tiles alone would leave SMs idle); the
-  one place to change the choice. CANDIDATES: the tiles benchmarks/tensor_core_layers.py times.
+  SPLIT_K (K split over that many blocks when the output tiles alone would leave SMs idle), from
+  preference(shape) (the PREFERENCE tuples); the one place to change the choice. CANDIDATES: the
+  tiles benchmarks/tensor_core_layers.py times.
+- MMA.applies: a 2D layer of one group on sm_80 or newer (runs_here; the emulator runs it too).
 - check_mma_tunables(...): the kernel's static_asserts and its shared memory, as a Python error.
 - MMA: the Impl record, "mma.sync implicit GEMM (NHWC)".
 
@@ -50,12 +52,24 @@ CANDIDATES: dict[str, dict] = {
     "64x64x32 s4 (2x2 warps)": dict(BM=64, BN=64, BK=32, WARPS_M=2, WARPS_N=2, STAGES=4),
 }
 
-#: mma_config's preference, best first; it takes the first whose grid, split along K if need be,
-#: fills the GPU (BLOCKS_PER_SM blocks on each SM), else the one with the most blocks. The first GPU
-#: pass (benchmarks/tensor_core_layers.py, its best tile per layer) had 128x128x64 s3 best on the
-#: M > 64 layers from 28x28 maps down, the VGG layer included, and 128x64x32 s4 on the 64-map ones.
-PREFERENCE_WIDE = ("128x128x64 s3 (2x2 warps)", "64x128x32 s4 (2x2 warps)", "64x64x32 s4 (2x2 warps)")   # M > 64
-PREFERENCE_NARROW = ("128x64x32 s4 (2x2 warps)", "64x64x32 s4 (2x2 warps)")   # M <= 64 maps
+#: mma_config's preferences, best first, by kind of layer; it takes the first tile whose grid, split
+#: along K if need be, fills the GPU (BLOCKS_PER_SM blocks on each SM), else the one with the most
+#: blocks. From benchmarks/tensor_core_layers.py on an H200 (benchmarks/results/
+#: tensor_core_layers_cuda.csv, every candidate on each layer): 128x64x64 s3 was the fastest tile on
+#: the 3x3 layers from 56x56 maps down to 7x7 (split in two there) and on the 1x1 layers with a
+#: reduction of 256 or more: half the accumulators of a 128x128 tile, so fewer registers and more
+#: blocks per SM, and a BK=64 step pays its cp.async issue and barrier once per twice the HMMAs.
+PREFERENCE = ("128x64x64 s3 (2x2 warps)", "64x64x32 s4 (2x2 warps)")
+#: A reduction of at most 64 (a 1x1 layer from 64 channels) is one or two BK steps: nothing for a
+#: deep pipeline to overlap; 64x128x32 s4 was the fastest there, a wide tile of maps (M > 64).
+PREFERENCE_SHORT_K = ("64x128x32 s4 (2x2 warps)",) + PREFERENCE
+#: Fewer than 8 channels (an RGB stem, padded to 8): 256x64x32 s4 was the fastest, the taller tile
+#: re-reads each mask chunk for 256 pixels.
+PREFERENCE_FEW_CHANNELS = ("256x64x32 s4 (4x1 warps)",) + PREFERENCE
+#: 256 maps or more and enough pixels for BIG_WAVES waves of 128x128 tiles (the VGG layer): the
+#: larger tile's reuse wins once the grid is many waves deep; 128x128x32 s3 was the fastest there.
+PREFERENCE_BIG = ("128x128x32 s3 (2x2 warps)",) + PREFERENCE
+BIG_WAVES = 4
 BLOCKS_PER_SM = 1
 SMS = 132                            # H100/H200 SXM; mma_config(shape, sms=...) for another GPU
 
@@ -118,15 +132,28 @@ def split_k(P: int, M: int, K: int, t: dict, sms: int = SMS) -> int:
     return max(1, min(want, MAX_SPLIT_K, steps // MIN_STEPS_PER_SPLIT))
 
 
+def preference(shape: Workload, sms: int = SMS) -> tuple:
+    """The tiles mma_config tries for a layer, best first (the PREFERENCE tuples: which kind of
+    layer gets which, and the measured reason)."""
+    P, M = shape.B * shape.Ho * shape.Wo, shape.M
+    K = shape.K * shape.Kw * ceil_div(shape.C, 8) * 8
+    if shape.C < 8:
+        return PREFERENCE_FEW_CHANNELS
+    if K <= 64 and M > 64:
+        return PREFERENCE_SHORT_K
+    if M >= 256 and _blocks(P, M, CANDIDATES[PREFERENCE_BIG[0]]) >= BIG_WAVES * sms:
+        return PREFERENCE_BIG
+    return PREFERENCE
+
+
 def mma_config(shape: Workload, sms: int = SMS) -> dict:
-    """The tunables conv2d_mma uses for a layer when none are passed: from PREFERENCE_WIDE (M > 64
-    maps) or PREFERENCE_NARROW (a 128-wide map tile would be half empty), the first tile whose grid,
-    split along K if need be (split_k), gives every SM BLOCKS_PER_SM blocks; else the one with the
-    most blocks (7x7 and 14x14 maps: few pixels, where a large tile leaves SMs idle)."""
+    """The tunables conv2d_mma uses for a layer when none are passed: from preference(shape), the
+    first tile whose grid, split along K if need be (split_k), gives every SM BLOCKS_PER_SM blocks;
+    else the one with the most blocks (7x7 maps: few pixels, where even a 128x64 tile leaves SMs
+    idle without a split)."""
     P = shape.B * shape.Ho * shape.Wo
-    K = shape.K * shape.K * ceil_div(shape.C, 8) * 8
-    names = PREFERENCE_WIDE if shape.M > 64 else PREFERENCE_NARROW
-    options = [dict(CANDIDATES[n], SPLIT_K=split_k(P, shape.M, K, CANDIDATES[n], sms)) for n in names]
+    K = shape.K * shape.Kw * ceil_div(shape.C, 8) * 8
+    options = [dict(CANDIDATES[n], SPLIT_K=split_k(P, shape.M, K, CANDIDATES[n], sms)) for n in preference(shape, sms)]
     for t in options:
         if _blocks(P, shape.M, t) * t["SPLIT_K"] >= BLOCKS_PER_SM * sms:
             return t
@@ -217,7 +244,8 @@ def _plan(x_shape, w_shape, stride, padding, dilation, tunables):
     for name, n in (("x", B * H * W * C8), ("y", P * M), ("w", M * Kh * Kw * C8)):
         if n > INT32_MAX // 2:
             raise ValueError(f"{name} has {n:,} elements: too many for the kernel's int indices; split the batch")
-    cfg = mma_config(Workload("", B=B, C=C, M=M, H=H, W=W, K=max(Kh, Kw), stride=sh, padding=ph))
+    cfg = mma_config(Workload("", B=B, C=C, M=M, H=H, W=W, K=(Kh, Kw), stride=(sh, sw), padding=(ph, pw),
+                              dilation=(dh, dw)))
     t = {k: int(tunables[k]) if tunables.get(k) is not None else cfg[k] for k in TUNABLES}
     if tunables.get("SPLIT_K") is None and any(tunables.get(k) is not None for k in TILE):
         t["SPLIT_K"] = 1                 # mma_config's split was for its own tile
@@ -239,10 +267,22 @@ def _plan(x_shape, w_shape, stride, padding, dilation, tunables):
     return _Plan((B, M, Ho, Wo), C8, launch, reduce, (splits, P, M))
 
 
-def _is_2d(shape) -> bool:
-    return getattr(shape, "D", None) is None
+def runs_here() -> bool:
+    """mma.sync and cp.async need sm_80: False on an older GPU (the emulator runs them)."""
+    import convlab as cl
+
+    dev = cl.device()
+    return dev.backend != "cuda" or tuple(dev.cc) >= (8, 0)
 
 
-MMA = Impl("mma.sync implicit GEMM (NHWC)", conv2d_mma, op="conv2d_fp16", applies=_is_2d, config=mma_config)
+def _takes(shape) -> bool:
+    """A 2D layer of one group, masks up to 31 taps a side, on a GPU that has mma.sync."""
+    return (getattr(shape, "D", None) is None and shape.groups == 1 and max(shape.K, shape.Kw) <= 31
+            and runs_here())
+
+
+#: any_layer: stride, padding and dilation per axis and non-square masks (groups=1: _takes).
+MMA = Impl("mma.sync implicit GEMM (NHWC)", conv2d_mma, op="conv2d_fp16", applies=_takes, config=mma_config,
+           any_layer=True)
 #: The chapter's tensor-core implementations, by the names the figures use.
 IMPLEMENTATIONS: tuple[Impl, ...] = (MMA,)
