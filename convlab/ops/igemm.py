@@ -15,13 +15,12 @@ split-K, a plain-GEMM path for 1x1 layers; float32 FFMA, no tensor cores.
 - igemm_config(shape, sms=None): the tile and split for a layer (a Workload).
 - igemm_mode(shape, BK): which of the kernel's three loaders a layer gets (0 general, 1 one filter
   tap per step, 2 plain GEMM for 1x1 stride 1 unpadded).
-- kmajor(w, order, flip=False): the mask as Wt[k][m], made by igemm_mask_kmajor once per weight
-  tensor and kept while the tensor is alive and unmodified (its _version), as the kernel reads it;
+- kmajor(w, order, flip=False): the mask as Wt[k][m], as the kernel reads it, made by
+  igemm_mask_kmajor on every call (a copy kept per tensor would miss changes made through w.data);
   dw_mask(dy, order): the same for dW's convolution, whose mask is dy.
 """
 from __future__ import annotations
 
-import weakref
 
 import torch
 
@@ -152,28 +151,27 @@ def check_tunables(BM: int, BN: int, BK: int, WM: int, WN: int) -> None:
 
 # ---- the mask, K-major --------------------------------------------------------------------------
 
-_kmajor: dict = {}      # (id(w), order, flip) -> (weakref to w, its _version, Wt)
+_mask_plans: dict = {}      # (w's shape, order, flip) -> (Wt's shape, its Launch)
 
 
 def kmajor(w: torch.Tensor, order: int, flip: bool = False) -> torch.Tensor:
     """Wt[k][m] of the convolution by w (M, C, K, K): k = c*K*K + ky*K + kx (order 0) or
     (ky*K + kx)*C + c (order 1), Mp = M rounded up to 4 columns, KD rounded up to 32 rows, zeros in
     the padding. flip=True: of the stride-1 dE/dX convolution instead (C maps of M channels, the
-    taps flipped). Made once and kept while w is alive and unchanged."""
-    key = (id(w), order, flip)
-    hit = _kmajor.get(key)
-    if hit is not None and hit[0]() is w and hit[1] == w._version:
-        return hit[2]
-    M, C, K = int(w.shape[0]), int(w.shape[1]), int(w.shape[2])
-    if flip:
-        M, C = C, M
-    Mp, KDp = ceil_div(M, 4) * 4, ceil_div(C * K * K, KD_ALIGN) * KD_ALIGN
-    wt = torch.empty(KDp, Mp, dtype=w.dtype, device=w.device)
-    Launch(FILE, "igemm_mask_kmajor", {"KSIZE": K}, (M, C, Mp, KDp, order, int(flip)),
-           grid=(min(ceil_div(KDp * Mp, 256), 4096), 1, 1), block=(256, 1, 1))(w, wt)
-    for k in [k for k, v in _kmajor.items() if v[0]() is None]:
-        del _kmajor[k]                     # masks of weights that are gone
-    _kmajor[key] = (weakref.ref(w), w._version, wt)
+    taps flipped). Made on every call: a copy kept per weight tensor would miss changes made through
+    w.data (torch.autograd.gradcheck's perturbations, for one), which leave w._version as it was."""
+    key = (tuple(w.shape), order, flip)
+    plan = _mask_plans.get(key)
+    if plan is None:
+        M, C, K = int(w.shape[0]), int(w.shape[1]), int(w.shape[2])
+        if flip:
+            M, C = C, M
+        Mp, KDp = ceil_div(M, 4) * 4, ceil_div(C * K * K, KD_ALIGN) * KD_ALIGN
+        plan = _mask_plans[key] = ((KDp, Mp), Launch(FILE, "igemm_mask_kmajor", {"KSIZE": K}, (M, C, Mp, KDp, order, int(flip)),
+                                                     grid=(min(ceil_div(KDp * Mp, 256), 4096), 1, 1), block=(256, 1, 1)))
+    shape, launch = plan
+    wt = torch.empty(shape, dtype=w.dtype, device=w.device)
+    launch(w, wt)
     return wt
 
 
