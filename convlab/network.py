@@ -354,6 +354,44 @@ def _accuracy_of(f, x, y, dev, batch_size: int = 500) -> float:
 
 # ---- end to end: copy in, layers, copy out -----------------------------------------------------------
 
+def _chunk_sizes(chunks, n: int) -> list:
+    """Images per chunk: `chunks` equal chunks (an int), or the sizes themselves (a list)."""
+    if isinstance(chunks, int):
+        if not 1 <= chunks <= n:
+            raise ValueError(f"chunks={chunks}: between 1 and the batch size {n}")
+        step = -(-n // chunks)
+        return [min(step, n - b0) for b0 in range(0, n, step)]
+    sizes = [int(c) for c in chunks]
+    if not sizes or min(sizes) < 1 or sum(sizes) != n:
+        raise ValueError(f"chunks={chunks}: positive chunk sizes that add up to the batch size {n}")
+    return sizes
+
+
+def graded_chunks(n: int, first: int, ratio: float) -> list:
+    """Chunk sizes for a pipeline whose ends cost least: the first chunk small (its copy is time
+    nothing overlaps), then each chunk `ratio` times the one before, ratio being compute time over
+    copy time per image (clipped to 1/2..2). So while chunk i computes, the copy of chunk i+1 (ratio
+    times as many images, each copied ratio times faster than it is computed) just finishes: the
+    compute stream never waits, and no more chunks are made than that takes. With ratio < 1 (copy
+    the longer) the same sizes come in reverse, shrinking: then the end nothing overlaps is the
+    last chunk's compute, and `first` is that last chunk's size."""
+    if not 1 <= first <= n:
+        raise ValueError(f"first={first}: between 1 and the batch size {n}")
+    ratio = min(2.0, max(0.5, float(ratio)))
+    if ratio < 1:
+        return graded_chunks(n, first, 1 / ratio)[::-1]
+    sizes, size = [], float(first)
+    while sum(sizes) + max(1, round(size)) < n:
+        sizes.append(max(1, round(size)))
+        size *= ratio
+    rest = n - sum(sizes)
+    if sizes and rest < sizes[-1] / 2:    # a last chunk much smaller than its neighbour: merge it
+        sizes[-1] += rest
+    else:
+        sizes.append(rest)
+    return sizes
+
+
 class Pipeline:
     """Inference end to end, as the class projects timed it: the batch copied from host memory to
     the GPU, the network, the logits copied back. Device buffers are allocated once, here.
@@ -361,8 +399,9 @@ class Pipeline:
         p = Pipeline(lambda xb, out: forward(arch, params, xb, logits=out), x_host, classes=10, chunks=8)
         logits = p.run()          # p.spans: (stream, chunk, start_ms, end_ms); p.wall_ms
 
-    chunks=1 runs everything in order on the caller's current stream. chunks>1 splits the batch and
-    overlaps: the copies in run on a stream of their own, the copies out on another, the compute
+    chunks=1 runs everything in order on the caller's current stream. More chunks (a number of
+    equal ones, or a list of sizes such as graded_chunks') split the batch and overlap: the copies
+    in run on a stream of their own, the copies out on another, the compute
     on the caller's current stream (where the course's kernels launch, as torch's ops do), each
     chunk's compute waiting for its copy in (an event) and its copy out for its compute, so chunk
     i+1 travels while chunk i computes. The copies are asynchronous only from pinned memory (x_host.pin_memory()): from
@@ -374,23 +413,22 @@ class Pipeline:
     run in the same order.
     """
 
-    def __init__(self, forward, x_host, *, classes: int = 10, chunks: int = 1):
+    def __init__(self, forward, x_host, *, classes: int = 10, chunks=1):
         import convlab as cl
 
         if x_host.device.type != "cpu":
             raise ValueError("x_host must be in host memory (a CPU tensor): the pipeline times its copy to the device")
         self.forward, self.x_host, self.gpu = forward, x_host, cl.backend() == "cuda"
         n = int(x_host.shape[0])
-        if not 1 <= chunks <= n:
-            raise ValueError(f"chunks={chunks}: between 1 and the batch size {n}")
-        step = -(-n // chunks)
-        self.bounds = [(b0, min(n, b0 + step)) for b0 in range(0, n, step)]
+        sizes = _chunk_sizes(chunks, n)
+        ends = [sum(sizes[:i + 1]) for i in range(len(sizes))]
+        self.bounds = [(e - s, e) for s, e in zip(sizes, ends)]
         dev = _device()
         self.x_dev = torch.empty(x_host.shape, dtype=x_host.dtype, device=dev)
         self.out_dev = torch.empty((n, classes), device=dev)
         self.out_host = torch.empty((n, classes), pin_memory=self.gpu and x_host.is_pinned())
         self.spans, self.wall_ms = [], float("nan")
-        if self.gpu and chunks > 1:
+        if self.gpu and len(self.bounds) > 1:
             self.streams = {"copy in": torch.cuda.Stream(), "copy out": torch.cuda.Stream()}
 
     def run(self):

@@ -208,6 +208,34 @@ def test_pipeline_gives_the_forwards_logits(chunks):
         net.Pipeline(lambda xb, out: None, x, chunks=8)
 
 
+def test_pipeline_takes_chunk_sizes():
+    arch = net.LENET5
+    params = net.init(arch, seed=0)
+    x = torch.randn(9, 1, 28, 28)
+    p = net.Pipeline(lambda xb, out: net.forward(arch, params, xb, logits=out), x, chunks=[2, 3, 4])
+    assert p.bounds == [(0, 2), (2, 5), (5, 9)]
+    cl.check(p.run().clone(), net.forward(arch, params, cl.to_device(x)), name="pipeline, sized chunks")
+    for bad in ([2, 3], [0, 9], []):
+        with pytest.raises(ValueError, match="add up"):
+            net.Pipeline(lambda xb, out: None, x, chunks=bad)
+
+
+@pytest.mark.parametrize("n, first, ratio", [(10_000, 625, 1.48), (10_000, 625, 0.7), (10, 3, 1.5),
+                                             (100, 100, 2.0), (1000, 50, 5.0)])
+def test_graded_chunks(n, first, ratio):
+    sizes = net.graded_chunks(n, first, ratio)
+    assert sum(sizes) == n and min(sizes) >= 1
+    r = min(2.0, max(0.5, ratio))
+    if r < 1:          # shrinking: the same sizes as growing by 1/r, last chunk first
+        assert sizes == net.graded_chunks(n, first, 1 / r)[::-1]
+        return
+    assert sizes[0] == first
+    # each chunk about r times the one before, but the last (which took the rest)
+    for a, b in zip(sizes[:-2], sizes[1:-1]):
+        assert abs(b - r * a) <= 1
+    assert sizes[-1] >= sizes[-2] / 2 if len(sizes) > 1 else True
+
+
 @pytest.mark.parametrize("arch", [net.CLASS_PROJECT, net.LENET5], ids=lambda a: a.key)
 def test_full_size_grids_fit(record_launches, arch):
     """Forward and backward at batch 10,000 on meta tensors: every launch within the GPU's limits."""
