@@ -404,9 +404,9 @@ class Pipeline:
     in run on a stream of their own, the copies out on another, the compute
     on the caller's current stream (where the course's kernels launch, as torch's ops do), each
     chunk's compute waiting for its copy in (an event) and its copy out for its compute, so chunk
-    i+1 travels while chunk i computes. The copies are asynchronous only from pinned memory (x_host.pin_memory()): from
-    pageable memory the driver stages them through a pinned buffer of its own, and they do not
-    overlap. The logits come back to pinned memory when x_host is pinned.
+    i+1 travels while chunk i computes. The copies are asynchronous only from pinned memory
+    (x_host.pin_memory()): from pageable memory the driver stages them through a pinned buffer of
+    its own, and they do not overlap. The logits come back to pinned memory when x_host is pinned.
 
     forward(xb, out) must write the logits of the images xb into out. Spans come from CUDA events
     per stream (ms from the first copy's start); on the emulator (no streams) from the wall clock,

@@ -60,7 +60,9 @@ static_assert(IX * IY * IZ * 4 <= 48 * 1024, "the input box must fit in 48 KB of
 
 __constant__ float c_mask[KZ * KY * KX];   // the launcher fills it with mod.set_constant("c_mask", mask)
 
-__global__ void conv3d_cube(const float* __restrict__ x, float* __restrict__ y, int D, int H, int W)
+// __launch_bounds__: without it ptxas gives this kernel 168 registers for a 5x5x5 mask (sm_90), and a
+// 512-thread block cannot launch; with it ptxas fits NT threads (128 registers at 512).
+__global__ void __launch_bounds__(NT) conv3d_cube(const float* __restrict__ x, float* __restrict__ y, int D, int H, int W)
 {
     __shared__ float tile[IZ][IY][IX];
     const int Do = D - KZ + 1, Ho = H - KY + 1, Wo = W - KX + 1;
