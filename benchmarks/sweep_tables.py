@@ -48,13 +48,13 @@ def layer_table(rows, name) -> str:
 
 
 def versus(df, picks: dict, label=None):
-    """One line per (workload, dtype) of df (forward rows): torch best's ms, then for each pick
+    """One line per (workload, dtype) of df (the rows of one pass): torch best's ms, then for each pick
     (column name -> function of that layer's rows giving the one row it names, or None) its ms and
     torch best / ms; label(row), when given, names the row of the last pick (its config)."""
     import pandas as pd
 
     lines = []
-    for (wl, dtype), rows in df[df["pass"] == "forward"].groupby(["workload", "dtype"], sort=False):
+    for (wl, dtype), rows in df.groupby(["workload", "dtype"], sort=False):
         best = torch_best_ms(rows)
         line = {"layer": wl, "dtype": dtype, "torch best ms": best}
         last = None
