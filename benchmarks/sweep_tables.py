@@ -69,8 +69,9 @@ def versus(df, picks: dict, label=None):
 
 
 def show(table, picks) -> str:
-    """versus()'s table as text: each pick's cell "ms (torch best / ms)"."""
-    out = table[["torch best ms"]].round(4).astype(str)
+    """versus()'s table as text: each pick's cell "ms (torch best / ms)"; other columns as they are."""
+    mine = {f"{col} {end}" for col in picks for end in ("ms", "ratio")} | {"its config"}
+    out = table[[c for c in table if c not in mine]].round(4).astype(str)
     for col in picks:
         out[col] = [f"{ms:.4f} ({r:.2f}x)" for ms, r in zip(table[f"{col} ms"], table[f"{col} ratio"])]
     if "its config" in table:
