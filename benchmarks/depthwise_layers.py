@@ -67,8 +67,9 @@ def measure_layer(wl, dtype: str, reps: int, roof, quick: bool = False):
         impl = IMPLS[layout, dtype]
         frames.append(measure.run([impl], [wl], dtype=dtype, layout=layout, torch_baseline=layout == "nchw",
                                   reps=reps, roof=roof, desc=f"{wl.name} {dtype}"))
-        frames.append(measure.sweep(impl, wl, [] if quick else CONFIGS_OF[layout], dtype=dtype, layout=layout, reps=reps, roof=roof,
-                                    desc=f"{wl.name} {dtype} {layout}"))
+        if not quick:
+            frames.append(measure.sweep(impl, wl, CONFIGS_OF[layout], dtype=dtype, layout=layout, reps=reps,
+                                        roof=roof, desc=f"{wl.name} {dtype} {layout}"))
     return pd.concat(frames, ignore_index=True)
 
 
@@ -129,7 +130,8 @@ def main(argv=None) -> int:
         print(f"# {roof}")
     import pandas as pd
 
-    df = pd.concat([measure_layer(w, d, args.reps, roof, args.quick) for w in layers for d in dtypes], ignore_index=True)
+    df = pd.concat([measure_layer(w, d, args.reps, roof, args.quick) for w in layers for d in dtypes],
+                   ignore_index=True)
     if not gpu:
         print("# emulator: every row below passed its check on the layer's small twin; nothing was timed")
         print("\n".join(f"{r['workload']:<22} {r['dtype']:<5} {label(r)}" for _, r in df.iterrows()))

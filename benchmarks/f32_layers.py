@@ -154,7 +154,8 @@ def report(df, shapes: dict) -> list[str]:
 
         tables = {ps: st.versus(rows, {ps: lambda r: st.fastest(st.ours(r))})
                   for ps, rows in back.groupby("pass", sort=False)}
-        shown = pd.DataFrame({ps: [f"{a:.4f} / {b:.4f} ({a / b:.2f}x)" for a, b in zip(t["torch best ms"], t[f"{ps} ms"])]
+        cell = lambda a, b: f"{a:.4f} / {b:.4f} ({a / b:.2f}x)"  # noqa: E731
+        shown = pd.DataFrame({ps: [cell(a, b) for a, b in zip(t["torch best ms"], t[f"{ps} ms"])]
                               for ps, t in tables.items()}, index=next(iter(tables.values())).index)
         out += ["", "# gradients of the stride-1 layers, igemm_config's choice for each convolution: torch best ms / "
                 "ours ms (their ratio: above 1, ours faster)", shown.to_string(), "# geometric mean of the ratio:"]
