@@ -113,7 +113,9 @@ def report(df, shapes: dict) -> list[str]:
     cols = picks(shapes)
     out = []
     for wl, rows in df.groupby("workload", sort=False):
-        out += [f"\n## {wl}: {rows['shape'].iloc[0]}", st.layer_table(rows, label)]
+        cfg = tc.mma_config(shapes[wl])
+        marked = lambda r: label(r) + (" *" if st.tunables(r, tc.TUNABLES) == cfg else "")  # noqa: E731
+        out += [f"\n## {wl}: {rows['shape'].iloc[0]} (* mma_config's tile)", st.layer_table(rows, marked)]
     table = st.versus(df, cols, label=lambda r: tile_name(st.tunables(r, tc.TUNABLES)))
     out += ["", "# per layer: GPU ms (torch best / ours: above 1, ours faster); mma_config's tile on channels_last "
             "and on NCHW inputs (the conversion in its time); the fastest tile (channels_last) and its config",
