@@ -107,10 +107,7 @@ def main(argv=None) -> int:
     print()
     for line in summary(df):
         print(line)
-    out = ROOT / "benchmarks" / "results" / f"general_layers_{df['gpu'].iloc[0].replace(' ', '_')}.csv"
-    out.parent.mkdir(exist_ok=True)
-    df.to_csv(out, index=False, float_format="%.6g")
-    print(f"# wrote {out.relative_to(ROOT)}")
+    print(f"# wrote {results.save_benchmark(df, 'general_layers')}")
     return 0
 
 

@@ -64,10 +64,7 @@ def main() -> int:
         return 0
     print(f"# {results.provenance(df)}")
     print(results.report(df).to_string())
-    out = ROOT / "benchmarks" / "results" / f"layers_{df['gpu'].iloc[0].replace(' ', '_')}.csv"
-    out.parent.mkdir(exist_ok=True)
-    df.to_csv(out, index=False, float_format="%.6g")
-    print(f"# wrote {out.relative_to(ROOT)}")
+    print(f"# wrote {results.save_benchmark(df, 'layers')}")
     return 0
 
 

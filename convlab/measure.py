@@ -51,14 +51,23 @@ def _conv(wl):
     return torch.nn.functional.conv2d if wl.D is None else torch.nn.functional.conv3d
 
 
-def inputs(wl, pass_: str, dtype: str = "fp32") -> dict:
-    """Fresh random tensors for one pass over a layer, on the backend's device."""
+LAYOUTS = ("nchw", "channels_last")
+
+
+def inputs(wl, pass_: str, dtype: str = "fp32", layout: str = "nchw") -> dict:
+    """Fresh random tensors for one pass over a layer, on the backend's device; layout
+    "channels_last": every 4D tensor in that memory format (what a kernel reading NHWC takes without
+    a conversion, as torch's channels_last rows get it)."""
     import convlab as cl
 
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout {layout!r}: one of {', '.join(LAYOUTS)}")
     dt = _dtype(dtype)
     out = {"x": cl.randn(*wl.x_shape, dtype=dt), "w": cl.randn(*wl.w_shape, dtype=dt)}
     if pass_ != "forward":
         out["dy"] = cl.randn(*wl.y_shape, dtype=dt)
+    if layout == "channels_last":
+        out = {k: v.contiguous(memory_format=torch.channels_last) if v.dim() == 4 else v for k, v in out.items()}
     return out
 
 
@@ -166,9 +175,10 @@ def _free():
         torch.cuda.empty_cache()
 
 
-def run(impls, workloads, *, dtype: str = "fp32", torch_baseline: bool = True, reps: int = 20, roof=None,
-        desc: str = "measuring") -> "pandas.DataFrame":  # noqa: F821
+def run(impls, workloads, *, dtype: str = "fp32", layout: str = "nchw", torch_baseline: bool = True, reps: int = 20,
+        roof=None, desc: str = "measuring") -> "pandas.DataFrame":  # noqa: F821
     """Check and time each implementation on each layer it applies to; torch's rows after ours.
+    layout: the memory format of the inputs ours get (inputs()); torch's rows time both.
     On the emulator, each layer's small twin is checked and nothing is timed for a figure."""
     from . import roofline
 
@@ -181,13 +191,14 @@ def run(impls, workloads, *, dtype: str = "fp32", torch_baseline: bool = True, r
         wl = wl_full if gpu else wl_full.small()
         passes = list(dict.fromkeys(PASS_OF_OP[i.op] for i in impls))
         for p in passes:
-            t = inputs(wl, p, dtype)
+            t = inputs(wl, p, dtype, layout)
             for impl in impls:
                 if PASS_OF_OP[impl.op] != p or not impl.takes(wl):
                     continue
                 fn = call(impl, wl, t, impl.config(wl))
                 check_output(impl, wl, t, fn(), dtype)
-                rows.append(results.row(wl, impl.name, time_impl(fn, reps), pass_=p, dtype=dtype, roof=roof))
+                rows.append(results.row(wl, impl.name, time_impl(fn, reps), pass_=p, dtype=dtype, layout=layout,
+                                        roof=roof))
             del t
             _free()
             if gpu and torch_baseline:
@@ -195,10 +206,11 @@ def run(impls, workloads, *, dtype: str = "fp32", torch_baseline: bool = True, r
     return results.frame(rows)
 
 
-def sweep(impl, wl, configs, *, dtype: str = "fp32", reps: int = 10, roof=None,
+def sweep(impl, wl, configs, *, dtype: str = "fp32", layout: str = "nchw", reps: int = 10, roof=None,
           desc: str = "sweep") -> "pandas.DataFrame":  # noqa: F821
     """Check and time impl on one layer for each dict of tunables: rows with the tunables as extra
-    columns. A setting that cannot launch is reported in a line and gets no row."""
+    columns (a tunable a dict leaves out: empty, the launcher's default). layout: as run's.
+    A setting that cannot launch is reported in a line and gets no row."""
     import pandas as pd
 
     import convlab as cl
@@ -209,7 +221,7 @@ def sweep(impl, wl, configs, *, dtype: str = "fp32", reps: int = 10, roof=None,
         roof = roofline.current()
     wl = wl if gpu else wl.small()
     p = PASS_OF_OP[impl.op]
-    t = inputs(wl, p, dtype)
+    t = inputs(wl, p, dtype, layout)
     rows, tunables = [], []
     for cfg in progress(list(configs), desc=desc):
         fn = call(impl, wl, t, cfg)
@@ -220,7 +232,7 @@ def sweep(impl, wl, configs, *, dtype: str = "fp32", reps: int = 10, roof=None,
             print(f"{cfg}: cannot run ({str(e).splitlines()[0]})")
             continue
         check_output(impl, wl, t, out, dtype)
-        rows.append(results.row(wl, impl.name, time_impl(fn, reps), pass_=p, dtype=dtype, roof=roof))
+        rows.append(results.row(wl, impl.name, time_impl(fn, reps), pass_=p, dtype=dtype, layout=layout, roof=roof))
         tunables.append(cfg)
     del t
     _free()

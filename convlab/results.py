@@ -141,6 +141,18 @@ def save(df_or_rows, chapter: str, *, force: bool = False, quiet: bool = False) 
     return target
 
 
+def save_benchmark(df, name: str, folder=None) -> Path | None:
+    """Write a benchmark script's rows to <folder>/<name>_<GPU>.csv (folder: benchmarks/results by
+    default), on a GPU run only, as save(); the path written, or None."""
+    if not may_save():
+        return None
+    folder = Path(folder) if folder else book.repo_root() / "benchmarks" / "results"
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / f"{name}_{str(df['gpu'].iloc[0]).replace(' ', '_')}.csv"
+    df.to_csv(target, index=False, float_format="%.6g")
+    return target
+
+
 def load(chapter: str, *, quiet: bool = False):
     """The committed results of a chapter as a DataFrame, or None when there are none of this
     schema: no file, no rows, or a file written by an older harness (its columns are not COLUMNS;

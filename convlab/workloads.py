@@ -1,5 +1,7 @@
 """The workloads every chapter times: the design's table, with their FLOPs and bytes, and chapter
-9's table of the layers modern networks have (LAYERS: depthwise, grouped, dilated, non-square).
+9's table of the layers modern networks have (LAYERS: depthwise, grouped, dilated, non-square);
+the benchmarks' sets: GEMM_LAYERS (the standard ResNet/VGG layers chapter 9's implicit GEMMs are
+tuned on) and DEPTHWISE_LAYERS (the depthwise kernels' sweep).
 
 Shapes come from the course material. Compare only figures taken on the same GPU. Each workload
 has a ``small()`` twin with the same character (channels and groups, kernel size, stride,
@@ -325,12 +327,42 @@ LAYERS: list[Workload] = [
 FAMILIES: list[str] = list(dict.fromkeys(w.family for w in LAYERS))
 
 
+def _layer(name: str) -> Workload:
+    """A layer of LAYERS, by name (the same object: one name, one shape)."""
+    return next(w for w in LAYERS if w.name == name)
+
+
+#: The standard layers of ResNet/VGG-class networks that benchmarks/f32_layers.py and
+#: tensor_core_layers.py sweep the implicit GEMMs' tiles on (igemm_config's and mma_config's
+#: rules come from them): the 3x3 layers of every ResNet stage, the VGG one, the bottleneck's
+#: 1x1 layers and the RGB stem. Three are LAYERS' own.
+GEMM_LAYERS: list[Workload] = [
+    _layer("resnet_3x3_56"),
+    Workload("resnet_3x3_28", B=32, C=128, M=128, H=28, W=28, K=3, padding=1, note="ResNet-18/34 stage 2, 3×3"),
+    Workload("resnet_3x3_14", B=32, C=256, M=256, H=14, W=14, K=3, padding=1, note="ResNet-18/34 stage 3, 3×3"),
+    Workload("resnet_3x3_7", B=32, C=512, M=512, H=7, W=7, K=3, padding=1, note="ResNet-18/34 stage 4, 3×3"),
+    Workload("vgg_3x3_56", B=16, C=256, M=256, H=56, W=56, K=3, padding=1, note="VGG-16 conv3_x, 3×3"),
+    _layer("resnet_1x1_56"),
+    Workload("resnet_1x1_56_expand", B=32, C=64, M=256, H=56, W=56, K=1,
+             note="ResNet-50 stage 1, 1×1 expand 64→256"),
+    Workload("resnet_1x1_14", B=32, C=1024, M=256, H=14, W=14, K=1, note="ResNet-50 stage 3, 1×1 reduce 1024→256"),
+    _layer("resnet_stem_7x7_s2"),
+]
+
+#: benchmarks/depthwise_layers.py's layers: LAYERS' depthwise ones, one at a batch of 64 and a
+#: MobileNetV2 layer of 112×112 maps.
+DEPTHWISE_LAYERS: list[Workload] = [w for w in LAYERS if w.family == "depthwise"] + [
+    _dw("mbv2_dw3_56_b64", 64, 144, 56, 3, note="MobileNetV2, depthwise 3×3, batch 64"),
+    _dw("mbv2_dw3_112", 32, 96, 112, 3, note="MobileNetV2, depthwise 3×3, 112×112 maps"),
+]
+
+
 def get(name: str) -> Workload:
-    """A workload of the design's table or of LAYERS, by name."""
-    for w in (*WORKLOADS.values(), *LAYERS):
-        if w.name == name:
-            return w
-    raise KeyError(f"no workload {name!r}; known: {', '.join([*WORKLOADS, *(w.name for w in LAYERS)])}")
+    """A workload of the design's table, of LAYERS, GEMM_LAYERS or DEPTHWISE_LAYERS, by name."""
+    every = {w.name: w for w in (*DEPTHWISE_LAYERS, *GEMM_LAYERS, *LAYERS, *WORKLOADS.values())}
+    if name in every:
+        return every[name]
+    raise KeyError(f"no workload {name!r}; known: {', '.join(every)}")
 
 
 def table(layers=None) -> "pandas.DataFrame":  # noqa: F821 (pandas imported lazily)

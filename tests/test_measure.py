@@ -200,3 +200,24 @@ def test_fp16_rows_are_checked_by_the_derived_bound():
     measure.run([Impl("right", right, op="conv2d_fp16")], [LAYER], dtype="fp16", torch_baseline=False)
     with pytest.raises(cl.CheckError):
         measure.run([Impl("off", off, op="conv2d_fp16")], [LAYER], dtype="fp16", torch_baseline=False)
+
+
+def test_channels_last_inputs_reach_the_launcher_and_the_row():
+    """layout="channels_last": x and w come in that memory format (an NHWC kernel's inputs, as torch's
+    channels_last row gets them), in run and in sweep, and the rows say so."""
+    seen = []
+
+    def nhwc_only(x, w, y=None, *, stride=1, padding=0, **tunables):
+        seen.append(x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+                    and w.is_contiguous(memory_format=torch.channels_last) and not w.is_contiguous())
+        return F.conv2d(x, w, stride=stride, padding=padding)
+
+    impl = Impl("nhwc", nhwc_only)
+    df = measure.run([impl], [LAYER], layout="channels_last", torch_baseline=False)
+    swept = measure.sweep(impl, LAYER, [{"T": 1}, {"T": 2}], layout="channels_last")
+    assert seen and all(seen) and list(df["layout"]) == ["channels_last"]
+    assert list(swept["layout"]) == ["channels_last"] * 2 and list(swept["T"]) == [1, 2]
+    measure.run([impl], [LAYER], torch_baseline=False)
+    assert seen[-1] is False
+    with pytest.raises(ValueError, match="layout"):
+        measure.run([impl], [LAYER], layout="nhwc", torch_baseline=False)

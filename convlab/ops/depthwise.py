@@ -7,13 +7,14 @@ kernels/09_general/conv2d_depthwise_nhwc.cu (the NCHW kernel is conv2d_depthwise
 x: (B, C, H, W) in torch.channels_last (its memory is (B, H, W, C)); y the same layout, (B, C, Ho, Wo);
 w (C, 1, Kh, Kw) contiguous, bias (C,) or None; float32 or float16 (half in and out, float sums);
 groups == C == M (one map per channel: nhwc_applies). stride, padding, dilation as torch takes them.
+DEPTHWISE_NHWC, DEPTHWISE_NHWC_FP16: its Impl records (benchmarks/depthwise_layers.py measures them).
 """
 from __future__ import annotations
 
 import torch
 
 from .._limits import GRID_X_MAX, GRID_YZ_MAX, SHARED_DEFAULT_MAX
-from . import ceil_div, new_output
+from . import Impl, ceil_div, new_output
 from ._kernels import module
 from .general import DEPTHWISE_MAX_TAPS, Geometry, _check_in, _check_plane_sizes, _suffix, geometry
 
@@ -111,3 +112,20 @@ def conv2d_depthwise_nhwc(x, w, y=None, *, stride=1, padding=0, dilation=1, grou
         kern(xh, w, w if bias is None else bias, yh, g.B, g.C, g.H, g.W, g.Ho, g.Wo, g.ph, g.pw,
              int(bias is not None), CB, grid=(*grid, 1), block=(CB * PB, 1, 1), shared=shared)
     return yh.permute(0, 3, 1, 2)
+
+
+def _takes(shape) -> bool:
+    """A 2D depthwise layer (groups == C == M) whose mask has at most DEPTHWISE_MAX_TAPS taps."""
+    from .general import workload_geometry
+
+    return getattr(shape, "D", None) is None and nhwc_applies(workload_geometry(shape))
+
+
+#: channels_last x only (measure.run(..., layout="channels_last")); the drop-in dispatch.conv2d
+#: routes a channels_last x of a depthwise layer here.
+DEPTHWISE_NHWC = Impl("depthwise NHWC (channels_last)", conv2d_depthwise_nhwc, "conv2d", _takes, any_layer=True)
+DEPTHWISE_NHWC_FP16 = Impl("depthwise NHWC fp16 (channels_last)", conv2d_depthwise_nhwc, "conv2d_fp16", _takes,
+                           any_layer=True)
+#: The module's implementations, by the names the figures use. Their tunables default to None and
+#: are resolved by the launcher (nhwc_config), so config() is empty.
+IMPLEMENTATIONS: tuple[Impl, ...] = (DEPTHWISE_NHWC, DEPTHWISE_NHWC_FP16)

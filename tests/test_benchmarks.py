@@ -1,0 +1,97 @@
+"""The tile-sweep benchmarks (benchmarks/f32_layers.py, tensor_core_layers.py, depthwise_layers.py)
+run end to end on the emulator: each layer's small twin, every output checked by convlab.measure,
+nothing timed for a figure. Their GPU reports are computed from result rows alone: here from the
+emulator's rows and a stand-in "torch best" row, so a report that breaks shows before a GPU run."""
+import pandas as pd
+import pytest
+
+from convlab import baselines, results, workloads
+from convlab.ops import igemm
+from convlab.ops import tensor_core as tc
+
+pytestmark = pytest.mark.emu_only      # on a GPU the scripts time and write results: the lead runs them
+
+
+def torch_best(wl, ms: float, dtype: str = "fp32", passes=("forward",)):
+    """A stand-in "torch best" row of ms on each pass."""
+    return results.frame([results.row(wl, baselines.TORCH_BEST, results.Measured(ms, ms, ms), kind="torch best",
+                                      pass_=p, dtype=dtype) for p in passes])
+
+
+def test_the_layers_are_workloads_with_emulator_twins():
+    for wl in workloads.GEMM_LAYERS + workloads.DEPTHWISE_LAYERS:
+        assert workloads.get(wl.name) is wl
+        s = wl.small()
+        # the twin keeps what picks a kernel's path: 8-channel chunks (mma.sync's 16-byte copies),
+        # igemm's loader, the mask, stride and padding, one map per channel
+        assert (s.C % 8 == 0) == (wl.C % 8 == 0) and s.family == wl.family
+        if wl in workloads.GEMM_LAYERS:
+            assert all(igemm.igemm_mode(s, bk) == igemm.igemm_mode(wl, bk) for bk in (8, 16))
+        assert (s.K, s.Kw, s.stride, s.padding) == (wl.K, wl.Kw, wl.stride, wl.padding)
+
+
+def test_tensor_core_layers_on_the_emulator(capsys):
+    from benchmarks import tensor_core_layers as T
+
+    assert T.main(["--layers", "resnet_stem_7x7_s2", "--configs", "default", "--splits", "", "--no-sass"]) == 0
+    assert "resnet_stem_7x7_s2_small" in capsys.readouterr().out
+
+    wl = workloads.get("resnet_3x3_7")
+    s = wl.small()
+    df = T.measure_layer(wl, [T.DEFAULT, "128x64x64 s3 (2x2 warps)"], [2], reps=1)
+    mine = df[df["kind"] == "ours"]
+    assert set(mine["layout"]) == {"channels_last", "NCHW"} and (mine["gpu"] == "CPU emulator").all()
+    chosen = tc.mma_config(s)
+    assert [T.st.tunables(r, tc.TUNABLES) for _, r in mine[mine["layout"] == "NCHW"].iterrows()] == [chosen]
+    (ms,) = [r["ms"] for _, r in mine.iterrows()
+             if r["layout"] == "channels_last" and T.st.tunables(r, tc.TUNABLES) == chosen]
+    text = "\n".join(T.report(pd.concat([df, torch_best(s, 2 * ms, "fp16")], ignore_index=True), {s.name: s}))
+    assert f"{ms:.4f} (2.00x)" in text and "geometric mean" in text
+
+
+def test_f32_layers_on_the_emulator(capsys):
+    from benchmarks import f32_layers as F
+
+    assert F.main(["--layers", "resnet_1x1_56", "--no-backward"]) == 0
+    out = capsys.readouterr().out
+    assert "resnet_1x1_56_small" in out and F.CH5 in out and F.MASK in out
+
+    wl = workloads.get("resnet_3x3_7")
+    s = wl.small()
+    df = F.measure_layer(wl, reps=1, quick=False, backward=True, sms=igemm.SMS, roof=None)
+    assert set(df["pass"]) == {"forward", "dX", "dW", "forward+dX+dW"}
+    swept = df[df["impl"] == igemm.IGEMM_F32.name]
+    assert len(swept) == len(F.candidates(s, igemm.SMS, False)) > 1
+    config = [r["ms"] for _, r in swept.iterrows() if F.st.tunables(r, igemm.TUNABLES) == igemm.igemm_config(s)]
+    passes = ("forward", "dX", "dW", "forward+dX+dW")
+    text = "\n".join(F.report(pd.concat([df, torch_best(s, 3 * config[0], passes=passes)], ignore_index=True),
+                              {s.name: s}))
+    assert f"{config[0]:.4f} (3.00x)" in text and "TUNED = {" in text and "forward+dX+dW" in text
+
+
+def test_depthwise_layers_on_the_emulator(capsys):
+    from benchmarks import depthwise_layers as D
+
+    assert D.main(["--layers", "mbv2_dw3_56_s2", "--dtypes", "fp16", "--quick"]) == 0
+    out = capsys.readouterr().out
+    assert "ours NCHW default" in out and "ours NHWC default" in out
+
+    wl = workloads.get("convnext_dw7_14")
+    s = wl.small()
+    df = D.measure_layer(wl, "fp32", reps=1, roof=None)
+    mine = df[df["kind"] == "ours"]
+    assert len(mine) == 2 + len(D.CONFIGS["nchw"]) + len(D.CONFIGS["nhwc"])
+    nhwc = float(mine[(mine["layout"] == "channels_last") & mine["PB"].isna() & mine["OX"].isna()
+                      & mine["OY"].isna() & mine["vec"].isna()]["ms"].iloc[0])
+    text = "\n".join(D.report(pd.concat([df, torch_best(s, nhwc / 2)], ignore_index=True)))
+    assert f"{nhwc:.4f} (0.50x)" in text and "ours best" in text
+
+
+def test_a_benchmark_csv_is_written_on_a_gpu_run_only(tmp_path, monkeypatch):
+    df = torch_best(workloads.GEMM_LAYERS[0], 1.0)
+    monkeypatch.delenv("CONVLAB_SAVE_RESULTS", raising=False)
+    assert results.save_benchmark(df, "x", tmp_path) is None and not list(tmp_path.iterdir())
+    monkeypatch.setenv("CONVLAB_SAVE_RESULTS", "1")
+    path = results.save_benchmark(df, "x", tmp_path)
+    assert path == tmp_path / "x_CPU_emulator.csv"
+    assert list(pd.read_csv(path).columns) == results.COLUMNS
