@@ -14,7 +14,8 @@ one line says so and the card shows that committed result instead.
 
 On the emulator, cl.profile runs the call in this process and counts every warp's global and
 shared-memory requests, 32-byte sectors, bank conflicts (wavefronts), atomics and barriers under
-the same metric names; timing, throughput and occupancy are the GPU's alone. With name=..., ncu's
+the same metric names; timing, throughput and occupancy are the GPU's alone. A request is one
+access in the source executed by a warp's lanes in one iteration of its loops (convlab/emu/profile.cpp). With name=..., ncu's
 committed numbers stand beside the emulator's. The shared-memory instruction rows count, on the
 emulator, each warp that makes the access with at least one lane; ncu counts every warp that
 issues the instruction, and where nvcc turns a short `if` into a predicated instruction
