@@ -194,14 +194,82 @@ _STATIC_SHARED_RE = re.compile(
 _ALIGN_RE = re.compile(r"__align__\s*\(\s*\d+\s*\)")
 
 
+# Pointer types the emulator's hooked build turns into clemu::lptr<T> (cuda_emu.h): C's and CUDA's
+# element types, and the names a file declares as types (typedef, using, struct, template parameters).
+_BUILTIN_TYPES = (r"(?:unsigned\s+|signed\s+)?(?:long\s+long|long|short|int|char)(?:\s+int)?|unsigned|signed|float|double|"
+                  r"bool|size_t|u?int(?:8|16|32|64)_t|(?:u?char|u?short|u?int|u?long|u?longlong|float|double)[1-4]|"
+                  r"__half2?|half2?|__nv_bfloat162?|nv_bfloat162?")
+_KEYWORDS_BEFORE_CAST = {"return", "case", "else", "do", "throw"}
+
+
+def _declared_types(clean: str) -> list[str]:
+    names = set(re.findall(r"\btypedef\b[^;{}]*?\b([A-Za-z_]\w*)\s*;", clean))
+    names |= set(re.findall(r"\busing\s+([A-Za-z_]\w*)\s*=", clean))
+    names |= set(re.findall(r"\b(?:struct|class|union)\s+([A-Za-z_]\w*)\s*[{:]", clean))
+    for m in re.finditer(r"\btemplate\s*<([^<>]*(?:<[^<>]*>[^<>]*)*)>", clean):
+        names |= set(re.findall(r"\b(?:class|typename)\s+([A-Za-z_]\w*)", m.group(1)))
+    return sorted(names, key=len, reverse=True)
+
+
+def _local_pointer_edits(clean: str) -> list[tuple[int, int, str]]:
+    """Local pointer variables (`const float* p = ...;`, inside a function), C-style pointer casts
+    and reinterpret_/static_casts to a pointer, spelled with cuda_emu.h's CLEMU_P macros: the same
+    pointer in the plain build, a clemu::lptr<T> whose elements the profiler counts in the hooked one."""
+    types = "|".join([_BUILTIN_TYPES] + [re.escape(n) for n in _declared_types(clean)])
+    elem = rf"(?P<cv>(?:(?:const|volatile)\s+)*)(?P<t>(?:{types}))\b(?P<cv2>(?:\s+(?:const|volatile))*)"
+    edits = []
+    depth = [0] * (len(clean) + 1)
+    for i, ch in enumerate(clean):
+        depth[i + 1] = depth[i] + (ch == "{") - (ch == "}")
+
+    def spelled(m):
+        return " ".join((m.group("cv") + m.group("t") + m.group("cv2")).split())
+
+    decl = re.compile(rf"(?P<b>^|[;{{}}(])[ \t]*{elem}\s*\*\s*(?P<q>(?:(?:const|__restrict__|__restrict|restrict)\s+)*)"
+                      rf"(?P<n>[A-Za-z_]\w*)\s*=(?!=)", re.M)
+    for m in decl.finditer(clean):
+        start = m.start("cv")
+        if depth[start] <= 0:
+            continue   # file scope: a global or a parameter list
+        # one declarator only (`float *a = x, *b = y;` keeps its plain pointers)
+        d, i = 0, m.end()
+        while i < len(clean) and not (d == 0 and clean[i] in ";)"):
+            d += clean[i] in "([{"
+            d -= clean[i] in ")]}"
+            if d == 0 and clean[i] == ",":
+                break
+            i += 1
+        if i < len(clean) and clean[i] == ",":
+            continue
+        q = m.group("q").split()
+        after = (" const" if "const" in q else "") + (" CLEMU_RESTRICT" if set(q) - {"const"} else "")
+        edits.append((start, m.start("n"), f"CLEMU_P({spelled(m)}){after} "))
+    cast = re.compile(rf"\(\s*{elem}\s*\*\s*\)")
+    for m in cast.finditer(clean):
+        before = clean[:m.start()].rstrip()
+        word = re.search(r"[A-Za-z_]\w*$", before)
+        if (word and word.group(0) not in _KEYWORDS_BEFORE_CAST) or before.endswith((")", "]")):
+            continue   # a call or a declarator: f(float*), sizeof(float*)
+        if clean[m.end():].lstrip()[:1] in ("", ")", ",", ";", "{", "="):
+            continue
+        edits.append((m.start(), m.end(), f"(CLEMU_P({spelled(m)}))"))
+    for m in re.finditer(r"\b(reinterpret_cast|static_cast)\s*<\s*([^<>;]*?(?:<[^<>;]*>[^<>;]*?)?)\s*\*\s*>", clean):
+        if "*" in m.group(2):
+            continue
+        macro = "CLEMU_RCAST" if m.group(1) == "reinterpret_cast" else "CLEMU_SCAST"
+        edits.append((m.start(), m.end(), f"{macro}({' '.join(m.group(2).split())})"))
+    return edits
+
+
 def rewrite_for_emulator(src: Source) -> str:
     """Pointer parameters of kernels become bounds-checked clemu::ptr<T>; `extern __shared__`
     arrays become the block's NaN-filled dynamic buffer; static `__shared__` arrays inside a
     function become a checked view of a per-block store, poisoned for each block (cuda_emu.h);
-    `#pragma unroll` is dropped (g++ has its own unroller and rejects non-constant counts)."""
+    local pointers and pointer casts are spelled with CLEMU_P, so the hooked build counts their
+    accesses; `#pragma unroll` is dropped (g++ has its own unroller and rejects non-constant counts)."""
     text = src.text
     clean = strip_comments(text)
-    edits = []   # (start, end, replacement)
+    edits = _local_pointer_edits(clean)   # (start, end, replacement)
     for k in src.kernels.values():
         for (s, e), p in zip(k.param_spans, k.params):
             if p.pointer and p.base != "pointer":

@@ -14,7 +14,8 @@ one line says so and the card shows that committed result instead.
 
 On the emulator, cl.profile runs the call in this process and counts every warp's global and
 shared-memory requests, 32-byte sectors, bank conflicts (wavefronts), atomics and barriers under
-the same metric names; timing, throughput and occupancy are the GPU's alone. With name=..., ncu's
+the same metric names; timing, throughput and occupancy are the GPU's alone. A request is one
+access in the source executed by a warp's lanes in one iteration of its loops (convlab/emu/profile.cpp). With name=..., ncu's
 committed numbers stand beside the emulator's. The shared-memory instruction rows count, on the
 emulator, each warp that makes the access with at least one lane; ncu counts every warp that
 issues the instruction, and where nvcc turns a short `if` into a predicated instruction
@@ -610,7 +611,7 @@ def _counters_lib(lib):
     import ctypes
     lib.clprof_site.argtypes = [ctypes.c_ulonglong, ctypes.c_int]
     lib.clprof_site.restype = ctypes.c_int
-    lib.clprof_access.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+    lib.clprof_access.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_ulonglong]
     lib.clprof_epoch.argtypes = [ctypes.c_int, ctypes.c_int]
     lib.clprof_totals.argtypes = [ctypes.POINTER(ctypes.c_longlong)]
     lib.clprof_totals.restype = ctypes.c_int
@@ -635,10 +636,11 @@ _standalone = None
 
 def count_trace(events, n_threads: int) -> dict:
     """Count an access trace as the emulator's profiler does, without running a kernel: the metric
-    math on its own. events: (thread, kind, address, bytes) or (thread, kind, address, bytes, site)
-    tuples in the order the threads made them (kind: one of KINDS; site: any int naming the source
-    instruction, by default one site per kind), and "barrier" where the block's threads all meet a
-    __syncthreads(). Returns ncu metric name -> count for that one block."""
+    math on its own. events: (thread, kind, address, bytes), (thread, kind, address, bytes, site) or
+    (thread, kind, address, bytes, site, loop) tuples in the order the threads made them (kind: one
+    of KINDS; site: any int naming the source instruction, by default one site per kind; loop: any
+    int naming the loop iteration the thread is in, by default 0, none), and "barrier" where the
+    block's threads all meet a __syncthreads(). Returns ncu metric name -> count for that one block."""
     global _standalone
     import ctypes
     import hashlib
@@ -655,13 +657,14 @@ def count_trace(events, n_threads: int) -> dict:
         if ev == "barrier":
             lib.clprof_epoch(n_threads, 1)
             continue
-        thread, kind, addr, nbytes, *site = ev
+        thread, kind, addr, nbytes, *rest = ev
         if kind not in KINDS:
             raise ValueError(f"kind {kind!r}: use one of {', '.join(KINDS)}")
-        key = (site[0] if site else -1 - KINDS[kind], KINDS[kind])
+        site, loop = (list(rest) + [None, 0][len(rest):])[:2]
+        key = (-1 - KINDS[kind] if site is None else site, KINDS[kind])
         if key not in sites:
             sites[key] = lib.clprof_site(key[0] & 0xFFFFFFFFFFFFFFFF, key[1])
-        lib.clprof_access(int(thread), sites[key], int(addr), int(nbytes))
+        lib.clprof_access(int(thread), sites[key], int(addr), int(nbytes), int(loop) & 0xFFFFFFFFFFFFFFFF)
     lib.clprof_epoch(n_threads, 0)
     return emu_totals(lib)
 

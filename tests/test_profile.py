@@ -294,6 +294,29 @@ def test_shared_wide_accesses_need_no_conflict_to_take_more_wavefronts():
     assert (r[SLD_WAVE], r[SLD_CONFL]) == (4, 0)
 
 
+@pytest.mark.parametrize("nbytes, addr, wavefronts, conflicts", [
+    (16, lambda t: 16 * (t % 8), 4, 0),       # each quarter-warp reads the same 128 bytes: 4 phases, not merged
+    (16, lambda t: 128 * t, 32, 28),          # all on banks 0-3: 8 words a bank in each of 4 phases
+    (16, lambda t: 0, 2, 0),                  # a broadcast: lane pairs share their data, 2 phases
+    (16, lambda t: 16 * (t // 2), 2, 0),      # lanes 2k and 2k+1 share an address: 2 phases of 16 lanes
+    (8, lambda t: 8 * (t % 16), 2, 0),        # each half-warp the same 128 bytes
+    (8, lambda t: 0, 1, 0),                   # a 64-bit broadcast: one phase
+])
+def test_shared_wide_accesses_go_in_phases(nbytes, addr, wavefronts, conflicts):
+    r = count_trace(_warp("shared_ld", addr, nbytes), 32)
+    assert (r[SLD_REQ], r[SLD_WAVE], r[SLD_CONFL]) == (1, wavefronts, conflicts)
+
+
+def test_a_loop_iteration_is_one_request():
+    """Lanes 0-3 skip a shared load in their first 4 - t iterations (loop tag k): each iteration's
+    loads are one request of one row, not the lanes' first, second, ... loads side by side."""
+    ev = [(t, "shared_ld", 4 * (33 * k + t), 4, 1, 100 + k) for t in range(32) for k in range(4) if t + k >= 4]
+    r = count_trace(ev, 32)
+    assert (r[SLD_REQ], r[SLD_WAVE], r[SLD_CONFL]) == (4, 4, 0)
+    untagged = [e[:5] for e in ev]      # the same accesses by count: lanes 1-4's first loads share bank 4
+    assert count_trace(untagged, 32)[SLD_CONFL] > 0
+
+
 def test_barriers_split_executions_and_count_per_warp():
     # lane 0 loads twice before the barrier, the others once: the barrier keeps the next load apart
     ev = _warp("shared_ld", lambda t: 4 * t) + [(0, "shared_ld", 512, 4)] + ["barrier"] + _warp("shared_ld", lambda t: 4 * t)
@@ -352,12 +375,44 @@ def _launch_cases():
         "histogram": ((pat.kernel("histogram"), v, cl.zeros(8, dtype=torch.int32), N), {"grid": 4, "block": 256},
                       {GLD_REQ: 32, GLD_SECT: 125, S_ATOM: 32, G_ATOM: 4, SST_REQ: 4, SST_WAVE: 4, SLD_REQ: 4,
                        SLD_WAVE: 4, BARRIER: 64}),
+        # as "coalesced", from float 3 on: a warp's 128 bytes straddle 5 sectors (the last warp's 8
+        # floats, 1003..1010, 2)
+        "local pointer": ((pat.kernel("copy_local_pointer"), cl.randn(N + 3), cl.empty(N + 3), N, 3),
+                          {"grid": 4, "block": 256}, {GLD_REQ: 32, GLD_SECT: 31 * 5 + 2, GST_REQ: 32, GST_SECT: 31 * 5 + 2}),
+        # 64 bytes a warp, 2 sectors; the last warp's 16 bytes 1
+        "half": ((pat.kernel("copy_half"), cl.randn(N, dtype=torch.float16), cl.empty(N, dtype=torch.float16), N),
+                 {"grid": 4, "block": 256}, {GLD_REQ: 32, GLD_SECT: 31 * 2 + 1, GST_REQ: 32, GST_SECT: 31 * 2 + 1}),
+        # 4 bytes a lane, as floats
+        "half2": ((pat.kernel("copy_half2"), cl.randn(2 * N, dtype=torch.float16), cl.empty(2 * N, dtype=torch.float16),
+                   N), {"grid": 4, "block": 256}, {GLD_REQ: 32, GLD_SECT: 125, GST_REQ: 32, GST_SECT: 125}),
+        # 512 bytes a warp, 16 sectors; the last warp's 128 bytes 4
+        "float4": ((pat.kernel("copy_float4"), cl.randn(4 * N), cl.empty(4 * N), N), {"grid": 4, "block": 256},
+                   {GLD_REQ: 32, GLD_SECT: 31 * 16 + 4, GST_REQ: 32, GST_SECT: 31 * 16 + 4}),
+        "shared float4": ((pat.kernel("shared_float4"), cl.randn(4 * 64), cl.empty(4 * 32), 1), {"grid": 1, "block": 32},
+                          {GLD_REQ: 2, GLD_SECT: 32, SST_REQ: 2, SST_WAVE: 8, SST_CONFL: 0, SLD_REQ: 1, SLD_WAVE: 4,
+                           SLD_CONFL: 0, GST_REQ: 1, GST_SECT: 16, BARRIER: 1}),
+        "shared float4, stride 2": ((pat.kernel("shared_float4"), cl.randn(4 * 64), cl.empty(4 * 32), 2),
+                                    {"grid": 1, "block": 32},
+                                    {GLD_REQ: 2, GLD_SECT: 32, SST_REQ: 2, SST_WAVE: 8, SST_CONFL: 0, SLD_REQ: 1,
+                                     SLD_WAVE: 8, SLD_CONFL: 4, GST_REQ: 1, GST_SECT: 16, BARRIER: 1}),
+        "shared float4, broadcast": ((pat.kernel("shared_float4"), cl.randn(4 * 64), cl.empty(4 * 32), 0),
+                                     {"grid": 1, "block": 32},
+                                     {GLD_REQ: 2, GLD_SECT: 32, SST_REQ: 2, SST_WAVE: 8, SST_CONFL: 0, SLD_REQ: 1,
+                                      SLD_WAVE: 2, SLD_CONFL: 0, GST_REQ: 1, GST_SECT: 16, BARRIER: 1}),
+        # 4 + 4 global loads (4 sectors, then 1), 4 shared stores and loads of a row each
+        "branch in a loop": ((pat.kernel("branch_in_loop"), cl.randn(256), cl.empty(32)), {"grid": 1, "block": 32},
+                             {GLD_REQ: 8, GLD_SECT: 20, SST_REQ: 4, SST_WAVE: 4, SST_CONFL: 0, SLD_REQ: 4, SLD_WAVE: 4,
+                              SLD_CONFL: 0, GST_REQ: 1, GST_SECT: 4, BARRIER: 1}),
     }
 
 
+PATTERN_CASES = ["coalesced", "stride 2", "stride 32", "tile, no padding", "tile, padded", "broadcast", "histogram",
+                 "local pointer", "half", "half2", "float4", "shared float4", "shared float4, stride 2",
+                 "shared float4, broadcast", "branch in a loop"]
+
+
 @pytest.mark.emu_only
-@pytest.mark.parametrize("case", ["coalesced", "stride 2", "stride 32", "tile, no padding", "tile, padded",
-                                  "broadcast", "histogram"])
+@pytest.mark.parametrize("case", PATTERN_CASES)
 def test_emulator_counts_the_patterns_exactly(case):
     (fn, *args), launch, want = _launch_cases()[case]
     card = cl.profile(fn, *args, **launch)
@@ -421,8 +476,7 @@ def _ncu_expects(case, want):
 
 
 @pytest.mark.gpu_only
-@pytest.mark.parametrize("case", ["coalesced", "stride 2", "stride 32", "tile, no padding", "tile, padded",
-                                  "broadcast", "histogram"])
+@pytest.mark.parametrize("case", PATTERN_CASES)
 def test_ncu_counts_the_patterns_as_the_emulator_does(case):
     (fn, *args), launch, want = _launch_cases()[case]
     try:

@@ -390,11 +390,17 @@ def test_mma_needs_a_whole_warp():
     assert f"mma_16816 at {at('mma_16816(d, a, b)', 'mma_partial_warp')} needs all 32 lanes" in str(e.value)
 
 
+# ldmatrix_x4's lanes 8i..8i+7 pass the rows of matrix i; each matrix is one phase of 128 bytes
+# (as any 16-byte shared load's quarter-warp): rows 0..31 in lane order are 4 phases without a
+# conflict, while lanes 0..7 passing rows 0, 8, 16, 24, 1, 9, 17, 25 put 4 rows on each of banks
+# 0-3 and 4-7 (4 wavefronts a phase).
 @pytest.mark.emu_only
-def test_profiler_counts_ldmatrix_as_a_shared_load():
-    """One ldmatrix_x4 of 32 rows, 512 bytes in distinct banks: one request of 4 wavefronts, as ncu
-    counts it."""
-    rows, order = ldmatrix_inputs(8)
+@pytest.mark.parametrize("order, wavefronts", [(np.arange(32), 4), (8 * (np.arange(32) % 4) + np.arange(32) // 4, 16)],
+                         ids=["rows in lane order", "rows 8 apart in each matrix"])
+def test_profiler_counts_ldmatrix_as_a_shared_load(order, wavefronts):
+    """One ldmatrix_x4 of 32 rows: one request, a phase per 8x8 matrix."""
+    rows, _ = ldmatrix_inputs(8)
+    order = order.astype(np.int32)
     mod = cl.load(FRAGMENTS)
     card = cl.profile(mod.kernel("ldmatrix_lanes"), as_int16(rows), cl.to_device(torch.from_numpy(order)),
                       cl.empty(32, 4, dtype=torch.int32), 2, grid=1, block=32)
@@ -402,4 +408,5 @@ def test_profiler_counts_ldmatrix_as_a_shared_load():
     line = f"mma_fragments.cu:{line_of('case 2: ldmatrix_x4', FRAGMENTS)}"
     row = df[df["source line"].str.endswith(line) & df["access"].str.startswith("shared")]
     assert len(row) == 1, df
-    assert row["requests"].iloc[0] == 1 and row["wavefronts per request"].iloc[0] == 4, row
+    assert row["requests"].iloc[0] == 1 and row["wavefronts per request"].iloc[0] == wavefronts, row
+    assert row["bank conflicts"].iloc[0] == wavefronts - 4, row

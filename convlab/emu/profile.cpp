@@ -1,10 +1,17 @@
 // The emulator's profiler: counts global and shared-memory requests the way Nsight Compute does,
 // from the accesses each CUDA thread makes (clemu_profile.h says what it is given).
 //
+// A request: one warp's lanes' accesses at one site (one instruction) in the same iteration of
+// the same loops (the loop tag each access carries, cuda_emu.h), between two barriers. Where a
+// lane makes more than one such access (a loop the emulator does not tag: while, do, goto), its
+// k-th goes with the other lanes' k-th.
 // Global memory: a request's sectors are the distinct 32-byte segments its lanes touch.
-// Shared memory: 32 banks of 4-byte words; a request needs as many wavefronts as the most
-// distinct words it touches in one bank (lanes reading the same word share it: a broadcast).
-// Its bank conflicts are the wavefronts beyond the fewest its bytes could take.
+// Shared memory: 32 banks of 4-byte words; a request of 4-byte (or narrower) accesses needs as
+// many wavefronts as the most distinct words it touches in one bank (lanes reading the same word
+// share it: a broadcast). 8- and 16-byte accesses go in 2 or 4 phases (half-warps, quarter-warps:
+// 128 bytes each), each as many wavefronts as its own most distinct words in one bank; where
+// every pair of lanes (l, l^1 or l, l^2) uses one address, as in a broadcast, the pairs share their
+// data and the phases halve. Bank conflicts are the wavefronts beyond one per phase.
 #include "clemu_profile.h"
 
 #include <algorithm>
@@ -19,7 +26,7 @@
 
 namespace {
 
-struct record { uint64_t addr; int site; int bytes; };
+struct record { uint64_t addr; uint64_t loop; int site; int bytes; };
 
 struct site_info { unsigned long long key; int kind; };
 
@@ -34,9 +41,8 @@ struct worker_state {
     unsigned long long gen = 0;                  // the reset it belongs to
     std::vector<int> kind;                       // per site, copied from the table as sites appear
     // scratch, kept between epochs so counting allocates nothing
-    struct item { uint32_t site, k; uint64_t addr; int bytes; };
+    struct item { uint32_t site, lane, k, order; uint64_t loop, addr; int bytes; };
     std::vector<item> items;
-    std::vector<int> k_next;
     std::vector<uint64_t> units;
 };
 std::vector<worker_state*> workers;
@@ -84,6 +90,39 @@ void distinct_units(worker_state* w, const worker_state::item* a, const worker_s
     u.erase(std::unique(u.begin(), u.end()), u.end());
 }
 
+// Whether every lane's partner (lane ^ bit) is absent or uses the same address.
+bool paired(const worker_state::item* a, const worker_state::item* end, unsigned bit) {
+    uint64_t at[32];
+    bool on[32] = {false};
+    for (const worker_state::item* i = a; i != end; ++i) { at[i->lane] = i->addr; on[i->lane] = true; }
+    for (int l = 0; l < 32; l++)
+        if (on[l] && on[l ^ bit] && at[l] != at[l ^ bit]) return false;
+    return true;
+}
+
+// A shared-memory request's wavefronts and the least it could take (one per phase with a lane).
+void shared_wavefronts(worker_state* w, const worker_state::item* a, const worker_state::item* end,
+                       long long& wave, long long& least) {
+    int bytes = 0;
+    for (const worker_state::item* i = a; i != end; ++i) bytes = std::max(bytes, i->bytes);
+    int phases = bytes > 8 ? 4 : bytes > 4 ? 2 : 1;
+    if (phases > 1 && (paired(a, end, 1) || paired(a, end, 2))) phases /= 2;
+    int width = 32 / phases;                      // lanes per phase
+    wave = least = 0;
+    static thread_local std::vector<worker_state::item> phase;
+    for (int ph = 0; ph < phases; ph++) {
+        phase.clear();
+        for (const worker_state::item* i = a; i != end; ++i)
+            if ((int)i->lane / width == ph) phase.push_back(*i);
+        if (phase.empty()) continue;
+        distinct_units(w, phase.data(), phase.data() + phase.size(), 2);
+        int per_bank[32] = {0}, most = 0;
+        for (uint64_t word : w->units) most = std::max(most, ++per_bank[word & 31]);
+        wave += most;
+        least += 1;
+    }
+}
+
 // One request: the lanes' accesses of one site's k-th execution, [a, end).
 void count_request(worker_state* w, long long* c, int kind, const worker_state::item* a, const worker_state::item* end) {
     switch (kind) {
@@ -97,11 +136,8 @@ void count_request(worker_state* w, long long* c, int kind, const worker_state::
     case CLPROF_GLOBAL_ATOM: c[CLPROF_GATOM_REQ] += 1; return;
     case CLPROF_SHARED_ATOM: c[CLPROF_SATOM_REQ] += 1; return;
     default: {
-        distinct_units(w, a, end, 2);
-        int per_bank[32] = {0};
-        int wave = 0;
-        for (uint64_t word : w->units) wave = std::max(wave, ++per_bank[word & 31]);
-        long long least = std::max<long long>(1, ((long long)w->units.size() + 31) / 32);
+        long long wave, least;
+        shared_wavefronts(w, a, end, wave, least);
         bool ld = kind == CLPROF_SHARED_LD;
         c[ld ? CLPROF_SLD_REQ : CLPROF_SST_REQ] += 1;
         c[ld ? CLPROF_SLD_WAVE : CLPROF_SST_WAVE] += wave;
@@ -123,15 +159,16 @@ extern "C" int clprof_site(unsigned long long key, int kind) {
     return id;
 }
 
-extern "C" void clprof_access(int thread, int site, const void* addr, int bytes) {
+extern "C" void clprof_access(int thread, int site, const void* addr, int bytes, unsigned long long loop) {
     worker_state* w = state();
     if ((int)w->pending.size() <= thread) w->pending.resize(thread + 1);
-    w->pending[thread].push_back({(uint64_t)(uintptr_t)addr, site, bytes});
+    w->pending[thread].push_back({(uint64_t)(uintptr_t)addr, (uint64_t)loop, site, bytes});
 }
 
 // The emulator's per-access hook, as clemu_abi.h describes its op bits (read 1, write 2, atomic 4,
 // shared 8): a read-modify-write (x[i] += v) is a load and a store, as on a GPU.
-extern "C" void clprof_hook(unsigned op, const void* addr, unsigned bytes, const void* pc, int thread) {
+extern "C" void clprof_hook(unsigned op, const void* addr, unsigned bytes, const void* pc, int thread,
+                            unsigned long long loop) {
     struct slot { unsigned long long key; int site; };
     static thread_local slot cache[256];                        // (pc, kind) -> site, direct-mapped
     bool shared = op & 8;
@@ -145,7 +182,7 @@ extern "C" void clprof_hook(unsigned op, const void* addr, unsigned bytes, const
         unsigned long long key = ((unsigned long long)(uintptr_t)pc << 3) | (unsigned)kinds[i];
         slot& s = cache[(key ^ (key >> 11)) & 255];
         if (s.key != key + 1) s = {key + 1, clprof_site((uintptr_t)pc, kinds[i])};   // +1: 0 is empty
-        clprof_access(thread, s.site, addr, (int)bytes);
+        clprof_access(thread, s.site, addr, (int)bytes, loop);
     }
 }
 
@@ -153,26 +190,32 @@ extern "C" void clprof_epoch(int n_threads, int barrier) {
     worker_state* w = state();
     if ((int)w->pending.size() < n_threads) w->pending.resize(n_threads);
     auto& items = w->items;
-    auto& k_next = w->k_next;
+    using item = worker_state::item;
     for (int warp = 0; warp * 32 < n_threads; warp++) {
         items.clear();
         for (int t = warp * 32; t < warp * 32 + 32 && t < n_threads; t++) {
             auto& mine = w->pending[t];
-            for (const record& r : mine) {
-                if ((int)k_next.size() <= r.site) k_next.resize(r.site + 1, 0);
-                items.push_back({(uint32_t)r.site, (uint32_t)k_next[r.site]++, r.addr, r.bytes});
-            }
-            for (const record& r : mine) k_next[r.site] = 0;
+            for (const record& r : mine)
+                items.push_back({(uint32_t)r.site, (uint32_t)(t - warp * 32), 0, (uint32_t)items.size(), r.loop, r.addr, r.bytes});
             mine.clear();
         }
-        // the lanes' k-th executions of one site side by side: each run is one request
-        std::sort(items.begin(), items.end(), [](const worker_state::item& x, const worker_state::item& y) {
-            return x.site != y.site ? x.site < y.site : x.k < y.k; });
+        // the lanes' accesses at one site in one loop iteration side by side, each lane's in its order
+        std::sort(items.begin(), items.end(), [](const item& x, const item& y) {
+            return x.site != y.site ? x.site < y.site : x.loop != y.loop ? x.loop < y.loop : x.order < y.order; });
         for (size_t i = 0; i < items.size();) {
             size_t j = i + 1;
-            while (j < items.size() && items[j].site == items[i].site && items[j].k == items[i].k) j++;
+            while (j < items.size() && items[j].site == items[i].site && items[j].loop == items[i].loop) j++;
+            // a lane's k-th access in this run goes with the other lanes' k-th (usually k is 0 only)
+            uint32_t seen[32] = {0}, most = 0;
+            for (size_t e = i; e < j; e++) most = std::max(most, items[e].k = seen[items[e].lane]++);
+            if (most) std::stable_sort(items.begin() + i, items.begin() + j, [](const item& x, const item& y) { return x.k < y.k; });
             int site = (int)items[i].site;
-            count_request(w, counts_of(w, site), kind_of(w, site), &items[i], &items[0] + j);
+            for (size_t e = i; e < j;) {
+                size_t f = e + 1;
+                while (f < j && items[f].k == items[e].k) f++;
+                count_request(w, counts_of(w, site), kind_of(w, site), &items[e], &items[0] + f);
+                e = f;
+            }
             i = j;
         }
         if (barrier) w->barriers += 1;

@@ -419,6 +419,7 @@ extern "C" unsigned clemu_activemask() {
 // are stale: that memory was the earlier block's. Launches with the detector run on one worker,
 // so the same kernel gives the same report on every run.
 int clemu_hook_on = 0;
+int clemu_count_on = 0;
 static bool detect_on = false;
 static bool prof_on = false;                                     // the profiler (profile.cpp) counts
 static thread_local const void* volatile hook_site = nullptr;   // inside clemu_access: the access's site
@@ -539,32 +540,51 @@ static void detect(unsigned op, const volatile void* addr, unsigned bytes, const
     if (stop_pending) { stop_pending = 0; throw clemu_fault_exc(); }
 }
 
+// What memory an address is in, as far as the emulator can tell: the block's shared memory (its
+// dynamic buffer and the static arrays it opened), a buffer argument, a thread's stack.
+enum { SP_UNKNOWN, SP_SHARED, SP_GLOBAL, SP_LOCAL };
+static std::string describe_address(uintptr_t a);
+struct mem_place { int space; const char* lo; long long bytes, elem; const char* name; };
+static mem_place place_of(const void* a);
+
+// The profiler's part of an access: the space of an access through a local pointer (CLEMU_ANY) is
+// where its address lies; one into neither a buffer argument nor shared memory (a thread's own
+// array, __constant__ memory) is no load or store the GPU's LSU counts.
+static void count_access(unsigned op, const void* addr, unsigned bytes, const void* pc) {
+    fiber_thread* t = me();
+    if (!t) return;
+    if (op & CLEMU_ANY) {
+        mem_place m = place_of(addr);
+        bool exact = m.space == SP_GLOBAL ||
+                     (m.space == SP_SHARED && (const char*)addr >= m.lo && (const char*)addr < m.lo + m.bytes);
+        if (!exact) return;
+        if (m.space == SP_SHARED) op |= CLEMU_SHARED;
+    } else if ((op & CLEMU_ATOM) && !(op & CLEMU_SHARED)) {
+        // an atomic comes as a plain pointer: shared memory when it is in no buffer argument
+        bool global = false;
+        for (int i = 0; L && i < L->n_bufs && !global; i++)
+            global = (const char*)addr >= (const char*)L->bufs[i].p &&
+                     (const char*)addr < (const char*)L->bufs[i].p + L->bufs[i].nbytes;
+        if (!global) op |= CLEMU_SHARED;
+    }
+    clprof_hook(op, addr, bytes, pc, t->pub.linear, t->pub.loop);
+}
+
 extern "C" __attribute__((visibility("default")))
 void clemu_access(unsigned op, const volatile void* addr, unsigned bytes, const char* name, const void* base) {
+    if (op & CLEMU_COUNT) {       // half, vector elements, local pointers: the profiler's alone
+        if (prof_on) count_access(op, (const void*)addr, bytes, __builtin_return_address(0));
+        return;
+    }
     if (W && !W->cp_words.empty() && !(op & CLEMU_ATOM))
         cp_check(op, (const void*)addr, bytes, name, base, __builtin_return_address(0));
-    if (prof_on && me()) {
-        // an atomic comes as a plain pointer: shared memory when it is in no buffer argument
-        if ((op & CLEMU_ATOM) && !(op & CLEMU_SHARED)) {
-            bool global = false;
-            for (int i = 0; L && i < L->n_bufs && !global; i++)
-                global = (const char*)addr >= (const char*)L->bufs[i].p &&
-                         (const char*)addr < (const char*)L->bufs[i].p + L->bufs[i].nbytes;
-            if (!global) op |= CLEMU_SHARED;
-        }
-        clprof_hook(op, (const void*)addr, bytes, __builtin_return_address(0), me()->pub.linear);
-    }
+    if (prof_on) count_access(op, (const void*)addr, bytes, __builtin_return_address(0));
     if (!detect_on || (op & CLEMU_ATOM)) return;
     detect(op, addr, bytes, name, base, __builtin_return_address(0));
 }
 
 // ----------------------------------------------------------------------------------------
 // Tensor-core instructions (clemu_tensor_core.h): ldmatrix's row addresses and cp.async's copies.
-// What memory an address is in, as far as the emulator can tell: the block's shared memory (its
-// dynamic buffer and the static arrays it opened), a buffer argument, a thread's stack.
-enum { SP_UNKNOWN, SP_SHARED, SP_GLOBAL, SP_LOCAL };
-static std::string describe_address(uintptr_t a);
-struct mem_place { int space; const char* lo; long long bytes, elem; const char* name; };
 
 static const long long NEAR_BYTES = 4096;   // an address this close past (before) an array counts as in it
 
@@ -693,7 +713,7 @@ extern "C" __attribute__((visibility("default"))) void clemu_ldmatrix_hook(const
     const void* pc = __builtin_return_address(0);
     fiber_thread* t = me();
     if (!t) return;
-    if (prof_on) clprof_hook(CLEMU_RD | CLEMU_SHARED, row, 16, pc, t->pub.linear);
+    if (prof_on) clprof_hook(CLEMU_RD | CLEMU_SHARED, row, 16, pc, t->pub.linear, t->pub.loop);
     if (!detect_on) return;
     mem_place m = place_of(row);
     int step = detect_step(m);
@@ -993,6 +1013,7 @@ static void run_block(worker* w, long long b) {
         th[i].pub.idx = uint3{(unsigned)(i % bx), (unsigned)((i / bx) % by), (unsigned)(i / (bx * by))};
         th[i].pub.blk = &w->blk;
         th[i].pub.linear = i;
+        th[i].pub.loop = 0;
     }
     if (!l->use_fibers) {
         for (int k = 0; k < n; k++) {
@@ -1186,6 +1207,7 @@ static std::atomic<int> busy{0};   // one launch at a time
 
 static void finish(clemu_launch* launch) {
     prof_on = false;
+    clemu_count_on = 0;
     clemu_hook_on = detect_on ? 1 : 0;
     if (detect_on) {
         detect_on = false;
@@ -1234,6 +1256,7 @@ extern "C" __attribute__((visibility("default"))) int clemu_start(clemu_launch* 
     n_races = 0;
     if (detect_on) clemu_hook_on = 1;
     prof_on = launch->profile != 0;
+    clemu_count_on = prof_on ? 1 : 0;
     if (prof_on) {
         clprof_reset();
         clemu_hook_on = 1;

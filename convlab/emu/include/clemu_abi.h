@@ -23,6 +23,7 @@ struct clemu_thread {          // one CUDA thread of the running block
     uint3 idx;
     const clemu_block* blk;
     int linear;                // x + y*bx + z*bx*by
+    unsigned long long loop;   // hooked builds: which iteration of which loops the thread is in (cuda_emu.h)
 };
 
 // A buffer argument as the launcher passes it: base pointer and size in bytes.
@@ -37,18 +38,22 @@ extern thread_local clemu_thread* clemu_cur;
 // (clemu::ptr), a static or extern __shared__ array calls
 //     clemu_access(op, addr, bytes, name, base)
 // while clemu_hook_on is nonzero:
-//   op    CLEMU_RD / CLEMU_WR (both for x[i] += v) or CLEMU_ATOM, plus CLEMU_SHARED for shared memory
+//   op    CLEMU_RD / CLEMU_WR (both for x[i] += v) or CLEMU_ATOM, plus CLEMU_SHARED for shared memory;
+//         CLEMU_ANY where the space is not known (a local pointer: the runtime looks the address
+//         up), CLEMU_COUNT for an access only the profiler sees (half and vector elements, local
+//         pointers: the race detector checks the arithmetic elements of kernel pointers and arrays)
 //   addr  the element's address; bytes its size
 //   name  the shared array's name (nullptr for global memory: the runtime finds the buffer argument)
 //   base  the start of that array or buffer, so index = (addr - base) / bytes
 // The source site is the hook's return address (the instruction in the kernel that accessed);
 // the thread and block are clemu_cur's. The race detector is one user; a profiler counting
 // requests, sectors and bank conflicts per warp and per site can be another.
-enum { CLEMU_RD = 1, CLEMU_WR = 2, CLEMU_ATOM = 4, CLEMU_SHARED = 8 };
+enum { CLEMU_RD = 1, CLEMU_WR = 2, CLEMU_ATOM = 4, CLEMU_SHARED = 8, CLEMU_ANY = 16, CLEMU_COUNT = 32 };
 enum { CLEMU_XCHG_REGS = 8 };
 
 extern "C" {
 extern int clemu_hook_on;
+extern int clemu_count_on;     // the profiler counts this launch: CLEMU_COUNT accesses call the hook too
 void clemu_syncthreads(const char* file, int line);
 int clemu_syncthreads_reduce(int pred, int op, const char* file, int line);   // op: 0 count, 1 and, 2 or
 unsigned long long* clemu_warp_exchange(unsigned mask, unsigned long long value, const char* file, int line);

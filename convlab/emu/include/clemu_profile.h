@@ -1,6 +1,7 @@
 // clemu_profile.h — the emulator's profiler (profile.cpp): it groups each warp's memory accesses
-// into requests and counts them as Nsight Compute does. A request is the k-th execution of one
-// access site (a load or store in the source) by the lanes of one warp, between two barriers.
+// into requests and counts them as Nsight Compute does. A request is one access site's (a load or
+// store in the source) execution by the lanes of one warp in one iteration of the loops around
+// it, between two barriers.
 // Only linked into a launch that cl.profile asked for; plain launches never call it.
 #pragma once
 
@@ -21,11 +22,12 @@ extern "C" {
 // A site's id: the same key (the accessing instruction's address in the kernel's code) and kind
 // always give the same id.
 int clprof_site(unsigned long long key, int kind);
-// One thread's access: its linear index in the block, the site, the address and size in bytes.
-void clprof_access(int thread, int site, const void* addr, int bytes);
+// One thread's access: its linear index in the block, the site, the address and size in bytes,
+// and which iteration of which loops the thread was in (0: none; cuda_emu.h's loop tag).
+void clprof_access(int thread, int site, const void* addr, int bytes, unsigned long long loop);
 // The emulator's per-access hook (op bits as clemu_abi.h's CLEMU_RD/WR/ATOM/SHARED; pc: the
 // accessing instruction, which names the site).
-void clprof_hook(unsigned op, const void* addr, unsigned bytes, const void* pc, int thread);
+void clprof_hook(unsigned op, const void* addr, unsigned bytes, const void* pc, int thread, unsigned long long loop);
 // The block's threads all reached a barrier (or the block ended): group what they did since the
 // last one into requests. n_threads: the block's size. barrier: 1 at a __syncthreads().
 void clprof_epoch(int n_threads, int barrier);

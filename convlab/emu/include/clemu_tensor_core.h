@@ -15,6 +15,7 @@ namespace tc {
 // the address a pointer, a checked kernel pointer or a shared array holds
 template <class T> CLEMU_TC_INLINE const void* addr(T* p) { return (const void*)p; }
 template <class T> CLEMU_TC_INLINE const void* addr(const ptr<T>& p) { return (const void*)p.p; }
+template <class T> CLEMU_TC_INLINE const void* addr(const lptr<T>& p) { return (const void*)p.p; }
 template <class A> CLEMU_TC_INLINE const void* addr(const sview<A>& v) { return (const void*)v.p; }
 template <class T> CLEMU_TC_INLINE const void* addr(const dyn_shared<T>& d) { return (const void*)(T*)d; }
 

@@ -36,11 +36,15 @@
 #define warpSize 32
 
 // ---- vector types ------------------------------------------------------------------------
-#define CLEMU_VEC2(T, N, A) struct __align__(A) N##2 { T x, y; }; \
+// clemu::vec<T>: the element types besides arithmetic ones whose accesses the profiler counts
+// (CUDA's vector types here, half and half2 in cuda_fp16.h), with their number of fields x, y, z, w.
+namespace clemu { template <class T> struct vec { enum { counted = 0, fields = 0 }; }; }
+#define CLEMU_COUNTED(V, N) namespace clemu { template <> struct vec<V> { enum { counted = 1, fields = N }; }; }
+#define CLEMU_VEC2(T, N, A) struct __align__(A) N##2 { T x, y; }; CLEMU_COUNTED(N##2, 2) \
     static inline N##2 make_##N##2(T x, T y) { return N##2{x, y}; }
-#define CLEMU_VEC3(T, N) struct N##3 { T x, y, z; }; \
+#define CLEMU_VEC3(T, N) struct N##3 { T x, y, z; }; CLEMU_COUNTED(N##3, 3) \
     static inline N##3 make_##N##3(T x, T y, T z) { return N##3{x, y, z}; }
-#define CLEMU_VEC4(T, N, A) struct __align__(A) N##4 { T x, y, z, w; }; \
+#define CLEMU_VEC4(T, N, A) struct __align__(A) N##4 { T x, y, z, w; }; CLEMU_COUNTED(N##4, 4) \
     static inline N##4 make_##N##4(T x, T y, T z, T w) { return N##4{x, y, z, w}; }
 CLEMU_VEC2(float, float, 8) CLEMU_VEC3(float, float) CLEMU_VEC4(float, float, 16)
 CLEMU_VEC2(double, double, 16) CLEMU_VEC3(double, double) CLEMU_VEC4(double, double, 16)
@@ -198,41 +202,69 @@ static inline unsigned atomicInc(unsigned* a, unsigned lim) { clemu_atomic_hook(
 
 // ---- checked elements ---------------------------------------------------------------------
 namespace clemu {
-// An arithmetic element of checked memory (a kernel pointer parameter, a __shared__ array), as an
-// lvalue: reading it and writing it are told apart, so the per-access hook (clemu_abi.h) sees
-// which one happened. Other element types (half, float4, structs) come back as plain T&. The
-// emulator builds each module twice, on demand: with CLEMU_HOOKS (these proxies, for the race
-// detector) and without (plain T&, for launches at full speed).
-template <class T> struct ref {
+// An element of checked memory (a kernel pointer parameter, a __shared__ array, and in the hooked
+// build a local pointer), as an lvalue: reading it and writing it are told apart, so the
+// per-access hook (clemu_abi.h) sees which one happened. The emulator builds each module twice,
+// on demand: with CLEMU_HOOKS (these proxies, for the race detector and the profiler) and without
+// (plain T&, for launches at full speed). Arithmetic elements of kernel pointers and __shared__
+// arrays go to both; half, half2 and the vector types (float4 ...) to the profiler only
+// (CLEMU_COUNT), and their fields are proxies too (x4[i].x = v stores 4 bytes, as on a GPU).
+// Other element types (structs) come back as plain T&.
+#define CLEMU_INLINE inline __attribute__((always_inline))   // the hook's return address is the kernel's line
+template <class T> struct ref;
+template <class T> using field_of = typename std::conditional<std::is_const<T>::value,
+    const decltype(std::remove_cv<T>::type::x), decltype(std::remove_cv<T>::type::x)>::type;
+template <class T, int N> struct ref_fields { ref_fields(T*, unsigned) {} };
+template <class T> struct ref_fields<T, 2> {
+    ref<field_of<T>> x, y;
+    ref_fields(T* p, unsigned sp) : x(&p->x, nullptr, nullptr, sp), y(&p->y, nullptr, nullptr, sp) {}
+};
+template <class T> struct ref_fields<T, 3> {
+    ref<field_of<T>> x, y, z;
+    ref_fields(T* p, unsigned sp) : x(&p->x, nullptr, nullptr, sp), y(&p->y, nullptr, nullptr, sp),
+                                    z(&p->z, nullptr, nullptr, sp) {}
+};
+template <class T> struct ref_fields<T, 4> {
+    ref<field_of<T>> x, y, z, w;
+    ref_fields(T* p, unsigned sp) : x(&p->x, nullptr, nullptr, sp), y(&p->y, nullptr, nullptr, sp),
+                                    z(&p->z, nullptr, nullptr, sp), w(&p->w, nullptr, nullptr, sp) {}
+};
+template <class T> struct ref : ref_fields<T, vec<typename std::remove_cv<T>::type>::fields> {
     typedef typename std::remove_cv<T>::type V;
+    typedef ref_fields<T, vec<V>::fields> fields;
     T* p; const char* name; const void* base; unsigned sp;
-    ref(T* p_, const char* n, const void* b, unsigned s) : p(p_), name(n), base(b), sp(s) {}
+    CLEMU_INLINE ref(T* p_, const char* n, const void* b, unsigned s) : fields(p_, s), p(p_), name(n), base(b), sp(s) {}
     ref(const ref&) = default;
-    inline void hook(unsigned op) const {
-        if (__builtin_expect(clemu_hook_on, 0)) clemu_access(op | sp, p, sizeof(T), name, base); }
-    operator V() const { hook(CLEMU_RD); return *p; }
+    CLEMU_INLINE void hook(unsigned op) const {
+        if (__builtin_expect((sp & CLEMU_COUNT) ? clemu_count_on : clemu_hook_on, 0))
+            clemu_access(op | sp, p, sizeof(T), name, base); }
+    CLEMU_INLINE operator V() const { hook(CLEMU_RD); return *p; }
     T* operator&() const { return p; }
-    ref& operator=(const V& v) { hook(CLEMU_WR); *p = v; return *this; }
-    ref& operator=(const ref& o) { V v = o; return *this = v; }
-#define CLEMU_REF_OP(OP) template <class U> ref& operator OP(const U& v) { \
+    CLEMU_INLINE ref& operator=(const V& v) { hook(CLEMU_WR); *p = v; return *this; }
+    CLEMU_INLINE ref& operator=(const ref& o) { V v = o; return *this = v; }
+#define CLEMU_REF_OP(OP) template <class U> CLEMU_INLINE ref& operator OP(const U& v) { \
         hook(CLEMU_RD | CLEMU_WR); V t = *p; t OP v; *p = t; return *this; }
     CLEMU_REF_OP(+=) CLEMU_REF_OP(-=) CLEMU_REF_OP(*=) CLEMU_REF_OP(/=) CLEMU_REF_OP(%=)
     CLEMU_REF_OP(&=) CLEMU_REF_OP(|=) CLEMU_REF_OP(^=) CLEMU_REF_OP(<<=) CLEMU_REF_OP(>>=)
 #undef CLEMU_REF_OP
-    ref& operator++() { hook(CLEMU_RD | CLEMU_WR); V t = *p; ++t; *p = t; return *this; }
-    ref& operator--() { hook(CLEMU_RD | CLEMU_WR); V t = *p; --t; *p = t; return *this; }
-    V operator++(int) { hook(CLEMU_RD | CLEMU_WR); V t = *p, r = t; ++t; *p = t; return r; }
-    V operator--(int) { hook(CLEMU_RD | CLEMU_WR); V t = *p, r = t; --t; *p = t; return r; }
+    CLEMU_INLINE ref& operator++() { hook(CLEMU_RD | CLEMU_WR); V t = *p; ++t; *p = t; return *this; }
+    CLEMU_INLINE ref& operator--() { hook(CLEMU_RD | CLEMU_WR); V t = *p; --t; *p = t; return *this; }
+    CLEMU_INLINE V operator++(int) { hook(CLEMU_RD | CLEMU_WR); V t = *p, r = t; ++t; *p = t; return r; }
+    CLEMU_INLINE V operator--(int) { hook(CLEMU_RD | CLEMU_WR); V t = *p, r = t; --t; *p = t; return r; }
 };
 #ifdef CLEMU_HOOKS
 template <class T> struct is_plain : std::is_arithmetic<typename std::remove_cv<T>::type> {};
+template <class T> struct is_counted
+    : std::integral_constant<bool, is_plain<T>::value || vec<typename std::remove_cv<T>::type>::counted> {};
 #else
 template <class T> struct is_plain : std::false_type {};
+template <class T> struct is_counted : std::false_type {};
 #endif
-template <class T> using elem = typename std::conditional<is_plain<T>::value, ref<T>, T&>::type;
-template <class T> static inline typename std::enable_if<is_plain<T>::value, ref<T>>::type
-at(T* p, unsigned sp, const char* name, const void* base) { return ref<T>(p, name, base, sp); }
-template <class T> static inline typename std::enable_if<!is_plain<T>::value, T&>::type
+template <class T> using elem = typename std::conditional<is_counted<T>::value, ref<T>, T&>::type;
+template <class T> static CLEMU_INLINE typename std::enable_if<is_counted<T>::value, ref<T>>::type
+at(T* p, unsigned sp, const char* name, const void* base) {
+    return ref<T>(p, name, base, sp | (is_plain<T>::value ? 0u : (unsigned)CLEMU_COUNT)); }
+template <class T> static CLEMU_INLINE typename std::enable_if<!is_counted<T>::value, T&>::type
 at(T* p, unsigned, const char*, const void*) { return *p; }
 template <class T> static inline T unref(T v) { return v; }
 template <class T> static inline typename ref<T>::V unref(const ref<T>& r) { return r; }
@@ -340,13 +372,69 @@ template <class T> struct ptr {
     ptr operator--(int) { ptr r = *this; --p; return r; }
 };
 template <class I, class T> static inline ptr<T> operator+(I i, const ptr<T>& q) { return q + i; }
+
+// ---- local pointers (hooked build) -----------------------------------------------------------
+// In the hooked build the emulator rewrites a kernel file's local pointer variables, its pointer
+// casts and reinterpret_casts (convlab/_source.py: `const float* p = x + off;` becomes
+// `CLEMU_P(const float) p = x + off;`) into lptr<T>: a plain pointer whose elements are proxies,
+// so the profiler counts `p[i]` and `*(const float4*)&s[j]` as the GPU's loads and stores. It
+// does not know which memory it points into: the runtime looks each address up (CLEMU_ANY), and
+// leaves out a thread's own arrays. It checks no bounds (as a plain pointer; the kernel's pointer
+// parameters do).
+template <class T> struct lptr {
+    T* p;
+    lptr() = default;
+    CLEMU_INLINE lptr(T* q) : p(q) {}
+    CLEMU_INLINE lptr(std::nullptr_t) : p(nullptr) {}
+    // whatever converts to T* (a checked kernel pointer, a __shared__ array, another lptr)
+    template <class S, class = typename std::enable_if<!std::is_pointer<S>::value &&
+                                                       std::is_convertible<const S&, T*>::value>::type>
+    CLEMU_INLINE lptr(const S& s) : p(s) {}
+    // a cast: (const float4*)&x[i], reinterpret_cast<uint4*>(p), (half*)smem
+    template <class S, class = typename std::enable_if<!std::is_convertible<const S&, T*>::value>::type,
+              class = decltype((T*)std::declval<const S&>())>
+    CLEMU_INLINE explicit lptr(const S& s) : p((T*)s) {}
+    CLEMU_INLINE operator T*() const { return p; }
+    template <class U> CLEMU_INLINE explicit operator U*() const { return (U*)p; }
+    template <class I, class U = T, class = typename std::enable_if<std::is_integral<I>::value || std::is_enum<I>::value>::type>
+    CLEMU_INLINE elem<U> operator[](I i) const { return at(p + (long long)i, CLEMU_ANY | CLEMU_COUNT, nullptr, nullptr); }
+    template <class U = T> CLEMU_INLINE elem<U> operator*() const { return at(p, CLEMU_ANY | CLEMU_COUNT, nullptr, nullptr); }
+    T* operator->() const { return p; }
+#define CLEMU_INT template <class I, class = typename std::enable_if<std::is_integral<I>::value || std::is_enum<I>::value>::type>
+    CLEMU_INT lptr operator+(I i) const { return lptr(p + (long long)i); }
+    CLEMU_INT lptr operator-(I i) const { return lptr(p - (long long)i); }
+    CLEMU_INT lptr& operator+=(I i) { p += (long long)i; return *this; }
+    CLEMU_INT lptr& operator-=(I i) { p -= (long long)i; return *this; }
+    long long operator-(const lptr& o) const { return p - o.p; }
+    long long operator-(const T* o) const { return p - o; }
+    lptr& operator++() { ++p; return *this; }
+    lptr operator++(int) { lptr r = *this; ++p; return r; }
+    lptr& operator--() { --p; return *this; }
+    lptr operator--(int) { lptr r = *this; --p; return r; }
+};
+template <class I, class T, class = typename std::enable_if<std::is_integral<I>::value || std::is_enum<I>::value>::type>
+static inline lptr<T> operator+(I i, const lptr<T>& q) { return q + i; }
+#undef CLEMU_INT
+template <class T> static inline T* unref(const lptr<T>& p) { return p.p; }
+
 // a plain pointer from a pointer or a checked pointer (the checked one checks its first element)
 template <class T> static inline T* raw(T* p) { return p; }
 template <class T> static inline T* raw(const ptr<T>& p) { p.check(p.p); return p.p; }
+template <class T> static inline T* raw(const lptr<T>& p) { return p.p; }
+// __ldg through a plain pointer, in the hooked build: the profiler counts it as a load
+template <class T> static CLEMU_INLINE typename std::remove_cv<T>::type ldg(const T* p) {
+#ifdef CLEMU_HOOKS
+    return at(p, CLEMU_ANY | CLEMU_COUNT, nullptr, nullptr);
+#else
+    return *p;
+#endif
 }
-template <class T> static inline T __ldg(const T* p) { return *p; }
-template <class T> static inline T __ldg(const clemu::ptr<T>& p) { return *p; }
-template <class T> static inline T __ldg(const clemu::ptr<const T>& p) { return *p; }
+}
+template <class T> static CLEMU_INLINE T __ldg(const T* p) { return clemu::ldg(p); }
+template <class T> static CLEMU_INLINE T __ldg(const clemu::ptr<T>& p) { return *p; }
+template <class T> static CLEMU_INLINE T __ldg(const clemu::ptr<const T>& p) { return *p; }
+template <class T> static CLEMU_INLINE T __ldg(const clemu::lptr<T>& p) { return *p; }
+template <class T> static CLEMU_INLINE T __ldg(const clemu::lptr<const T>& p) { return *p; }
 template <class T> static inline T __ldcs(const T* p) { return *p; }
 template <class T> static inline T __ldcg(const T* p) { return *p; }
 template <class T> static inline void __stcs(T* p, T v) { *p = v; }
@@ -359,3 +447,52 @@ template <class T> static inline void __stcg(T* p, T v) { *p = v; }
 CLEMU_ATOMIC_PTR(atomicAdd) CLEMU_ATOMIC_PTR(atomicSub) CLEMU_ATOMIC_PTR(atomicExch) CLEMU_ATOMIC_PTR(atomicCAS)
 CLEMU_ATOMIC_PTR(atomicMax) CLEMU_ATOMIC_PTR(atomicMin) CLEMU_ATOMIC_PTR(atomicAnd) CLEMU_ATOMIC_PTR(atomicOr)
 CLEMU_ATOMIC_PTR(atomicXor) CLEMU_ATOMIC_PTR(atomicInc)
+// and on a local pointer (hooked build)
+#define CLEMU_ATOMIC_LPTR(F) \
+    template <class T, class... A> static inline auto F(const clemu::lptr<T>& a, A... v) -> decltype(F((T*)a.p, v...)) { \
+        return F((T*)a.p, v...); }
+CLEMU_ATOMIC_LPTR(atomicAdd) CLEMU_ATOMIC_LPTR(atomicSub) CLEMU_ATOMIC_LPTR(atomicExch) CLEMU_ATOMIC_LPTR(atomicCAS)
+CLEMU_ATOMIC_LPTR(atomicMax) CLEMU_ATOMIC_LPTR(atomicMin) CLEMU_ATOMIC_LPTR(atomicAnd) CLEMU_ATOMIC_LPTR(atomicOr)
+CLEMU_ATOMIC_LPTR(atomicXor) CLEMU_ATOMIC_LPTR(atomicInc)
+
+// What the source rewrite writes for a pointer type and for reinterpret_cast<T*>, static_cast<T*>
+// (convlab/_source.py): a plain pointer and the cast as written, or in the hooked build an lptr.
+// CLEMU_RESTRICT keeps a local pointer's __restrict__ in the plain build.
+#ifdef CLEMU_HOOKS
+#define CLEMU_P(...) ::clemu::lptr<__VA_ARGS__>
+#define CLEMU_RCAST(...) ::clemu::lptr<__VA_ARGS__>
+#define CLEMU_SCAST(...) ::clemu::lptr<__VA_ARGS__>
+#define CLEMU_RESTRICT
+#else
+#define CLEMU_P(...) __VA_ARGS__*
+#define CLEMU_RCAST(...) reinterpret_cast<__VA_ARGS__*>
+#define CLEMU_SCAST(...) static_cast<__VA_ARGS__*>
+#define CLEMU_RESTRICT __restrict
+#endif
+
+// ---- loops (hooked build) -------------------------------------------------------------------
+// A warp runs a loop's i-th iteration for all its lanes that are in the loop at once, whatever
+// each lane did before: a lane that took the other side of a branch in iterations 0 and 1 is
+// still in iteration 2 with the others. So each thread keeps which iteration of which loops it
+// is in (clemu_thread::loop, a hash), every access it makes carries it, and the profiler makes
+// one request of the lanes' accesses at one site with the same one (profile.cpp). `for` becomes
+// a loop that opens such a scope around itself and steps it at the top of each iteration; the
+// scope's end (after the loop, a break, a return) gives the thread its outer loops' value back.
+#ifdef CLEMU_HOOKS
+namespace clemu {
+struct loop_scope {
+    clemu_thread* t; unsigned long long outer, iter;
+    CLEMU_INLINE loop_scope() : t(clemu_cur), outer(t ? t->loop : 0), iter(0) {}
+    CLEMU_INLINE ~loop_scope() { if (t) t->loop = outer; }
+    CLEMU_INLINE bool next(unsigned long long id) {
+        if (t) {
+            unsigned long long h = (outer + 0x9E3779B97F4A7C15ull * (id + 1)) ^ (iter++ * 0xC2B2AE3D27D4EB4Full);
+            h ^= h >> 31; h *= 0xBF58476D1CE4E5B9ull; h ^= h >> 29;
+            t->loop = h | 1;    // never 0: 0 is outside every loop
+        }
+        return false;
+    }
+};
+}
+#define for(...) if (::clemu::loop_scope clemu_loop_; false) {} else for (__VA_ARGS__) if (clemu_loop_.next(__COUNTER__)) {} else
+#endif

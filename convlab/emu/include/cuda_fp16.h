@@ -85,6 +85,7 @@ struct __align__(4) __half2 {
 };
 typedef __half half;
 typedef __half2 half2;
+CLEMU_COUNTED(__half, 0) CLEMU_COUNTED(__half2, 2)   // the profiler counts their loads and stores
 
 static inline __half clemu_hbits(uint16_t b) { __half h; h.__x = b; return h; }
 static inline __half operator+(__half a, __half b) { return __half((float)a + (float)b); }
@@ -130,7 +131,7 @@ static inline __half hsqrt(__half a) { return __half(sqrtf((float)a)); }
 static inline __half hexp(__half a) { return __half(expf((float)a)); }
 static inline __half hlog(__half a) { return __half(logf((float)a)); }
 static inline __half hrcp(__half a) { return __half(1.0f / (float)a); }
-static inline __half __ldg(const __half* p) { return *p; }
+static CLEMU_INLINE __half __ldg(const __half* p) { return clemu::ldg(p); }
 
 static inline __half2 __halves2half2(__half a, __half b) { return __half2(a, b); }
 static inline __half2 __half2half2(__half a) { return __half2(a, a); }
@@ -159,7 +160,7 @@ static inline __half2 operator*(__half2 a, __half2 b) { return __hmul2(a, b); }
 static inline __half2 operator/(__half2 a, __half2 b) { return __h2div(a, b); }
 inline __half2& __half2::operator+=(const __half2& o) { *this = *this + o; return *this; }
 inline __half2& __half2::operator*=(const __half2& o) { *this = *this * o; return *this; }
-static inline __half2 __ldg(const __half2* p) { return *p; }
+static CLEMU_INLINE __half2 __ldg(const __half2* p) { return clemu::ldg(p); }
 static inline __half atomicAdd(__half* a, __half v) {
     uint16_t o = __atomic_load_n(&a->__x, __ATOMIC_RELAXED), n;
     do { n = __half(clemu::h2f(o) + (float)v).__x; } while (!__atomic_compare_exchange_n(&a->__x, &o, n, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
