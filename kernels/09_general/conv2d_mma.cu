@@ -41,7 +41,7 @@
 //
 // Layout: x (B, H, W, C) half, C % 8 == 0, 16-byte aligned; w (M, Kh, Kw, C) half; bias (M) half
 // (read only when has_bias); y (B, Ho, Wo, M) half. Stride, padding and dilation: any;
-// Kh, Kw <= 31 (the tap bitmasks are 32-bit). ws (splits, P, M) float, used only when splits > 1.
+// Kh + Kw <= 31 (one 32-bit tap mask per pixel, bit 31 spare). ws (splits, P, M) float, used only when splits > 1.
 // Grid: (ceil(P/BM) * ceil(M/BN), splits), block 32*WARPS_M*WARPS_N threads, dynamic shared memory
 // max(STAGES*(BM+BN)*BK, BM*(BN+8)) * 2 bytes. Tunables: BM, BN, BK (16, 32 or 64), WARPS_M, WARPS_N, STAGES.
 
@@ -113,60 +113,62 @@ conv2d_mma(const half* __restrict__ x, const half* __restrict__ w, const half* _
     const int cc = tid % CHUNKS, row0 = tid / CHUNKS;
     const int dst = at(row0, cc);                // row row0 + i*ROWS_PER_PASS: dst + i*ROWS_PER_PASS*BK
     int a_base[A_ITERS];                         // x offset of the row's window at tap (0, 0), channel 0
-    unsigned a_rows[A_ITERS], a_cols[A_ITERS];   // bit r: window row r inside the image; bit s: column s
+    unsigned a_taps[A_ITERS];                    // bit r: window row r inside the image; bit Kh + s: column s
 #pragma unroll
     for (int i = 0; i < A_ITERS; i++) {
         const int p = p0 + row0 + i * ROWS_PER_PASS;
         const int n = p / (Ho * Wo), q = p % (Ho * Wo);
         const int ih0 = (q / Wo) * sh - ph, iw0 = (q % Wo) * sw - pw;
-        a_base[i] = ((n * H + ih0) * W + iw0) * C;   // may point before x (padding): used only with a valid tap
-        a_rows[i] = a_cols[i] = 0;
+        a_base[i] = ((n * H + ih0) * W + iw0) * C;   // may point before x (padding): its copies read nothing
+        a_taps[i] = 0;
         for (int r = 0; r < Kh; r++)
-            if (p < P && ih0 + r * dh >= 0 && ih0 + r * dh < H) a_rows[i] |= 1u << r;   // past P: no tap valid
+            if (p < P && ih0 + r * dh >= 0 && ih0 + r * dh < H) a_taps[i] |= 1u << r;   // past P: no tap valid
         for (int s = 0; s < Kw; s++)
-            if (iw0 + s * dw >= 0 && iw0 + s * dw < W) a_cols[i] |= 1u << s;
+            if (iw0 + s * dw >= 0 && iw0 + s * dw < W) a_taps[i] |= 1u << (Kh + s);
     }
-    int b_base[B_ITERS];                         // w offset of the map's row
-    bool b_ok[B_ITERS];
+    // w offset of each map row. A row past M copies map M-1's: its products reach only accumulator
+    // columns past M, which are never stored, so the copy needs no test of its own in the loop.
+    int b_base[B_ITERS];
 #pragma unroll
-    for (int i = 0; i < B_ITERS; i++) {
-        const int m = m0 + row0 + i * ROWS_PER_PASS;
-        b_ok[i] = m < M;
-        b_base[i] = b_ok[i] ? m * K : 0;
-    }
+    for (int i = 0; i < B_ITERS; i++) b_base[i] = min(m0 + row0 + i * ROWS_PER_PASS, M - 1) * K;
+
     // This block's K steps: all of them, or its share under split-K (an empty share stores zeros).
     const int steps_all = (K + BK - 1) / BK, per_split = (steps_all + gridDim.y - 1) / gridDim.y;
     const int kt0 = blockIdx.y * per_split, steps = max(0, min(steps_all - kt0, per_split));
 
-    // The thread's chunk in K: k (the mask's column), tap (r, s) as one-hot bits, channel c, and off,
-    // x's offset of (r, s, c) from a window's top-left. Past the last tap rbit is 0: no copy is valid.
-    int k = kt0 * BK + cc * 8, c = k % C, s = (k / C) % Kw;
-    const int r = (k / C) / Kw;
-    unsigned rbit = r < Kh ? 1u << r : 0u, sbit = 1u << s;
-    int off = (r * dh * W + s * dw) * C + c;
-    const int next_s = (dw - 1) * C, next_r = (dh * W - (Kw - 1) * dw - 1) * C;   // off's deltas, c -= C included
+    // The thread's chunk in K, k = (r*Kw + s)*C + c of the mask's columns: its tap (r, s), channel c,
+    // and two pointers moved along with it, xk (x at (r, s, c) from the window of a pixel at the
+    // origin, to which a row's offset is added) and wk (the mask's column k of map 0). A BK step
+    // moves k by dr rows, ds columns and dc channels of the mask (BK = (dr*Kw + ds)*C + dc), then
+    // carries c into s and s into r: two compares, never a loop, also where one step crosses
+    // several taps (C < BK: the RGB stem's 8 channels). Past the last tap, r >= Kh.
+    const int k0 = kt0 * BK + cc * 8;
+    int c = k0 % C, s = (k0 / C) % Kw, r = (k0 / C) / Kw;
+    const half* xk = x + (r * dh * W + s * dw) * C + c;
+    const half* wk = w + k0;
+    const int dc = BK % C, ds = (BK / C) % Kw, dr = (BK / C) / Kw;
+    const int step_x = (dr * dh * W + ds * dw) * C + dc;
+    const int carry_c = (dw - 1) * C, carry_s = (dh * W - Kw * dw) * C;   // xk's extra moves on a carry
 
     auto load_tile = [&](int stage) {
         half* as = As + stage * A_STAGE + dst;
         half* bs = Bs + stage * B_STAGE + dst;
+        // The tap's two bits; past K, bit 31, which no row has (Kh + Kw <= 31): every A copy is
+        // zero-filled. A copy is valid when the row has both bits: one AND-NOT test.
+        const bool in_k = r < Kh;
+        const unsigned tap = in_k ? (1u << r) | (1u << (Kh + s)) : 1u << 31;
 #pragma unroll
-        for (int i = 0; i < A_ITERS; i++) {
-            const bool ok = (a_rows[i] & rbit) && (a_cols[i] & sbit);
-            cp_async_16(as + i * ROWS_PER_PASS * BK, ok ? x + (a_base[i] + off) : x, ok);
-        }
-        const bool k_ok = k < K;
+        for (int i = 0; i < A_ITERS; i++)        // invalid: src-size 0, nothing is read at that address
+            cp_async_16(as + i * ROWS_PER_PASS * BK, xk + a_base[i], (tap & ~a_taps[i]) == 0);
 #pragma unroll
-        for (int i = 0; i < B_ITERS; i++) {
-            const bool ok = k_ok && b_ok[i];
-            cp_async_16(bs + i * ROWS_PER_PASS * BK, ok ? w + (b_base[i] + k) : w, ok);
-        }
-        // the next step's position: BK channels on, into the next tap(s) when c passes C
-        k += BK;
-        off += BK;
-        for (c += BK; c >= C; c -= C) {
-            if (++s == Kw) { s = 0; sbit = 1; rbit <<= 1; off += next_r; }
-            else { sbit <<= 1; off += next_s; }
-        }
+        for (int i = 0; i < B_ITERS; i++) cp_async_16(bs + i * ROWS_PER_PASS * BK, wk + b_base[i], in_k);
+        xk += step_x;
+        wk += BK;
+        c += dc;
+        s += ds;
+        r += dr;
+        if (c >= C) { c -= C; s++; xk += carry_c; }
+        if (s >= Kw) { s -= Kw; r++; xk += carry_s; }
     };
 
     // ---- the warp's fragments ----
@@ -176,20 +178,19 @@ conv2d_mma(const half* __restrict__ x, const half* __restrict__ w, const half* _
         for (int j = 0; j < NI; j++)
             for (int e = 0; e < 4; e++) acc[i][j][e] = 0.f;
 
-    // The lane's ldmatrix row addresses, per 16-deep step kk, for fragment 0; fragment i is 16 rows
-    // (two whole swizzle periods) further, a constant offset: the loop adds no swizzle arithmetic.
-    int a_frag[BK / 16], b_frag[BK / 16];
-#pragma unroll
-    for (int kk = 0; kk < BK / 16; kk++) {
-        a_frag[kk] = at(wm * WTM + (lane & 15), kk * 2 + (lane >> 4));   // lanes 0-15: rows 0-15 at k 0-7; 16-31: k 8-15
-        b_frag[kk] = at(wn * WTN + (lane & 7) + ((lane >> 4) << 3), kk * 2 + ((lane >> 3) & 1));
-    }                                            // B matrices: maps 0-7 k 0-7, maps 0-7 k 8-15, maps 8-15 ...
-
+    // The lane's ldmatrix row offsets at the step's first 16 columns; fragment i is 16 rows (two
+    // whole swizzle periods) further, a constant. Column block kk is chunk 2kk + (0 or 1), and
+    // 2kk only flips chunk bits above bit 0, which the swizzle XORs too: its offset is this one
+    // XOR 16*kk (the row's BK halves and the stage's offset have no bits there).
+    // a_at and b_at move on a stage per step, wrapping after the last.
+    int a_at = at(wm * WTM + (lane & 15), lane >> 4);   // lanes 0-15: rows 0-15 at k 0-7; 16-31: k 8-15
+    int b_at = at(wn * WTN + (lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1);
+                                                 // B matrices: maps 0-7 k 0-7, maps 0-7 k 8-15, maps 8-15 ...
     for (int st = 0; st < STAGES - 1; st++) {
         if (st < steps) load_tile(st);
         cp_async_commit();                       // empty groups keep the count in step
     }
-    int read = 0, write = STAGES - 1;            // stages of tile kt and of tile kt + STAGES - 1
+    int write = STAGES - 1;                      // the stage of tile kt + STAGES - 1
     for (int kt = 0; kt < steps; kt++) {
         cp_async_wait<STAGES - 2>();             // tile kt has landed (this thread's copies) ...
         __syncthreads();                         // ... everyone's; and stage kt-1 is free again
@@ -197,18 +198,17 @@ conv2d_mma(const half* __restrict__ x, const half* __restrict__ w, const half* _
         cp_async_commit();
         write = write == STAGES - 1 ? 0 : write + 1;
 
-        const half* as = As + read * A_STAGE;
-        const half* bs = Bs + read * B_STAGE;
-        read = read == STAGES - 1 ? 0 : read + 1;
 #pragma unroll
         for (int kk = 0; kk < BK / 16; kk++) {
+            const half* as = As + (a_at ^ (kk * 16));
+            const half* bs = Bs + (b_at ^ (kk * 16));
             unsigned af[MI][4], bf[NI][2];
 #pragma unroll
-            for (int i = 0; i < MI; i++) ldmatrix_x4(af[i], as + a_frag[kk] + i * 16 * BK);
+            for (int i = 0; i < MI; i++) ldmatrix_x4(af[i], as + i * 16 * BK);
 #pragma unroll
             for (int j = 0; j < NI / 2; j++) {
                 unsigned t[4];
-                ldmatrix_x4(t, bs + b_frag[kk] + j * 16 * BK);
+                ldmatrix_x4(t, bs + j * 16 * BK);
                 bf[2 * j][0] = t[0]; bf[2 * j][1] = t[1];
                 bf[2 * j + 1][0] = t[2]; bf[2 * j + 1][1] = t[3];
             }
@@ -217,6 +217,9 @@ conv2d_mma(const half* __restrict__ x, const half* __restrict__ w, const half* _
 #pragma unroll
                 for (int j = 0; j < NI; j++) mma_16816(acc[i][j], af[i], bf[j]);
         }
+        a_at += A_STAGE;
+        b_at += B_STAGE;
+        if (a_at >= STAGES * A_STAGE) { a_at -= STAGES * A_STAGE; b_at -= STAGES * B_STAGE; }
     }
 
     if (gridDim.y > 1) {                         // split-K: the fp32 partial sums, no bias, to ws
