@@ -51,6 +51,11 @@ CANDIDATES: dict[str, dict] = {
     "256x64x32 s4 (4x1 warps)": dict(BM=256, BN=64, BK=32, WARPS_M=4, WARPS_N=1, STAGES=4),
     "64x128x32 s4 (2x2 warps)": dict(BM=64, BN=128, BK=32, WARPS_M=2, WARPS_N=2, STAGES=4),
     "64x64x32 s4 (2x2 warps)": dict(BM=64, BN=64, BK=32, WARPS_M=2, WARPS_N=2, STAGES=4),
+    # 64x64 warp tiles 64 deep: 8 ldmatrix per 32 mma.sync (a 64x32 warp tile: 6 per 16), and
+    # fewer loop instructions per mma.sync in the SASS; under 255 registers, no spills (ptxas)
+    "128x64x64 s3 (2x1 warps)": dict(BM=128, BN=64, BK=64, WARPS_M=2, WARPS_N=1, STAGES=3),
+    "256x128x64 s3 (4x2 warps)": dict(BM=256, BN=128, BK=64, WARPS_M=4, WARPS_N=2, STAGES=3),
+    "128x256x64 s3 (2x4 warps)": dict(BM=128, BN=256, BK=64, WARPS_M=2, WARPS_N=4, STAGES=3),
 }
 
 #: mma_config's preferences, best first, by kind of layer; it takes the first tile whose grid, split
