@@ -165,13 +165,14 @@ conv2d_mma(const half* __restrict__ x, const half* __restrict__ w, const half* _
             cp_async_16(as + i * ROWS_PER_PASS * BK, xk + a_base[i], (tap & ~a_taps[i]) == 0);
 #pragma unroll
         for (int i = 0; i < B_ITERS; i++) cp_async_16(bs + i * ROWS_PER_PASS * BK, wk + b_base[i], in_k);
-        xk += step_x;
-        wk += BK;
+        int move = step_x;                       // xk's move, summed in 32 bits: one 64-bit add
         c += dc;
         s += ds;
         r += dr;
-        if (c >= C) { c -= C; s++; xk += carry_c; }
-        if (s >= Kw) { s -= Kw; r++; xk += carry_s; }
+        if (c >= C) { c -= C; s++; move += carry_c; }
+        if (s >= Kw) { s -= Kw; r++; move += carry_s; }
+        xk += move;
+        wk += BK;
     };
 
     // ---- the warp's fragments ----
