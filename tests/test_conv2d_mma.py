@@ -31,7 +31,10 @@ CASES = [
     (1, 64, 6, 6, 72, 3, 3, 1, 1, 1, dict(SMALL, BM=32, WARPS_M=1)),                # 2 map tiles, 18 steps
     (3, 16, 10, 11, 8, 2, 2, 1, 0, 1, dict(SMALL, BM=32, BN=32, WARPS_M=1, WARPS_N=1)),   # even mask, 10 pixel tiles
     (2, 8, 18, 16, 16, 3, 3, 2, 1, 1, tc.CANDIDATES["128x64x32 s4 (2x2 warps)"]),   # 4 stages, 48 KB
+    (1, 8, 9, 10, 8, 5, 3, 1, 2, (2, 1), dict(SMALL, BK=64)),                      # a step: 2 rows + 2 columns of taps
+    (1, 8, 16, 17, 8, 15, 16, 1, 7, 1, SMALL),                                      # Kh + Kw = 31: tap bit 30 in use
     (1, 8, 9, 9, 16, 3, 3, 1, 1, 1, tc.CANDIDATES["128x128x32 s4 (2x2 warps)"]),    # 64 KB: the opt-in
+    (2, 16, 9, 8, 24, 3, 3, 1, 1, 1, tc.CANDIDATES["128x64x64 s3 (2x1 warps)"]),    # 64 threads, 64x64 warp tiles
     # split-K: 7 steps in 3 splits (3, 3, 1); 5 steps in 4 (2, 2, 1, 0: an empty split stores zeros);
     # one step in 2; odd M with a pixel tail and dilation; C=8 where a step spans taps
     (1, 24, 6, 7, 20, 3, 3, 1, 1, 1, dict(SMALL, SPLIT_K=3)),

@@ -34,6 +34,7 @@ MMA_FILE = "kernels/09_general/conv2d_mma.cu"
 TILE = ("BM", "BN", "BK", "WARPS_M", "WARPS_N", "STAGES")      # compile-time (#defines)
 TUNABLES = TILE + ("SPLIT_K",)                                # SPLIT_K: gridDim.y, at run time
 MAX_SPLIT_K = 8
+MAX_TAP_BITS = 31                    # Kh + Kw: a pixel's tap rows and columns share a 32-bit mask, bit 31 spare
 MIN_STEPS_PER_SPLIT = 8              # a block's share of K: enough BK steps to fill and drain the pipeline
 REDUCE_THREADS = 256
 SHARED_OPTIN_MAX = 227 * 1024        # an sm_80/sm_90 block's opt-in maximum (A100: 163 KB; checked by the driver)
@@ -50,6 +51,11 @@ CANDIDATES: dict[str, dict] = {
     "256x64x32 s4 (4x1 warps)": dict(BM=256, BN=64, BK=32, WARPS_M=4, WARPS_N=1, STAGES=4),
     "64x128x32 s4 (2x2 warps)": dict(BM=64, BN=128, BK=32, WARPS_M=2, WARPS_N=2, STAGES=4),
     "64x64x32 s4 (2x2 warps)": dict(BM=64, BN=64, BK=32, WARPS_M=2, WARPS_N=2, STAGES=4),
+    # 64x64 warp tiles 64 deep: 8 ldmatrix per 32 mma.sync (a 64x32 warp tile: 6 per 16), and
+    # fewer loop instructions per mma.sync in the SASS; under 255 registers, no spills (ptxas)
+    "128x64x64 s3 (2x1 warps)": dict(BM=128, BN=64, BK=64, WARPS_M=2, WARPS_N=1, STAGES=3),
+    "256x128x64 s3 (4x2 warps)": dict(BM=256, BN=128, BK=64, WARPS_M=4, WARPS_N=2, STAGES=3),
+    "128x256x64 s3 (2x4 warps)": dict(BM=128, BN=256, BK=64, WARPS_M=2, WARPS_N=4, STAGES=3),
 }
 
 #: mma_config's preferences, best first, by kind of layer; it takes the first tile whose grid, split
@@ -236,9 +242,10 @@ def _plan(x_shape, w_shape, stride, padding, dilation, tunables):
     if Ho < 1 or Wo < 1:
         raise ValueError(f"no output: input {H}x{W}, mask {Kh}x{Kw}, stride {stride}, padding {padding}, "
                          f"dilation {dilation}")
-    if max(Kh, Kw) > 31:
-        raise ValueError(f"mask {Kh}x{Kw}: conv2d_mma keeps a pixel's valid taps as 32-bit masks, at most 31 "
-                         "taps a side: a larger mask needs another implementation (convlab.ops.general, fp16 or fp32)")
+    if Kh + Kw > MAX_TAP_BITS:
+        raise ValueError(f"mask {Kh}x{Kw}: conv2d_mma keeps a pixel's valid rows and columns of taps in one 32-bit "
+                         f"mask, Kh + Kw <= {MAX_TAP_BITS} (up to 15x16): a larger mask needs another implementation "
+                         "(convlab.ops.general, fp16 or fp32)")
     C8 = ceil_div(C, 8) * 8
     P = B * Ho * Wo
     for name, n in (("x", B * H * W * C8), ("y", P * M), ("w", M * Kh * Kw * C8)):
@@ -276,8 +283,8 @@ def runs_here() -> bool:
 
 
 def _takes(shape) -> bool:
-    """A 2D layer of one group, masks up to 31 taps a side, on a GPU that has mma.sync."""
-    return (getattr(shape, "D", None) is None and shape.groups == 1 and max(shape.K, shape.Kw) <= 31
+    """A 2D layer of one group, a mask of Kh + Kw <= MAX_TAP_BITS taps, on a GPU that has mma.sync."""
+    return (getattr(shape, "D", None) is None and shape.groups == 1 and shape.K + shape.Kw <= MAX_TAP_BITS
             and runs_here())
 
 

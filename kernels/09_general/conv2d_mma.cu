@@ -17,18 +17,22 @@
 //  - STAGES-deep cp.async pipeline: tiles kt+1 .. kt+STAGES-1 are in flight while tile kt is
 //    multiplied; one cp_async_wait<STAGES-2> + __syncthreads() per step. The copies go global ->
 //    shared without registers, so the loads need no registers and no thread waits on them.
-//  - Shared rows are BK halves (BK/8 16-byte chunks) with the chunks XOR-swizzled by the row
-//    (swz below): the 8 rows an ldmatrix phase reads at one chunk column fall in 8 different
-//    4-bank groups, so the fragment loads have no bank conflicts and the rows need no padding.
-//  - Loader (the idea of CUTLASS's "optimized" activation iterator): each thread copies the same
-//    chunk column of BK for A_ITERS pixel rows and B_ITERS map rows. Everything that depends on
-//    the row is worked out once, before the K loop: a row's element offset of its window's
-//    top-left tap, and two bitmasks, bit r set where the window's row r is inside the image, bit s
-//    where its column s is. The K position is one offset `off` shared by the thread's rows and a
-//    one-hot bit for its tap (r, s), moved by constant deltas as K advances. A copy in the loop is
-//    then an add, two bit tests and a cp.async. (Recomputing each row's (ih, iw), four bounds and
-//    the address every step made integer instructions, not mma.sync, the bulk of the loop.) Taps in the padding, pixels past P, maps past M and K's tail are
-//    zero-filled by the copy (src-size 0) from a safe address.
+//  - Shared memory: STAGES stages of BM rows of A then BN rows of B, each row BK halves (BK/8
+//    16-byte chunks), the chunks XOR-swizzled by the row (swz below): the 8 rows an ldmatrix phase
+//    reads at one chunk column fall in 8 different 4-bank groups, so the fragment loads have no
+//    bank conflicts and the rows need no padding. The XOR also makes the next 16 columns of a
+//    fragment an XOR of its address with a constant, and the stages are constants apart: the
+//    loop's ldmatrix addresses cost one instruction per 16 columns, none per fragment.
+//  - Loader (CUTLASS's "optimized" activation iterator, written out): each thread copies the same
+//    chunk column of BK for A_ITERS pixel rows and B_ITERS map rows. What depends on the row is
+//    worked out once, before the K loop: a row's offset of its window's top-left tap, and one
+//    32-bit mask of the taps inside the image (bit r: the window's row r; bit Kh + s: its column
+//    s). The K position is shared by the thread's rows: its tap (r, s), channel c and a pointer,
+//    moved by constant deltas with two carries as K advances. A copy in the loop is then a 64-bit
+//    add, one AND-NOT test of the row's mask against the tap's two bits, and a cp.async.
+//    (Recomputing each row's (ih, iw), four bounds and the address every step made integer
+//    instructions, not mma.sync, the bulk of the loop.) Taps in the padding, pixels past P and K's
+//    tail are zero-filled by the copy (src-size 0, nothing read); maps past M copy map M-1.
 //  - Epilogue: bias (fp32) added to the fp32 sums, rounded to half once, the block's BM x BN tile
 //    staged in shared memory (the pipeline's, reused) and written as 16-byte row pieces: y is NHWC,
 //    so a pixel's BN maps are contiguous, whole 32-byte sectors.
@@ -41,7 +45,8 @@
 //
 // Layout: x (B, H, W, C) half, C % 8 == 0, 16-byte aligned; w (M, Kh, Kw, C) half; bias (M) half
 // (read only when has_bias); y (B, Ho, Wo, M) half. Stride, padding and dilation: any;
-// Kh, Kw <= 31 (the tap bitmasks are 32-bit). ws (splits, P, M) float, used only when splits > 1.
+// Kh + Kw <= 31 (one 32-bit tap mask per pixel, bit 31 spare). ws (splits, P, M) float, used only
+// when splits > 1.
 // Grid: (ceil(P/BM) * ceil(M/BN), splits), block 32*WARPS_M*WARPS_N threads, dynamic shared memory
 // max(STAGES*(BM+BN)*BK, BM*(BN+8)) * 2 bytes. Tunables: BM, BN, BK (16, 32 or 64), WARPS_M, WARPS_N, STAGES.
 
@@ -73,7 +78,7 @@ constexpr int WTM = BM / WARPS_M, WTN = BN / WARPS_N;
 constexpr int MI = WTM / 16, NI = WTN / 8;        // m16n8 tiles per warp
 constexpr int ROWS_PER_PASS = THREADS / CHUNKS;   // rows one pass of the block's copies fills
 constexpr int A_ITERS = BM / ROWS_PER_PASS, B_ITERS = BN / ROWS_PER_PASS;
-constexpr int A_STAGE = BM * BK, B_STAGE = BN * BK;   // halves per stage
+constexpr int STAGE = (BM + BN) * BK;            // halves per stage: BM rows of A, then BN rows of B
 constexpr int CS = BN + 8;                        // the epilogue's shared row: BN maps, padded
 
 static_assert(BK == 16 || BK == 32 || BK == 64, "BK must be 16, 32 or 64");
@@ -100,9 +105,7 @@ conv2d_mma(const half* __restrict__ x, const half* __restrict__ w, const half* _
            half* __restrict__ y, float* __restrict__ ws, int has_bias, int B, int H, int W, int C, int M, int Kh, int Kw, int Ho, int Wo,
            int sh, int sw, int ph, int pw, int dh, int dw)
 {
-    extern __shared__ __align__(128) half smem[];    // [STAGES][BM][BK] A, then [STAGES][BN][BK] B; then [BM][CS]
-    half* As = smem;
-    half* Bs = smem + STAGES * A_STAGE;
+    extern __shared__ __align__(128) half smem[];    // [STAGES][BM + BN][BK] (A rows, B rows); then [BM][CS]
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int P = B * Ho * Wo, K = Kh * Kw * C;
@@ -113,60 +116,63 @@ conv2d_mma(const half* __restrict__ x, const half* __restrict__ w, const half* _
     const int cc = tid % CHUNKS, row0 = tid / CHUNKS;
     const int dst = at(row0, cc);                // row row0 + i*ROWS_PER_PASS: dst + i*ROWS_PER_PASS*BK
     int a_base[A_ITERS];                         // x offset of the row's window at tap (0, 0), channel 0
-    unsigned a_rows[A_ITERS], a_cols[A_ITERS];   // bit r: window row r inside the image; bit s: column s
+    unsigned a_taps[A_ITERS];                    // bit r: window row r inside the image; bit Kh + s: column s
 #pragma unroll
     for (int i = 0; i < A_ITERS; i++) {
         const int p = p0 + row0 + i * ROWS_PER_PASS;
         const int n = p / (Ho * Wo), q = p % (Ho * Wo);
         const int ih0 = (q / Wo) * sh - ph, iw0 = (q % Wo) * sw - pw;
-        a_base[i] = ((n * H + ih0) * W + iw0) * C;   // may point before x (padding): used only with a valid tap
-        a_rows[i] = a_cols[i] = 0;
+        a_base[i] = ((n * H + ih0) * W + iw0) * C;   // may point before x (padding): its copies read nothing
+        a_taps[i] = 0;
         for (int r = 0; r < Kh; r++)
-            if (p < P && ih0 + r * dh >= 0 && ih0 + r * dh < H) a_rows[i] |= 1u << r;   // past P: no tap valid
+            if (p < P && ih0 + r * dh >= 0 && ih0 + r * dh < H) a_taps[i] |= 1u << r;   // past P: no tap valid
         for (int s = 0; s < Kw; s++)
-            if (iw0 + s * dw >= 0 && iw0 + s * dw < W) a_cols[i] |= 1u << s;
+            if (iw0 + s * dw >= 0 && iw0 + s * dw < W) a_taps[i] |= 1u << (Kh + s);
     }
-    int b_base[B_ITERS];                         // w offset of the map's row
-    bool b_ok[B_ITERS];
+    // w offset of each map row. A row past M copies map M-1's: its products reach only accumulator
+    // columns past M, which are never stored, so the copy needs no test of its own in the loop.
+    int b_base[B_ITERS];
 #pragma unroll
-    for (int i = 0; i < B_ITERS; i++) {
-        const int m = m0 + row0 + i * ROWS_PER_PASS;
-        b_ok[i] = m < M;
-        b_base[i] = b_ok[i] ? m * K : 0;
-    }
+    for (int i = 0; i < B_ITERS; i++) b_base[i] = min(m0 + row0 + i * ROWS_PER_PASS, M - 1) * K;
+
     // This block's K steps: all of them, or its share under split-K (an empty share stores zeros).
     const int steps_all = (K + BK - 1) / BK, per_split = (steps_all + gridDim.y - 1) / gridDim.y;
     const int kt0 = blockIdx.y * per_split, steps = max(0, min(steps_all - kt0, per_split));
 
-    // The thread's chunk in K: k (the mask's column), tap (r, s) as one-hot bits, channel c, and off,
-    // x's offset of (r, s, c) from a window's top-left. Past the last tap rbit is 0: no copy is valid.
-    int k = kt0 * BK + cc * 8, c = k % C, s = (k / C) % Kw;
-    const int r = (k / C) / Kw;
-    unsigned rbit = r < Kh ? 1u << r : 0u, sbit = 1u << s;
-    int off = (r * dh * W + s * dw) * C + c;
-    const int next_s = (dw - 1) * C, next_r = (dh * W - (Kw - 1) * dw - 1) * C;   // off's deltas, c -= C included
+    // The thread's chunk in K, column k = (r*Kw + s)*C + c of the mask: its tap (r, s), channel c,
+    // and two pointers that move with it, xk (x plus the offset of (r, s, c) from a window's
+    // top-left; a row adds its a_base) and wk (w plus k; a map adds its b_base). A BK step moves k
+    // by dr rows, ds columns and dc channels of the mask (BK = (dr*Kw + ds)*C + dc), then carries c
+    // into s and s into r: two compares, never a loop, also where one step crosses several taps
+    // (C < BK: the RGB stem's 8 channels). Past the last tap, r >= Kh.
+    const int k0 = kt0 * BK + cc * 8;
+    int c = k0 % C, s = (k0 / C) % Kw, r = (k0 / C) / Kw;
+    const half* xk = x + (r * dh * W + s * dw) * C + c;
+    const half* wk = w + k0;
+    const int dc = BK % C, ds = (BK / C) % Kw, dr = (BK / C) / Kw;
+    const int step_x = (dr * dh * W + ds * dw) * C + dc;
+    const int carry_c = (dw - 1) * C, carry_s = (dh * W - Kw * dw) * C;   // xk's extra moves on a carry
 
-    auto load_tile = [&](int stage) {
-        half* as = As + stage * A_STAGE + dst;
-        half* bs = Bs + stage * B_STAGE + dst;
+    auto load_tile = [&](int to) {               // to: dst in the stage being filled
+        half* as = smem + to;
+        half* bs = as + BM * BK;
+        // The tap's two bits; past K, bit 31, which no row has (Kh + Kw <= 31): every A copy is
+        // zero-filled. A copy is valid when the row has both bits: one AND-NOT test.
+        const bool in_k = r < Kh;
+        const unsigned tap = in_k ? (1u << r) | (1u << (Kh + s)) : 1u << 31;
 #pragma unroll
-        for (int i = 0; i < A_ITERS; i++) {
-            const bool ok = (a_rows[i] & rbit) && (a_cols[i] & sbit);
-            cp_async_16(as + i * ROWS_PER_PASS * BK, ok ? x + (a_base[i] + off) : x, ok);
-        }
-        const bool k_ok = k < K;
+        for (int i = 0; i < A_ITERS; i++)        // invalid: src-size 0, nothing is read at that address
+            cp_async_16(as + i * ROWS_PER_PASS * BK, xk + a_base[i], (tap & ~a_taps[i]) == 0);
 #pragma unroll
-        for (int i = 0; i < B_ITERS; i++) {
-            const bool ok = k_ok && b_ok[i];
-            cp_async_16(bs + i * ROWS_PER_PASS * BK, ok ? w + (b_base[i] + k) : w, ok);
-        }
-        // the next step's position: BK channels on, into the next tap(s) when c passes C
-        k += BK;
-        off += BK;
-        for (c += BK; c >= C; c -= C) {
-            if (++s == Kw) { s = 0; sbit = 1; rbit <<= 1; off += next_r; }
-            else { sbit <<= 1; off += next_s; }
-        }
+        for (int i = 0; i < B_ITERS; i++) cp_async_16(bs + i * ROWS_PER_PASS * BK, wk + b_base[i], in_k);
+        int move = step_x;                       // xk's move, summed in 32 bits: one 64-bit add
+        c += dc;
+        s += ds;
+        r += dr;
+        if (c >= C) { c -= C; s++; move += carry_c; }
+        if (s >= Kw) { s -= Kw; r++; move += carry_s; }
+        xk += move;
+        wk += BK;
     };
 
     // ---- the warp's fragments ----
@@ -176,39 +182,38 @@ conv2d_mma(const half* __restrict__ x, const half* __restrict__ w, const half* _
         for (int j = 0; j < NI; j++)
             for (int e = 0; e < 4; e++) acc[i][j][e] = 0.f;
 
-    // The lane's ldmatrix row addresses, per 16-deep step kk, for fragment 0; fragment i is 16 rows
-    // (two whole swizzle periods) further, a constant offset: the loop adds no swizzle arithmetic.
-    int a_frag[BK / 16], b_frag[BK / 16];
-#pragma unroll
-    for (int kk = 0; kk < BK / 16; kk++) {
-        a_frag[kk] = at(wm * WTM + (lane & 15), kk * 2 + (lane >> 4));   // lanes 0-15: rows 0-15 at k 0-7; 16-31: k 8-15
-        b_frag[kk] = at(wn * WTN + (lane & 7) + ((lane >> 4) << 3), kk * 2 + ((lane >> 3) & 1));
-    }                                            // B matrices: maps 0-7 k 0-7, maps 0-7 k 8-15, maps 8-15 ...
-
+    // The lane's ldmatrix row offsets for the step's first 16 columns (chunks 0 and 1); fragment i
+    // is 16 rows (two whole swizzle periods) further, a constant. Columns 16kk.. are chunk 2kk + h
+    // instead of h, and the swizzle XORs the chunk (2kk + h = 2kk ^ h): their offset is this one
+    // XOR 16*kk halves (the row's and the stage's offsets are multiples of BK, no bits below it).
+    int a_at = at(wm * WTM + (lane & 15), lane >> 4);   // lanes 0-15: rows 0-15 at k 0-7; 16-31: k 8-15
+    int b_at = BM * BK + at(wn * WTN + (lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1);
+                                                 // B matrices: maps 0-7 k 0-7, maps 0-7 k 8-15, maps 8-15 ...
     for (int st = 0; st < STAGES - 1; st++) {
-        if (st < steps) load_tile(st);
+        if (st < steps) load_tile(st * STAGE + dst);
         cp_async_commit();                       // empty groups keep the count in step
     }
-    int read = 0, write = STAGES - 1;            // stages of tile kt and of tile kt + STAGES - 1
+    // Tile kt is in stage kt % STAGES (read), tile kt + STAGES - 1 goes to the stage read in the step
+    // before (every warp is past this step's barrier, so done with it). The lane's offsets in them,
+    // a_at and b_at (ldmatrix) and to (the copies), move on by a stage a step and wrap after the last.
+    int read = 0, to = (STAGES - 1) * STAGE + dst;
     for (int kt = 0; kt < steps; kt++) {
         cp_async_wait<STAGES - 2>();             // tile kt has landed (this thread's copies) ...
         __syncthreads();                         // ... everyone's; and stage kt-1 is free again
-        if (kt + STAGES - 1 < steps) load_tile(write);
+        if (kt + STAGES - 1 < steps) load_tile(to);
         cp_async_commit();
-        write = write == STAGES - 1 ? 0 : write + 1;
 
-        const half* as = As + read * A_STAGE;
-        const half* bs = Bs + read * B_STAGE;
-        read = read == STAGES - 1 ? 0 : read + 1;
 #pragma unroll
         for (int kk = 0; kk < BK / 16; kk++) {
+            const half* as = smem + (a_at ^ (kk * 16));
+            const half* bs = smem + (b_at ^ (kk * 16));
             unsigned af[MI][4], bf[NI][2];
 #pragma unroll
-            for (int i = 0; i < MI; i++) ldmatrix_x4(af[i], as + a_frag[kk] + i * 16 * BK);
+            for (int i = 0; i < MI; i++) ldmatrix_x4(af[i], as + i * 16 * BK);
 #pragma unroll
             for (int j = 0; j < NI / 2; j++) {
                 unsigned t[4];
-                ldmatrix_x4(t, bs + b_frag[kk] + j * 16 * BK);
+                ldmatrix_x4(t, bs + j * 16 * BK);
                 bf[2 * j][0] = t[0]; bf[2 * j][1] = t[1];
                 bf[2 * j + 1][0] = t[2]; bf[2 * j + 1][1] = t[3];
             }
@@ -217,6 +222,11 @@ conv2d_mma(const half* __restrict__ x, const half* __restrict__ w, const half* _
 #pragma unroll
                 for (int j = 0; j < NI; j++) mma_16816(acc[i][j], af[i], bf[j]);
         }
+        const int next = read == STAGES - 1 ? (1 - STAGES) * STAGE : STAGE;
+        to += read == 0 ? (1 - STAGES) * STAGE : STAGE;      // one stage behind: wraps a step later
+        read = read == STAGES - 1 ? 0 : read + 1;
+        a_at += next;
+        b_at += next;
     }
 
     if (gridDim.y > 1) {                         // split-K: the fp32 partial sums, no bias, to ws
