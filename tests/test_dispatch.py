@@ -139,15 +139,23 @@ def test_a_channels_last_depthwise_layer_runs_the_nhwc_kernel_and_keeps_its_layo
 
 @pytest.mark.parametrize("layout", [torch.contiguous_format, torch.channels_last])
 def test_the_mma_route_takes_either_layout_and_returns_torchs(layout):
-    wl = Workload("t", B=2, C=16, M=24, H=7, W=9, K=3, padding=1)
-    assert dispatch.pick(wl, "fp16").name == "mma.sync implicit GEMM (NHWC)"
-    x = cl.randn(*wl.x_shape, dtype=torch.float16).contiguous(memory_format=layout)
-    w, b = cl.randn(*wl.w_shape, dtype=torch.float16), cl.randn(wl.M, dtype=torch.float16)
-    with cl.debug():
-        y = dispatch.conv2d(x, w, padding=1, bias=b)
-    assert y.is_contiguous(memory_format=layout)
-    ref = F.conv2d(x.double().cpu(), w.double().cpu(), b.double().cpu(), padding=1)
-    dispatch.check_fp16_forward(y, ref, x.shape, w.shape, b, padding=1)
+    mma = "mma.sync implicit GEMM (NHWC)"
+    plain = Workload("t", B=2, C=16, M=24, H=7, W=9, K=3, padding=1)
+    # a plain layer: mma.sync from channels_last; from NCHW, WMMA (the conversion costs more)
+    assert dispatch.pick(plain, "fp16", "channels_last").name == mma
+    assert dispatch.pick(plain, "fp16").name == "WMMA implicit GEMM"
+    # a dilated one, which WMMA does not take: mma.sync from either layout
+    wl = Workload("d", B=2, C=16, M=24, H=9, W=11, K=3, padding=2, dilation=2)
+    assert dispatch.pick(wl, "fp16").name == dispatch.pick(wl, "fp16", "channels_last").name == mma
+    for shape in (wl, plain):
+        x = cl.randn(*shape.x_shape, dtype=torch.float16).contiguous(memory_format=layout)
+        w, b = cl.randn(*shape.w_shape, dtype=torch.float16), cl.randn(shape.M, dtype=torch.float16)
+        kw = shape.conv_kwargs()
+        with cl.debug():
+            y = dispatch.conv2d(x, w, bias=b, **kw)
+        assert y.is_contiguous(memory_format=layout)
+        ref = F.conv2d(x.double().cpu(), w.double().cpu(), b.double().cpu(), **kw)
+        dispatch.check_fp16_forward(y, ref, x.shape, w.shape, b, **kw)
 
 
 def test_the_drop_ins_dx_runs_the_fp32_implicit_gemm_where_pick_gives_it_the_dx_convolution(monkeypatch):

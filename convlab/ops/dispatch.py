@@ -33,6 +33,7 @@ from ..workloads import Workload
 #: The modules of convlab.ops whose IMPLEMENTATIONS are candidates (one line per module).
 SOURCES = ["fused", "fp16", "general", "igemm", "tensor_core"]
 
+LAYOUTS = ("nchw", "channels_last")                 # x's memory format, as pick() takes it
 OPS = {"fp32": "conv2d", "fp16": "conv2d_fp16"}      # the forward op of each dtype's kernels
 DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16"}
 #: float32 in and out, but half arithmetic: not a candidate for a strict-fp32 layer
@@ -73,6 +74,7 @@ class Rule:
     holds: Callable                 # Workload -> bool
     kernel: str                     # an Impl's name
     why: str                        # the measured reason, and where the data is
+    layouts: tuple = LAYOUTS        # the layouts of x the row is for
 
 
 def _taps(s: Workload) -> int:
@@ -106,12 +108,17 @@ RULES = {
              "one channel: a reduction of K² taps, too short for tensor cores (06_fp16: fa17)"),
         Rule("plain, C ≤ 8, stride 1", lambda s: s.plain and s.C <= 8 and s.stride == 1,
              "WMMA, few channels (no im2col)", "fragments read straight from the input tile (06_fp16: lenet_c3)"),
-        Rule("groups 1, C·Kh·Kw ≥ 64, C pads to 8 cheaply", lambda s: s.groups == 1 and _taps(s) >= 64 and
-             _pads_cheaply(s), "mma.sync implicit GEMM (NHWC)",
+        Rule("x channels_last, groups 1, C·Kh·Kw ≥ 64, C pads to 8 cheaply",
+             lambda s: s.groups == 1 and _taps(s) >= 64 and _pads_cheaply(s), "mma.sync implicit GEMM (NHWC)",
              "many channels: mma.sync fed by ldmatrix from a cp.async pipeline (benchmarks/tensor_core_layers.py; "
-             "needs sm_80)"),
+             "needs sm_80); from NCHW, converting x costs more than WMMA loses (09_general)",
+             layouts=("channels_last",)),
         Rule("plain", lambda s: s.plain, "WMMA implicit GEMM",
              "tensor cores through WMMA (06_fp16: days100, resnet); the stem's 3 channels, an older GPU"),
+        Rule("groups 1, C·Kh·Kw ≥ 64, C pads to 8 cheaply", lambda s: s.groups == 1 and _taps(s) >= 64 and
+             _pads_cheaply(s), "mma.sync implicit GEMM (NHWC)",
+             "a layer WMMA does not take (dilated, non-square): faster than the general kernel even with x "
+             "converted from NCHW (09_general)"),
         Rule("depthwise (groups = C)", lambda s: s.groups == s.C,
              "depthwise fp16 (input tile in shared, column strips)",
              "memory-bound: each input read once into shared memory (09_general)"),
@@ -134,17 +141,20 @@ def dispatch_rule(dtype: str | None = None) -> str:
 
 
 @functools.lru_cache(maxsize=4096)
-def pick(shape: Workload, dtype: str = "fp32"):
-    """The Impl the rule gives this 2D layer in dtype ('fp32' or 'fp16'); best = pick(shape, dtype);
-    best(x, w, **shape.conv_kwargs(), **best.config(shape)) runs it."""
+def pick(shape: Workload, dtype: str = "fp32", layout: str = "nchw"):
+    """The Impl the rule gives this 2D layer in dtype ('fp32' or 'fp16') with x in layout ('nchw' or
+    'channels_last'); best = pick(shape, dtype); best(x, w, **shape.conv_kwargs(), **best.config(shape))
+    runs it."""
     if isinstance(shape, str):
         from .. import workloads
         shape = workloads.get(shape)
     if dtype not in RULES:
         raise ValueError(f"dtype {dtype!r}: one of {', '.join(RULES)}")
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout {layout!r}: one of {', '.join(LAYOUTS)}")
     takes = {i.name: i for i in candidates(shape, dtype)}
     for rule in RULES[dtype]:
-        if rule.holds(shape) and rule.kernel in takes:
+        if layout in rule.layouts and rule.holds(shape) and rule.kernel in takes:
             return takes[rule.kernel]
     raise ValueError(f"no rule of {dtype} gives a kernel that takes {shape}: the last rule should take any layer")
 
@@ -174,7 +184,7 @@ def _route(g, dtype: str, nhwc: bool = False):
         fp16 = dtype == "fp16"
         impl = (DEPTHWISE_FP16 if fp16 else DEPTHWISE) if depthwise_applies(g) else (GENERAL_FP16 if fp16 else GENERAL)
         return impl.launcher, None, True
-    impl = pick(shape, dtype)
+    impl = pick(shape, dtype, "channels_last" if nhwc else "nchw")
     kw = {**shape.conv_kwargs(), **impl.config(shape)}
     return impl.launcher, kw, "bias" in inspect.signature(impl.launcher).parameters
 
@@ -318,7 +328,8 @@ def evidence(chapters=EVIDENCE):
             raise ValueError(f"book/data/{ch}.csv measured {name} as {sub['shape'].iloc[0]!r}, but the workload "
                              f"is now {shape.shape_text!r}: re-run the chapter on a GPU")
         fastest = sub.loc[sub["ms"].idxmin()]
-        chosen = pick(shape, dtype).name
+        layout = str(sub["layout"].iloc[0]) if "layout" in sub and sub["layout"].iloc[0] in LAYOUTS else "nchw"
+        chosen = pick(shape, dtype, layout).name
         mine = sub[sub["impl"] == chosen]
         if not len(mine):                # a kernel newer than the chapter's run: chapter 9's run measures it
             continue
