@@ -119,12 +119,14 @@ def test_candidates_and_config():
     for t in tc.CANDIDATES.values():
         tc.check_mma_tunables(**t)
     big = workloads.Workload("r56", B=32, C=64, M=64, H=56, W=56, K=3, padding=1)
-    deep = workloads.Workload("r7", B=32, C=512, M=512, H=7, W=7, K=3, padding=1)
+    deep = workloads.Workload("r7", B=8, C=512, M=512, H=7, W=7, K=3, padding=1)
     for shape in (big, deep):
         t = tc.mma_config(shape)
         assert {k: t[k] for k in tc.TILE} in tc.CANDIDATES.values()
     assert tc.MMA.applies(big) and tc.MMA.config(big) == tc.mma_config(big)
-    assert tc.mma_config(big)["SPLIT_K"] == 1 and tc.mma_config(deep)["SPLIT_K"] > 1   # 7x7: too few tiles
+    assert tc.mma_config(big)["SPLIT_K"] == 1 and tc.mma_config(deep)["SPLIT_K"] > 1   # 7x7, B=8: too few tiles
+    r7 = workloads.Workload("r7", B=32, C=512, M=512, H=7, W=7, K=3, padding=1)
+    assert tc.mma_config(r7)["SPLIT_K"] == 1          # 104 of 132 SMs busy: a split cost more (SPLIT_BELOW)
 
 
 def test_default_split_k_runs():

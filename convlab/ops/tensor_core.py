@@ -36,6 +36,11 @@ TUNABLES = TILE + ("SPLIT_K",)                                # SPLIT_K: gridDim
 MAX_SPLIT_K = 8
 MAX_TAP_BITS = 31                    # Kh + Kw: a pixel's tap rows and columns share a 32-bit mask, bit 31 spare
 MIN_STEPS_PER_SPLIT = 8              # a block's share of K: enough BK steps to fill and drain the pipeline
+#: No split while the unsplit grid fills this share of the SMs' BLOCKS_PER_SM slots: on resnet_3x3_7
+#: (104 blocks of 128x64 on 132 SMs) the split in two took 0.043 ms, the unsplit grid 0.039
+#: (tensor_core_layers_NVIDIA_H200.csv): the partials' fp32 traffic and the reducing kernel cost
+#: more than the idle fifth of the SMs.
+SPLIT_BELOW = 0.75
 REDUCE_THREADS = 256
 SHARED_OPTIN_MAX = 227 * 1024        # an sm_80/sm_90 block's opt-in maximum (A100: 163 KB; checked by the driver)
 
@@ -59,10 +64,10 @@ CANDIDATES: dict[str, dict] = {
 }
 
 #: mma_config's preferences, best first, by kind of layer; it takes the first tile whose grid, split
-#: along K if need be, fills the GPU (BLOCKS_PER_SM blocks on each SM), else the one with the most
+#: along K if need be, fills SPLIT_BELOW of the GPU's BLOCKS_PER_SM slots, else the one with the most
 #: blocks. From benchmarks/tensor_core_layers.py on an H200 (benchmarks/results/
-#: tensor_core_layers_cuda.csv, every candidate on each layer): 128x64x64 s3 was the fastest tile on
-#: the 3x3 layers from 56x56 maps down to 7x7 (split in two there) and on the 1x1 layers with a
+#: tensor_core_layers_NVIDIA_H200.csv, every candidate on each layer): 128x64x64 s3 was the fastest
+#: tile on the 3x3 layers from 56x56 maps down to 7x7 (unsplit there) and on the 1x1 layers with a
 #: reduction of 256 or more: half the accumulators of a 128x128 tile, so fewer registers and more
 #: blocks per SM, and a BK=64 step pays its cp.async issue and barrier once per twice the HMMAs.
 PREFERENCE = ("128x64x64 s3 (2x2 warps)", "64x64x32 s4 (2x2 warps)")
@@ -129,11 +134,13 @@ def _blocks(P: int, M: int, t: dict) -> int:
 
 
 def split_k(P: int, M: int, K: int, t: dict, sms: int = SMS) -> int:
-    """SPLIT_K for tile t on a P x M x K GEMM: 1 when its output tiles give every SM BLOCKS_PER_SM
-    blocks; else the fewest splits that do, at most MAX_SPLIT_K and each at least MIN_STEPS_PER_SPLIT
+    """SPLIT_K for tile t on a P x M x K GEMM: 1 when its output tiles fill SPLIT_BELOW of the SMs'
+    BLOCKS_PER_SM slots; else the fewest splits that do, at most MAX_SPLIT_K and each at least MIN_STEPS_PER_SPLIT
     BK steps deep (a split's partial tile costs fp32 traffic, and a short share does not amortise
     the pipeline's fill)."""
     blocks, steps = _blocks(P, M, t), ceil_div(K, t["BK"])
+    if blocks >= SPLIT_BELOW * BLOCKS_PER_SM * sms:
+        return 1
     want = ceil_div(BLOCKS_PER_SM * sms, blocks)
     return max(1, min(want, MAX_SPLIT_K, steps // MIN_STEPS_PER_SPLIT))
 
@@ -154,14 +161,14 @@ def preference(shape: Workload, sms: int = SMS) -> tuple:
 
 def mma_config(shape: Workload, sms: int = SMS) -> dict:
     """The tunables conv2d_mma uses for a layer when none are passed: from preference(shape), the
-    first tile whose grid, split along K if need be (split_k), gives every SM BLOCKS_PER_SM blocks;
+    first tile whose grid, split along K if need be (split_k), fills SPLIT_BELOW of the SMs' slots;
     else the one with the most blocks (7x7 maps: few pixels, where even a 128x64 tile leaves SMs
     idle without a split)."""
     P = shape.B * shape.Ho * shape.Wo
     K = shape.K * shape.Kw * ceil_div(shape.C, 8) * 8
     options = [dict(CANDIDATES[n], SPLIT_K=split_k(P, shape.M, K, CANDIDATES[n], sms)) for n in preference(shape, sms)]
     for t in options:
-        if _blocks(P, shape.M, t) * t["SPLIT_K"] >= BLOCKS_PER_SM * sms:
+        if _blocks(P, shape.M, t) * t["SPLIT_K"] >= SPLIT_BELOW * BLOCKS_PER_SM * sms:
             return t
     return max(options, key=lambda t: _blocks(P, shape.M, t) * t["SPLIT_K"])
 
