@@ -133,8 +133,7 @@ def main(argv=None) -> int:
     df = pd.concat([measure_layer(w, d, args.reps, roof, args.quick) for w in layers for d in dtypes],
                    ignore_index=True)
     if not gpu:
-        print("# emulator: every row below passed its check on the layer's small twin; nothing was timed")
-        print("\n".join(f"{r['workload']:<22} {r['dtype']:<5} {label(r)}" for _, r in df.iterrows()))
+        print("\n".join(st.checked_lines(df, label, ("dtype",))))
         return 0
     print(f"# {results.provenance(df)}")
     for line in report(df):

@@ -87,3 +87,14 @@ def geomeans(table, picks, over: str = "torch best") -> list[str]:
             r = sub[f"{col} ratio"].dropna()
             out.append(f"#   {dtype:<5} {col:<34} {geomean(r):.3f}x over {len(r)} layers")
     return out
+
+
+def checked_lines(df, label, columns=()) -> list[str]:
+    """On the emulator, in place of the timings: one line per row (each passed its check on the
+    layer's small twin), the workload and the given columns, then label(row)."""
+    width = max(len(str(w)) for w in df["workload"]) + 2
+    lines = ["# emulator: every row below passed its check on the layer's small twin; nothing was timed"]
+    for _, r in df.iterrows():
+        cols = "".join(f"{r[c]:<{max(len(str(v)) for v in df[c]) + 1}}" for c in columns)
+        lines.append(f"{r['workload']:<{width}}{cols}{label(r)}")
+    return lines

@@ -178,8 +178,7 @@ def main(argv=None) -> int:
 
     df = pd.concat([measure_layer(w, tiles, splits, args.reps) for w in layers], ignore_index=True)
     if not gpu:
-        print("# emulator: every row below passed its check on the layer's small twin; nothing was timed")
-        print("\n".join(f"{r['workload']:<24} {label(r)}" for _, r in df.iterrows()))
+        print("\n".join(st.checked_lines(df, label)))
         return 0
     print(f"# {results.provenance(df)}")
     for line in report(df, shapes):
