@@ -394,9 +394,9 @@ def conv2d_forward(x, w, y=None, *, stride=1, padding=0, dilation=1, groups: int
 
 # ---- dE/dX -------------------------------------------------------------------------------------
 
-# (the gradient's tensors' shapes and dtype, the plain arguments as given) -> chapter 8's arguments,
-# for the layers course_applies takes: a repeated backward's one lookup
-_course_grads: dict = {}
+# (the gradient's tensors' shapes and dtype, the plain arguments as given) -> the function that
+# runs its kernel (conv2d_input_grad's and conv2d_weight_grad's choice): a repeated backward's one lookup
+_grad_routes: dict = {}
 
 
 def _backprop():
@@ -443,27 +443,35 @@ def depthwise_dx_padding(g: Geometry) -> tuple | None:
 def conv2d_input_grad(dy, w, dx=None, *, stride=1, padding=0, input_size, dilation=1, groups: int = 1):
     """The dx the drop-in runs: the fp32 implicit GEMM's dX where igemm_dx_applies, chapter 8's best
     dX where course_applies, conv2d_depthwise on dy with the flipped mask where depthwise_dx_padding
-    allows (MobileNet/ConvNeXt layers), else conv2d_general_dx."""
+    allows (MobileNet/ConvNeXt layers), else conv2d_general_dx. The choice is kept per layer (plain
+    arguments): a repeated backward makes it with one lookup."""
     key = ("dx", dy.shape, w.shape, dy.dtype, input_size, stride, padding, dilation, groups)
     plain = all(map(_plain, key[4:]))
-    hit = _course_grads.get(key) if plain else None
-    if hit is not None:                 # a repeated call of a layer chapter 8's kernels take
-        return _backprop().conv2d_input_grad_best(dy, w, dx, stride=hit[0], padding=hit[1], input_size=hit[2])
+    route = _grad_routes.get(key) if plain else None
+    if route is None:
+        route = _dx_route(dy, w, stride, padding, input_size, dilation, groups)
+        if plain:
+            _grad_routes[key] = route
+    return route(dy, w, dx)
+
+
+def _dx_route(dy, w, stride, padding, input_size, dilation, groups):
+    """f(dy, w, dx): conv2d_input_grad's kernel for this layer, with its arguments resolved."""
     H, W = (int(s) for s in _two(input_size))
     g = geometry((dy.shape[0], w.shape[1] * groups, H, W), w.shape, stride, padding, dilation, groups)
     if dy.dtype == torch.float32 and igemm_dx_applies(g):
         from .igemm import conv2d_igemm_f32_dx
 
-        return conv2d_igemm_f32_dx(dy, w, dx, padding=g.ph, input_size=(H, W))
+        return lambda dy, w, dx: conv2d_igemm_f32_dx(dy, w, dx, padding=g.ph, input_size=(H, W))
     if course_applies(g, dy.dtype):
-        if plain:
-            _course_grads[key] = (g.sh, g.ph, (H, W))
-        return _backprop().conv2d_input_grad_best(dy, w, dx, stride=g.sh, padding=g.ph, input_size=(H, W))
+        best = _backprop().conv2d_input_grad_best
+        return lambda dy, w, dx: best(dy, w, dx, stride=g.sh, padding=g.ph, input_size=(H, W))
     pad = depthwise_dx_padding(g)
     if pad is not None and depthwise_applies(g):
-        return conv2d_depthwise(dy, torch.flip(w, (2, 3)), dx, padding=pad, dilation=(g.dh, g.dw), groups=g.C)
-    return conv2d_general_dx(dy, w, dx, stride=stride, padding=padding, input_size=(H, W), dilation=dilation,
-                             groups=groups)
+        return lambda dy, w, dx: conv2d_depthwise(dy, torch.flip(w, (2, 3)), dx, padding=pad,
+                                                  dilation=(g.dh, g.dw), groups=g.C)
+    return lambda dy, w, dx: conv2d_general_dx(dy, w, dx, stride=stride, padding=padding, input_size=(H, W),
+                                               dilation=dilation, groups=groups)
 
 
 def igemm_dx_applies(g: Geometry) -> bool:
@@ -535,20 +543,27 @@ def conv2d_general_dw(x, dy, dw=None, *, stride=1, padding=0, kernel_size, dilat
 
 
 def conv2d_weight_grad(x, dy, dw=None, *, stride=1, padding=0, kernel_size, dilation=1, groups: int = 1):
-    """The dw the drop-in runs: chapter 8's best dW where course_applies, else conv2d_general_dw."""
+    """The dw the drop-in runs: chapter 8's best dW where course_applies, else conv2d_general_dw
+    (kept per layer, as conv2d_input_grad's choice)."""
     key = ("dw", x.shape, dy.shape, x.dtype, kernel_size, stride, padding, dilation, groups)
     plain = all(map(_plain, key[4:]))
-    hit = _course_grads.get(key) if plain else None
-    if hit is not None:
-        return _backprop().conv2d_weight_grad_best(x, dy, dw, stride=hit[0], padding=hit[1], kernel_size=hit[2])
+    route = _grad_routes.get(key) if plain else None
+    if route is None:
+        route = _dw_route(x, dy, stride, padding, kernel_size, dilation, groups)
+        if plain:
+            _grad_routes[key] = route
+    return route(x, dy, dw)
+
+
+def _dw_route(x, dy, stride, padding, kernel_size, dilation, groups):
+    """f(x, dy, dw): conv2d_weight_grad's kernel for this layer, with its arguments resolved."""
     Kh, Kw = (int(k) for k in _two(kernel_size))
     g = geometry(x.shape, (dy.shape[1], x.shape[1] // groups, Kh, Kw), stride, padding, dilation, groups)
     if course_applies(g, x.dtype):
-        if plain:
-            _course_grads[key] = (g.sh, g.ph, Kh)
-        return _backprop().conv2d_weight_grad_best(x, dy, dw, stride=g.sh, padding=g.ph, kernel_size=Kh)
-    return conv2d_general_dw(x, dy, dw, stride=stride, padding=padding, kernel_size=(Kh, Kw), dilation=dilation,
-                             groups=groups)
+        best = _backprop().conv2d_weight_grad_best
+        return lambda x, dy, dw: best(x, dy, dw, stride=g.sh, padding=g.ph, kernel_size=Kh)
+    return lambda x, dy, dw: conv2d_general_dw(x, dy, dw, stride=stride, padding=padding, kernel_size=(Kh, Kw),
+                                               dilation=dilation, groups=groups)
 
 
 # ---- the drop-in -------------------------------------------------------------------------------
@@ -558,15 +573,16 @@ def kernel_fallback_reason(input, weight, bias=None, stride=1, padding=0, dilati
     gives its result or its error); None when the kernels run."""
     import convlab as cl
 
-    ts = [input, weight] + ([] if bias is None else [bias])
+    ts = (input, weight) if bias is None else (input, weight, bias)
     if not all(isinstance(t, torch.Tensor) for t in ts):
         return "not all tensors"
     if any(t.dtype != input.dtype for t in ts):
         return "mixed dtypes"
     if input.dtype not in DTYPES:
         return f"dtype {input.dtype} (the kernels take float32 and float16)"
-    if any(t.device.type != cl.device().torch_device for t in ts):
-        return f"not on the backend's device ({cl.device().torch_device})"
+    where = cl._get_backend().device_type
+    if any(t.device.type != where for t in ts):
+        return f"not on the backend's device ({where})"
     if input.numel() == 0 or weight.numel() == 0:
         return "an empty input or mask"
     if input.dim() not in (3, 4):
