@@ -618,10 +618,17 @@ class Conv2dFunction(torch.autograd.Function):
     def backward(ctx, dy):
         x, w = ctx.saved_tensors
         dx = dw = db = None
+        # create_graph=True (grad mode on here): differentiable gradients; otherwise the kernels
+        # straight away, without the cost of two more autograd nodes per backward
+        graph = torch.is_grad_enabled()
         if ctx.needs_input_grad[0]:
-            dx = InputGradFunction.apply(dy, w, tuple(x.shape[-2:]), ctx.conf)
+            size = tuple(x.shape[-2:])
+            dx = (InputGradFunction.apply(dy, w, size, ctx.conf) if graph
+                  else conv2d_input_grad(dy.contiguous(), w.contiguous(), input_size=size, **ctx.conf))
         if ctx.needs_input_grad[1]:
-            dw = WeightGradFunction.apply(x, dy, tuple(w.shape[-2:]), ctx.conf)
+            size = tuple(w.shape[-2:])
+            dw = (WeightGradFunction.apply(x, dy, size, ctx.conf) if graph
+                  else conv2d_weight_grad(x.contiguous(), dy.contiguous(), kernel_size=size, **ctx.conf))
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = dy.sum(dim=(0, 2, 3), dtype=torch.float32).to(x.dtype)
         return dx, dw, db, None, None, None, None
