@@ -95,3 +95,12 @@ def test_a_benchmark_csv_is_written_on_a_gpu_run_only(tmp_path, monkeypatch):
     path = results.save_benchmark(df, "x", tmp_path)
     assert path == tmp_path / "x_CPU_emulator.csv"
     assert list(pd.read_csv(path).columns) == results.COLUMNS
+
+
+def test_network_batches_on_the_emulator(capsys):
+    from benchmarks import network_batches as N
+
+    assert N.main([]) == 0
+    out = capsys.readouterr().out
+    assert "ours: fused stages" in out and "LeNet-5 training step" in out
+    assert "conv2 UNROLL=4,MG=1,BLOCK=32" in out        # one image: the small-batch config, in the printout

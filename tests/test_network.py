@@ -14,6 +14,7 @@ import convlab as cl
 from convlab import network as net
 from convlab._args import check_launch
 from convlab.ops import network as ops
+from convlab.workloads import Workload
 
 ACT = {"none": lambda t: t, "relu": torch.relu, "tanh": torch.tanh}
 POOL = {"none": lambda t: t, "max": lambda t: F.max_pool2d(t, 2), "avg": lambda t: F.avg_pool2d(t, 2)}
@@ -115,6 +116,135 @@ def test_linear_forward_and_gradients(N, fin, fout):
     cl.check(ops.linear(x, w), xd @ wd.T, name="linear, no bias")
     cl.check(ops.linear_dx(dy, w), dy.double() @ wd, name="linear_dx")
     cl.check(ops.linear_dw(dy, x), dy.double().T @ xd, name="linear_dw")
+
+
+# (N, in, out, SPLIT): one image through a layer wider than a tile; in not a multiple of the tile
+# and slices that do not divide K's steps (300: 19 steps in 4 slices of 5, 5, 5, 4); three images.
+SPLITS = [(1, 300, 40, None), (3, 45, 19, 2), (1, 16, 16, None), (2, 100, 130, 7), (5, 3, 130, 1)]
+
+
+@pytest.mark.parametrize("N, fin, fout, split", SPLITS, ids=lambda v: str(v))
+def test_linear_split_k(N, fin, fout, split):
+    x, w, b, dy = cl.randn(N, fin), cl.randn(fout, fin), cl.randn(fout), cl.randn(N, fout)
+    xd, wd = x.double(), w.double()
+    for act in ("none", "relu", "tanh"):
+        cl.check(ops.linear(x, w, bias=b, act=act, SPLIT=split), ACT[act](xd @ wd.T + b.double()),
+                 name=f"linear {act}, SPLIT={split}")
+    cl.check(ops.linear(x, w, SPLIT=split), xd @ wd.T, name=f"linear, no bias, SPLIT={split}")
+    cl.check(ops.linear_dx(dy, w), dy.double() @ wd, name="linear_dx")
+    cl.check(ops.linear_dw(dy, x), dy.double().T @ xd, name="linear_dw")
+
+
+def test_split_k_is_deterministic_and_the_rule_splits_small_products():
+    x, w, b = cl.randn(1, 300), cl.randn(40, 300), cl.randn(40)
+    assert ops.gemm_split(1, 40, 300) > 1            # 3 tiles of output on 132 SMs (the emulator's count)
+    first = ops.linear(x, w, bias=b, act="tanh")
+    assert torch.equal(first, ops.linear(x, w, bias=b, act="tanh"))   # slices added in one order: no atomics
+    # the long reduction of dW at a large batch splits, at batch 64 it does not
+    dy, h = cl.randn(1000, 10), cl.randn(1000, 20)
+    assert ops.gemm_split(10, 20, 1000) > 1
+    cl.check(ops.linear_dw(dy, h), dy.double().T @ h.double(), name="linear_dw, batch 1000, split")
+
+
+@pytest.mark.parametrize("M, N, K", [(1, 128, 4624), (1, 10, 128), (10, 84, 10_000), (84, 120, 64),
+                                     (10_000, 128, 4624), (64, 4624, 128), (128, 4624, 64), (1, 1, 1)])
+@pytest.mark.parametrize("sms", [132, 16])
+def test_gemm_split_rule(M, N, K, sms):
+    split = ops.gemm_split(M, N, K, 16, sms)
+    blocks, steps = -(-M // 16) * -(-N // 16), -(-K // 16)
+    assert 1 <= split <= ops.MAX_SPLIT
+    if blocks >= ops.SPLIT_BELOW * sms:
+        assert split == 1                      # a large batch: the tiles fill the GPU already
+    elif split > 1:
+        assert steps // split >= ops.MIN_SPLIT_STEPS
+        assert blocks * (split - 1) < sms      # no more slices than it takes to cover the SMs
+    else:
+        assert steps < 2 * ops.MIN_SPLIT_STEPS or blocks >= sms
+    if (M, N, K) == (1, 128, 4624):             # one image through the project's first FC layer
+        assert blocks * split >= sms
+
+
+FUSED_LAYERS = [wl for arch in (net.CLASS_PROJECT, net.LENET5) for B in (1, 3, 10, 100, 1000, 10_000)
+                for wl in arch.conv_workloads(B)] + [Workload("awkward", 2, 4, 6, 15, 13, 7), Workload("c1", 1, 1, 5, 9, 9, 3)]
+
+
+@pytest.mark.parametrize("sms", [132, 8])
+def test_fused_config_fills_the_sms(sms):
+    for wl in FUSED_LAYERS:
+        cfg = ops.fused_config(wl, sms)
+        assert wl.M % cfg["MG"] == 0 and cfg["BLOCK"] % 32 == 0 and 32 <= cfg["BLOCK"] <= 128, (wl.name, cfg)
+        assert 1 <= cfg["UNROLL"] <= wl.K + 1
+        blocks = -(-wl.B * -(-wl.Ho // 2) * -(-wl.Wo // 2) // cfg["BLOCK"]) * (wl.M // cfg["MG"])
+        # enough blocks for every SM, or nothing left to split: one map per thread in one-warp blocks
+        assert blocks >= sms or (cfg["MG"] == 1 and cfg["BLOCK"] == 32), (wl.name, wl.B, cfg, blocks)
+        if wl.B == 10_000:
+            assert cfg == {"UNROLL": 4, "MG": wl.M, "BLOCK": 128}     # a full GPU: the sweep's fastest
+    assert ops.FUSED.config(net.CLASS_PROJECT.conv_workloads(1)[1]) == ops.fused_config(
+        net.CLASS_PROJECT.conv_workloads(1)[1])
+
+
+@pytest.mark.parametrize("shape", STAGES, ids=_id)
+def test_fused_small_batch_configs(shape):
+    """The configs fused_config gives one image on a big GPU (few maps per thread, one-warp blocks)
+    and on a small one, each against fp64."""
+    x, w, b, z = _stage_case(shape)
+    wl = Workload.of(x, w, padding=shape["padding"])
+    ref = F.max_pool2d(torch.relu(z), 2)
+    seen = set()
+    for sms in (132, 4, 1):
+        cfg = ops.fused_config(wl, sms)
+        seen.add(tuple(cfg.values()))
+        cl.check(ops.conv2d_bias_act_pool(x, w, padding=shape["padding"], bias=b, **cfg), ref, name=f"fused {cfg}")
+    assert len(seen) > 1            # the SM count changed the config
+
+
+def test_kept_plans_take_new_shapes_and_tensors():
+    """A launcher's kept plan is per shape: a second shape gets its own, and going back to the first
+    with new tensors (new weights in the fused kernel's constant memory too) is still right."""
+    for s in (STAGES[2], STAGES[1], STAGES[2]):
+        x, w, b, z = _stage_case(s)
+        cl.check(ops.conv2d_bias_act_pool(x, w, padding=s["padding"], bias=b, act="tanh", pool="avg"),
+                 F.avg_pool2d(torch.tanh(z), 2), name=f"fused stage {_id(s)}")
+    for N, fin, fout in ((1, 300, 40), (7, 33, 12), (1, 300, 40)):
+        x, w, b = cl.randn(N, fin), cl.randn(fout, fin), cl.randn(fout)
+        cl.check(ops.linear(x, w, bias=b, act="relu"), torch.relu(x.double() @ w.double().T + b.double()),
+                 name=f"linear {N}x{fin}->{fout}")
+        cl.check(ops.channel_sum(x), x.double().sum(0), name="channel_sum")
+        cl.check(ops.softmax(x), torch.softmax(x.double(), 1), name="softmax")
+
+
+def _sabotaged(key_kind, call):
+    """Run call() once so its plan is kept, shrink the kept launch's grid by one block along its
+    last split axis, and run it again: part of the output is never written."""
+    ops._plans.clear()
+    call()
+    (key,) = [k for k in ops._plans if k[0] == key_kind]
+    plan = ops._plans[key]
+    launch = plan[2] if key_kind == "fused" else plan[1]
+    gx, gy, gz = launch.grid
+    launch.grid = (gx, gy, gz - 1) if gz > 1 else (gx, gy - 1, gz) if gy > 1 else (gx - 1, gy, gz)
+    launch.mod = None                         # bind again, with the short grid
+    try:
+        return call()
+    finally:
+        del ops._plans[key]
+
+
+def test_kept_plans_still_catch_an_output_never_written():
+    x, w, b = cl.randn(1, 4, 15, 13), cl.randn(16, 4, 7, 7), cl.randn(16)
+    with cl.debug():
+        y = _sabotaged("fused", lambda: ops.conv2d_bias_act_pool(x, w, bias=b, act="relu", pool="max", MG=4))
+        with pytest.raises(cl.CheckError):
+            cl.check(y, F.max_pool2d(torch.relu(F.conv2d(x.double(), w.double(), b.double())), 2), name="fused")
+        xs, ws = cl.randn(1, 300), cl.randn(40, 300)
+        y = _sabotaged("linear", lambda: ops.linear(xs, ws, SPLIT=4))    # one slice of K never written
+        with pytest.raises(cl.CheckError):
+            cl.check(y, xs.double() @ ws.double().T, name="linear, a slice short")
+
+
+def test_linear_refuses_a_split_longer_than_k():
+    with pytest.raises(ValueError, match="SPLIT=9: between 1 and the 3 steps"):
+        ops.linear(cl.randn(2, 45), cl.randn(5, 45), SPLIT=9)
 
 
 def test_softmax_and_cross_entropy():
@@ -259,6 +389,22 @@ def test_full_size_grids_fit(record_launches, arch):
     assert launches
     for name, grid, block, shared, _ in launches:
         check_launch(name, grid, block, shared)
+
+
+def test_batch_one_forward_splits_and_spreads(record_launches):
+    """One image through the project's network: each fused stage's grid covers the SMs (or has
+    nothing left to split), and the 4,624-wide FC layer's product is split along K and reduced."""
+    launches = record_launches()
+    arch = net.CLASS_PROJECT
+    params = {k: torch.empty(v.shape, device="meta") for k, v in net.init(arch).items()}
+    net.forward(arch, params, torch.empty(1, 1, arch.image_size, arch.image_size, device="meta"))
+    names = [name for name, *_ in launches]
+    assert names[:4] == ["conv2d_bias_act_pool"] * 2 + ["gemm_bias_act", "gemm_splitk_reduce"]
+    assert names[4:] in (["gemm_bias_act"], ["gemm_bias_act", "gemm_splitk_reduce"])   # 128 -> 10: 8 steps
+    for name, grid, block, _, defines in launches[:2]:
+        d = dict(defines)
+        assert grid[0] * grid[1] >= 132 or (d["MG"] == "1" and block[0] == 32), (grid, block, d)
+    assert launches[2][1][2] > 1             # the first FC layer: slices of K on gridDim.z
 
 
 def test_measure_stages_checks_before_it_times():

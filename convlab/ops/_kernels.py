@@ -11,7 +11,9 @@
 - set_mask(): fill a module's __constant__ mask, skipped when the same weights are already there
   (on the GPU each fill is a host round trip that would otherwise sit inside every timing);
   Launch.with_mask(w, *tensors) does it for a kept launch, with the one os.stat of its call;
-- batch_chunks(): split a batch that would put more than 65,535 blocks on gridDim.y or z.
+- batch_chunks(): split a batch that would put more than 65,535 blocks on gridDim.y or z;
+- sm_count(): the GPU's SMs, for the config functions that size a grid to the machine (on the
+  emulator, EMULATED_SMS: the H200's, so a config is the one the GPU run gets).
 """
 from __future__ import annotations
 
@@ -19,6 +21,8 @@ import os
 import weakref
 
 from .._limits import GRID_YZ_MAX
+
+EMULATED_SMS = 132      # H100/H200 SXM: the GPU the committed results and tuned choices come from
 
 
 def defines_key(defines: dict | None) -> tuple:
@@ -79,7 +83,7 @@ class Launch:
     def __init__(self, path: str, kernel: str, defines: dict | None = None, scalars: tuple = (), *,
                  grid: tuple, block: tuple, shared: int = 0, max_shared: int | None = None):
         self.path, self.kernel, self.defines = path, kernel, defines_key(defines)
-        self.scalars = tuple(int(s) for s in scalars)
+        self.scalars = tuple(s if type(s) is float else int(s) for s in scalars)   # float: a float parameter
         self.grid = tuple(int(g) for g in grid) + (1,) * (3 - len(grid))
         self.block = tuple(int(b) for b in block) + (1,) * (3 - len(block))
         self.shared = int(shared)
@@ -97,12 +101,15 @@ class Launch:
             self._bind(mod)
         self.bound(tensors)
 
-    def with_mask(self, w, *tensors, name: str = "c_mask"):
-        """set_mask(module, w, name), then launch: one look at the file for both."""
+    def with_mask(self, w, *tensors, name: str = "c_mask", also: tuple = ()):
+        """set_mask(module, w, name) (and set_mask(module, t, n) for each (n, t) in also), then
+        launch: one look at the file for all of them."""
         mod = (self.ref or self._ref()).get()
         if mod is not self.mod:
             self._bind(mod)
         set_mask(mod, w, name)
+        for n, t in also:
+            set_mask(mod, t, n)
         self.bound(tensors)
 
     def _bind(self, mod):
@@ -136,6 +143,14 @@ def set_mask(mod, w, name: str = "c_mask") -> None:
             return
     mod.set_constant(name, w)
     _mask_state[key] = (weakref.ref(w), w._version)
+
+
+def sm_count() -> int:
+    """The active GPU's SM count; EMULATED_SMS on the emulator."""
+    import convlab as cl
+
+    dev = cl.device()
+    return dev.threads if dev.backend == "cuda" else EMULATED_SMS
 
 
 def batch_chunks(B: int, limit: int = GRID_YZ_MAX):

@@ -27,7 +27,7 @@ import torch
 from .._limits import INT32_MAX, SHARED_DEFAULT_MAX
 from ..workloads import Workload
 from . import Impl, ceil_div, conv2d_shapes, new_output, output
-from ._kernels import Launch, remember
+from ._kernels import Launch, remember, sm_count
 
 FILE = "kernels/09_general/conv2d_igemm_f32.cu"
 TM = TN = 8            # the micro-tile: 64 accumulators, 16 shared loads per 64 FFMAs
@@ -47,13 +47,6 @@ FULL_RATE_WARPS = 16            # resident warps per SM at which the FFMA pipes 
 TUNED: dict = {}
 
 _plans: dict = {}
-
-
-def _sm_count() -> int:
-    import convlab as cl
-
-    dev = cl.device()
-    return dev.threads if dev.backend == "cuda" else SMS
 
 
 def threads(BM: int, BN: int, WM: int, WN: int) -> int:
@@ -120,7 +113,7 @@ def igemm_config(shape: Workload, sms: int | None = None) -> dict:
     tuned = TUNED.get((shape.B, shape.C, shape.M, shape.H, shape.W, shape.K, shape.stride, shape.padding))
     if tuned is not None:
         return dict(tuned)
-    sms = sms or _sm_count()
+    sms = sms or sm_count()
     if shape.M > 64 and shape.B * shape.Ho * shape.Wo >= MANY_PIXELS:
         cfg = {"BM": 128, "BN": 64, "BK": 16 if shape.C * shape.K * shape.K >= DEEP_K else 8, "WM": 32, "WN": 64,
                "MIN_BLOCKS": 1}

@@ -5,22 +5,27 @@
   pick() convolution, bias_act, pool2x2). Both: f(x, w, y=None, *, stride=1, padding=0, bias,
   act="relu", pool="max", act_out=None, **tunables) -> y; act_out, when given, receives the
   activations before pooling (training needs them; with pool="none" they are the output).
+  fused_config(shape): the fused kernel's tunables (UNROLL, MG, BLOCK) for a layer.
 - bias_act, pool2x2: the separate epilogue kernels; pool_act_backward, channel_sum: their gradients.
 - linear, linear_dx, linear_dw: a fully-connected layer y = act(x W^T + b) as tiled GEMMs
-  (chapter 4's kernel reading an operand transposed, bias and activation fused into the forward).
+  (chapter 4's kernel reading an operand transposed, bias and activation fused into the forward),
+  split along K when the output's tiles alone would leave SMs idle (gemm_split(M, N, K)).
 - softmax, softmax_xent: class probabilities; per-image loss and the logits' gradient.
 - sgd_momentum: the optimiser's update, in place.
 
 act: "none", "relu" or "tanh"; pool: "none", "max" or "avg". Every launcher takes float32
-tensors on the backend's device and returns its output (allocated when not given).
+tensors on the backend's device and returns its output (allocated when not given). Each launcher
+works out its launch once per shape and tunables (_plans) and keeps it: a repeated call checks its
+tensors and launches.
 """
 from __future__ import annotations
 
 import torch
 
-from . import Impl, ceil_div, conv2d_shapes, output
+from ..workloads import Workload
+from . import Impl, ceil_div, conv2d_shapes, new_output, output
 from . import _kernels
-from ._kernels import set_mask
+from ._kernels import Launch, remember, sm_count
 
 FUSED_FILE = "kernels/10_network/conv2d_bias_act_pool.cu"
 EPILOGUE_FILE = "kernels/10_network/epilogue.cu"
@@ -33,6 +38,8 @@ CONSTANT_FLOATS = 16384      # 64 KB of __constant__ memory: the mask and the bi
 ELEMENTWISE_BLOCK = 256
 MAX_BLOCKS = 1 << 16         # elementwise kernels stride over the rest
 CHANNEL_SUM_BLOCK = 256      # epilogue.cu's BLOCK (its default): channel_sum's shared array has that size
+
+_plans: dict = {}
 
 
 def _code(table: dict, value: str, what: str) -> int:
@@ -58,46 +65,91 @@ def pooled_size(n: int, pool: str) -> int:
 
 def bias_act(x, bias, y=None, *, act: str = "relu"):
     """y = act(x + bias[m]) for x (B, M, ...) (a linear layer's (N, M) too)."""
-    B, M = int(x.shape[0]), int(x.shape[1])
-    if tuple(bias.shape) != (M,):
-        raise ValueError(f"bias has shape {tuple(bias.shape)}, expected ({M},): one value per map")
-    P = x.numel() // max(1, B * M)
+    def build():
+        B, M = int(x.shape[0]), int(x.shape[1])
+        if tuple(bias.shape) != (M,):
+            raise ValueError(f"bias has shape {tuple(bias.shape)}, expected ({M},): one value per map")
+        P = x.numel() // max(1, B * M)
+        grid, block = _elementwise_grid(x.numel())
+        return Launch(EPILOGUE_FILE, "bias_act", None, (B, M, P, _code(ACTS, act, "act")), grid=grid, block=block)
+
+    launch = remember(_plans, ("bias_act", x.shape, bias.shape, act), build)
     y = _output(y, x.shape, x)
-    grid, block = _elementwise_grid(x.numel())
-    _kernels.module(EPILOGUE_FILE).kernel("bias_act")(x, bias, y, B, M, P, _code(ACTS, act, "act"),
-                                                      grid=grid, block=block)
+    launch(x, bias, y)
     return y
 
 
 def pool2x2(x, y=None, *, pool: str = "max"):
     """2x2 max or average pooling with stride 2 over x (B, M, H, W): y (B, M, H//2, W//2)."""
-    mode = _code(POOLS, pool, "pool")
-    if mode == 0:
-        raise ValueError("pool2x2 needs pool='max' or 'avg'")
-    B, M, H, W = (int(s) for s in x.shape)
-    if H < 2 or W < 2:
-        raise ValueError(f"a {H}x{W} map has no 2x2 window to pool")
-    y = _output(y, (B, M, H // 2, W // 2), x)
-    grid, block = _elementwise_grid(y.numel())
-    _kernels.module(EPILOGUE_FILE).kernel("pool2x2")(x, y, B * M, H, W, mode, grid=grid, block=block)
+    def build():
+        mode = _code(POOLS, pool, "pool")
+        if mode == 0:
+            raise ValueError("pool2x2 needs pool='max' or 'avg'")
+        B, M, H, W = (int(s) for s in x.shape)
+        if H < 2 or W < 2:
+            raise ValueError(f"a {H}x{W} map has no 2x2 window to pool")
+        shape = (B, M, H // 2, W // 2)
+        grid, block = _elementwise_grid(B * M * (H // 2) * (W // 2))
+        return shape, Launch(EPILOGUE_FILE, "pool2x2", None, (B * M, H, W, mode), grid=grid, block=block)
+
+    shape, launch = remember(_plans, ("pool2x2", x.shape, pool), build)
+    y = _output(y, shape, x)
+    launch(x, y)
     return y
 
 
 # ---- the fused stage --------------------------------------------------------------------------------
+
+#: The row loop's unroll factor: 4 was the fastest of 1, 2, 4 and 8 (8: fully, K+1 rows) on both of
+#: the class project's layers at a batch of 10,000, for every MG tried (book/data/details/
+#: 10_network_unroll.csv, H200; project_conv2 with all 16 maps: 3.47 ms against 4.85 fully
+#: unrolled, project_conv1: 0.93 against 1.13). Not for occupancy: on project_conv2 it took 255
+#: registers per thread against 168 fully unrolled. LeNet-5's K=5 layers were not swept; they get
+#: the same factor. Layers with K < 3 unroll all their K+1 rows.
+FUSED_UNROLL = 4
+FUSED_BLOCK = 128            # threads per block at large batches (the unroll sweep's blocks)
+MIN_BLOCK = 32               # one warp: a smaller block only leaves lanes idle
+
 
 def fused_fits(M: int, C: int, K: int) -> bool:
     """The mask and the bias fit in constant memory, and the thread's 4·M accumulators in registers."""
     return M * C * K * K + M <= CONSTANT_FLOATS and M <= 32
 
 
+def fused_config(shape: Workload, sms: int | None = None) -> dict:
+    """UNROLL, MG and BLOCK of conv2d_bias_act_pool for a layer (a Workload; sms: the GPU's SM count,
+    the device's by default). UNROLL: FUSED_UNROLL. MG (maps per thread) and BLOCK: all M maps in
+    blocks of FUSED_BLOCK while that grid has a block for every SM; at small batches it has not
+    (the project's second layer at one image: 289 threads, 3 blocks, each thread 16 maps x 4
+    outputs x 196 taps in a row, the rest of the GPU idle), so first fewer maps per thread (a
+    divisor of M, halving the serial chain and the unrolled body each step; the groups go on
+    gridDim.y), then smaller blocks (down to one warp), until the grid has sms blocks."""
+    sms = sms or sm_count()
+    threads = shape.B * ceil_div(shape.Ho, 2) * ceil_div(shape.Wo, 2)
+    blocks = lambda mg, block: ceil_div(threads, block) * (shape.M // mg)  # noqa: E731
+    mg, block = shape.M, FUSED_BLOCK
+    for d in (d for d in range(shape.M, 0, -1) if shape.M % d == 0):
+        mg = d
+        if blocks(mg, block) >= sms:
+            break
+    while blocks(mg, block) < sms and block > MIN_BLOCK:
+        block //= 2
+    return {"UNROLL": min(FUSED_UNROLL, shape.K + 1), "MG": mg, "BLOCK": block}
+
+
+def _fused_defines(M, C, K, act, pool, write_act, UNROLL, BLOCK, MG) -> dict:
+    return {"M_OUT": M, "C_IN": C, "KSIZE": K, "ACT": _code(ACTS, act, "act"), "POOL": _code(POOLS, pool, "pool"),
+            "WRITE_ACT": int(write_act), "UNROLL": int(UNROLL), "BLOCK": int(BLOCK), "MG": int(MG)}
+
+
 def fused_module(M: int, C: int, K: int, *, act: str = "relu", pool: str = "max", write_act: bool = False,
                  UNROLL: int | None = None, BLOCK: int | None = None, MG: int | None = None):
     """The fused kernel's module as conv2d_bias_act_pool compiles it for a layer (its kernel's
-    .attributes give the registers per thread on a GPU)."""
-    return _kernels.module(FUSED_FILE, {"M_OUT": M, "C_IN": C, "KSIZE": K, "ACT": _code(ACTS, act, "act"),
-                                        "POOL": _code(POOLS, pool, "pool"), "WRITE_ACT": int(write_act),
-                                        "UNROLL": int(UNROLL or K + 1), "BLOCK": int(BLOCK or 128),
-                                        "MG": int(MG or M)})
+    .attributes give the registers per thread on a GPU); tunables left out: a large batch's
+    (fused_config's UNROLL, FUSED_BLOCK, all M maps)."""
+    return _kernels.module(FUSED_FILE, _fused_defines(M, C, K, act, pool, write_act,
+                                                      UNROLL or min(FUSED_UNROLL, K + 1), BLOCK or FUSED_BLOCK,
+                                                      MG or M))
 
 
 def _no_pool_output(y, act_out, pool: str):
@@ -113,8 +165,24 @@ def conv2d_bias_act_pool(x, w, y=None, *, stride: int = 1, padding: int = 0, bia
                          pool: str = "max", act_out=None, UNROLL: int | None = None, BLOCK: int | None = None,
                          MG: int | None = None):
     """One kernel: conv (stride 1) + bias + activation + 2x2 pooling. UNROLL: how far the loop
-    over the window's K+1 input rows is unrolled (default K+1: fully); BLOCK: threads per block;
-    MG: maps per thread (default all M; a divisor of M, the groups on gridDim.y)."""
+    over the window's K+1 input rows is unrolled (1 to K+1: fully); BLOCK: threads per block (a
+    multiple of 32); MG: maps per thread (a divisor of M, the groups on gridDim.y). Tunables left
+    out come from fused_config (the layer's shape and the GPU's SM count)."""
+    y, act_out = _no_pool_output(y, act_out, pool)
+    write_act = act_out is not None
+    y_shape, a_shape, launch = remember(_plans, ("fused", x.shape, w.shape, bias.shape, stride, padding, act, pool,
+                                                 write_act, UNROLL, BLOCK, MG),
+                                        lambda: _fused_plan(x, w, bias, stride, padding, act, pool, write_act,
+                                                            UNROLL, BLOCK, MG))
+    y = _output(y, y_shape, x)
+    if write_act:
+        _output(act_out, a_shape, x, name="act_out")
+    launch.with_mask(w, x, y, act_out if write_act else y, also=(("c_bias", bias),))
+    return y
+
+
+def _fused_plan(x, w, bias, stride, padding, act, pool, write_act, UNROLL, BLOCK, MG):
+    """(y's shape, act_out's shape, Launch) of conv2d_bias_act_pool for one call signature."""
     if stride != 1:
         raise ValueError(f"stride {stride}: the fused kernel takes stride 1 (its 2x2 windows tile the output)")
     B, C, M, H, W, K, Ho, Wo = conv2d_shapes(x, w, stride, padding)
@@ -123,26 +191,18 @@ def conv2d_bias_act_pool(x, w, y=None, *, stride: int = 1, padding: int = 0, bia
                          f"floats) within {CONSTANT_FLOATS:,} floats of constant memory; use conv2d_separate_epilogue")
     if tuple(bias.shape) != (M,):
         raise ValueError(f"bias has shape {tuple(bias.shape)}, expected ({M},)")
-    act_code, pool_code = _code(ACTS, act, "act"), _code(POOLS, pool, "pool")
-    y, act_out = _no_pool_output(y, act_out, pool)
-    unroll = int(UNROLL or K + 1)
-    block = int(BLOCK or 128)
+    pool_code = _code(POOLS, pool, "pool")
+    cfg = fused_config(Workload.of(x, w, padding=padding))
+    unroll, block, mg = int(UNROLL or cfg["UNROLL"]), int(BLOCK or cfg["BLOCK"]), int(MG or cfg["MG"])
     if not 1 <= unroll <= K + 1:
         raise ValueError(f"UNROLL={unroll}: between 1 (no unrolling) and K+1={K + 1} (fully)")
-    mg = int(MG or M)
     if M % mg:
         raise ValueError(f"MG={mg}: the maps per thread must divide M={M}")
-    y = _output(y, (B, M, Ho // 2, Wo // 2) if pool_code else (B, M, Ho, Wo), x)
-    if act_out is not None:
-        _output(act_out, (B, M, Ho, Wo), x, name="act_out")
-    mod = fused_module(M, C, K, act=act, pool=pool, write_act=act_out is not None, UNROLL=unroll, BLOCK=block,
-                       MG=mg)
-    set_mask(mod, w)
-    set_mask(mod, bias, "c_bias")
     threads = B * ceil_div(Ho, 2) * ceil_div(Wo, 2)
-    mod.kernel("conv2d_bias_act_pool")(x, y, act_out if act_out is not None else y, B, H, W, padding,
-                                       grid=(ceil_div(threads, block), M // mg, 1), block=(block, 1, 1))
-    return y
+    launch = Launch(FUSED_FILE, "conv2d_bias_act_pool",
+                    _fused_defines(M, C, K, act, pool, write_act, unroll, block, mg), (B, H, W, padding),
+                    grid=(ceil_div(threads, block), M // mg, 1), block=(block, 1, 1))
+    return (B, M, Ho // 2, Wo // 2) if pool_code else (B, M, Ho, Wo), (B, M, Ho, Wo), launch
 
 
 def conv2d_separate_epilogue(x, w, y=None, *, stride: int = 1, padding: int = 0, bias, act: str = "relu",
@@ -163,38 +223,87 @@ def conv2d_separate_epilogue(x, w, y=None, *, stride: int = 1, padding: int = 0,
 def pool_act_backward(a, dp, dz=None, *, act: str = "relu", pool: str = "max"):
     """The gradient of the pre-activation z, from the activations a = act(z) (B, M, H, W) and the
     gradient dp of the pooled output (or of a itself when pool="none")."""
-    B, M, H, W = (int(s) for s in a.shape)
-    mode = _code(POOLS, pool, "pool")
-    want = (B, M, H // 2, W // 2) if mode else (B, M, H, W)
-    if tuple(dp.shape) != want:
-        raise ValueError(f"dp has shape {tuple(dp.shape)}, expected {want}")
+    def build():
+        B, M, H, W = (int(s) for s in a.shape)
+        mode = _code(POOLS, pool, "pool")
+        want = (B, M, H // 2, W // 2) if mode else (B, M, H, W)
+        if tuple(dp.shape) != want:
+            raise ValueError(f"dp has shape {tuple(dp.shape)}, expected {want}")
+        grid, block = _elementwise_grid(a.numel())
+        return Launch(EPILOGUE_FILE, "pool_act_backward", None, (B * M, H, W, mode, _code(ACTS, act, "act")),
+                      grid=grid, block=block)
+
+    launch = remember(_plans, ("pool_act_backward", a.shape, dp.shape, act, pool), build)
     dz = _output(dz, a.shape, a, name="dz")
-    grid, block = _elementwise_grid(a.numel())
-    _kernels.module(EPILOGUE_FILE).kernel("pool_act_backward")(a, dp, dz, B * M, H, W, mode, _code(ACTS, act, "act"),
-                                                      grid=grid, block=block)
+    launch(a, dp, dz)
     return dz
 
 
 def channel_sum(dz, db=None):
     """db[m] = the sum of dz[b, m, ...] over b and the rest: a bias's gradient (dz (B, M, ...) or (N, M))."""
-    B, M = int(dz.shape[0]), int(dz.shape[1])
-    P = dz.numel() // max(1, B * M)
-    db = _output(db, (M,), dz, name="db")
-    _kernels.module(EPILOGUE_FILE).kernel("channel_sum")(dz, db, B, M, P, grid=(M, 1, 1),
-                                                         block=(CHANNEL_SUM_BLOCK, 1, 1))
+    def build():
+        B, M = int(dz.shape[0]), int(dz.shape[1])
+        P = dz.numel() // max(1, B * M)
+        return (M,), Launch(EPILOGUE_FILE, "channel_sum", None, (B, M, P), grid=(M, 1, 1),
+                            block=(CHANNEL_SUM_BLOCK, 1, 1))
+
+    shape, launch = remember(_plans, ("channel_sum", dz.shape), build)
+    db = _output(db, shape, dz, name="db")
+    launch(dz, db)
     return db
 
 
 # ---- fully-connected layers ---------------------------------------------------------------------------
 
-def _gemm(A, Bm, bias, Cm, M, N, K, *, trans_a=0, trans_b=0, act="none", TILE=16):
-    defines = {"TILE": TILE, "TRANS_A": trans_a, "TRANS_B": trans_b, "BIAS": int(bias is not None),
-               "ACT": _code(ACTS, act, "act")}
-    if ceil_div(M, TILE) > 65_535:
-        raise ValueError(f"{M} rows is over gridDim.y's 65,535 tiles of {TILE}")
-    _kernels.module(GEMM_FILE, defines).kernel("gemm_bias_act")(A, Bm, bias if bias is not None else Cm, Cm, M, N, K,
-                                                       grid=(ceil_div(N, TILE), ceil_div(M, TILE), 1),
-                                                       block=(TILE, TILE, 1))
+#: Split-K for the GEMMs: no split while the output's tiles fill SPLIT_BELOW of the SMs. The share is
+#: chapter 9's (tensor_core.SPLIT_BELOW, measured there: the partials' traffic and the second
+#: kernel cost more than a fifth of the SMs idle); this tiled kernel has not been swept for it.
+SPLIT_BELOW = 0.75
+MIN_SPLIT_STEPS = 4          # TILE steps per slice at least: a shorter slice is mostly its partial's write
+MAX_SPLIT = 32
+
+
+def gemm_split(M: int, N: int, K: int, TILE: int = 16, sms: int | None = None) -> int:
+    """The slices of K for an M x N x K product in TILE x TILE tiles: 1 when its tiles fill SPLIT_BELOW
+    of the SMs (every large batch); else enough slices to give each SM a block, at most MAX_SPLIT
+    and each at least MIN_SPLIT_STEPS tiles deep. One image through the project's 4,624 -> 128 layer:
+    8 tiles, 289 steps: 17 slices of 17 steps, 136 blocks on 132 SMs."""
+    sms = sms or sm_count()
+    blocks, steps = ceil_div(M, TILE) * ceil_div(N, TILE), ceil_div(K, TILE)
+    if blocks >= SPLIT_BELOW * sms:
+        return 1
+    return max(1, min(ceil_div(sms, blocks), MAX_SPLIT, steps // MIN_SPLIT_STEPS))
+
+
+def _gemm_plan(M, N, K, trans_a, trans_b, bias, act, TILE, SPLIT):
+    """(splits, Launch of the product, Launch of the reduction or None) for one call signature."""
+    tile = int(TILE or 16)
+    defines = {"TILE": tile, "TRANS_A": trans_a, "TRANS_B": trans_b, "BIAS": int(bias), "ACT": _code(ACTS, act, "act")}
+    if ceil_div(M, tile) > 65_535:
+        raise ValueError(f"{M} rows is over gridDim.y's 65,535 tiles of {tile}")
+    steps = ceil_div(K, tile)
+    want = int(SPLIT or gemm_split(M, N, K, tile))
+    if not 1 <= want <= max(1, steps):
+        raise ValueError(f"SPLIT={want}: between 1 and the {steps} steps of TILE={tile} in K={K}")
+    per = ceil_div(steps, want)
+    splits = ceil_div(steps, per)                  # no empty slice: 10 steps in 4 slices are 3+3+3+1
+    launch = Launch(GEMM_FILE, "gemm_bias_act", defines, (M, N, K, per * tile),
+                    grid=(ceil_div(N, tile), ceil_div(M, tile), splits), block=(tile, tile, 1))
+    grid, block = _elementwise_grid(M * N)
+    reduce = None if splits == 1 else Launch(GEMM_FILE, "gemm_splitk_reduce", defines, (M, N, splits),
+                                             grid=grid, block=block)
+    return splits, launch, reduce
+
+
+def _gemm(key, A, Bm, bias, Cm, M, N, K, **plan):
+    splits, launch, reduce = remember(_plans, key, lambda: _gemm_plan(M, N, K, bias=bias is not None, **plan))
+    b = bias if bias is not None else Cm             # never read without BIAS
+    if reduce is None:
+        launch(A, Bm, b, Cm, Cm)                     # ws: never touched by one slice
+    else:
+        ws = new_output((splits, M, N), Cm)          # poisoned like an output: a slice never written shows
+        launch(A, Bm, b, Cm, ws)
+        reduce(ws, b, Cm)
     return Cm
 
 
@@ -204,53 +313,66 @@ def _linear_shapes(x, w):
     return int(x.shape[0]), int(w.shape[1]), int(w.shape[0])
 
 
-def linear(x, w, y=None, *, bias=None, act: str = "none", TILE: int = 16):
-    """y (N, out) = act(x (N, in) · w (out, in)^T + bias): one tiled GEMM with its epilogue."""
+def linear(x, w, y=None, *, bias=None, act: str = "none", TILE: int | None = None, SPLIT: int | None = None):
+    """y (N, out) = act(x (N, in) · w (out, in)^T + bias): one tiled GEMM with its epilogue (TILE
+    default 16), split along K in SPLIT slices (default gemm_split's) and then reduced."""
     N, fin, fout = _linear_shapes(x, w)
     if bias is not None and tuple(bias.shape) != (fout,):
         raise ValueError(f"bias has shape {tuple(bias.shape)}, expected ({fout},)")
     y = _output(y, (N, fout), x)
-    return _gemm(x, w, bias, y, N, fout, fin, trans_b=1, act=act, TILE=TILE)
+    return _gemm(("linear", N, fin, fout, bias is not None, act, TILE, SPLIT), x, w, bias, y, N, fout, fin,
+                 trans_a=0, trans_b=1, act=act, TILE=TILE, SPLIT=SPLIT)
 
 
-def linear_dx(dy, w, dx=None, *, TILE: int = 16):
-    """dx (N, in) = dy (N, out) · w (out, in)."""
+def linear_dx(dy, w, dx=None, *, TILE: int | None = None, SPLIT: int | None = None):
+    """dx (N, in) = dy (N, out) · w (out, in); K = out, split as linear's."""
     N, fout, fin = int(dy.shape[0]), int(w.shape[0]), int(w.shape[1])
     if dy.dim() != 2 or int(dy.shape[1]) != fout:
         raise ValueError(f"dy {tuple(dy.shape)} does not fit w {tuple(w.shape)}: need (N, {fout})")
     dx = _output(dx, (N, fin), dy, name="dx")
-    return _gemm(dy, w, None, dx, N, fin, fout, TILE=TILE)
+    return _gemm(("linear_dx", N, fin, fout, TILE, SPLIT), dy, w, None, dx, N, fin, fout,
+                 trans_a=0, trans_b=0, act="none", TILE=TILE, SPLIT=SPLIT)
 
 
-def linear_dw(dy, x, dw=None, *, TILE: int = 16):
-    """dw (out, in) = dy (N, out)^T · x (N, in): dy read transposed."""
+def linear_dw(dy, x, dw=None, *, TILE: int | None = None, SPLIT: int | None = None):
+    """dw (out, in) = dy (N, out)^T · x (N, in): dy read transposed; K = N, the batch (a large batch
+    on a narrow layer is a few tiles of output over a long K: split)."""
     if dy.dim() != 2 or x.dim() != 2 or dy.shape[0] != x.shape[0]:
         raise ValueError(f"expected dy (N, out) and x (N, in), got {tuple(dy.shape)} and {tuple(x.shape)}")
     N, fout, fin = int(dy.shape[0]), int(dy.shape[1]), int(x.shape[1])
     dw = _output(dw, (fout, fin), dy, name="dw")
-    return _gemm(dy, x, None, dw, fout, fin, N, trans_a=1, TILE=TILE)
+    return _gemm(("linear_dw", N, fin, fout, TILE, SPLIT), dy, x, None, dw, fout, fin, N,
+                 trans_a=1, trans_b=0, act="none", TILE=TILE, SPLIT=SPLIT)
 
 
 # ---- softmax and cross-entropy -------------------------------------------------------------------------
 
 def softmax(z, p=None):
     """Class probabilities of logits z (N, classes), one thread per row."""
-    N, K = (int(s) for s in z.shape)
-    p = _output(p, (N, K), z, name="p")
-    _kernels.module(SOFTMAX_FILE).kernel("softmax")(z, p, N, K, grid=(ceil_div(N, 128), 1, 1), block=(128, 1, 1))
+    def build():
+        N, K = (int(s) for s in z.shape)
+        return (N, K), Launch(SOFTMAX_FILE, "softmax", None, (N, K), grid=(ceil_div(N, 128), 1, 1), block=(128, 1, 1))
+
+    shape, launch = remember(_plans, ("softmax", z.shape), build)
+    p = _output(p, shape, z, name="p")
+    launch(z, p)
     return p
 
 
 def softmax_xent(z, labels, loss=None, dz=None):
     """(loss (N,), dz (N, classes)): each image's cross-entropy and the gradient of the batch's
     mean loss with respect to the logits. labels: int64 (N,)."""
-    N, K = (int(s) for s in z.shape)
-    if labels.dtype != torch.int64 or tuple(labels.shape) != (N,):
-        raise ValueError(f"labels must be int64 of shape ({N},), got {labels.dtype} {tuple(labels.shape)}")
+    def build():
+        N, K = (int(s) for s in z.shape)
+        if labels.dtype != torch.int64 or tuple(labels.shape) != (N,):
+            raise ValueError(f"labels must be int64 of shape ({N},), got {labels.dtype} {tuple(labels.shape)}")
+        return N, K, Launch(SOFTMAX_FILE, "softmax_xent", None, (N, K, 1.0 / N), grid=(ceil_div(N, 128), 1, 1),
+                            block=(128, 1, 1))
+
+    N, K, launch = remember(_plans, ("softmax_xent", z.shape, labels.shape, labels.dtype), build)
     loss = _output(loss, (N,), z, name="loss")
     dz = _output(dz, (N, K), z, name="dz")
-    _kernels.module(SOFTMAX_FILE).kernel("softmax_xent")(z, labels, loss, dz, N, K, 1.0 / N,
-                                                grid=(ceil_div(N, 128), 1, 1), block=(128, 1, 1))
+    launch(z, labels, loss, dz)
     return loss, dz
 
 
@@ -258,9 +380,13 @@ def sgd_momentum(p, g, v, *, lr: float, momentum: float):
     """v = momentum·v + g; p -= lr·v, in place (torch.optim.SGD with momentum, no dampening)."""
     if not (p.shape == g.shape == v.shape) or not (p.is_contiguous() and g.is_contiguous() and v.is_contiguous()):
         raise ValueError("p, g and v must be contiguous tensors of one shape")
-    grid, block = _elementwise_grid(p.numel())
-    _kernels.module(EPILOGUE_FILE).kernel("sgd_momentum")(p, g, v, p.numel(), float(lr), float(momentum),
-                                                          grid=grid, block=block)
+    def build():
+        grid, block = _elementwise_grid(n)
+        return Launch(EPILOGUE_FILE, "sgd_momentum", None, (n, float(lr), float(momentum)), grid=grid, block=block)
+
+    n = p.numel()
+    launch = remember(_plans, ("sgd_momentum", n, lr, momentum), build)
+    launch(p, g, v)
     _forget_constant(p)
     return p
 
@@ -268,8 +394,6 @@ def sgd_momentum(p, g, v, *, lr: float, momentum: float):
 def _forget_constant(t) -> None:
     """A kernel changed t in place, which torch's version counter does not see: drop what set_mask
     remembers of t, so the next launch that takes t as its mask uploads it again."""
-    from . import _kernels
-
     for key, (ref, _) in list(_kernels._mask_state.items()):
         if ref() is t:
             del _kernels._mask_state[key]
@@ -281,6 +405,7 @@ def _fused_applies(shape) -> bool:
 
 #: A conv stage (conv + bias + activation + pooling) both ways. op "conv2d_stage": the launcher
 #: takes bias= (and act=, pool=) besides the forward contract.
-FUSED = Impl("conv + bias + act + pool, one kernel", conv2d_bias_act_pool, op="conv2d_stage", applies=_fused_applies)
+FUSED = Impl("conv + bias + act + pool, one kernel", conv2d_bias_act_pool, op="conv2d_stage", applies=_fused_applies,
+             config=fused_config)
 SEPARATE = Impl("conv (pick) + bias/act + pool, three kernels", conv2d_separate_epilogue, op="conv2d_stage")
 IMPLEMENTATIONS = (FUSED, SEPARATE)

@@ -1,0 +1,109 @@
+#!/usr/bin/env python3
+"""Chapter 10's networks from one image to 10,000, and LeNet-5's training step, ours against torch.
+
+    python benchmarks/network_batches.py                  # the active backend (a GPU when there is one)
+    python benchmarks/network_batches.py --out DIR        # CSV into DIR (default benchmarks/results)
+
+- The whole forward pass (images on the device, logits left there) of the class project's network
+  and LeNet-5 at B = 1, 10, 100, 1,000, 10,000: network.measure_networks (each contender checked
+  against the fp64 torch network first), ours with fused stages and with the separate epilogue,
+  and torch (cudnn.benchmark on, TF32 off): GPU ms (CUDA events, the GPU held), caller ms (what a
+  caller waits, nothing held) and us of GPU time per image. Beside each batch, what the config
+  functions chose for it: ops.fused_config per conv stage (UNROLL, MG, BLOCK) and ops.gemm_split
+  per fully-connected layer.
+- LeNet-5's training step at batch 64 on the digits (network.train against network.train_torch,
+  the same batches from the same weights): ms per step, the wall time of STEPS steps after a warm-up
+  run, synchronised at both ends.
+
+Writes benchmarks/results/network_batches_<GPU>.csv (the forward rows of convlab.results' schema)
+and network_train_step_<GPU>.csv. On the emulator: the project's network at 30x30 and B = 1, 2,
+checked, two training steps of batch 4; nothing timed for a figure, nothing written.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import pandas as pd  # noqa: E402
+
+import convlab as cl  # noqa: E402
+from convlab import network, results  # noqa: E402
+from convlab.ops import network as ops  # noqa: E402
+
+BATCHES = (1, 10, 100, 1000, 10_000)
+STEPS = 100             # LeNet-5 training steps timed (batch 64: about 4 epochs of the digits' training set)
+
+
+def configs(arch, B: int) -> str:
+    """What the config functions give this batch: each fused stage's tunables, each FC layer's split."""
+    stages = [f"conv{i + 1} " + ",".join(f"{k}={v}" for k, v in ops.fused_config(wl).items())
+              for i, wl in enumerate(arch.conv_workloads(B))]
+    fcs = [f"fc{j + 1} SPLIT={ops.gemm_split(B, o, i)}" for j, (i, o) in enumerate(arch.widths)]
+    return "; ".join(stages + fcs)
+
+
+def forward_rows(gpu: bool, reps: int):
+    archs = (network.CLASS_PROJECT, network.LENET5) if gpu else (network.CLASS_PROJECT.at_size(30), network.LENET5)
+    batches = BATCHES if gpu else (1, 2)
+    frames = [network.measure_networks(arch, batches, reps=reps) for arch in archs]
+    df = pd.concat(frames, ignore_index=True)
+    df["B"] = df["shape"].str.extract(r"B=(\d+)")[0].astype(int)
+    df["us per image"] = 1e3 * df["ms"] / df["B"]
+    print(f"{'network':8s} {'B':>6s} {'contender':28s} {'GPU ms':>9s} {'caller ms':>10s} {'us/image':>9s}")
+    for arch in archs:
+        for B in batches:
+            sub = df[(df["workload"] == arch.key) & (df["B"] == B)]
+            for _, r in sub.iterrows():
+                print(f"{arch.key:8s} {B:6d} {r['impl']:28s} {r['ms']:9.4f} {r['caller_ms']:10.4f} "
+                      f"{r['us per image']:9.3f}")
+            print(f"{'':15s} config: {configs(arch, B)}")
+    return df
+
+
+def train_step_rows(gpu: bool, steps: int):
+    """ms per LeNet-5 training step, ours and torch's, after a warm-up run of each."""
+    arch = network.LENET5
+    data = network.digits(arch.image_size)
+    kw = dict(epochs=1_000, batch_size=64, max_steps=steps) if gpu else dict(epochs=1, batch_size=4, max_steps=2)
+    if not gpu:
+        data = data.subset(8, 8)
+    rows = []
+    for who, train in (("ours", network.train), ("torch", network.train_torch)):
+        train(arch, data, **{**kw, "max_steps": min(5, kw["max_steps"])})     # compile, plan, cudnn.benchmark
+        _, r = train(arch, data, **kw)
+        rows.append({"network": arch.key, "who": who, "batch": kw["batch_size"], "steps": r.steps,
+                     "ms per step": 1e3 * r.seconds / r.steps, "final loss": r.losses[-1],
+                     "gpu": results.device_label(), "date": pd.Timestamp.now().date().isoformat()})
+    df = pd.DataFrame(rows)
+    ours, theirs = (df.set_index("who")["ms per step"][k] for k in ("ours", "torch"))
+    print(f"\n# LeNet-5 training step, batch {kw['batch_size']}, {kw['max_steps']} steps: ours {ours:.3f} ms, "
+          f"torch {theirs:.3f} ms per step ({ours / theirs:.2f}x torch's time)")
+    return df
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--steps", type=int, default=STEPS, help="LeNet-5 training steps timed")
+    ap.add_argument("--out", default=None, help="folder for the CSV files (default benchmarks/results)")
+    args = ap.parse_args(argv)
+    gpu = cl.backend() == "cuda"
+    print(f"# {cl.device()}")
+    fwd = forward_rows(gpu, args.reps)
+    train = train_step_rows(gpu, args.steps)
+    if not gpu:
+        print("# emulator: every contender checked against fp64; the times above say nothing about a GPU")
+        return 0
+    print(f"# {results.provenance(fwd)}")
+    print(f"# wrote {results.save_benchmark(fwd, 'network_batches', args.out)}")
+    print(f"# wrote {results.save_benchmark(train, 'network_train_step', args.out)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
