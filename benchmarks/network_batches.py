@@ -11,9 +11,13 @@
   caller waits, nothing held) and us of GPU time per image. Beside each batch, what the config
   functions chose for it: ops.fused_config per conv stage (UNROLL, MG, BLOCK) and ops.gemm_split
   per fully-connected layer.
+- each fully-connected layer of both networks at FC_BATCHES, with each GEMM ops.linear has
+  ("tiled": chapter 4's tile with the epilogue fused; "igemm": the layer as a 1x1 convolution by
+  chapter 9's implicit GEMM), and the one ops.linear_gemm picks;
 - LeNet-5's training step at batch 64 on the digits (network.train against network.train_torch,
-  the same batches from the same weights): ms per step, the wall time of STEPS steps after a warm-up
-  run, synchronised at both ends.
+  the same batches from the same weights): ms per step over STEPS steps, after a warm-up run, and
+  leaving out the first epoch (TrainResult.step_ms: it compiles the kernels of the epoch's smaller
+  last batch, and cudnn.benchmark tries its algorithms on it).
 
 Writes benchmarks/results/network_batches_<GPU>.csv (the forward rows of convlab.results' schema)
 and network_train_step_<GPU>.csv. On the emulator: the project's network at 30x30 and B = 1, 2,
@@ -65,6 +69,38 @@ def forward_rows(gpu: bool, reps: int):
     return df
 
 
+FC_BATCHES = (1, 64, 625, 1250, 2500, 10_000)   # the stream pipeline's chunks lie between 625 and 2,500
+
+
+def fc_rows(gpu: bool, reps: int):
+    """Each fully-connected layer of both networks at FC_BATCHES, with each of ops.linear's GEMMs
+    (checked against fp64 first): GPU ms, and the one linear_gemm picks."""
+    from convlab import measure
+
+    rows = []
+    for arch in (network.CLASS_PROJECT, network.LENET5):
+        for j, (fin, fout) in enumerate(arch.widths):
+            act = "none" if j == len(arch.widths) - 1 else arch.act
+            for N in (FC_BATCHES if gpu else (1, 3)):
+                x, w, b = cl.randn(N, fin), cl.randn(fout, fin), cl.randn(fout)
+                ref = ops.reference_linear(x, w, b, act)
+                for gemm in ops.GEMMS:
+                    fn = lambda gemm=gemm: ops.linear(x, w, bias=b, act=act, GEMM=gemm)  # noqa: E731
+                    cl.check(fn(), ref, name=f"{arch.key} fc{j + 1} N={N} {gemm}")
+                    t = measure.time_impl(fn, reps)
+                    rows.append({"network": arch.key, "layer": f"fc{j + 1}", "in": fin, "out": fout, "N": N,
+                                 "GEMM": gemm, "ms": t.ms, "caller_ms": t.caller_ms,
+                                 "picked": gemm == ops.linear_gemm(N, fin, fout)})
+    df = pd.DataFrame(rows)
+    print(f"\n{'network':8s} {'layer':5s} {'in->out':>10s} {'N':>6s} " + " ".join(f"{g + ' ms':>10s}" for g in ops.GEMMS)
+          + "  picked")
+    for (net, layer, fin, fout, N), sub in df.groupby(["network", "layer", "in", "out", "N"], sort=False):
+        ms = sub.set_index("GEMM")["ms"]
+        print(f"{net:8s} {layer:5s} {f'{fin}->{fout}':>10s} {N:6d} " + " ".join(f"{ms[g]:10.4f}" for g in ops.GEMMS)
+              + f"  {sub[sub['picked']]['GEMM'].iloc[0]}")
+    return df
+
+
 def train_step_rows(gpu: bool, steps: int):
     """ms per LeNet-5 training step, ours and torch's, after a warm-up run of each."""
     arch = network.LENET5
@@ -77,7 +113,7 @@ def train_step_rows(gpu: bool, steps: int):
         train(arch, data, **{**kw, "max_steps": min(5, kw["max_steps"])})     # compile, plan, cudnn.benchmark
         _, r = train(arch, data, **kw)
         rows.append({"network": arch.key, "who": who, "batch": kw["batch_size"], "steps": r.steps,
-                     "ms per step": 1e3 * r.seconds / r.steps, "final loss": r.losses[-1],
+                     "ms per step": r.step_ms, "final loss": r.losses[-1],
                      "gpu": results.device_label(), "date": pd.Timestamp.now().date().isoformat()})
     df = pd.DataFrame(rows)
     ours, theirs = (df.set_index("who")["ms per step"][k] for k in ("ours", "torch"))
@@ -95,6 +131,7 @@ def main(argv=None) -> int:
     gpu = cl.backend() == "cuda"
     print(f"# {cl.device()}")
     fwd = forward_rows(gpu, args.reps)
+    fc = fc_rows(gpu, args.reps)
     train = train_step_rows(gpu, args.steps)
     if not gpu:
         print("# emulator: every contender checked against fp64; the times above say nothing about a GPU")
@@ -102,6 +139,7 @@ def main(argv=None) -> int:
     print(f"# {results.provenance(fwd)}")
     print(f"# wrote {results.save_benchmark(fwd, 'network_batches', args.out)}")
     print(f"# wrote {results.save_benchmark(train, 'network_train_step', args.out)}")
+    print(f"# wrote {results.save_benchmark(fc, 'network_fc_layers', args.out)}")
     return 0
 
 

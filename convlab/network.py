@@ -256,15 +256,58 @@ class TrainResult:
     test_accuracy: float = float("nan")
     seconds: float = float("nan")                       # wall time of the training steps (synchronised)
     steps: int = 0
+    epoch_seconds: list = field(default_factory=list)   # the same, epoch by epoch
+    epoch_steps: list = field(default_factory=list)
+
+    @property
+    def step_ms(self) -> float:
+        """ms per step once every batch shape has been seen: over the epochs after the first when
+        there are several. The first epoch compiles the kernels of each batch shape (ours: the last
+        batch of an epoch is a smaller one, with tunables of its own) and lets cudnn.benchmark try
+        its algorithms on each (torch's): one-time costs, seconds for a compile."""
+        if len(self.epoch_seconds) > 1:
+            return 1e3 * sum(self.epoch_seconds[1:]) / sum(self.epoch_steps[1:])
+        return 1e3 * self.seconds / max(1, self.steps)
+
+
+class _EpochClock:
+    """Wall time of each epoch of a training loop, synchronised at its ends, into a TrainResult."""
+
+    def __init__(self, result: TrainResult):
+        self.result, self.epoch = result, None
+        _sync()
+        self.t0 = self.start = time.perf_counter()
+
+    def step(self, epoch: int):
+        if epoch != self.epoch:
+            self._close()
+            self.epoch = epoch
+        self.result.steps += 1
+        self.result.epoch_steps[-1] += 1
+
+    def _close(self):
+        if self.epoch is not None:
+            _sync()
+            now = time.perf_counter()
+            self.result.epoch_seconds.append(now - self.start)
+            self.start = now
+        self.result.epoch_steps.append(0)
+
+    def stop(self):
+        _sync()
+        now = time.perf_counter()
+        self.result.epoch_seconds.append(now - self.start)
+        self.result.seconds = now - self.t0
 
 
 def _batches(n: int, batch_size: int, epochs: int, seed: int, max_steps: int | None):
+    """(epoch, indices of the batch) for each step."""
     gen = torch.Generator().manual_seed(seed)
     steps = 0
-    for _ in range(epochs):
+    for epoch in range(epochs):
         perm = torch.randperm(n, generator=gen)
         for i in range(0, n, batch_size):
-            yield perm[i:i + batch_size]
+            yield epoch, perm[i:i + batch_size]
             steps += 1
             if max_steps is not None and steps >= max_steps:
                 return
@@ -286,19 +329,17 @@ def train(arch: Architecture, data, *, epochs: int = 5, batch_size: int = 64, lr
     dev = next(iter(params.values())).device
     x_train, y_train = data.x_train.to(dev), data.y_train.to(dev)
     result = TrainResult()
-    _sync()
-    t0 = time.perf_counter()
+    clock = _EpochClock(result)
     step_losses = []
-    for idx in _batches(len(y_train), batch_size, epochs, seed, max_steps):
+    for epoch, idx in _batches(len(y_train), batch_size, epochs, seed, max_steps):
+        clock.step(epoch)
         idx = idx.to(dev)
         logits, tape = forward(arch, params, x_train[idx], keep=True, fused=fused)
         loss, grads = backward(arch, params, tape, y_train[idx])
         for k, p in params.items():
             ops.sgd_momentum(p, grads[k], velocity[k], lr=lr, momentum=momentum)
         step_losses.append((ops.channel_sum(loss.view(1, 1, -1)), len(idx)))   # read back after the timing
-        result.steps += 1
-    _sync()
-    result.seconds = time.perf_counter() - t0
+    clock.stop()
     result.losses = [float(total[0]) / n for total, n in step_losses]
     result.test_accuracy = accuracy(arch, params, data.x_test, data.y_test)
     return params, result
@@ -319,19 +360,17 @@ def _train_torch(arch, data, epochs, batch_size, lr, momentum, seed, max_steps):
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
     x_train, y_train = data.x_train.to(dev), data.y_train.to(dev)
     result = TrainResult()
-    _sync()
-    t0 = time.perf_counter()
+    clock = _EpochClock(result)
     step_losses = []
-    for idx in _batches(len(y_train), batch_size, epochs, seed, max_steps):
+    for epoch, idx in _batches(len(y_train), batch_size, epochs, seed, max_steps):
+        clock.step(epoch)
         idx = idx.to(dev)
         loss = F.cross_entropy(model(x_train[idx]), y_train[idx])
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
         step_losses.append(loss.detach())
-        result.steps += 1
-    _sync()
-    result.seconds = time.perf_counter() - t0
+    clock.stop()
     result.losses = [float(v) for v in step_losses]
     with torch.no_grad():
         model.eval()

@@ -426,3 +426,20 @@ def test_measure_networks_checks_both_paths():
 
 def test_occupancy_is_not_a_number_without_registers():
     assert net.occupancy(None, 128) != net.occupancy(None, 128)
+
+
+@pytest.mark.parametrize("N,fin,fout,act", [(1, 45, 7, "tanh"), (3, 100, 10, "none"), (5, 33, 12, "relu")])
+def test_linear_as_a_1x1_convolution(N, fin, fout, act):
+    """GEMM='igemm' (the layer as chapter 9's 1x1 convolution, then bias_act) gives the fp64 result on
+    awkward sizes, into a given output too; an activation without a bias is refused with the reason."""
+    x, w, b = cl.randn(N, fin), cl.randn(fout, fin), cl.randn(fout)
+    ref = ops.reference_linear(x, w, b, act)
+    cl.check(ops.linear(x, w, bias=b, act=act, GEMM="igemm"), ref, name="igemm")
+    y = cl.empty(N, fout)
+    assert ops.linear(x, w, y, bias=b, act=act, GEMM="igemm") is y
+    cl.check(y, ref, name="igemm into y")
+    if act != "none":
+        with pytest.raises(ValueError, match="needs a bias"):
+            ops.linear(x, w, act=act, GEMM="igemm")
+    with pytest.raises(ValueError, match="one of"):
+        ops.linear(x, w, bias=b, GEMM="cublas")

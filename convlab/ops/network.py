@@ -313,15 +313,51 @@ def _linear_shapes(x, w):
     return int(x.shape[0]), int(w.shape[1]), int(w.shape[0])
 
 
-def linear(x, w, y=None, *, bias=None, act: str = "none", TILE: int | None = None, SPLIT: int | None = None):
-    """y (N, out) = act(x (N, in) · w (out, in)^T + bias): one tiled GEMM with its epilogue (TILE
-    default 16), split along K in SPLIT slices (default gemm_split's) and then reduced."""
+GEMMS = ("tiled", "igemm")
+
+
+def linear(x, w, y=None, *, bias=None, act: str = "none", TILE: int | None = None, SPLIT: int | None = None,
+           GEMM: str | None = None):
+    """y (N, out) = act(x (N, in) · w (out, in)^T + bias). GEMM="tiled": one tiled GEMM with its
+    epilogue (TILE default 16), split along K in SPLIT slices (default gemm_split's) and then
+    reduced. GEMM="igemm": the layer as the 1x1 convolution it is (N images of `in` channels, `out`
+    maps) by chapter 9's warp-tiled implicit GEMM (convlab.ops.igemm, its own tile and split), the
+    bias added by it and the activation by bias_act. Default: linear_gemm's choice."""
     N, fin, fout = _linear_shapes(x, w)
     if bias is not None and tuple(bias.shape) != (fout,):
         raise ValueError(f"bias has shape {tuple(bias.shape)}, expected ({fout},)")
+    gemm = GEMM or linear_gemm(N, fin, fout)
+    if gemm not in GEMMS:
+        raise ValueError(f"GEMM={gemm!r}: one of {GEMMS}")
+    if gemm == "igemm":
+        return _linear_igemm(x, w, y, bias, act, N, fin, fout)
     y = _output(y, (N, fout), x)
     return _gemm(("linear", N, fin, fout, bias is not None, act, TILE, SPLIT), x, w, bias, y, N, fout, fin,
                  trans_a=0, trans_b=1, act=act, TILE=TILE, SPLIT=SPLIT)
+
+
+def linear_gemm(N: int, fin: int, fout: int) -> str:
+    """linear's GEMM for a layer of fin -> fout features at a batch of N: "tiled"."""
+    return "tiled"
+
+
+def reference_linear(x, w, bias, act: str):
+    """act(x · w^T + bias) in float64: what linear's checks compare with."""
+    z = x.double() @ w.double().T + (0 if bias is None else bias.double())
+    return {"none": lambda t: t, "relu": torch.relu, "tanh": torch.tanh}[act](z)
+
+
+def _linear_igemm(x, w, y, bias, act, N, fin, fout):
+    from .igemm import conv2d_igemm_f32
+
+    x4, w4 = x.view(N, fin, 1, 1), w.view(fout, fin, 1, 1)
+    if act == "none":
+        y = _output(y, (N, fout), x)
+        conv2d_igemm_f32(x4, w4, y.view(N, fout, 1, 1), bias=bias)
+        return y
+    if bias is None:
+        raise ValueError("GEMM='igemm' with an activation needs a bias (bias_act applies both)")
+    return bias_act(conv2d_igemm_f32(x4, w4).view(N, fout), bias, y, act=act)
 
 
 def linear_dx(dy, w, dx=None, *, TILE: int | None = None, SPLIT: int | None = None):
