@@ -47,7 +47,8 @@ def configs(arch, B: int) -> str:
     """What the config functions give this batch: each fused stage's tunables, each FC layer's split."""
     stages = [f"conv{i + 1} " + ",".join(f"{k}={v}" for k, v in ops.fused_config(wl).items())
               for i, wl in enumerate(arch.conv_workloads(B))]
-    fcs = [f"fc{j + 1} SPLIT={ops.gemm_split(B, o, i)}" for j, (i, o) in enumerate(arch.widths)]
+    fcs = [f"fc{j + 1} " + ("GEMM=igemm" if ops.linear_gemm(B, i, o) == "igemm" else f"SPLIT={ops.gemm_split(B, o, i)}")
+           for j, (i, o) in enumerate(arch.widths)]
     return "; ".join(stages + fcs)
 
 
@@ -90,7 +91,8 @@ def fc_rows(gpu: bool, reps: int):
                     t = measure.time_impl(fn, reps)
                     rows.append({"network": arch.key, "layer": f"fc{j + 1}", "in": fin, "out": fout, "N": N,
                                  "GEMM": gemm, "ms": t.ms, "caller_ms": t.caller_ms,
-                                 "picked": gemm == ops.linear_gemm(N, fin, fout)})
+                                 "picked": gemm == ops.linear_gemm(N, fin, fout), "gpu": results.device_label(),
+                                 "date": pd.Timestamp.now().date().isoformat()})
     df = pd.DataFrame(rows)
     print(f"\n{'network':8s} {'layer':5s} {'in->out':>10s} {'N':>6s} " + " ".join(f"{g + ' ms':>10s}" for g in ops.GEMMS)
           + "  picked")

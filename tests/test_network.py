@@ -443,3 +443,15 @@ def test_linear_as_a_1x1_convolution(N, fin, fout, act):
             ops.linear(x, w, act=act, GEMM="igemm")
     with pytest.raises(ValueError, match="one of"):
         ops.linear(x, w, bias=b, GEMM="cublas")
+
+
+def test_linear_gemm_rule():
+    """One image stays on the tiled GEMM (and its split); a deep layer at a batch of 64, or any layer
+    with 1e8 multiply-adds, goes to the implicit GEMM; the chosen route gives the fp64 result."""
+    assert ops.linear_gemm(1, 4624, 128) == "tiled"
+    assert ops.linear_gemm(64, 4624, 128) == "igemm"
+    assert ops.linear_gemm(1250, 400, 120) == "tiled"
+    assert ops.linear_gemm(10_000, 400, 120) == "igemm"
+    assert ops.linear_gemm(10_000, 84, 10) == "tiled"
+    x, w, b = cl.randn(64, 1030), cl.randn(9, 1030), cl.randn(9)
+    cl.check(ops.linear(x, w, bias=b, act="relu"), ops.reference_linear(x, w, b, "relu"), name="deep layer")

@@ -336,8 +336,21 @@ def linear(x, w, y=None, *, bias=None, act: str = "none", TILE: int | None = Non
                  trans_a=0, trans_b=1, act=act, TILE=TILE, SPLIT=SPLIT)
 
 
+#: linear_gemm's thresholds, from benchmarks/network_batches.py's FC rows on an H200
+#: (benchmarks/results/network_fc_layers_NVIDIA_H200.csv). The tiled GEMM walks K one 16-wide
+#: step at a time with one output per thread; the implicit GEMM's 128-wide tiles and register
+#: tiles win once there is work enough: on the 4,624-deep project layer from a batch of 64
+#: (0.032 ms against 0.048; at one image 0.026 against 0.020), on LeNet-5's shallow layers from
+#: about 1e8 multiply-adds (400 -> 120 at N = 10,000: 0.076 against 0.168; at 1,250 they tie).
+IGEMM_MACS = 100_000_000
+IGEMM_DEEP = 1024            # inputs from which ...
+IGEMM_DEEP_N = 64            # ... a batch of this many rows already goes to the implicit GEMM
+
+
 def linear_gemm(N: int, fin: int, fout: int) -> str:
-    """linear's GEMM for a layer of fin -> fout features at a batch of N: "tiled"."""
+    """linear's GEMM for a layer of fin -> fout features at a batch of N (see IGEMM_MACS)."""
+    if N * fin * fout >= IGEMM_MACS or (fin >= IGEMM_DEEP and N >= IGEMM_DEEP_N):
+        return "igemm"
     return "tiled"
 
 
