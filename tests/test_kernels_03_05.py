@@ -103,6 +103,35 @@ def test_tiled_refusals():
         tiled.conv2d_tiled_halo_multi_pass(x, w, mask="texture")
 
 
+def _barrier_line(path):
+    lines = (cl.book.path(path)).read_text().splitlines()
+    return next(n for n, line in enumerate(lines, 1) if "__syncthreads();" in line)
+
+
+@pytest.mark.emu_only
+def test_tiled_early_return_stops_at_its_barrier_on_a_ragged_shape():
+    """The blog's form of strategy 3: Wo = 35 leaves 29 of the second block's 32 columns past the
+    image, and those threads return before the barrier. The fix, strategy 3 at TILE=32, is right."""
+    shape = dict(B=1, C=2, M=1, H=34, W=37, K=3)                 # Ho = 32, Wo = 35: one ragged block
+    x, w, y, s, p, ref = _case(shape)
+    with pytest.raises(cl.BarrierError) as e:
+        tiled.conv2d_tiled_early_return(x, w, y)
+    msg = str(e.value)
+    assert f"conv2d_tiled_early_return.cu:{_barrier_line(tiled.EARLY_RETURN_FILE)}" in msg
+    assert "reached by only 96 of the 1024 threads of block (1,0,0)" in msg
+    _run(tiled.conv2d_tiled_cached_halo, shape, TILE=32)
+
+
+@pytest.mark.parametrize("shape", [
+    dict(B=2, C=3, M=2, H=32, W=64, K=3, padding=1),            # "same": 32×64 outputs
+    dict(B=1, C=2, M=3, H=36, W=68, K=5),                       # valid: 32×64 outputs
+], ids=_id)
+@pytest.mark.parametrize("mask", ["constant", "global"])
+def test_tiled_early_return_is_right_where_no_thread_returns(shape, mask):
+    """Where 32 divides both output sides every thread reaches the barriers: the bug stays hidden."""
+    _run(tiled.conv2d_tiled_early_return, shape, mask=mask)
+
+
 # ---- chapter 4 -----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("shape", SHAPES[:3] + SHAPES[5:], ids=_id)

@@ -11,6 +11,10 @@ when M·C·K² > 16,384 floats, e.g. resnet and days100):
 - conv2d_tiled_cached_halo: TILE×TILE blocks that keep only the interior in shared memory and read
   the halo from global memory (L1/L2); any padding, stride 1 only.
 
+conv2d_tiled_early_return is strategy 3 as the PyCUDA blog wrote it (32×32 blocks, out-of-range
+threads return before the barrier): a BarrierError where a block has such threads, for the chapter
+to show; it is no implementation of the chapter.
+
 All three: grid (tiles, M, B) with one output map of one image per block. The batch goes on
 gridDim.z, so batches over 65,535 images are launched in chunks.
 """
@@ -23,6 +27,7 @@ from ._kernels import Launch, batch_chunks, remember
 MULTI_PASS_FILE = "kernels/03_tiled/conv2d_tiled_halo_multi_pass.cu"
 INPUT_BLOCK_FILE = "kernels/03_tiled/conv2d_tiled_input_block.cu"
 CACHED_HALO_FILE = "kernels/03_tiled/conv2d_tiled_cached_halo.cu"
+EARLY_RETURN_FILE = "kernels/03_tiled/conv2d_tiled_early_return.cu"   # the blog's form: wrong, to show why
 
 MASK_MAX = 16384          # floats in c_mask (64 KB, all of constant memory); the .cu files' default
 
@@ -106,21 +111,35 @@ def conv2d_tiled_input_block(x, w, y=None, *, stride: int = 1, padding: int = 0,
     return _run(remember(_plans, ("input", x.shape, w.shape, stride, padding, mask_, IN_TILE_), build), x, w, y, mask_)
 
 
-def conv2d_tiled_cached_halo(x, w, y=None, *, stride: int = 1, padding: int = 0, mask: str | None = None,
-                             TILE: int | None = None):
+def _halo_from_cache(path, kernel, key, x, w, y, stride, padding, mask, TILE):
     def build():
         if stride != 1:
-            raise ValueError("conv2d_tiled_cached_halo supports stride 1 only (its interior is the block's own pixels)")
+            raise ValueError(f"{kernel} supports stride 1 only (its interior is the block's own pixels)")
         B, C, M, H, W, K, Ho, Wo = conv2d_shapes(x, w, stride, padding)
         _check_mask(mask_, w)
-        tiles = ceil_div(Ho, TILE_) * ceil_div(Wo, TILE_)
-        defines = {"TILE": TILE_, "MASK_IN_CONSTANT": int(mask_ == "constant")}
-        return (B, M, Ho, Wo), _launches(CACHED_HALO_FILE, "conv2d_tiled_cached_halo", defines, B,
-                                         (C, M, H, W, K, padding), (tiles, M), (TILE_, TILE_))
+        tiles = ceil_div(Ho, TILE) * ceil_div(Wo, TILE)
+        defines = {"TILE": TILE, "MASK_IN_CONSTANT": int(mask_ == "constant")}
+        return (B, M, Ho, Wo), _launches(path, kernel, defines, B, (C, M, H, W, K, padding), (tiles, M),
+                                         (TILE, TILE))
 
     mask_ = mask or mask_place(int(w.shape[0]), int(w.shape[1]), int(w.shape[2]))
-    TILE_ = int(TILE or 16)
-    return _run(remember(_plans, ("cached", x.shape, w.shape, stride, padding, mask_, TILE_), build), x, w, y, mask_)
+    return _run(remember(_plans, (key, x.shape, w.shape, stride, padding, mask_, TILE), build), x, w, y, mask_)
+
+
+def conv2d_tiled_cached_halo(x, w, y=None, *, stride: int = 1, padding: int = 0, mask: str | None = None,
+                             TILE: int | None = None):
+    return _halo_from_cache(CACHED_HALO_FILE, "conv2d_tiled_cached_halo", "cached", x, w, y, stride, padding,
+                            mask, int(TILE or 16))
+
+
+def conv2d_tiled_early_return(x, w, y=None, *, stride: int = 1, padding: int = 0, mask: str | None = None,
+                              TILE: int | None = None):
+    """The PyCUDA blog's form of strategy 3, for the chapter to show its fault: TILE×TILE blocks (32 by
+    default) whose out-of-range threads return before the barrier. Correct only where TILE divides
+    both output sides; elsewhere the emulator stops it with a BarrierError (a GPU's behaviour is
+    undefined). Not among IMPLEMENTATIONS: conv2d_tiled_cached_halo with TILE=32 is its fix."""
+    return _halo_from_cache(EARLY_RETURN_FILE, "conv2d_tiled_early_return", "early", x, w, y, stride, padding,
+                            mask, int(TILE or 32))
 
 
 def _mask_config(s) -> dict:
