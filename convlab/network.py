@@ -431,6 +431,18 @@ def graded_chunks(n: int, first: int, ratio: float) -> list:
     return sizes
 
 
+def tapered_chunks(n: int, k: int) -> list:
+    """Chunk sizes in proportion 1, 2, ..., k, ..., 2, 1 (2k-1 chunks, n/k² images per step): small
+    at both ends, where nothing overlaps (the first chunk's copy in, the last chunk's compute and
+    copy out), large in the middle, where each kernel gets a big batch to run efficiently."""
+    if k < 1 or n < k * k:
+        raise ValueError(f"k={k}: need k >= 1 and at least k² = {k * k} images, got {n}")
+    weights = list(range(1, k + 1)) + list(range(k - 1, 0, -1))
+    sizes = [int(n * w / (k * k)) for w in weights]
+    sizes[k - 1] += n - sum(sizes)          # what rounding left over: to the middle chunk
+    return sizes
+
+
 class Pipeline:
     """Inference end to end, as the class projects timed it: the batch copied from host memory to
     the GPU, the network, the logits copied back. Device buffers are allocated once, here.

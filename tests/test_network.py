@@ -455,3 +455,15 @@ def test_linear_gemm_rule():
     assert ops.linear_gemm(10_000, 84, 10) == "tiled"
     x, w, b = cl.randn(64, 1030), cl.randn(9, 1030), cl.randn(9)
     cl.check(ops.linear(x, w, bias=b, act="relu"), ops.reference_linear(x, w, b, "relu"), name="deep layer")
+
+
+def test_tapered_chunks():
+    """Sizes 1, 2, ..., k, ..., 2, 1 times n/k², summing to n (rounding to the middle), small at both
+    ends; too few images for k steps is refused."""
+    assert net.tapered_chunks(10_000, 4) == [625, 1250, 1875, 2500, 1875, 1250, 625]
+    for n, k in ((9_999, 5), (6, 2), (7, 1)):
+        sizes = net.tapered_chunks(n, k)
+        assert sum(sizes) == n and len(sizes) == 2 * k - 1 and min(sizes) >= 1
+        assert sizes[0] == sizes[-1] == min(sizes) and max(sizes) == sizes[k - 1]
+    with pytest.raises(ValueError, match="at least"):
+        net.tapered_chunks(3, 2)
