@@ -156,7 +156,7 @@ class Module:
         self._impl, self.src, self.defines, self.options = impl, src, defines, list(options)
         self.path = src.path
         self._kernels = {}
-        self.constants_set = {}       # name -> bytes, so cl.profile can repeat a launch elsewhere
+        self.constants_set = {}       # name -> bytes (or the device tensor), so cl.profile can repeat a launch elsewhere
 
     @property
     def kernels(self) -> list[str]:
@@ -184,11 +184,17 @@ class Module:
             raise ArgumentError(f"{self.path.name} has no __constant__ `{name}` (it has: {have})")
         want = self.src.constants[name]
         t = value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
-        t = t.detach().contiguous().cpu()
+        t = t.detach()
         need = _args.TYPES.get(_source._TYPE_ALIASES.get(want, want))
         if need is not None and need.dtypes and t.dtype not in need.dtypes:
             raise ArgumentError(f"__constant__ {want} {name} needs {need.dtypes[0]} values, got {t.dtype}")
-        data = t.numpy().tobytes()
+        t = t.contiguous()
+        if t.is_cuda and hasattr(self._impl, "set_constant_from_device"):
+            # a copy on the GPU, in order with the kernels on the stream: no round trip through the host
+            self._impl.set_constant_from_device(name, t.data_ptr(), t.numel() * t.element_size())
+            self.constants_set[name] = t      # cl.profile reads its values when it replays a launch
+            return
+        data = t.cpu().numpy().tobytes()
         self._impl.set_constant(name, data)
         self.constants_set[name] = data
 

@@ -53,6 +53,7 @@ class Driver:
                "cuModuleGetFunction": [ctypes.POINTER(P), P, ctypes.c_char_p],
                "cuModuleGetGlobal_v2": [ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(S), P, ctypes.c_char_p],
                "cuMemcpyHtoDAsync_v2": [ctypes.c_uint64, ctypes.c_char_p, S, P],
+               "cuMemcpyDtoDAsync_v2": [ctypes.c_uint64, ctypes.c_uint64, S, P],
                "cuFuncGetAttribute": [ctypes.POINTER(I), I, P],
                "cuFuncSetAttribute": [P, I, I],
                "cuGetErrorName": [U, ctypes.POINTER(ctypes.c_char_p)],
@@ -98,6 +99,10 @@ class Driver:
         """Stream-ordered: after the kernels already queued on `stream`, before the next ones (the
         driver stages pageable memory at once, so `data` may go when this returns)."""
         self._call("copying to __constant__ memory", self.lib.cuMemcpyHtoDAsync_v2, address, data, len(data), stream)
+
+    def copy_on_device(self, address: int, source: int, nbytes: int, stream: int):
+        """Stream-ordered copy of nbytes from device memory at source to address."""
+        self._call("copying to __constant__ memory", self.lib.cuMemcpyDtoDAsync_v2, address, source, nbytes, stream)
 
     def attribute(self, func: int, attr: int) -> int:
         v = ctypes.c_int()
@@ -220,6 +225,7 @@ class CudaModule:
     def __init__(self, backend, handle: int, src):
         self.backend, self.handle, self.src = backend, handle, src
         self._funcs = {}
+        self._globals = {}        # __constant__ name -> (device address, bytes)
 
     def _function(self, name) -> int:
         f = self._funcs.get(name)
@@ -228,17 +234,36 @@ class CudaModule:
                 f = self._funcs[name] = self.backend.cu.function(self.handle, name)
         return f
 
-    def set_constant(self, name: str, data: bytes):
-        b = self.backend
-        with b.context():
-            found = b.cu.global_(self.handle, name)
+    def _global(self, name: str, nbytes: int) -> int:
+        """The device address of the __constant__ `name`, checked to hold nbytes (looked up once)."""
+        found = self._globals.get(name)
+        if found is None:
+            with self.backend.context():
+                found = self.backend.cu.global_(self.handle, name)
             if found is None:
                 raise ArgumentError(f"__constant__ {name} is not in this build of {self.src.path.name}: is it "
                                     f"inside an #if that the defines turned off?")
-            ptr, size = found
-            if len(data) > size:
-                raise ArgumentError(f"__constant__ {name} holds {size} bytes, but {len(data)} were given")
+            self._globals[name] = found
+        ptr, size = found
+        if nbytes > size:
+            raise ArgumentError(f"__constant__ {name} holds {size} bytes, but {nbytes} were given")
+        return ptr
+
+    def set_constant(self, name: str, data: bytes):
+        b = self.backend
+        ptr = self._global(name, len(data))
+        with b.context():
             b.cu.copy_to_device(ptr, data, b.stream())     # in order with the kernels on the current stream
+
+    def set_constant_from_device(self, name: str, source: int, nbytes: int):
+        """The same from device memory: a copy queued on the current stream, nothing waits."""
+        b = self.backend
+        ptr = self._global(name, nbytes)
+        if b.has_context():
+            b.cu.copy_on_device(ptr, source, nbytes, b.stream())
+        else:
+            with b.context():
+                b.cu.copy_on_device(ptr, source, nbytes, b.stream())
 
     def limits(self, name) -> dict:
         """The compiled kernel's attributes, read from the driver (once per Kernel: its plan keeps them)."""

@@ -439,7 +439,9 @@ def _job(fn, args, kwargs) -> dict:
     if isinstance(fn, Kernel):
         m = fn.module
         return {"kind": "kernel", "text": m.src.text, "path": str(m.path), "defines": m.defines,
-                "options": m.options, "constants": dict(m.constants_set),
+                "options": m.options,
+                "constants": {k: v if isinstance(v, bytes) else v.cpu().numpy().tobytes()
+                              for k, v in m.constants_set.items()},
                 "kernel": fn.name, "args": args, "kwargs": kwargs, "cudnn_benchmark": torch.backends.cudnn.benchmark}
     target = getattr(fn, "launcher", fn)    # an Impl: its launcher (its config is resolved inside)
     try:

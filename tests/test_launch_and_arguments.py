@@ -293,3 +293,33 @@ def test_a_bound_gpu_launch_packs_its_scalars_once_and_checks_each_tensor():
         bound(wrong)
         assert slow[-1] is wrong
     assert len(launches) == n and len(slow) == 5
+
+
+def test_a_constant_mask_follows_every_change_of_the_weights():
+    """The launchers that put the mask in __constant__ memory upload it on every launch: a change
+    through w.data (which torch's version counter does not see) or by a kernel of ours shows in the
+    next result, as it does with torch's conv."""
+    import torch.nn.functional as F
+
+    from convlab.ops import conv3d, fused, network, tiled
+
+    x, w = cl.randn(1, 2, 12, 12), cl.randn(3, 2, 3, 3)
+    x3, w3 = cl.randn(1, 1, 6, 8, 8), cl.randn(1, 1, 3, 3, 3)
+    b = cl.randn(3)
+    calls = {
+        "tiled, constant mask": (lambda: tiled.conv2d_tiled_halo_multi_pass(x, w, padding=1, mask="constant"),
+                                 lambda: F.conv2d(x.double(), w.double(), padding=1), w),
+        "direct, coarsened": (lambda: fused.conv2d_direct_coarse(x, w, padding=1),
+                              lambda: F.conv2d(x.double(), w.double(), padding=1), w),
+        "conv3d best": (lambda: conv3d.conv3d_best(x3, w3), lambda: F.conv3d(x3.double(), w3.double()), w3),
+        "fused stage": (lambda: network.conv2d_bias_act_pool(x, w, padding=1, bias=b),
+                        lambda: F.max_pool2d(torch.relu(F.conv2d(x.double(), w.double(), b.double(), padding=1)), 2),
+                        w),
+    }
+    for name, (ours, ref, weights) in calls.items():
+        cl.check(ours(), ref(), name=name)
+        weights.data.mul_(-0.5)                        # invisible to weights._version
+        cl.check(ours(), ref(), name=f"{name}, after w.data changed")
+        zero = torch.zeros_like(weights)
+        network.sgd_momentum(weights, torch.ones_like(weights), zero, lr=0.25, momentum=0.0)   # a kernel of ours
+        cl.check(ours(), ref(), name=f"{name}, after a kernel changed w")

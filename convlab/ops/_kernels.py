@@ -8,9 +8,9 @@
   shared memory and its opt-in past 48 KB, scalar arguments), kept so that a repeated call only
   launches it: its kernel's bind() checks the scalars, grid and block once per compiled module, and
   a call then only checks its tensors (on a GPU, from a buffer with the scalars already packed).
-- set_mask(): fill a module's __constant__ mask, skipped when the same weights are already there
-  (on the GPU each fill is a host round trip that would otherwise sit inside every timing);
-  Launch.with_mask(w, *tensors) does it for a kept launch, with the one os.stat of its call;
+- set_mask(): fill a module's __constant__ mask, on every launch (on the GPU a device-to-device copy
+  queued on the stream); Launch.with_mask(w, *tensors) does it for a kept launch, with the one
+  os.stat of its call;
 - batch_chunks(): split a batch that would put more than 65,535 blocks on gridDim.y or z;
 - sm_count(): the GPU's SMs, for the config functions that size a grid to the machine (on the
   emulator, EMULATED_SMS: the H200's, so a config is the one the GPU run gets).
@@ -18,7 +18,6 @@
 from __future__ import annotations
 
 import os
-import weakref
 
 from .._limits import GRID_YZ_MAX
 
@@ -129,20 +128,11 @@ def remember(cache: dict, key, build):
     return plan
 
 
-# (id(module), name) -> (weakref to the tensor, its _version): the weights the constant holds now.
-_mask_state: dict = {}
-
-
 def set_mask(mod, w, name: str = "c_mask") -> None:
-    """mod.set_constant(name, w) unless this very tensor, unmodified, is already there."""
-    key = (id(mod), name)
-    have = _mask_state.get(key)
-    if have is not None:
-        ref, version = have
-        if ref() is w and w._version == version:
-            return
+    """mod.set_constant(name, w), on every launch. On a GPU a copy from w's device memory queued on
+    the stream, no round trip through the host. Not skipped when w looks unchanged: torch's version
+    counter misses writes through w.data or by a kernel of ours, and a stale mask is a wrong result."""
     mod.set_constant(name, w)
-    _mask_state[key] = (weakref.ref(w), w._version)
 
 
 def sm_count() -> int:

@@ -436,16 +436,7 @@ def sgd_momentum(p, g, v, *, lr: float, momentum: float):
     n = p.numel()
     launch = remember(_plans, ("sgd_momentum", n, lr, momentum), build)
     launch(p, g, v)
-    _forget_constant(p)
     return p
-
-
-def _forget_constant(t) -> None:
-    """A kernel changed t in place, which torch's version counter does not see: drop what set_mask
-    remembers of t, so the next launch that takes t as its mask uploads it again."""
-    for key, (ref, _) in list(_kernels._mask_state.items()):
-        if ref() is t:
-            del _kernels._mask_state[key]
 
 
 def _fused_applies(shape) -> bool:
