@@ -157,6 +157,7 @@ class Module:
         self.path = src.path
         self._kernels = {}
         self.constants_set = {}       # name -> bytes (or the device tensor), so cl.profile can repeat a launch elsewhere
+        self._device_fills = set()    # (name, dtype) filled from device memory once: checked
 
     @property
     def kernels(self) -> list[str]:
@@ -179,6 +180,11 @@ class Module:
 
     def set_constant(self, name: str, value):
         """Fill a __constant__ array (a tensor or numpy array on any device) by name."""
+        if type(value) is torch.Tensor and value.is_cuda and (name, value.dtype) in self._device_fills \
+                and value.is_contiguous():      # checked before: the copy alone (a launcher's mask, each launch)
+            self._impl.set_constant_from_device(name, value.data_ptr(), value.numel() * value.element_size())
+            self.constants_set[name] = value
+            return
         if name not in self.src.constants:
             have = ", ".join(self.src.constants) or "none"
             raise ArgumentError(f"{self.path.name} has no __constant__ `{name}` (it has: {have})")
@@ -193,6 +199,7 @@ class Module:
             # a copy on the GPU, in order with the kernels on the stream: no round trip through the host
             self._impl.set_constant_from_device(name, t.data_ptr(), t.numel() * t.element_size())
             self.constants_set[name] = t      # cl.profile reads its values when it replays a launch
+            self._device_fills.add((name, t.dtype))
             return
         data = t.cpu().numpy().tobytes()
         self._impl.set_constant(name, data)
