@@ -446,13 +446,18 @@ def conv2d_input_grad(dy, w, dx=None, *, stride=1, padding=0, input_size, dilati
     allows (MobileNet/ConvNeXt layers), else conv2d_general_dx. The choice is kept per layer (plain
     arguments): a repeated backward makes it with one lookup."""
     key = ("dx", dy.shape, w.shape, dy.dtype, input_size, stride, padding, dilation, groups)
-    plain = all(map(_plain, key[4:]))
-    route = _grad_routes.get(key) if plain else None
+    return _grad_route(key, lambda: _dx_route(dy, w, stride, padding, input_size, dilation, groups))(dy, w, dx)
+
+
+def _grad_route(key: tuple, build):
+    """_grad_routes[key], built by build() the first time; kept only when the arguments after the
+    tensors' shapes and dtype (key[4:]) are plain (their values alone say what torch makes of them)."""
+    if not all(map(_plain, key[4:])):        # a list, a float, ...: maybe unhashable, and never kept
+        return build()
+    route = _grad_routes.get(key)
     if route is None:
-        route = _dx_route(dy, w, stride, padding, input_size, dilation, groups)
-        if plain:
-            _grad_routes[key] = route
-    return route(dy, w, dx)
+        route = _grad_routes[key] = build()
+    return route
 
 
 def _dx_route(dy, w, stride, padding, input_size, dilation, groups):
@@ -546,13 +551,7 @@ def conv2d_weight_grad(x, dy, dw=None, *, stride=1, padding=0, kernel_size, dila
     """The dw the drop-in runs: chapter 8's best dW where course_applies, else conv2d_general_dw
     (kept per layer, as conv2d_input_grad's choice)."""
     key = ("dw", x.shape, dy.shape, x.dtype, kernel_size, stride, padding, dilation, groups)
-    plain = all(map(_plain, key[4:]))
-    route = _grad_routes.get(key) if plain else None
-    if route is None:
-        route = _dw_route(x, dy, stride, padding, kernel_size, dilation, groups)
-        if plain:
-            _grad_routes[key] = route
-    return route(x, dy, dw)
+    return _grad_route(key, lambda: _dw_route(x, dy, stride, padding, kernel_size, dilation, groups))(x, dy, dw)
 
 
 def _dw_route(x, dy, stride, padding, kernel_size, dilation, groups):
