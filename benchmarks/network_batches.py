@@ -13,7 +13,8 @@
   per fully-connected layer.
 - each fully-connected layer of both networks at FC_BATCHES, with each GEMM ops.linear has
   ("tiled": chapter 4's tile with the epilogue fused; "igemm": the layer as a 1x1 convolution by
-  chapter 9's implicit GEMM), and the one ops.linear_gemm picks;
+  chapter 9's implicit GEMM), and the one ops.linear_gemm picks; and the project's deep FC layer by
+  the implicit GEMM with each split of its reduction, at the pipeline's chunk sizes;
 - LeNet-5's training step at batch 64 on the digits (network.train against network.train_torch,
   the same batches from the same weights): ms per step over STEPS steps, after a warm-up run, and
   leaving out the first epoch (TrainResult.step_ms: it compiles the kernels of the epoch's smaller
@@ -103,6 +104,31 @@ def fc_rows(gpu: bool, reps: int):
     return df
 
 
+FC_SPLITS = (1, 2, 4, 8, 12, 16, 24, 32, 48)
+FC_SPLIT_BATCHES = (625, 1250, 2500)      # the stream pipeline's chunk sizes
+
+
+def fc_split_rows(gpu: bool, reps: int):
+    """The project's deep FC layer as the implicit GEMM runs it (a 1x1 convolution, igemm_config's
+    tile) at the pipeline's chunk sizes, with each split of its reduction: checked, then GPU ms."""
+    from convlab import measure
+    from convlab.ops import igemm
+    from convlab.workloads import Workload
+
+    fin, fout = network.CLASS_PROJECT.widths[0]
+    frames = []
+    for N in (FC_SPLIT_BATCHES if gpu else (3,)):
+        wl = Workload(f"project_fc1_{N}", B=N, C=fin, M=fout, H=1, W=1, K=1)
+        cfg = igemm.igemm_config(wl)
+        df = measure.sweep(igemm.IGEMM_F32, wl, [dict(cfg, SPLIT=s) for s in FC_SPLITS], reps=reps, desc=wl.name)
+        df["picked"] = df["SPLIT"] == cfg["SPLIT"]
+        frames.append(df)
+        ms = df.set_index("SPLIT")["ms"]
+        print(f"{wl.name}: " + "  ".join(f"split {s}: {ms[s]:.4f}" + ("*" if s == cfg["SPLIT"] else "")
+                                          for s in ms.index) + "   (* igemm_config's)")
+    return pd.concat(frames, ignore_index=True)
+
+
 def train_step_rows(gpu: bool, steps: int):
     """ms per LeNet-5 training step, ours and torch's, after a warm-up run of each."""
     arch = network.LENET5
@@ -134,6 +160,8 @@ def main(argv=None) -> int:
     print(f"# {cl.device()}")
     fwd = forward_rows(gpu, args.reps)
     fc = fc_rows(gpu, args.reps)
+    print("\n# the deep FC layer by the implicit GEMM, split by split (GPU ms)")
+    splits = fc_split_rows(gpu, args.reps)
     train = train_step_rows(gpu, args.steps)
     if not gpu:
         print("# emulator: every contender checked against fp64; the times above say nothing about a GPU")
@@ -142,6 +170,7 @@ def main(argv=None) -> int:
     print(f"# wrote {results.save_benchmark(fwd, 'network_batches', args.out)}")
     print(f"# wrote {results.save_benchmark(train, 'network_train_step', args.out)}")
     print(f"# wrote {results.save_benchmark(fc, 'network_fc_layers', args.out)}")
+    print(f"# wrote {results.save_benchmark(splits, 'network_fc_splits', args.out)}")
     return 0
 
 
