@@ -121,7 +121,6 @@ def fc_split_rows(gpu: bool, reps: int):
         wl = Workload(f"project_fc1_{N}", B=N, C=fin, M=fout, H=1, W=1, K=1)
         cfg = igemm.igemm_config(wl)
         df = measure.sweep(igemm.IGEMM_F32, wl, [dict(cfg, SPLIT=s) for s in FC_SPLITS], reps=reps, desc=wl.name)
-        df["picked"] = df["SPLIT"] == cfg["SPLIT"]
         frames.append(df)
         ms = df.set_index("SPLIT")["ms"]
         print(f"{wl.name}: " + "  ".join(f"split {s}: {ms[s]:.4f}" + ("*" if s == cfg["SPLIT"] else "")

@@ -33,11 +33,6 @@ FILE = "kernels/09_general/conv2d_igemm_f32.cu"
 TM = TN = 8            # the micro-tile: 64 accumulators, 16 shared loads per 64 FFMAs
 KD_ALIGN = 32          # the transposed mask's rows are padded to a multiple of this (BK divides it)
 MAX_SPLIT = 256        # dW: a reduction of B*Ho*Wo onto a few tiles of output
-# Each slice of a split reduction at least this long. On a 4,624-deep 1x1 layer of 128 maps (a
-# fully-connected layer as chapter 10 runs it) at 625 and 1,250 pixels, the 49 and 26 slices
-# split_time chose (94 and 178 deep) were slower than 12 (385 deep) on an H200: the partial sums'
-# traffic and their sum grow with the slices (benchmarks/results/network_fc_splits_NVIDIA_H200.csv).
-MIN_SLICE = 384
 
 # The split-K cost model's machine (an H200; on a GPU the SM count comes from the device). Only the
 # ratio of arithmetic to memory time matters for the choice, so the peak figures suffice.
@@ -106,11 +101,6 @@ def _best_split(shape: Workload, cfg: dict, sms: int) -> int:
     return min(splits, key=lambda s: split_time(shape, cfg, s, sms))
 
 
-def _sliced(shape: Workload, split: int) -> int:
-    """split, lowered until each slice of the reduction is at least MIN_SLICE long."""
-    return max(1, min(split, shape.C * shape.K * shape.K // MIN_SLICE))
-
-
 def igemm_config(shape: Workload, sms: int | None = None) -> dict:
     """The tunables for a layer. The tile: BM as many maps as the layer has, up to 128 (128, 64 or
     32), warp tiles of 32 maps x 64 pixels, BK 8 (the 128x128 tile's 64 accumulators, prefetch
@@ -118,8 +108,8 @@ def igemm_config(shape: Workload, sms: int | None = None) -> dict:
     pixels (BN), or 64 for layers of more than 64 maps and MANY_PIXELS outputs (BK 16 from DEEP_K).
     The split: the one split_time() estimates fastest, so a layer with few pixels (7x7, 14x14),
     whose tile grid leaves SMs idle or half a wave short, gets its reduction cut in parts; for the
-    128x64 tile half that (the estimate overrates its split: the measured best was half); and
-    never slices shorter than MIN_SLICE. A layer in TUNED gets the measured choice instead."""
+    128x64 tile half that (the estimate overrates its split: the measured best was half).
+    A layer in TUNED gets the measured choice instead."""
     tuned = TUNED.get((shape.B, shape.C, shape.M, shape.H, shape.W, shape.K, shape.stride, shape.padding))
     if tuned is not None:
         return dict(tuned)
@@ -127,12 +117,12 @@ def igemm_config(shape: Workload, sms: int | None = None) -> dict:
     if shape.M > 64 and shape.B * shape.Ho * shape.Wo >= MANY_PIXELS:
         cfg = {"BM": 128, "BN": 64, "BK": 16 if shape.C * shape.K * shape.K >= DEEP_K else 8, "WM": 32, "WN": 64,
                "MIN_BLOCKS": 1}
-        cfg["SPLIT"] = _sliced(shape, max(1, _best_split(shape, cfg, sms) // 2))
+        cfg["SPLIT"] = max(1, _best_split(shape, cfg, sms) // 2)
         return cfg
     BM = 128 if shape.M > 64 else 64 if shape.M > 32 else 32
     cfg = {"BM": BM, "BN": 128, "BK": 8, "WM": 32, "WN": 64}
     cfg["MIN_BLOCKS"] = 2 if threads(BM, 128, 32, 64) == 256 else 1
-    cfg["SPLIT"] = _sliced(shape, _best_split(shape, cfg, sms))
+    cfg["SPLIT"] = _best_split(shape, cfg, sms)
     return cfg
 
 
