@@ -180,21 +180,10 @@ class Module:
 
     def set_constant(self, name: str, value):
         """Fill a __constant__ array (a tensor or numpy array on any device) by name."""
-        if type(value) is torch.Tensor and value.is_cuda and (name, value.dtype) in self._device_fills \
-                and value.is_contiguous():      # checked before: the copy alone (a launcher's mask, each launch)
-            self._impl.set_constant_from_device(name, value.data_ptr(), value.numel() * value.element_size())
-            self.constants_set[name] = value
-            return
-        if name not in self.src.constants:
-            have = ", ".join(self.src.constants) or "none"
-            raise ArgumentError(f"{self.path.name} has no __constant__ `{name}` (it has: {have})")
-        want = self.src.constants[name]
-        t = value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
-        t = t.detach()
-        need = _args.TYPES.get(_source._TYPE_ALIASES.get(want, want))
-        if need is not None and need.dtypes and t.dtype not in need.dtypes:
-            raise ArgumentError(f"__constant__ {want} {name} needs {need.dtypes[0]} values, got {t.dtype}")
-        t = t.contiguous()
+        t = value
+        if not (type(t) is torch.Tensor and t.is_cuda and (name, t.dtype) in self._device_fills
+                and t.is_contiguous()):             # checked before: the copy alone (a launcher's mask, each launch)
+            t = self._checked_constant(name, value)
         if t.is_cuda and hasattr(self._impl, "set_constant_from_device"):
             # a copy on the GPU, in order with the kernels on the stream: no round trip through the host
             self._impl.set_constant_from_device(name, t.data_ptr(), t.numel() * t.element_size())
@@ -204,6 +193,18 @@ class Module:
         data = t.cpu().numpy().tobytes()
         self._impl.set_constant(name, data)
         self.constants_set[name] = data
+
+    def _checked_constant(self, name: str, value) -> torch.Tensor:
+        """value as a contiguous tensor for the __constant__ `name`, or ArgumentError saying why not."""
+        if name not in self.src.constants:
+            have = ", ".join(self.src.constants) or "none"
+            raise ArgumentError(f"{self.path.name} has no __constant__ `{name}` (it has: {have})")
+        want = self.src.constants[name]
+        t = (value if isinstance(value, torch.Tensor) else torch.as_tensor(value)).detach()
+        need = _args.TYPES.get(_source._TYPE_ALIASES.get(want, want))
+        if need is not None and need.dtypes and t.dtype not in need.dtypes:
+            raise ArgumentError(f"__constant__ {want} {name} needs {need.dtypes[0]} values, got {t.dtype}")
+        return t.contiguous()
 
     def __repr__(self):
         return f"<convlab.Module {self.path.name}: {', '.join(self.kernels)} on {backend()}>"

@@ -258,12 +258,9 @@ class CudaModule:
     def set_constant_from_device(self, name: str, source: int, nbytes: int):
         """The same from device memory: a copy queued on the current stream, nothing waits."""
         b = self.backend
-        found = self._globals.get(name)
-        ptr = found[0] if found is not None and nbytes <= found[1] else self._global(name, nbytes)
+        ptr = self._global(name, nbytes)
         if b.has_context():
-            err = b.cu.lib.cuMemcpyDtoDAsync_v2(ptr, source, nbytes, b.stream())
-            if err:
-                raise LaunchError(f"copying to __constant__ memory: {b.cu.describe(err)}")
+            b.cu.copy_on_device(ptr, source, nbytes, b.stream())
         else:
             with b.context():
                 b.cu.copy_on_device(ptr, source, nbytes, b.stream())

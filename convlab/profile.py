@@ -440,7 +440,7 @@ def _job(fn, args, kwargs) -> dict:
         m = fn.module
         return {"kind": "kernel", "text": m.src.text, "path": str(m.path), "defines": m.defines,
                 "options": m.options,
-                "constants": {k: v if isinstance(v, bytes) else v.cpu().numpy().tobytes()
+                "constants": {k: v if isinstance(v, bytes) else v.detach().cpu().numpy().tobytes()
                               for k, v in m.constants_set.items()},
                 "kernel": fn.name, "args": args, "kwargs": kwargs, "cudnn_benchmark": torch.backends.cudnn.benchmark}
     target = getattr(fn, "launcher", fn)    # an Impl: its launcher (its config is resolved inside)

@@ -8,8 +8,8 @@
   shared memory and its opt-in past 48 KB, scalar arguments), kept so that a repeated call only
   launches it: its kernel's bind() checks the scalars, grid and block once per compiled module, and
   a call then only checks its tensors (on a GPU, from a buffer with the scalars already packed).
-- set_mask(): fill a module's __constant__ mask, on every launch (on the GPU a device-to-device copy
-  queued on the stream); Launch.with_mask(w, *tensors) does it for a kept launch, with the one
+- Launch.with_mask(w, *tensors): a kept launch whose module's __constant__ mask is filled from w
+  first, on every launch (on the GPU a device-to-device copy queued on the stream), with the one
   os.stat of its call;
 - batch_chunks(): split a batch that would put more than 65,535 blocks on gridDim.y or z;
 - sm_count(): the GPU's SMs, for the config functions that size a grid to the machine (on the
@@ -101,14 +101,16 @@ class Launch:
         self.bound(tensors)
 
     def with_mask(self, w, *tensors, name: str = "c_mask", also: tuple = ()):
-        """set_mask(module, w, name) (and set_mask(module, t, n) for each (n, t) in also), then
-        launch: one look at the file for all of them."""
+        """module.set_constant(name, w) (and set_constant(n, t) for each (n, t) in also), then launch:
+        one look at the file for all of them. Filled on every launch, never skipped when w looks
+        unchanged: torch's version counter misses writes through w.data or by a kernel of ours, and a
+        stale mask is a wrong result."""
         mod = (self.ref or self._ref()).get()
         if mod is not self.mod:
             self._bind(mod)
-        set_mask(mod, w, name)
+        mod.set_constant(name, w)
         for n, t in also:
-            set_mask(mod, t, n)
+            mod.set_constant(n, t)
         self.bound(tensors)
 
     def _bind(self, mod):
@@ -126,13 +128,6 @@ def remember(cache: dict, key, build):
     if plan is None:
         plan = cache[key] = build()
     return plan
-
-
-def set_mask(mod, w, name: str = "c_mask") -> None:
-    """mod.set_constant(name, w), on every launch. On a GPU a copy from w's device memory queued on
-    the stream, no round trip through the host. Not skipped when w looks unchanged: torch's version
-    counter misses writes through w.data or by a kernel of ours, and a stale mask is a wrong result."""
-    mod.set_constant(name, w)
 
 
 def sm_count() -> int:
