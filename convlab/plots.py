@@ -27,6 +27,31 @@ from .baselines import TORCH_BEST
 
 MARKERS = "osD^vP*X"
 
+PAGE_WIDTH_IN = 7.5   # at PAGE_DPI, about the width of the page's content column (750-820 px)
+PAGE_DPI = 110
+
+
+def page_style() -> None:
+    """Font sizes legible at the size the page shows a figure (set when convlab.plots is imported).
+
+    The content column is about 750-820 px wide; a figure PAGE_WIDTH_IN (7.5 in) wide saved at
+    PAGE_DPI (110 dpi) shows about 1:1 there, a wider one is scaled down (and its text with it).
+    So: body text 10 pt, tick labels, legend and the provenance line 9 pt, nothing smaller, and
+    legends outside the data (right of the axes, or below). Recipe for a chapter's figure:
+
+        fig, ax = plt.subplots(figsize=(plots.PAGE_WIDTH_IN, 4), layout="constrained")
+        ...; ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
+        book.glue_figure("ch3_times", fig)        # then a {glue:figure} in the markdown cell
+    """
+    plt.rcParams.update({
+        "font.size": 10, "axes.titlesize": 11, "axes.labelsize": 10, "xtick.labelsize": 9,
+        "ytick.labelsize": 9, "legend.fontsize": 9, "legend.title_fontsize": 9, "figure.titlesize": 11,
+        "figure.dpi": PAGE_DPI, "savefig.dpi": PAGE_DPI,
+    })
+
+
+page_style()
+
 
 def _time_kind(df) -> str:
     """What the ms column holds: CPU wall time for chapter 1's rows, else GPU time."""
@@ -34,7 +59,7 @@ def _time_kind(df) -> str:
 
 
 def _caption(fig, df, note):
-    fig.text(0.01, -0.01, results.provenance(df) + (f"\n{note}" if note else ""), fontsize=8, ha="left",
+    fig.text(0.01, -0.01, results.provenance(df) + (f"\n{note}" if note else ""), fontsize=9, ha="left",
              va="top", wrap=True)
 
 
@@ -90,7 +115,7 @@ def plot_times(df, *, title: str | None = None, note: str | None = None, ax=None
     ax.set_xlim(-0.6, len(workloads) - 0.4)
     ax.set_ylabel(f"{_time_kind(df)} per layer, ms (median; bars p25–p75)")
     ax.grid(axis="y", which="both", alpha=0.3)
-    ax.legend(fontsize=8, loc="best")
+    ax.legend(fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
     ax.set_title(title or "time per convolution layer")
     _caption(fig, df, note)
     return fig
@@ -149,7 +174,7 @@ def speedup_bars(df, *, over: str = TORCH_BEST, title: str | None = None, note: 
         have = ms[impl].notna() & ms[over].notna()
         xs = pos[have.to_numpy()] - 0.4 + width * (j + 0.5)
         bars = ax.bar(xs, (ms[over] / ms[impl])[have], width, color=colors[j], label=impl)
-        ax.bar_label(bars, labels=[f"{v:.3g}" for v in ms[impl][have]], fontsize=7, rotation=90, padding=2)
+        ax.bar_label(bars, labels=[f"{v:.3g}" for v in ms[impl][have]], fontsize=9, rotation=90, padding=2)
     ax.axhline(1.0, color="black", lw=1, label=f"{over} ({' / '.join(f'{v:.3g}' for v in ms[over])} ms)")
     ratios = (ms[over].to_numpy()[:, None] / ms[impls].to_numpy()).ravel()
     ratios = ratios[np.isfinite(ratios)]
@@ -160,7 +185,7 @@ def speedup_bars(df, *, over: str = TORCH_BEST, title: str | None = None, note: 
     ax.set_xticks(pos, ms.index)
     ax.set_ylabel(f"speedup over {over}\n({_time_kind(df)}; bars labelled with ms)")
     ax.grid(axis="y", which="both", alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
     ax.set_title(title or f"speedup over {over}")
     _caption(fig, df, note)
     return fig

@@ -203,15 +203,38 @@ class KernelProfile:
 
 
 def _fmt(v) -> str:
-    if v is None:
-        return "—"
-    if isinstance(v, str):
-        return v
-    if isinstance(v, float) and not math.isfinite(v):
-        return str(v)
-    if float(v).is_integer() and abs(v) < 1e15:
+    """A card's value: counts exact, other numbers to three significant figures."""
+    from .book import sig
+
+    if isinstance(v, float) and math.isfinite(v) and v.is_integer() and abs(v) < 1e15:
         return f"{int(v):,}"
-    return f"{v:,.4g}" if abs(v) < 1e4 else f"{v:,.0f}"
+    return sig(v, 3)
+
+
+def _head(kernel) -> str:
+    """A kernel's column head: a long (library) kernel name cut short, whole in its tooltip."""
+    from html import escape
+
+    name = str(kernel)
+    shown = name if len(name) <= 24 else name[:22] + "…"
+    return f'<th title="{escape(name)}">{escape(shown)}</th>'
+
+
+def _html_table(df, caption: str | None, metric_of: dict) -> str:
+    """A card's rows as a compact HTML table: the short label in the first column with ncu's metric
+    name only as its tooltip, one value column per kernel, the caption inside the table."""
+    from html import escape
+
+    head = "".join(_head(c) for c in df.columns)
+    rows = []
+    for key, values in zip(df.index, df.itertuples(index=False)):
+        label = key[0] if isinstance(key, tuple) else key
+        metric = metric_of.get(label, "")
+        cells = "".join(f"<td>{escape(_fmt(v))}</td>" for v in values)
+        rows.append(f'<tr><th title="{escape(metric)}">{escape(label)}</th>{cells}</tr>')
+    cap = f"<caption>{escape(caption)}</caption>" if caption else ""
+    return (f'<div class="table-wrap"><table class="convlab-card">{cap}<thead><tr><th></th>{head}</tr></thead>'
+            f"<tbody>{''.join(rows)}</tbody></table></div>")
 
 
 class ProfileCard:
@@ -290,7 +313,27 @@ class ProfileCard:
         return f"{self._caption()}\n{self._shown().to_string()}"
 
     def _repr_html_(self):
-        return f"<p><small>{self._caption()}</small></p>" + self._shown().to_html()
+        return _html_table(self.table(), self._caption(), dict(self.rows))
+
+    def select(self, rows) -> "pandas.DataFrame":  # noqa: F821
+        """table() restricted to `rows` (labels or ncu metric names), in that order; a row no kernel
+        has a value for shows as None."""
+        df = self.table()
+        by_label = dict(zip(df.index.get_level_values(0), df.index))
+        keys = []
+        for r in rows:
+            label = next((lab for lab, m in self.rows if r in (lab, m)), None)
+            if label is None:
+                raise KeyError(f"{r!r} is not a row of this card (rows: {', '.join(lab for lab, _ in self.rows)})")
+            keys.append(by_label.get(label, (label, dict(self.rows)[label])))
+        return df.reindex(keys)
+
+    def show(self, rows, caption: str | None = None):
+        """A small HTML table of just `rows` (labels or ncu metric names), captioned with where the
+        numbers come from (or `caption`)."""
+        from IPython.display import HTML
+
+        return HTML(_html_table(self.select(rows), caption or self._caption(), dict(self.rows)))
 
 
 # ---------------------------------------------------------------------------------------------

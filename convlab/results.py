@@ -8,6 +8,7 @@ times say nothing about a GPU.
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import math
 import os
 from dataclasses import dataclass
@@ -188,25 +189,43 @@ def provenance(df) -> str:
             f"{one('tf32')} · measured {one('date')}")
 
 
+@functools.cache
+def _report_frame():
+    """The DataFrame class results.report returns (built on first use: pandas loads lazily)."""
+    import pandas as pd
+
+    from .book import Table
+
+    class ReportFrame(pd.DataFrame):
+        @property
+        def _constructor(self):   # a slice or computation on it is a plain DataFrame again
+            return pd.DataFrame
+
+        def _repr_html_(self):
+            return Table(pd.DataFrame(self))._repr_html_()
+
+        def __repr__(self):
+            return repr(Table(pd.DataFrame(self)))
+
+    return ReportFrame
+
+
 def report(df):
     """The numbers behind a figure: GPU time (CPU wall time for chapter 1's rows), the time a caller
-    sees, GFLOP/s, GB/s and % of the roofline floor per row."""
+    sees, GFLOP/s, GB/s and % of the roofline floor per row. A DataFrame indexed by (workload,
+    impl); on the page both are ordinary columns and every number has three significant figures."""
     cols = ["workload", "impl", "ms", "caller_ms", "wall_ms", "gflops", "gbs", "floor_frac"]
     out = df[[c for c in cols if c in df]].copy()
     floor = out.pop("floor_frac")
     if floor.notna().any():  # CPU rows have no roofline floor
-        out["floor %"] = (100 * floor).round(1)
+        out["floor %"] = 100 * floor
     for c in ("ms", "caller_ms", "wall_ms"):
-        if c in out and out[c].notna().any():
-            out[c] = out[c].round(4)
-        elif c in out:
+        if c in out and not out[c].notna().any():
             out.pop(c)
-    out["gflops"] = out["gflops"].round(1)
-    out["gbs"] = out["gbs"].round(1)
     cpu = "kind" in df and (df["kind"] == "cpu").all()      # chapter 1: wall time on the CPU
     names = {"ms": "CPU ms (wall)" if cpu else "GPU ms", "caller_ms": "caller ms", "wall_ms": "ms per call in a loop",
              "gflops": "GFLOP/s", "gbs": "GB/s"}
-    return out.rename(columns=names).set_index(["workload", "impl"])
+    return _report_frame()(out.rename(columns=names).set_index(["workload", "impl"]))
 
 
 def speedup(df, impl: str, over: str = "torch best") -> "pandas.Series":  # noqa: F821

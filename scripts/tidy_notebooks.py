@@ -17,6 +17,8 @@ Idempotent; it changes only what the rules below name, and never what a cell com
      broken after the commas of a bracket it opens (aligned with the bracket, or indented under
      a break just after it). Each change is checked: the cell's syntax tree must stay the same.
      In %%cuda cells only comments move. What still does not fit is reported, to shorten by hand.
+  5. A "hide-input" cell with nothing to show (no output, or only glue records, which the prose
+     shows) becomes "remove-input": the page then shows nothing of it, not an empty "show code" bar.
 BEGIN/END SOLUTION markers stay in solutions/ (scripts/make_exercises.py reads them); the website
 hides them when it renders the page (_ext/convlab_site.py).
 
@@ -48,6 +50,7 @@ SOLUTION_MARKER = re.compile(r"^[ \t]*(###|//)[ \t]*(BEGIN|END) SOLUTION")
 DRAWS = re.compile(r"\b(?:plt|fig|ax|ax\d|axes|sns|plots)\.|\bRectangle\(")
 TIMES = re.compile(r"\b(?:cl\.bench|time_torch|results\.save|progress)\(")
 TQDM_LINE = re.compile(r"\d+%\|.*\|\s*\d+/\d+")
+GLUE_MIME = "application/papermill.record/"   # a {glue} record: the page shows it in the prose, not here
 SAVED_LINE = re.compile(r"^saved \d+ rows? to \S+\s*$")
 
 
@@ -79,6 +82,16 @@ def is_harness(source: str) -> bool:
         return False
     code = [ln for ln in source.splitlines() if ln.strip() and not ln.strip().startswith("#")]
     return len(code) > HARNESS_MIN_LINES and any(DRAWS.search(ln) or TIMES.search(ln) for ln in code)
+
+
+def shows_output(cell) -> bool:
+    """Rule 5: whether the page shows any of the cell's outputs (glue records only feed the prose)."""
+    for out in cell.get("outputs", []):
+        if out.output_type in ("stream", "error"):
+            return True
+        if any(not mime.startswith(GLUE_MIME) for mime in out.get("data", {})):
+            return True
+    return False
 
 
 def clean_stream(text: str) -> str:
@@ -311,7 +324,10 @@ def tidy(nb: nbformat.NotebookNode) -> list[str]:
                     continue
             outputs.append(out)
         cell.outputs = outputs
-        if "hide-input" not in cell.metadata.get("tags", []):
+        if "hide-input" in cell.metadata.get("tags", []) and not shows_output(cell):
+            drop_tag(cell, "hide-input")      # rule 5: nothing to show, so no empty "show code" bar
+            add_tag(cell, "remove-input")
+        if not {"hide-input", "remove-input"} & set(cell.metadata.get("tags", [])):
             wide = [ln for ln in cell.source.splitlines()
                     if len(ln) > MAX_WIDTH and not SOLUTION_MARKER.match(ln)]
             left += [f"cell {i}: {len(ln)} columns: {ln.strip()[:60]}..." for ln in wide]
