@@ -322,18 +322,27 @@ def sig(value, digits: int = 3) -> str:
     return f"{v:,.{max(decimals, 0)}f}"
 
 
-def table_html(df, *, sig_digits: int = 3, caption: str | None = None, index: bool = False) -> str:
-    """df as an HTML table with no pandas index column (index=False drops it; a named index is
-    turned into ordinary columns first), numbers to sig_digits significant figures, in a
-    <div class="table-wrap"> that the site's stylesheet lets scroll sideways when wide."""
-    if any(name is not None for name in df.index.names):
-        df = df.reset_index()
-    shown = df.apply(lambda col: col.map(lambda v: sig(v, sig_digits))) if len(df.columns) else df
-    body = shown.to_html(index=index, escape=True, border=0, classes="convlab-table")
-    if caption:
-        body = body.replace(">", f"><caption>{html.escape(caption)}</caption>", 1) if body.startswith("<table") \
-            else body
-    return f'<div class="table-wrap">{body}</div>'
+def _index_as_columns(df):
+    """df with its index as ordinary columns, unless it is the plain 0..n-1 row number."""
+    plain = type(df.index).__name__ == "RangeIndex" and df.index.name is None
+    return df if plain else df.reset_index()
+
+
+def table_html(df, *, sig_digits: int = 3, caption: str | None = None) -> str:
+    """df as an HTML table with no pandas index column (a named index becomes ordinary columns),
+    numbers to sig_digits significant figures and right-aligned, text left-aligned, the caption
+    inside, in a <div class="table-wrap"> that the site's stylesheet lets scroll sideways when wide."""
+    df = _index_as_columns(df)
+
+    def cell(v):
+        kind = ' class="text"' if isinstance(v, str) else ""
+        return f"<td{kind}>{html.escape(sig(v, sig_digits))}</td>"
+
+    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in df.columns)
+    body = "".join("<tr>" + "".join(cell(v) for v in row) + "</tr>" for row in df.itertuples(index=False))
+    cap = f"<caption>{html.escape(caption)}</caption>" if caption else ""
+    return (f'<div class="table-wrap"><table class="convlab-table">{cap}<thead><tr>{head}</tr></thead>'
+            f"<tbody>{body}</tbody></table></div>")
 
 
 class Table:
@@ -346,7 +355,7 @@ class Table:
         return table_html(self.df, sig_digits=self.sig_digits, caption=self.caption)
 
     def __repr__(self) -> str:
-        df = self.df.reset_index() if any(n is not None for n in self.df.index.names) else self.df
+        df = _index_as_columns(self.df)
         shown = df.apply(lambda col: col.map(lambda v: sig(v, self.sig_digits))) if len(df.columns) else df
         return (f"{self.caption}\n" if self.caption else "") + shown.to_string(index=False)
 

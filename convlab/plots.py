@@ -78,7 +78,7 @@ def plot_times(df, *, title: str | None = None, note: str | None = None, ax=None
     workloads = list(dict.fromkeys(df["workload"]))
     impls = list(dict.fromkeys(df["impl"]))
     if ax is None:
-        fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(workloads) + 2), 4.6), layout="constrained")
+        fig, ax = plt.subplots(figsize=(PAGE_WIDTH_IN, 4.6), layout="constrained")
     else:
         fig = ax.figure
     colors = sns.color_palette("colorblind", len(impls))
@@ -164,7 +164,7 @@ def speedup_bars(df, *, over: str = TORCH_BEST, title: str | None = None, note: 
     kinds = dict(zip(df["impl"], df["kind"])) if "kind" in df else {}
     impls = [i for i in ms.columns if i != over and kinds.get(i) != "torch"]
     if ax is None:
-        fig, ax = plt.subplots(figsize=(max(7.0, 1.9 * len(ms) + 2), 4.6), layout="constrained")
+        fig, ax = plt.subplots(figsize=(PAGE_WIDTH_IN, 4.6), layout="constrained")
     else:
         fig = ax.figure
     colors = sns.color_palette("colorblind", len(impls))
@@ -185,7 +185,7 @@ def speedup_bars(df, *, over: str = TORCH_BEST, title: str | None = None, note: 
     ax.set_xticks(pos, ms.index)
     ax.set_ylabel(f"speedup over {over}\n({_time_kind(df)}; bars labelled with ms)")
     ax.grid(axis="y", which="both", alpha=0.3)
-    ax.legend(fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
+    ax.legend(fontsize=9, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=2, frameon=False)   # below: the bars keep the width
     ax.set_title(title or f"speedup over {over}")
     _caption(fig, df, note)
     return fig
@@ -217,7 +217,7 @@ def heatmap(df, rows: str, cols: str, title: str, *, note: str | None = None, la
     table = df.pivot_table(index=rows, columns=cols, values="ms", sort=False) * scale
     if table.isna().all().all():
         raise ValueError(f"no times to show over {rows} × {cols}")
-    fig, ax = plt.subplots(figsize=(1.3 * table.shape[1] + 3, 0.6 * table.shape[0] + 2.4), layout="constrained")
+    fig, ax = plt.subplots(figsize=(min(PAGE_WIDTH_IN, 1.3 * table.shape[1] + 3), 0.6 * table.shape[0] + 2.4), layout="constrained")
     sns.heatmap(table, annot=True, fmt=".3g", cmap="viridis_r", cbar_kws={"label": f"{_time_kind(df)}, {unit} (median)"},
                 ax=ax)
     i, j = np.unravel_index(np.nanargmin(table.to_numpy()), table.shape)

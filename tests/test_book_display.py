@@ -96,6 +96,9 @@ def test_sig_and_table_have_no_index_and_three_significant_figures():
     heads = re.findall(r"<th>(.*?)</th>", html)
     assert heads == ["workload", "impl", "ms"]                 # no index column, not even an empty head
     assert "<td>0.123</td>" in html and "<td>12.3</td>" in html and "0.1235" not in html
+    assert '<td class="text">a</td>' in html                  # text left-aligned by the stylesheet
+    plain = book.table(pd.DataFrame({"ms": [1.23456]}))._repr_html_()
+    assert re.findall(r"<th>(.*?)</th>", plain) == ["ms"]       # a 0..n-1 row number is no column
 
 
 def test_report_keeps_its_index_and_shows_no_index_column():
