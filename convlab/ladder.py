@@ -193,7 +193,9 @@ def html(upto: str, pass_: str = "forward") -> str:
     from html import escape
 
     df = table(upto, pass_=pass_)
-    parts = []
+    parts = ["<style>table.convlab-ladder{font-size:85%;max-width:780px;border-collapse:collapse;margin:0.3em 0}"
+             "table.convlab-ladder td,table.convlab-ladder th{padding:1px 7px;text-align:right}"
+             "table.convlab-ladder caption{caption-side:top;text-align:left}</style>"]
     for group in (WORKLOADS_2D, (WORKLOAD_3D,)):
         sub = df[df["workload"].isin(group)]
         if sub.empty:
@@ -219,12 +221,12 @@ def html(upto: str, pass_: str = "forward") -> str:
                            f"{_fmt(r['torch best ms'])} ms · {_fmt(r['% of floor'], '%')} of the roofline floor")
                     tds.append(f'<td title="{escape(tip)}">{value(r)}</td>')
                 body.append(f"<tr{style}><td>{_ch(ch)}</td><td style=\"text-align:left\">{name}</td>{''.join(tds)}</tr>")
-            return (f'<table style="font-size:85%;max-width:780px;border-collapse:collapse">'
-                    f"<caption style=\"caption-side:top;text-align:left\">{escape(title)}</caption>"
+            return (f'<table class="convlab-ladder">'
+                    f"<caption>{escape(title)}</caption>"
                     f"<thead><tr><th></th><th style=\"text-align:left\">step</th>{head}</tr></thead>"
                     f"<tbody>{''.join(body)}</tbody></table>")
 
-        label = "" if pass_ == "forward" else f", {pass_}"
+        label = ("" if pass_ == "forward" else f", {pass_}") + (", conv3d" if group == (WORKLOAD_3D,) else "")
         parts.append(grid(lambda r: _fmt(r["× torch best"], "×"),
                           f"× torch best (torch best's GPU time / ours; above 1× ours is faster){label}"))
         parts.append("<details><summary>GPU ms of the same rungs</summary>"

@@ -1,7 +1,6 @@
 """The committed GPU results and profile cards say what they are: every card names the precision it
 ran in, no row of ours is faster than its roofline floor, and a torch row above its floor names the
 cheaper algorithm cuDNN ran."""
-from pathlib import Path
 
 import pandas as pd
 import pytest
