@@ -36,9 +36,18 @@ def prepare(job: dict):
     return _callable(job), _to_device(job["args"]), _to_device(job["kwargs"])
 
 
+def configure(job: dict) -> None:
+    """torch's settings for the profiled call: the notebook's cudnn.benchmark, and strict fp32 as
+    the book times torch (TF32 would let cuDNN and cuBLAS round fp32 inputs to 10-bit mantissas and
+    run other kernels than the timed ones; it has no effect on fp16 inputs)."""
+    torch.backends.cudnn.benchmark = job["cudnn_benchmark"]
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+
+
 def main(job_file: str) -> None:
     job = torch.load(job_file, weights_only=False)
-    torch.backends.cudnn.benchmark = job["cudnn_benchmark"]
+    configure(job)
     fn, args, kwargs = prepare(job)
     fn(*args, **kwargs)
     torch.cuda.synchronize()

@@ -184,7 +184,7 @@ def run(impls, workloads, *, dtype: str = "fp32", layout: str = "nchw", torch_ba
 
     gpu = _is_gpu()
     if gpu and roof is None:
-        roof = roofline.current()
+        roof = roofline.current(dtype)
     impls = list(impls)
     rows = []
     for wl_full in progress(list(workloads), desc=desc):
@@ -218,7 +218,7 @@ def sweep(impl, wl, configs, *, dtype: str = "fp32", layout: str = "nchw", reps:
 
     gpu = _is_gpu()
     if gpu and roof is None:
-        roof = roofline.current()
+        roof = roofline.current(dtype)
     wl = wl if gpu else wl.small()
     p = PASS_OF_OP[impl.op]
     t = inputs(wl, p, dtype, layout)

@@ -43,7 +43,8 @@ from ._errors import ConvlabError
 
 __all__ = ["profile", "profile_torch", "committed", "ProfileCard", "KernelProfile", "ProfileUnavailable",
            "parse_ncu_csv", "count_trace", "emu_profiling", "NCU_METRICS", "TORCH_METRICS", "EMU_COUNTERS",
-           "PROFILES_DIR"]
+           "PROFILES_DIR", "STALL_MEANING", "PRECISION_FP32", "PRECISION_FP16", "PRECISION_INT", "call_precision",
+           "stored_precision"]
 
 PROFILES_DIR = "book/data/profiles"
 
@@ -59,6 +60,33 @@ class ProfileUnavailable(ConvlabError):
 STALL_REASONS = ("barrier", "branch_resolving", "dispatch_stall", "drain", "imc_miss", "lg_throttle",
                  "long_scoreboard", "math_pipe_throttle", "membar", "mio_throttle", "misc", "no_instruction",
                  "not_selected", "selected", "short_scoreboard", "sleeping", "tex_throttle", "wait")
+# What each stall reason means, in plain words: a paraphrase of the "Warp Stall Reasons" list of
+# NVIDIA's Nsight Compute "Kernel Profiling Guide". A card's value per reason is the average number
+# of warps stalled for it per issued instruction (smsp__average_warps_issue_stalled_*_per_issue_active).
+STALL_MEANING = {
+    "barrier": "waiting at a __syncthreads() barrier for the other warps of its block",
+    "branch_resolving": "waiting for a branch's target to be computed, or for the warp's threads to "
+                        "be regrouped after divergence",
+    "dispatch_stall": "the instruction was picked, but the dispatcher could not hand it to its pipeline",
+    "drain": "after EXIT, waiting for the warp's last memory stores to leave so it can end",
+    "imc_miss": "waiting for a constant-memory value that missed the immediate constant cache",
+    "lg_throttle": "the queue of local/global memory instructions is full: too many loads or stores in flight",
+    "long_scoreboard": "waiting for data from global or local memory (or a texture) that its next "
+                       "instruction needs",
+    "math_pipe_throttle": "the arithmetic pipeline it needs (FMA, tensor, ...) is busy with other warps' work",
+    "membar": "waiting at a memory fence for earlier memory operations to complete",
+    "mio_throttle": "the queue of shared-memory and other memory-input/output instructions is full",
+    "misc": "a rare reason that none of the others covers",
+    "no_instruction": "its next instruction is not fetched yet (instruction cache miss or a jump)",
+    "not_selected": "ready to issue, but the scheduler picked another ready warp this cycle",
+    "selected": "issuing an instruction this cycle (not a stall: the cycle the warp was picked)",
+    "short_scoreboard": "waiting for the result of a shared-memory access or a slow math op "
+                        "(reciprocal, square root, ...)",
+    "sleeping": "its threads are asleep (__nanosleep) or waiting for the rest of the warp to converge",
+    "tex_throttle": "the texture/L1 unit's queue is full",
+    "wait": "a fixed wait the compiler put before the next instruction, to let a dependency of "
+            "known latency (most arithmetic) finish",
+}
 OCCUPANCY_LIMITS = ("blocks", "registers", "shared_mem", "warps", "barriers")
 
 
@@ -242,9 +270,11 @@ class ProfileCard:
     what and the ncu metric; one column per kernel); `card[metric]` the first kernel's value;
     `card.kernels` the KernelProfile list. Shown as a table in a notebook."""
 
-    def __init__(self, kernels: list, source: str, reference: "ProfileCard | None" = None, rows=None):
+    def __init__(self, kernels: list, source: str, reference: "ProfileCard | None" = None, rows=None,
+                 precision: str = ""):
         self.kernels = list(kernels)
         self.source = source          # where the numbers come from: ncu on which GPU, or the emulator
+        self.precision = precision    # what the call ran in, e.g. PRECISION_FP32 ("" where unknown)
         self.reference = reference    # ncu's committed card beside an emulator card
         self.rows = rows or ROWS
 
@@ -305,8 +335,10 @@ class ProfileCard:
 
     def _caption(self) -> str:
         s = self.source
+        if self.precision:
+            s += f"; precision: {self.precision}"
         if self.reference is not None:
-            s += f"; (ncu) columns: {self.reference.source}"
+            s += f"; (ncu) columns: {self.reference._caption()}"
         return s
 
     def __repr__(self):
@@ -553,6 +585,33 @@ def _profiles_dir() -> Path:
     return book.path(PROFILES_DIR)
 
 
+# What a card's call ran in, written as a "# precision: ..." line of its stored CSV. The worker
+# turns TF32 off, so fp32 inputs run in strict fp32 (TF32 never touches our own kernels' FFMAs).
+PRECISION_FP32 = "fp32 strict (TF32 off)"
+PRECISION_FP16 = "fp16"
+PRECISION_INT = "integers only (no floating point)"
+_PRECISION_TAG = "# precision:"
+
+
+def call_precision(args, kwargs) -> str:
+    """The precision a call runs in, from its floating-point tensors: fp16 when any is half."""
+    import torch
+    dtypes = {v.dtype for v in [*args, *kwargs.values()] if isinstance(v, torch.Tensor) and v.is_floating_point()}
+    if not dtypes:
+        return PRECISION_INT
+    return PRECISION_FP16 if dtypes & {torch.float16, torch.bfloat16} else PRECISION_FP32
+
+
+def stored_precision(text: str) -> str:
+    """The precision a stored card's "# precision: ..." line names, or "" when it names none."""
+    for ln in text.splitlines():
+        if not ln.startswith("#"):
+            break
+        if ln.startswith(_PRECISION_TAG):
+            return ln[len(_PRECISION_TAG):].strip()
+    return ""
+
+
 def committed(name: str) -> "ProfileCard | None":
     """The card a GPU run stored as book/data/profiles/NAME.csv, or None when there is none."""
     p = _profiles_dir() / f"{name}.csv"
@@ -561,16 +620,16 @@ def committed(name: str) -> "ProfileCard | None":
     text = p.read_text()
     first = text.splitlines()[0] if text else ""
     source = first[1:].strip() if first.startswith("#") else f"ncu, committed in {PROFILES_DIR}/{name}.csv"
-    return ProfileCard(parse_ncu_csv(text), source)
+    return ProfileCard(parse_ncu_csv(text), source, precision=stored_precision(text))
 
 
-def _store(name: str, csv_text: str, what: str) -> str:
+def _store(name: str, csv_text: str, what: str, precision: str) -> str:
     d = _profiles_dir()
     d.mkdir(parents=True, exist_ok=True)
     day = _dt.date.today().isoformat()
     source = f"ncu on {_device_name()}, {day}: {what}"
     body = "\n".join(ln for ln in csv_text.splitlines() if ln.startswith('"'))
-    (d / f"{name}.csv").write_text(f"# {source}\n{body}\n")
+    (d / f"{name}.csv").write_text(f"# {source}\n{_PRECISION_TAG} {precision}\n{body}\n")
     return source
 
 
@@ -618,9 +677,9 @@ def profile(fn, *args, name: str | None = None, metrics=None, **kwargs) -> Profi
     csv_text, why = run_ncu(_job(fn, args, kwargs), metrics or NCU_METRICS)
     if why:
         return _fallback(name, why)
-    what = _describe(fn, args)
-    source = _store(name, csv_text, what) if name else f"ncu on {_device_name()}: {what}"
-    return ProfileCard(parse_ncu_csv(csv_text), source)
+    what, precision = _describe(fn, args), call_precision(args, kwargs)
+    source = _store(name, csv_text, what, precision) if name else f"ncu on {_device_name()}: {what}"
+    return ProfileCard(parse_ncu_csv(csv_text), source, precision=precision)
 
 
 def profile_torch(fn, *args, name: str | None = None, **kwargs) -> ProfileCard:
@@ -633,9 +692,9 @@ def profile_torch(fn, *args, name: str | None = None, **kwargs) -> ProfileCard:
     csv_text, why = run_ncu(_job(fn, args, kwargs), TORCH_METRICS)
     if why:
         return _fallback(name, why)
-    what = _describe(fn, args)
-    source = _store(name, csv_text, what) if name else f"ncu on {_device_name()}: {what}"
-    return ProfileCard(parse_ncu_csv(csv_text), source, rows=[r for r in ROWS if r[1] in TORCH_METRICS])
+    what, precision = _describe(fn, args), call_precision(args, kwargs)
+    source = _store(name, csv_text, what, precision) if name else f"ncu on {_device_name()}: {what}"
+    return ProfileCard(parse_ncu_csv(csv_text), source, rows=[r for r in ROWS if r[1] in TORCH_METRICS], precision=precision)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -173,6 +173,32 @@ def load(chapter: str, *, quiet: bool = False):
     return df if len(df) else None
 
 
+def refloor_fp16(df, roof16=None, tolerance: float = 0.05):
+    """df with the roofline floor of its fp16 convolution rows recomputed from their shapes: half
+    bytes at roof16's bandwidth, FLOPs at its fp16 tensor-core rate (roofline.REFERENCE_H200_FP16
+    by default). Only rows whose floor is more than `tolerance` above that one change: those were
+    given the fp32 GEMM rate; rows already on an fp16 floor (measured live) keep it. Conversion rows
+    (no FLOPs) keep their copy floor. Returns (new frame, number of rows changed)."""
+    from . import roofline, workloads
+
+    roof16 = roof16 or roofline.REFERENCE_H200_FP16
+    out = df.copy()
+    changed = 0
+    for i, r in out.iterrows():
+        if r["dtype"] != "fp16" or not r["gflops"] > 0 or not math.isfinite(r["floor_ms"]):
+            continue
+        wl = workloads.get(r["workload"])
+        if wl.shape_text != r["shape"]:
+            raise ValueError(f"row {i}: {r['workload']} is {r['shape']!r} here but {wl.shape_text!r} in "
+                             f"convlab.workloads: its floor cannot be recomputed from the shape")
+        floor = roof16.floor_ms(*cost(wl, r["pass"], "fp16"))
+        if r["floor_ms"] > (1 + tolerance) * floor:
+            out.loc[i, "floor_ms"] = floor
+            out.loc[i, "floor_frac"] = floor / r["ms"]
+            changed += 1
+    return out, changed
+
+
 def summary(df):
     """ms per workload (rows) and implementation (columns), in the order they were measured."""
     table = df.pivot_table(index="workload", columns="impl", values="ms", sort=False)

@@ -2,12 +2,13 @@
 
 On a GPU we measure two rates once (and cache them per GPU and torch version):
 - memory: device-to-device copy bandwidth, counting the bytes read and the bytes written;
-- compute: fp32 GEMM rate, torch.matmul with TF32 off (what cuDNN could reach in strict fp32).
+- compute: fp32 GEMM rate, torch.matmul with TF32 off (what cuDNN could reach in strict fp32);
+  for fp16 rows the fp16 GEMM rate, torch.matmul in half on the tensor cores (measure_fp16).
 floor_ms = max(bytes / bandwidth, flops / rate). It is a floor, not a prediction: a kernel at
 100% of it moves the least data at the copy rate, or does the FLOPs at the GEMM rate.
 
-Without a GPU (the emulator) the napkin math uses REFERENCE_H200, the rates measured once for
-the course's reference H200 (torch 2.11), labelled as such.
+Without a GPU (the emulator) the napkin math uses REFERENCE_H200 (REFERENCE_H200_FP16 for fp16),
+the rates measured once for the course's reference H200 (torch 2.11), labelled as such.
 """
 from __future__ import annotations
 
@@ -49,7 +50,19 @@ REFERENCE_H200 = Roofline(
     source="reference: measured once on an H200, torch 2.11, strict fp32",
 )
 
+# fp16 rows: half bytes at the same copy bandwidth, FLOPs at the fp16 tensor-core rate (torch.matmul
+# on half 8192x8192 matrices, cuBLAS), the rate chapter 6 measured on the reference H200
+# (book/data/06_fp16.csv, column fp16_tc_tflops: 770 TFLOP/s; NVIDIA's H200 datasheet gives 989
+# TFLOP/s dense fp16 with fp32 accumulation).
+REFERENCE_H200_FP16 = Roofline(
+    gpu="NVIDIA H200",
+    bandwidth=REFERENCE_H200.bandwidth,
+    flop_rate=770e12,
+    source="reference fp16: measured once on an H200, torch 2.11, torch.matmul in half (tensor cores)",
+)
+
 _measured: Roofline | None = None
+_measured_fp16: Roofline | None = None
 
 
 def _cache_file():
@@ -108,11 +121,39 @@ def measure(force: bool = False, copy_mib: int = 1024, gemm_n: int = 8192) -> Ro
     return _measured
 
 
-def current() -> Roofline:
-    """This GPU's measured roofline on the GPU backend; the H200 reference on the emulator."""
+def measure_fp16(gemm_n: int = 8192) -> Roofline:
+    """This GPU's fp16 roofline: measure()'s copy bandwidth and the fp16 tensor-core rate,
+    torch.matmul on half gemm_n x gemm_n matrices (cuBLAS); measured once per process."""
+    global _measured_fp16
+    import dataclasses
+
+    import torch
+
     import convlab as cl
 
-    return measure() if cl.device().backend == "cuda" else REFERENCE_H200
+    if _measured_fp16 is None:
+        base = measure()
+        a = torch.randn(gemm_n, gemm_n, device="cuda", dtype=torch.float16)
+        b = torch.randn(gemm_n, gemm_n, device="cuda", dtype=torch.float16)
+        c = torch.empty_like(a)
+        gemm = cl.bench(lambda: torch.matmul(a, b, out=c), reps=10, warmup=2)
+        del a, b, c
+        torch.cuda.empty_cache()
+        _measured_fp16 = dataclasses.replace(base, flop_rate=2 * gemm_n**3 / (gemm.ms * 1e-3),
+                                             source=f"{base.source}; fp16: torch.matmul in half, tensor cores")
+    return _measured_fp16
+
+
+def current(dtype: str = "fp32") -> Roofline:
+    """This GPU's measured roofline on the GPU backend, the H200 reference on the emulator; for
+    dtype "fp16" the fp16 one (FLOPs at the tensor-core rate)."""
+    import convlab as cl
+
+    if dtype not in ("fp32", "fp16"):
+        raise ValueError(f"no roofline for dtype {dtype!r}: fp32 or fp16")
+    if cl.device().backend != "cuda":
+        return REFERENCE_H200_FP16 if dtype == "fp16" else REFERENCE_H200
+    return measure_fp16() if dtype == "fp16" else measure()
 
 
 def floor_ms(flops: float, nbytes: float, roof: Roofline | None = None) -> float:

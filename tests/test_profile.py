@@ -169,6 +169,44 @@ def test_committed_result_when_profiling_is_impossible(tmp_path, monkeypatch, ca
         _fallback("other", "ncu is not installed here")
 
 
+def test_a_stored_card_names_its_precision(tmp_path, monkeypatch):
+    P = sys.modules["convlab.profile"]
+    monkeypatch.setenv("CONVLAB_ROOT", str(tmp_path))
+    monkeypatch.setattr(sys.modules["convlab.profile"], "_device_name", lambda: "NVIDIA H200")
+    raw = (NCU / "ncu_tiny_raw.csv").read_text()
+    prec = P.call_precision((torch.ones(2, dtype=torch.float16), 2.0), {})
+    P._store("tiny16", raw, "tiny.py", prec)
+    card = committed("tiny16")
+    assert prec == P.PRECISION_FP16 and card.precision == "fp16" and len(card) == 3
+    assert "precision: fp16" in card._repr_html_() and card.source.endswith("tiny.py")
+    assert P.call_precision((torch.ones(2),), {"w": torch.ones(1)}) == P.PRECISION_FP32 == "fp32 strict (TF32 off)"
+    assert P.call_precision((torch.ones(2, dtype=torch.int32),), {}) == P.PRECISION_INT
+
+
+def test_a_card_without_a_precision_line_says_none():
+    from convlab.profile import stored_precision
+    assert stored_precision("# ncu on NVIDIA H200: x\n" + (NCU / "ncu_tiny_raw.csv").read_text()) == ""
+    assert stored_precision("# ncu on X: y\n# precision: fp16\n\"ID\",") == "fp16"
+
+
+def test_the_worker_turns_tf32_off():
+    from convlab._profile_worker import configure
+    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark)
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+        configure({"cudnn_benchmark": True})
+        assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
+        assert torch.backends.cudnn.benchmark
+    finally:
+        (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark) = saved
+
+
+def test_every_stall_reason_has_a_meaning():
+    from convlab.profile import STALL_MEANING, STALL_REASONS
+    assert set(STALL_MEANING) == set(STALL_REASONS)
+    assert all(len(v.split()) >= 4 for v in STALL_MEANING.values())
+
+
 def test_a_lambda_cannot_be_sent_to_ncu():
     from convlab.profile import _job
     with pytest.raises(ProfileUnavailable, match="instead of a lambda"):

@@ -1,0 +1,79 @@
+"""The committed GPU results and profile cards say what they are: every card names the precision it
+ran in, no row of ours is faster than its roofline floor, and a torch row above its floor names the
+cheaper algorithm cuDNN ran."""
+
+import pandas as pd
+import pytest
+
+from convlab import book, results
+from convlab.profile import PROFILES_DIR, stored_precision
+
+DATA = book.repo_root() / "book" / "data"
+CARDS = sorted(p for p in (DATA / "profiles").glob("*.csv") if p.read_text().startswith("# ncu"))
+# torch's cards taken by calling F.conv2d under ncu before the worker turned TF32 off (ch3_torch ran
+# an sm80 ..._tf32f32_... kernel): to be taken again on a GPU, then dropped from this list
+RETAKE_ON_GPU = {"ch2_torch", "ch3_torch", "ch4_torch"}
+FEWER_MACS = DATA / "notes" / "cudnn_fewer_macs.csv"
+
+
+def _result_files():
+    for path in sorted(DATA.glob("*.csv")):
+        df = pd.read_csv(path, keep_default_na=False, na_values=[""])
+        if {"floor_frac", "kind", "torch_kernels"} <= set(df.columns):
+            yield path.stem, df
+
+
+@pytest.mark.parametrize("card", CARDS, ids=[p.stem for p in CARDS])
+def test_every_card_names_its_precision(card):
+    if card.stem in RETAKE_ON_GPU:
+        pytest.xfail(f"{PROFILES_DIR}/{card.name} was taken with TF32 allowed: re-take it on a GPU")
+    assert stored_precision(card.read_text()) in ("fp32 strict (TF32 off)", "fp16", "integers only (no floating point)")
+
+
+def test_retake_list_names_cards_that_exist():
+    assert RETAKE_ON_GPU <= {p.stem for p in CARDS}
+
+
+def test_no_row_of_ours_is_faster_than_its_floor():
+    over = [(name, r["workload"], r["impl"], r["dtype"], r["floor_frac"])
+            for name, df in _result_files() for _, r in df.iterrows()
+            if r["kind"] == "ours" and r["floor_frac"] > 1]
+    assert not over, f"rows of ours above 100% of the roofline floor (a wrong floor): {over}"
+
+
+def test_torch_above_its_floor_only_with_a_cheaper_algorithm():
+    notes = pd.read_csv(FEWER_MACS, comment="#")
+    key = ["chapter", "workload", "pass", "dtype", "layout"]
+    noted = {tuple(r[k] for k in key): r for _, r in notes.iterrows()}
+    seen = set()
+    for name, df in _result_files():
+        for _, r in df[df["kind"].isin(["torch", "torch best"]) & (df["floor_frac"] > 1)].iterrows():
+            k = (name, r["workload"], r["pass"], r["dtype"], r["layout"])
+            assert k in noted, f"torch row above its floor with no algorithm noted in {FEWER_MACS.name}: {k}"
+            note = noted[k]
+            assert note["algorithm"] in ("FFT", "Winograd")
+            assert note["kernel"] in r["torch_kernels"]
+            assert note["algorithm"].lower() in note["kernel"].lower() or "fft" in note["kernel"].lower()
+            seen.add(k)
+    assert seen == set(noted), f"notes for rows that are not above their floor: {set(noted) - seen}"
+
+
+def test_fp16_floors_are_recomputed():
+    """No committed fp16 row still carries the fp32 floor (scripts/refloor_fp16.py)."""
+    for name, df in _result_files():
+        _, changed = results.refloor_fp16(df)
+        assert changed == 0, f"book/data/{name}.csv: run scripts/refloor_fp16.py"
+
+
+def test_refloor_gives_an_fp32_floored_fp16_row_the_tensor_core_floor():
+    from convlab import roofline, workloads
+    wl = workloads.get("resnet")
+    flops, nbytes = results.cost(wl, "forward", "fp16")
+    row = {"workload": "resnet", "shape": wl.shape_text, "pass": "forward", "dtype": "fp16", "ms": 0.05,
+           "gflops": flops / 0.05e-3 / 1e9, "floor_ms": roofline.REFERENCE_H200.floor_ms(flops, nbytes)}
+    row["floor_frac"] = row["floor_ms"] / row["ms"]
+    new, changed = results.refloor_fp16(pd.DataFrame([row]))
+    assert changed == 1
+    assert new["floor_ms"].iloc[0] == pytest.approx(roofline.REFERENCE_H200_FP16.floor_ms(flops, nbytes))
+    assert new["floor_frac"].iloc[0] == pytest.approx(new["floor_ms"].iloc[0] / 0.05)
+    assert results.refloor_fp16(new)[1] == 0
