@@ -10,7 +10,8 @@ No figure shows a time.
 - im2col_matrix, im2col_gemm_tiles: chapter 4's unrolled matrix (run on the backend) and the
   tiled GEMM's wasted multiply-adds on a few-map layer;
 - implicit_gemm_tiles, direct_regtile_outputs: chapter 5's block, warp and thread tiles;
-- mma_fragments: chapters 6 and 9, which lane holds which element of mma.sync m16n8k16 (run);
+- mma_fragments, ldmatrix_lanes: chapters 6 and 9, which lane holds which element of mma.sync
+  m16n8k16's operands, and which lane gives and gets each row of ldmatrix (run);
 - conv3d_window: chapter 7's rolling window of outputs along z;
 - dx_gather_scatter, dw_reduction: chapter 8's transposed convolution and weight-gradient sum;
 - groups_dilation: chapter 9's grouped weights and dilated taps;
@@ -25,7 +26,6 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import numpy as np
 import seaborn as sns
-from matplotlib.colors import ListedColormap
 from matplotlib.patches import Rectangle
 
 from . import workloads
@@ -63,8 +63,8 @@ def _grid(ax, colors, labels=None, *, fontsize=FONT, title=None, lw=0.5):
         ax.set_title(title, fontsize=FONT + 1)
 
 
-def _outline(ax, r0, c0, h, w, color="black", lw=2.0, ls="-"):
-    ax.add_patch(Rectangle((c0 - 0.5, r0 - 0.5), w, h, fill=False, ec=color, lw=lw, ls=ls, zorder=3))
+def _outline(ax, r0, c0, h, w, color="black", lw=2.0):
+    ax.add_patch(Rectangle((c0 - 0.5, r0 - 0.5), w, h, fill=False, ec=color, lw=lw, zorder=3))
 
 
 def _by_index(ids, palette=PALETTE, empty=GREY):
@@ -210,6 +210,7 @@ def im2col_gemm_tiles(workload: str = "lenet_c1"):
         ax.text(t * g["tile"] + g["tile"] / 2 - 0.5, rows + 0.6, f"step {t}", ha="center", va="top", fontsize=FONT)
     ax.set_ylim(rows + 2.5, -0.5)
     ax.set_ylabel(f"{g['tile']} rows: maps", fontsize=FONT)
+    ax.set_xlabel(f"the reduction, C·K·K = {g['KD']}, in steps of {g['tile']}", fontsize=FONT)
     ax.set_title(f"{workload}: W is {g['M']}×{g['KD']}; the GEMM's {g['tile']}×{g['tile']} tiles cover {rows}×{depth}: "
                  f"{g['useful_fraction']:.0%} useful ({g['waste']:.1f}× the work)", fontsize=FONT + 1)
     ax.legend(handles=[Rectangle((0, 0), 1, 1, color=PALETTE[0]), Rectangle((0, 0), 1, 1, color=GREY)],
@@ -333,7 +334,7 @@ def direct_regtile_outputs(workload: str = "lenet_c1", blocks: int = 2):
         r, c = np.nonzero(warp == k)
         first = r < r.min() + cfg["ROWS"]
         ax.text(c[first].mean(), r[first].mean(), f"warp {k}", ha="center", va="center", fontsize=FONT)
-    _outline(ax, 0, 0, cfg["ROWS"], 1, lw=1.5)
+    _outline(ax, 0, 0, cfg["ROWS"], 1, color="white", lw=2)
     ticks = np.arange(0, thread.shape[1] + 1, 16)
     ax.set_xticks(ticks - 0.5, ticks)
     ticks = np.arange(0, warp.shape[0] + 1, cfg["ROWS"])
@@ -412,9 +413,49 @@ def mma_fragments():
         for l in range(32):
             for r, c in maps[name][l]:
                 lane[r, c] = l
-        _grid(ax, _by_index(lane // 4, sns.color_palette("colorblind", 8)), lane.astype(str), title=title,
+        _grid(ax, _by_index(lane // 4, [_light(c, 0.6) for c in sns.color_palette("colorblind", 8)]), lane.astype(str),
+              title=title,
               fontsize=FONT)
     fig.suptitle("mma.sync m16n8k16: the lane that holds each element (colour: lane / 4)", fontsize=FONT + 2)
+    fig.convlab_data = maps
+    return fig
+
+
+def ldmatrix_lanes():
+    """Figure: ldmatrix as the course's mma kernels use it, from the same run as mma_fragments. Left,
+    ldmatrix.x4 loading A (16×16 halves in shared memory): lane l gives the address of one 8-half
+    row (row l % 16, the left half for l < 16, the right half otherwise; the tick labels), each
+    8×8 quarter is one of the four matrices (colour), and each element is labelled with the lane
+    that receives it. Right, ldmatrix.x2.trans loading B (16×8, k-major): lanes 0–15 give the row
+    addresses, and .trans hands each lane a column pair instead of a row pair. What to see: the
+    lane that names an address is not the lane that gets its data; every lane receives two
+    neighbouring halves of one row (x4) or of one column (.trans) per matrix, which is exactly
+    the fragment mma.sync expects."""
+    maps = mma_fragment_maps()
+    fig, (a, b) = _figure(1, 2, height=4.2, gridspec_kw={"width_ratios": [16, 8]})
+    recv = -np.ones((16, 16), int)
+    for l in range(32):
+        for r, c in maps["A"][l]:
+            recv[r, c] = l
+    quarter = (np.arange(16)[:, None] // 8) + 2 * (np.arange(16)[None, :] // 8)
+    _grid(a, [[_light(PALETTE[q], 0.6) for q in row] for row in quarter], recv.astype(str),
+          title="ldmatrix.x4: A, four 8×8 matrices")
+    a.set_yticks(range(16), [f"{r}" for r in range(16)], fontsize=FONT)
+    a.tick_params(labelleft=True)
+    a.set_ylabel("address from lane (left half)", fontsize=FONT)
+    right = a.secondary_yaxis("right")
+    right.set_yticks(range(16), [f"{r + 16}" for r in range(16)], fontsize=FONT)
+    right.set_ylabel("(right half)", fontsize=FONT)
+    recv = -np.ones((16, 8), int)
+    for l in range(32):
+        for r, c in maps["B"][l]:
+            recv[r, c] = l
+    _grid(b, [[_light(PALETTE[r // 8], 0.6) for _ in range(8)] for r in range(16)], recv.astype(str),
+          title="ldmatrix.x2.trans: B (k × n)")
+    b.set_yticks(range(16), [f"{k}" for k in range(16)], fontsize=FONT)
+    b.tick_params(labelleft=True)
+    b.set_ylabel("address from lane", fontsize=FONT)
+    fig.suptitle("ldmatrix: the lane that receives each element (cell text)", fontsize=FONT + 2)
     fig.convlab_data = maps
     return fig
 

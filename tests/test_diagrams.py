@@ -15,7 +15,7 @@ from convlab._limits import GRID_YZ_MAX
 from convlab.ops import backprop, conv3d, fused, im2col
 
 FIGURES = ["grid_maps", "im2col_matrix", "im2col_gemm_tiles", "implicit_gemm_tiles", "direct_regtile_outputs",
-           "mma_fragments", "conv3d_window", "dx_gather_scatter", "dw_reduction", "groups_dilation", "fused_epilogue"]
+           "mma_fragments", "ldmatrix_lanes", "conv3d_window", "dx_gather_scatter", "dw_reduction", "groups_dilation", "fused_epilogue"]
 
 
 @pytest.mark.parametrize("name", FIGURES)
