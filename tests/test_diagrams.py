@@ -124,7 +124,8 @@ def test_conv3d_window_from_coarse_config():
     d = fig.convlab_data
     ZC = conv3d.coarse_config(s.D, s.H, s.W, s.K, s.K, s.K)["ZC"]
     assert d["planes_read"] == ZC + s.K - 1
-    assert d["registers"] == s.K                 # the window: K accumulators at once
+    assert d["window"] == s.K                    # K outputs accumulate at once
+    assert d["accumulators"] == s.K * d["config"]["TX"] * d["config"]["TY"]
     assert (d["held"].sum(axis=1) == s.K).all()  # every output sums K input planes
 
 
@@ -158,6 +159,7 @@ def test_dw_levels_use_the_launchers_chunks():
     values = [v for _, v in d["levels"]]
     assert values[0] == s.B * s.Ho * s.Wo and values[-1] == 1 and values[-2] == d["chunks"]
     assert values == sorted(values, reverse=True)
+    assert (values[0], d["chunks"]) == (64_000_000, 792)      # the numbers dw_reduction's docstring quotes
 
 
 def test_groups_match_torch_and_dilated_taps():
