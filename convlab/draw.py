@@ -18,7 +18,7 @@ import numpy as np
 from ._errors import ConvlabError
 from .trace import request_sectors, request_wavefronts, trace
 
-__all__ = ["draw", "VIEWS"]
+__all__ = ["draw", "draw_trace", "VIEWS"]
 
 VIEWS = ("footprint", "shared", "sectors", "banks", "threads")
 FIGSIZE_W = 7.5
@@ -61,7 +61,10 @@ def draw_trace(t, what: str = "footprint", *, buffer=None, warp=0, line=None, sh
                                  squeeze=False)
         ax = list(axes[0]) if panels == 2 else axes[0][0]
     else:
-        fig = (ax[0] if isinstance(ax, (list, tuple)) else ax).figure
+        pair = isinstance(ax, (list, tuple)) or (hasattr(ax, "shape") and getattr(ax, "size", 1) == 2)
+        if (what == "footprint") != pair:
+            raise ValueError("ax=: the footprint view draws on two axes (input, output), the others on one")
+        fig = (ax[0] if pair else ax).figure
     with plt.rc_context({"font.size": FONT}):
         data, head = _VIEW[what](t, acc, ax, buffer=buffer, warp=warp, line=line, shape=shape)
     b = t.blocks[0]
@@ -117,6 +120,11 @@ def _grid_axes(ax, h, w):
     ax.set_xticks(range(0, w, step))
     ax.set_yticks(range(0, h, step))
     ax.tick_params(labelsize=FONT - 1)
+    if max(h, w) <= 48:          # thin lines between the cells
+        ax.set_xticks(np.arange(-0.5, w, 1), minor=True)
+        ax.set_yticks(np.arange(-0.5, h, 1), minor=True)
+        ax.grid(which="minor", color="#e0e0e0", lw=0.4)
+        ax.tick_params(which="minor", length=0)
 
 
 def _outline(ax, mask, color, lw=2.0, ls="-"):
@@ -199,6 +207,7 @@ def _footprint(t, acc, axes, buffer=None, shape=None, **_):
 
 
 def _shared(t, acc, ax, buffer=None, shape=None, **_):
+    import matplotlib
     from matplotlib.colors import ListedColormap
     from matplotlib.patches import Patch
     s = acc[acc.space == "shared"]
@@ -221,13 +230,13 @@ def _shared(t, acc, ax, buffer=None, shape=None, **_):
             written[r, c] = True
             writer[r, c] = row.warp
     nwarps = int(max(acc.warp.max() + 1, 1))
-    colors = [__import__("matplotlib").colormaps["tab10" if nwarps <= 10 else "tab20"](i % 20) for i in range(nwarps)]
+    colors = [matplotlib.colormaps["tab10" if nwarps <= 10 else "tab20"](i % 20) for i in range(nwarps)]
     ax.imshow(np.ma.masked_less(writer, 0), cmap=ListedColormap(colors), vmin=-0.5, vmax=nwarps - 0.5,
               interpolation="nearest")
     br, bc = np.nonzero(bad)
     ax.scatter(bc, br, marker="X", s=max(12, 2400 / max(h, w) ** 1.2), color="red", edgecolor="white", lw=0.6)
     _grid_axes(ax, h, w)
-    ax.set_xlabel("column" + ("" if t.buffers[buffer].declared else " (4-byte words; 32 = the banks)"))
+    ax.set_xlabel("column" + ("" if t.buffers[buffer].declared or shape else " (4-byte words; 32 = the banks)"))
     ax.set_ylabel("row")
     hands = [Patch(color=colors[i], label=f"warp {i}") for i in range(min(nwarps, 16))]
     hands.append(Patch(color="white", ec="gray", label="never written"))
@@ -345,6 +354,7 @@ def _banks(t, acc, ax, warp=0, line=None, **_):
 
 
 def _threads(t, acc, ax, buffer=None, shape=None, **_):
+    import matplotlib
     from matplotlib.colors import ListedColormap
     from matplotlib.patches import Patch
     g = acc[(acc.space == "global") & (acc.access != "read")]
@@ -360,7 +370,6 @@ def _threads(t, acc, ax, buffer=None, shape=None, **_):
     warp[on.row.to_numpy(), on.col.to_numpy()] = on.warp.to_numpy()
     thread[on.row.to_numpy(), on.col.to_numpy()] = on.thread.to_numpy()
     nwarps = int(acc.warp.max() + 1)
-    import matplotlib
     colors = [matplotlib.colormaps["tab10" if nwarps <= 10 else "tab20"](i % 20) for i in range(nwarps)]
     ax.imshow(np.ma.masked_less(warp, 0), cmap=ListedColormap(colors), vmin=-0.5, vmax=nwarps - 0.5,
               interpolation="nearest")
@@ -369,13 +378,13 @@ def _threads(t, acc, ax, buffer=None, shape=None, **_):
         for r, c in zip(*np.nonzero(thread >= 0)):
             ax.text(c, r, str(thread[r, c]), ha="center", va="center", fontsize=FONT - 1)
     _grid_axes(ax, h, w)
-    per_thread = on.groupby("thread").size()
+    per_thread = cells.groupby("thread").size()      # every plane: a coarsened thread's maps too
     _legend(ax, [Patch(color=colors[i], label=f"warp {i}") for i in range(min(nwarps, 16))])
     ax.set_xlabel("column" + (" (numbers: thread, linear in the block)" if labels else ""))
     ax.set_ylabel("row")
     data = {"buffer": buffer, "plane": plane, "warp": warp, "thread": thread,
             "outputs_per_thread": per_thread.to_dict(), "other_planes": int((cells.plane != plane).sum())}
-    more = f"; {data['other_planes']} more writes in other planes" if data["other_planes"] else ""
+    more = f" (and {data['other_planes']} in other planes)" if data["other_planes"] else ""
     return data, f"{_plane_label(t, buffer, plane, shape)} written, by warp{more}"
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import ctypes
 import re
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ._errors import ConvlabError
 
@@ -67,7 +67,6 @@ class Trace:
     buffers: dict
     scalars: dict
     profile: object = None
-    arrays: dict = field(default_factory=dict)    # name -> the tensor passed (global buffers)
 
     def of_block(self, block_id) -> "object":
         b = tuple(block_id) + (0,) * (3 - len(tuple(block_id)))
@@ -199,7 +198,7 @@ def _build(kprofile, src, checked, blocks, recs, names) -> Trace:
     keep = ["bx", "by", "bz", "thread", "tx", "ty", "tz", "warp", "lane", "buffer", "space", "access", "index",
             "elems", "offset", "bytes", "line", "lineno", "code", "site", "loop", "phase", "seq", "request", "addr"]
     return Trace(kprofile.name, tuple(int(v) for v in kprofile.grid.strip("()").split(",")), (bx, by, bz),
-                 [tuple(b) for b in blocks], df[keep].reset_index(drop=True), buffers, scalars, kprofile, ptrs)
+                 [tuple(b) for b in blocks], df[keep].reset_index(drop=True), buffers, scalars, kprofile)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -138,3 +138,78 @@ def test_shared_view_knows_who_wrote_each_cell():
     # row r is written by threadIdx.y = r % 8, i.e. warp r % 8; the padding column never
     assert all((d["writer_warp"][r, :32] == r % 8).all() for r in range(32))
     assert not d["written"][:, 32].any() and not d["read_unwritten"].any()
+
+
+MISSING_HALO = r"""
+__global__ void blur3(const float* x, float* y, int n) {
+    __shared__ float s[34];
+    int i = blockIdx.x * 32 + threadIdx.x;
+    s[threadIdx.x + 1] = x[i];          // the halo s[0] and s[33] is never loaded
+    __syncthreads();
+    y[i] = s[threadIdx.x] + s[threadIdx.x + 1] + s[threadIdx.x + 2];
+}
+"""
+
+
+def test_shared_view_marks_reads_of_cells_never_written(tmp_path):
+    k = cl.load_source(MISSING_HALO, name="blur3", directory=tmp_path).kernel("blur3")
+    fig = cl.draw(k, cl.randn(64), cl.empty(64), 64, grid=2, block=32, block_id=(1,), what="shared")
+    d = fig.convlab_data
+    # 34 floats in rows of 32 words: s[0] is (0, 0), s[33] is (1, 1)
+    assert d["read_unwritten"].shape == (2, 32)
+    assert sorted(zip(*np.nonzero(d["read_unwritten"]))) == [(0, 0), (1, 1)]
+    assert d["written"].sum() == 32 and (d["writer_warp"][d["written"]] == 0).all()
+
+
+def test_a_block_outside_the_grid_is_named():
+    x, w = cl.randn(1, 1, 8, 8), cl.randn(1, 1, 3, 3)
+    with pytest.raises(cl.ConvlabError, match=r"block \(5, 0, 0\).*made no memory access"):
+        cl.draw(cl.ops.naive.conv2d_naive_z, x, w, block_id=(5, 0, 0))
+
+
+# a loop the emulator does not tag (while): a lane's k-th access goes with the other lanes' k-th
+WHILE_LOOP = r"""
+__global__ void copy_while(const float* x, float* y) {
+    int t = threadIdx.x, k = 0;
+    while (k < 3) {
+        y[k * 32 + t] = x[k * 64 + 2 * t];
+        ++k;
+    }
+}
+"""
+
+
+def _pattern_cases(tmp_path):
+    pat, pad1 = cl.load(PATTERNS), cl.load(PATTERNS, defines={"PAD": 1})
+    loop = cl.load_source(WHILE_LOOP, name="copy_while", directory=tmp_path).kernel("copy_while")
+    return {
+        "while loop": (loop, (cl.randn(192), cl.empty(96)), 1, 32),
+        "stride 2": (pat.kernel("copy_strided"), (cl.randn(2 * 300), cl.empty(300), 300, 2), 2, 256),
+        "tile, no padding": (pat.kernel("tile_transpose"), (cl.randn(2048), cl.empty(2048)), 2, (32, 8)),
+        "tile, padded": (pad1.kernel("tile_transpose"), (cl.randn(2048), cl.empty(2048)), 2, (32, 8)),
+        "broadcast": (pat.kernel("broadcast"), (cl.randn(64), cl.empty(128)), 2, 64),
+        "float4": (pat.kernel("copy_float4"), (cl.randn(4 * 300), cl.empty(4 * 300), 300), 2, 256),
+        "shared float4, stride 2": (pat.kernel("shared_float4"), (cl.randn(4 * 64), cl.empty(4 * 32), 2), 1, 32),
+        "branch in a loop": (pat.kernel("branch_in_loop"), (cl.randn(256), cl.empty(32)), 1, 32),
+    }
+
+
+@pytest.mark.parametrize("case", ["stride 2", "tile, no padding", "tile, padded", "broadcast", "float4",
+                                  "shared float4, stride 2", "branch in a loop", "while loop"])
+def test_every_block_traced_the_profilers_numbers_per_line(case, tmp_path):
+    # the trace of every block, grouped into requests, gives the profiler's counts line by line
+    k, args, blocks, block = _pattern_cases(tmp_path)[case]
+    t = cl.trace(k, *args, grid=blocks, block=block, blocks=[(b,) for b in range(blocks)])
+    a = t.accesses
+    for (line, what), row in cl.ProfileCard([t.profile], "emulator").lines().iterrows():
+        space, op = what.split()
+        sel = a[(a.line == line) & (a.space == space) & (a.access == ("read" if op == "load" else "write"))]
+        reqs = [g for _, g in sel.groupby("request")]
+        assert len(reqs) == row["requests"], (line, what)
+        if space == "global":
+            units = sum(len(request_sectors(g)) for g in reqs)
+            assert units == pytest.approx(row["sectors per request"] * row["requests"]), (line, what)
+        else:
+            waves = [request_wavefronts(g) for g in reqs]
+            assert sum(w for w, _ in waves) == pytest.approx(row["wavefronts per request"] * row["requests"])
+            assert sum(w - l for w, l in waves) == row["bank conflicts"], (line, what)

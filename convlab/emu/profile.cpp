@@ -12,6 +12,8 @@
 // 128 bytes each), each as many wavefronts as its own most distinct words in one bank; where
 // every pair of lanes (l, l^1 or l, l^2) uses one address, as in a broadcast, the pairs share their
 // data and the phases halve. Bank conflicts are the wavefronts beyond one per phase.
+// The trace (cl.trace, convlab/trace.py): for the blocks asked for, every access as it came, with
+// the array it went to; Python groups it into the same requests.
 #include "clemu_profile.h"
 
 #include <algorithm>
