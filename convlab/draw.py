@@ -317,29 +317,40 @@ def _banks(t, acc, ax, warp=0, line=None, **_):
     ln, reqs = _requests(s, warp, line, "shared-memory load or store")
     waves = [request_wavefronts(r) for r in reqs]
     first = reqs[0]
-    words = {}
-    lane_bank = {}
+    # as the profiler: 128 bytes of lanes per phase (8- and 16-byte accesses take 2 or 4 phases);
+    # a bank conflicts when one phase touches several distinct words in it
+    width = int(first.bytes.max())
+    per = 32 // (4 if width > 8 else 2 if width > 4 else 1)
+    words, phase_words = {}, {}
+    lane_words = {}
     for r in first.itertuples():
-        wd = int(r.addr) >> 2
-        words.setdefault(wd & 31, [])
-        if wd not in words[wd & 31]:
-            words[wd & 31].append(wd)
-        lane_bank[r.lane] = (wd & 31, wd)
-    for bank, ws in words.items():
-        if len(ws) > 1:
-            ax.add_patch(Rectangle((bank - 0.5, -0.5), 1, len(ws), color="#fcbba1", zorder=0))
-    for lane, (bank, wd) in lane_bank.items():
-        depth = words[bank].index(wd)
-        ax.text(bank, depth, str(lane), ha="center", va="center", fontsize=FONT - 1,
-                bbox=dict(boxstyle="round,pad=0.15", fc="#c6dbef" if len(words[bank]) == 1 else "#ef3b2c",
-                          ec="none"))
-    most = max(len(v) for v in words.values())
-    ax.set_xlim(-0.6, 31.6)
-    ax.set_ylim(max(most, 2) - 0.4, -0.6)
+        ws = list(range(int(r.addr) >> 2, ((int(r.addr) + r.bytes - 1) >> 2) + 1))
+        lane_words[r.lane] = ws
+        for wd in ws:
+            words.setdefault(wd & 31, set()).add(wd)
+            phase_words.setdefault((r.lane // per, wd & 31), set()).add(wd)
+    hot = {b for (_, b), ws in phase_words.items() if len(ws) > 1}
+    for lane, ws in lane_words.items():
+        for wd in ws:
+            ax.plot([lane, wd & 31], [1, 0], color="#cb181d" if (wd & 31) in hot else "#6baed6",
+                    lw=1.4 if (wd & 31) in hot else 1.0, zorder=1)
+    ax.scatter(list(lane_words), [1] * len(lane_words), s=40, color="#08519c", zorder=2)
+    for bank in range(32):
+        n = len(words.get(bank, ()))
+        ax.add_patch(Rectangle((bank - 0.4, -0.12), 0.8, 0.12,
+                               color="#cb181d" if bank in hot else "#c6dbef" if n else "#f0f0f0", zorder=2))
+        if n > 1:
+            ax.text(bank, -0.2, str(n), ha="center", va="top", fontsize=FONT - 1, color="#cb181d")
+    ax.set_xlim(-0.8, 31.8)
+    ax.set_ylim(-0.42, 1.12)
     ax.set_xticks(range(0, 32, 4))
-    ax.set_yticks(range(0, max(most, 1), 1 if most <= 8 else 4))
-    ax.set_xlabel("bank (4-byte words: bank = word mod 32); boxes: lanes")
-    ax.set_ylabel("distinct word in the bank")
+    ax.set_yticks([0, 1])
+    ax.set_yticklabels(["bank", "lane"])
+    ax.set_xlabel("lane (top) and bank (bottom; 32 banks of 4-byte words); red numbers: distinct words in a bank"
+                  + (f"\n{32 // per} phases of {per} lanes each (8- or 16-byte accesses)" if per < 32 else ""),
+                  fontsize=FONT - 1)
+    for side in ("top", "right", "left"):
+        ax.spines[side].set_visible(False)
     code = first.code.iloc[0]
     wave, least = waves[0]
     total = sum(w for w, _ in waves)
@@ -348,7 +359,7 @@ def _banks(t, acc, ax, warp=0, line=None, **_):
                  f"the warp's {len(reqs)} requests: {total} wavefronts, {confl} bank conflicts", fontsize=FONT - 1)
     data = {"line": ln, "warp": warp, "requests": len(reqs), "wavefronts": total, "conflicts": confl,
             "first_request": {"wavefronts": wave, "conflicts": wave - least, "bank_words": words,
-                              "lane_bank": {k: v[0] for k, v in lane_bank.items()}}}
+                              "conflict_banks": sorted(hot), "lane_words": lane_words}}
     buf = first.buffer.iloc[0]
     return data, f"__shared__ {buf}, warp {warp}, lanes -> banks"
 

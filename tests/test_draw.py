@@ -116,6 +116,8 @@ def test_banks_view_shows_conflicts_where_the_profiler_counts_them(pad, conflict
     first = d["first_request"]
     assert first["conflicts"] == conflicts
     assert max(len(v) for v in first["bank_words"].values()) == conflicts + 1
+    # the banks drawn red: those with several words (bank 0: column tx of tile[tx][0], tx = 0..31)
+    assert first["conflict_banks"] == ([0] if pad == 0 else [])
     card = cl.profile(k, *args, grid=1, block=(32, 8))
     lines = card.lines()
     row = lines.loc[(d["line"], "shared load")]
