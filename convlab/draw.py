@@ -57,7 +57,7 @@ def draw_trace(t, what: str = "footprint", *, buffer=None, warp=0, line=None, sh
     fig = None
     if ax is None:
         panels = 2 if what == "footprint" else 1
-        fig, axes = plt.subplots(1, panels, figsize=(FIGSIZE_W, 4.2 if panels == 2 else 4.6), dpi=DPI,
+        fig, axes = plt.subplots(1, panels, figsize=(FIGSIZE_W, 3.6 if panels == 2 else 4.6), dpi=DPI,
                                  squeeze=False)
         ax = list(axes[0]) if panels == 2 else axes[0][0]
     else:
