@@ -87,8 +87,9 @@ def read_sums(rows: np.ndarray, threads: int, blocks: int, iters: int) -> np.nda
 
 def fma_sums(threads: int, iters: int, half: bool = False) -> np.ndarray:
     """out[] of fma_chains (fp32) or hfma2_chains (fp16 pairs): each chain x = x*A + B from its
-    start value, then the chains summed in order, in float32."""
-    t = np.arange(threads)[:, None]
+    start value, then the chains summed in order, in float32. A thread's start values depend on
+    its index mod 16 only, so 16 threads are computed and repeated."""
+    t = np.arange(min(threads, 16))[:, None]
     c = np.arange(CHAINS)[None, :]
     if half:
         x = np.stack([(t + c) & 15, (t + c + 1) & 15], axis=-1).astype(np.float16)
@@ -99,10 +100,10 @@ def fma_sums(threads: int, iters: int, half: bool = False) -> np.ndarray:
     for _ in range(iters):
         x = x * a + b                       # a*x exact, one rounding: what fma gives
     x = x.astype(np.float32)
-    total = np.zeros(threads, dtype=np.float32)
+    total = np.zeros(len(t), dtype=np.float32)
     for ch in range(CHAINS):
         total = total + (x[:, ch, 0] + x[:, ch, 1] if half else x[:, ch])
-    return total
+    return total[np.arange(threads) % len(t)]
 
 
 # ---- the device --------------------------------------------------------------------------------
