@@ -10,7 +10,7 @@
 //    128 + 370 MB in half. The mask slice in shared memory is half the size too.
 //  - Arithmetic: by itself, nothing. A scalar __hfma is one HFMA2 instruction with one of its two
 //    lanes idle, and chapter 5's cards show instruction issue as these layers' limit, FFMAs half
-//    of what is issued. But the machine code (cuobjdump -sass): nvcc 13 for sm_90 pairs this
+//    of what is issued. But in the machine code (cuobjdump -sass) nvcc 13 for sm_90 pairs this
 //    kernel's independent __hfma on its own, maps m and m+1 of the same input value, into HFMA2
 //    (lenet_c3's loop over one channel: 1,568 HFMA2 for 3,136 __hfma), with the accumulators
 //    packed two to a register: half the multiply-add instructions of chapter 5's kernel. Step 2
