@@ -23,7 +23,8 @@ import torch
 
 from . import _args, _source
 from ._errors import (ArgumentError, BackendUnavailable, BarrierError, CheckError, CompileError, ConvlabError,
-                      KernelFault, KernelInterrupted, KernelTimeout, LaunchError, OutOfBoundsError, RaceError)
+                      KernelFault, KernelInterrupted, KernelTimeout, LaunchError, OutOfBoundsError, RaceError,
+                      WarpMaskError)
 from . import _limits, book, ref
 from .bench import Timing, bench
 from .check import CheckResult, check
@@ -36,7 +37,7 @@ __all__ = ["device", "backend", "load", "load_source", "load_cpu", "randn", "emp
            "poisoning", "detect_races", "RaceError", "KernelInterrupted",
            "profile", "profile_torch", "sass", "ProfileCard", "ProfileUnavailable", "SassUnavailable",
            "Timing", "CheckResult", "ConvlabError", "CompileError", "LaunchError", "ArgumentError",
-           "KernelFault", "BarrierError", "OutOfBoundsError", "KernelTimeout", "CheckError",
+           "KernelFault", "BarrierError", "WarpMaskError", "OutOfBoundsError", "KernelTimeout", "CheckError",
            "BackendUnavailable"]
 
 _backend = None

@@ -261,6 +261,20 @@ def _local_pointer_edits(clean: str) -> list[tuple[int, int, str]]:
     return edits
 
 
+def _shared_sizeof_edits(clean: str, start: int, name: str) -> list[tuple[int, int, str]]:
+    """`sizeof(tile)`, `sizeof(tile[0])`, `sizeof tile` in the rest of the block that declares the
+    static __shared__ array `tile`: the array's store (its real size), not its checked view's."""
+    depth, end = 0, len(clean)
+    for i in range(start, len(clean)):
+        depth += clean[i] == "{"
+        depth -= clean[i] == "}"
+        if depth < 0:
+            end = i
+            break
+    pattern = re.compile(rf"\bsizeof\s*(?:\(\s*)?\b{re.escape(name)}\b(?!\s*(?:\.|->|\())")
+    return [(m.end(), m.end(), "__clemu.data") for m in pattern.finditer(clean, start, end)]
+
+
 def rewrite_for_emulator(src: Source) -> str:
     """Pointer parameters of kernels become bounds-checked clemu::ptr<T>; `extern __shared__`
     arrays become the block's NaN-filled dynamic buffer; static `__shared__` arrays inside a
@@ -296,6 +310,7 @@ def rewrite_for_emulator(src: Source) -> str:
                       f"static thread_local ::clemu::shared_store<{array}> {name}__clemu; "
                       f"const ::clemu::sview<{array}> {name} = ::clemu::shared_open({name}__clemu, \"{name}\");"
                       + "\n" * newlines))
+        edits += _shared_sizeof_edits(clean, m.end(), name)
     for m in _CONST_RE.finditer(clean):
         # an accessor right after the declaration, on the same line, so it lives in the same #if branch
         name, depth, i = m.group(2), 0, m.end() - 1

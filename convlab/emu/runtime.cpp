@@ -431,6 +431,13 @@ static std::unordered_map<uintptr_t, shadow_word> shadow;
 struct race_rec { const void* a; const void* b; };
 static std::vector<race_rec> races_seen;
 static std::string race_text;
+// A race whose fix is a barrier between two lines: which barrier (__syncthreads() or __syncwarp())
+// is decided when the launch ends, from which threads of the block ran the two lines.
+struct race_note { std::string head, a, b; const void* sa; const void* sb; bool a_writes, b_writes; int ta, tb; };
+static std::vector<race_note> race_notes;
+// Per access site: the threads of the last block that ran it (one bit per thread of the block).
+struct site_threads { unsigned long long block; std::vector<unsigned long long> bits; };
+static std::unordered_map<const void*, site_threads> site_seen;
 static std::unordered_set<const void*> cp_issue_sites;           // detector launches: the cp.async calls' sites
 static long long n_races = 0;
 static const int MAX_RACE_REPORTS = 3;
@@ -485,10 +492,20 @@ static void report_race(const acc_rec& p, bool p_writes, const acc_rec& c, bool 
         ", then thread " + thread_in_block(c.thread, d) + " of block " + block_str(&W->blk) +
         (c_writes ? " writes it" : " reads it") + (ca.empty() ? "" : " at " + ca) + ", and nothing orders the two. ";
     const void* w_site = c_writes ? c.site : p.site;
-    if (blocks)
+    bool rmw = (op & CLEMU_RD) && (op & CLEMU_WR);
+    if (blocks && rmw)
         txt += "Threads of different blocks are never ordered (a barrier holds inside one block only): "
-               "combine their contributions with atomicAdd at " + site(w_site) + " instead of a plain `+=` or store.";
-    else if (p_writes && (op & CLEMU_RD) && (op & CLEMU_WR))
+               "combine their contributions with atomicAdd at " + site(c.site) + " instead of a plain `+=`.";
+    else if (blocks && p_writes && c_writes)
+        txt += "Threads of different blocks store to the same element, and nothing orders blocks: which value stays "
+               "is undefined. Each output element needs exactly one writer: check the index computed for the store at " +
+               site(w_site) + ", the step of its loop (a grid-stride loop steps by blockDim.x * gridDim.x) and the "
+               "guard that decides which thread writes it.";
+    else if (blocks)
+        txt += "Threads of different blocks are never ordered (a barrier holds inside one block only), so a block "
+               "cannot read what another block writes in the same launch: read only elements this block writes, or "
+               "split the work into two launches.";
+    else if (p_writes && rmw)
         txt += "Several threads update the same element (read, add, write back): use atomicAdd at " + site(c.site) +
                " (or give each thread its own element and reduce them after a __syncthreads()).";
     else {
@@ -502,14 +519,73 @@ static void report_race(const acc_rec& p, bool p_writes, const acc_rec& c, bool 
             txt += "A cp.async's copy lands at its thread's cp_async_wait<N>(), not at " + a + ": put a __syncthreads() "
                    "after that wait and before the " + (b_writes ? "write" : "read") + " at " + b2 +
                    " (every thread of the block must reach it), so every thread's copy has landed first.";
-        else
-            txt += "Put a __syncthreads() between " + a + " and " + b2 +
-                   " (every thread of the block must reach it), so the " + (a_writes ? "write" : "read") +
-                   " at " + a + " is finished in every thread before the " + (b_writes ? "write" : "read") +
-                   " at " + b2 + " starts.";
+        else {
+            race_notes.push_back({txt, a, b2, p_first ? p.site : c.site, p_first ? c.site : p.site, a_writes, b_writes,
+                                  p_first ? p.thread : c.thread, p_first ? c.thread : p.thread});
+            return;
+        }
     }
-    if (!race_text.empty()) race_text += "\n";
-    race_text += txt;
+    race_notes.push_back({txt, "", "", nullptr, nullptr, false, false, -1, -1});
+}
+
+// "lane 3", "lanes 16-31", "lanes 0, 2, 5-7"
+static std::string lanes_str(unsigned bits) {
+    std::string s;
+    int n = 0;
+    for (int l = 0; l < 32; l++) {
+        if (!((bits >> l) & 1u)) continue;
+        int e = l;
+        while (e + 1 < 32 && ((bits >> (e + 1)) & 1u)) e++;
+        if (!s.empty()) s += ", ";
+        s += std::to_string(l);
+        if (e > l) s += "-" + std::to_string(e);
+        n += e - l + 1;
+        l = e;
+    }
+    return (n > 1 ? "lanes " : "lane ") + s;
+}
+
+static void see_site(const void* pc, int thread, unsigned long long block, int n) {
+    site_threads& s = site_seen[pc];
+    if (s.block != block) { s.block = block; s.bits.assign((size_t)(n + 63) / 64, 0); }
+    if (thread < n) s.bits[(size_t)thread / 64] |= 1ull << (thread % 64);
+}
+
+// How many threads of the last block that ran site pc ran it; adds the lanes of `warp` among them.
+static int site_count(const void* pc, unsigned* warp_lanes, int warp) {
+    auto it = site_seen.find(pc);
+    if (it == site_seen.end()) return 0;
+    int k = 0;
+    for (unsigned long long b : it->second.bits) k += __builtin_popcountll(b);
+    size_t word = (size_t)warp / 2;
+    if (word < it->second.bits.size()) *warp_lanes |= (unsigned)(it->second.bits[word] >> (32 * (warp % 2)));
+    return k;
+}
+
+// The fix of a race between two lines of one block: a __syncthreads() between them, or where both
+// threads are lanes of one warp and neither line runs in every thread of the block (a warp-synchronous
+// tail inside `if (tid < 32)`: a __syncthreads() there is reached by part of the block only), a
+// __syncwarp() of the lanes that run them.
+static std::string barrier_fix(const race_note& r, int n) {
+    const char* aw = r.a_writes ? "write" : "read";
+    const char* bw = r.b_writes ? "write" : "read";
+    int warp = r.ta / 32;
+    unsigned lanes = 0;
+    int na = site_count(r.sa, &lanes, warp), nb = site_count(r.sb, &lanes, warp);
+    if (r.ta / 32 == r.tb / 32 && na < n && nb < n && lanes) {
+        char call[40];
+        if (lanes == 0xffffffffu || (n - warp * 32 < 32 && lanes == (1u << (n - warp * 32)) - 1u))
+            snprintf(call, sizeof call, "__syncwarp()");
+        else
+            snprintf(call, sizeof call, "__syncwarp(%#010x)", lanes);
+        return std::string("Both threads are lanes of warp ") + std::to_string(warp) + ", in code that only part of "
+               "the block runs (a __syncthreads() there would be reached by part of the block only): put a " + call +
+               " between " + r.a + " and " + r.b + " (" + lanes_str(lanes) + " of the warp run these lines and must "
+               "reach it), so the " + aw + " at " + r.a + " is finished in every lane before the " + bw + " at " +
+               r.b + " starts.";
+    }
+    return "Put a __syncthreads() between " + r.a + " and " + r.b + " (every thread of the block must reach it), so "
+           "the " + aw + " at " + r.a + " is finished in every thread before the " + bw + " at " + r.b + " starts.";
 }
 
 static void cp_check(unsigned op, const void* addr, unsigned bytes, const char* name, const void* base, const void* pc);
@@ -522,6 +598,7 @@ static void detect(unsigned op, const volatile void* addr, unsigned bytes, const
     hook_site = pc;
     W->last_site = hook_site;
     acc_rec c{hook_site, W->blk.serial, t->pub.linear, W->epoch, t->warp_gen, t->seq++};
+    see_site(pc, t->pub.linear, W->blk.serial, (int)(W->blk.dim.x * W->blk.dim.y * W->blk.dim.z));
     bool sh = op & CLEMU_SHARED;
     shadow_word& s = shadow[(uintptr_t)addr];
     if (op & CLEMU_RD) {
@@ -855,6 +932,61 @@ static void make_order(std::vector<int>& order, int n, int mode, unsigned seed) 
     }
 }
 
+// The lanes of warp `wp` parked at warp operations (`here`): each lane's own bit is in its mask, and
+// every lane its mask names that is here passed the same mask (CUDA leaves the result undefined
+// otherwise: a GPU may return anything, or hang). False, with the fault set, when not.
+static bool warp_masks_agree(worker* w, int wp, unsigned here, int n) {
+    auto& th = w->threads;
+    auto lane = [&](int l) -> fiber_thread& { return th[wp * 32 + l]; };
+    unsigned outside = 0;
+    for (int l = 0; l < 32; l++)
+        if (((here >> l) & 1u) && !((lane(l).warp_mask >> l) & 1u)) outside |= 1u << l;
+    if (outside) {
+        fiber_thread& a = lane(__builtin_ctz(outside));
+        unsigned same = 0;   // the lanes of the first such call: same line, same mask
+        for (int l = 0; l < 32; l++)
+            if (((outside >> l) & 1u) && lane(l).warp_mask == a.warp_mask && lane(l).site_line == a.site_line &&
+                !strcmp(lane(l).site_file, a.site_file)) same |= 1u << l;
+        unsigned callers = 0;
+        for (int l = 0; l < 32; l++)
+            if (((here >> l) & 1u) && lane(l).site_line == a.site_line && !strcmp(lane(l).site_file, a.site_file))
+                callers |= 1u << l;
+        char fix[16];
+        snprintf(fix, sizeof fix, "%#010x", callers);
+        set_failure(CLEMU_WARP,
+            "warp operation at %s:%d in block %s: %s of warp %d call it with mask %#010x, which leaves %s out. "
+            "Each lane that calls a *_sync warp operation must have its own bit set in the mask (on a GPU the "
+            "result is undefined): %s call it here, so pass %s%s",
+            a.site_file, a.site_line, block_str(&w->blk).c_str(), lanes_str(same).c_str(), wp, a.warp_mask,
+            __builtin_popcount(same) > 1 ? "them" : "it", lanes_str(callers).c_str(), fix,
+            callers == 0xffffffffu ? " (the whole warp)" : "");
+        return false;
+    }
+    (void)n;
+    for (int l = 0; l < 32; l++) {
+        if (!((here >> l) & 1u)) continue;
+        unsigned named = lane(l).warp_mask & here;
+        for (int k = 0; k < 32; k++) {
+            if (!((named >> k) & 1u) || lane(k).warp_mask == lane(l).warp_mask) continue;
+            unsigned ml = 0, mk = 0;   // the lanes that pass each of the two masks
+            for (int j = 0; j < 32; j++) {
+                if (!((here >> j) & 1u)) continue;
+                if (lane(j).warp_mask == lane(l).warp_mask) ml |= 1u << j;
+                if (lane(j).warp_mask == lane(k).warp_mask) mk |= 1u << j;
+            }
+            set_failure(CLEMU_WARP,
+                "warp operation in block %s, warp %d: %s pass mask %#010x at %s:%d, but %s pass mask %#010x at "
+                "%s:%d, and each mask names lanes of the other. The lanes of one warp operation must all pass "
+                "the same mask (on a GPU the result is undefined): compute it once, before any branch, and pass "
+                "that value in every lane",
+                block_str(&w->blk).c_str(), wp, lanes_str(ml).c_str(), lane(l).warp_mask, lane(l).site_file,
+                lane(l).site_line, lanes_str(mk).c_str(), lane(k).warp_mask, lane(k).site_file, lane(k).site_line);
+            return false;
+        }
+    }
+    return true;
+}
+
 // Decide what the parked threads of a block may do next. Returns false on a fault.
 static bool release(worker* w, int n, bool& all_done) {
     auto& th = w->threads;
@@ -879,16 +1011,19 @@ static bool release(worker* w, int n, bool& all_done) {
             if (t.state == T_WARP) { here |= 1u << l; need |= t.warp_mask; }
         }
         if (!here) continue;
+        if (!warp_masks_agree(w, wp, here, n)) return false;
         unsigned exists = (wp * 32 + 32 <= n) ? 0xffffffffu : ((1u << (n - wp * 32)) - 1u);
         need &= exists;
         unsigned exited = need & ~alive;
         if (exited) {
-            int l = __builtin_ctz(exited);
             fiber_thread& any = th[wp * 32 + __builtin_ctz(here)];
-            set_failure(CLEMU_BARRIER,
-                "warp operation at %s:%d in block %s names lane %d of warp %d in its mask, but that thread "
-                "(%s) has already returned: every lane in the mask must reach the same warp operation",
-                any.site_file, any.site_line, block_str(&w->blk).c_str(), l, wp, tid_str(&th[wp * 32 + l].pub).c_str());
+            set_failure(CLEMU_WARP,
+                "warp operation at %s:%d in block %s: its mask %#010x names %s of warp %d, but %s (%s) already "
+                "returned: every lane the mask names must reach the same warp operation (leave those lanes out of "
+                "the mask, or keep them alive until it)",
+                any.site_file, any.site_line, block_str(&w->blk).c_str(), any.warp_mask, lanes_str(exited).c_str(), wp,
+                __builtin_popcount(exited) > 1 ? "those threads" : "that thread",
+                tid_str(&th[wp * 32 + __builtin_ctz(exited)].pub).c_str());
             return false;
         }
         if ((need & here) == need) {
@@ -907,14 +1042,15 @@ static bool release(worker* w, int n, bool& all_done) {
         }
         if (b)
             set_failure(CLEMU_BARRIER,
-                "deadlock in block %s: thread %s waits at a warp operation at %s:%d for lanes that wait at "
-                "__syncthreads() at %s:%d (thread %s). Lanes of a warp must reach the same warp operation.",
-                block_str(&w->blk).c_str(), tid_str(&a->pub).c_str(), a->site_file, a->site_line,
+                "deadlock in block %s: thread %s waits at a warp operation at %s:%d (mask %#010x) for lanes that "
+                "wait at __syncthreads() at %s:%d (thread %s). Lanes of a warp must reach the same warp operation.",
+                block_str(&w->blk).c_str(), tid_str(&a->pub).c_str(), a->site_file, a->site_line, a->warp_mask,
                 b->site_file, b->site_line, tid_str(&b->pub).c_str());
         else
-            set_failure(CLEMU_BARRIER,
-                "deadlock in block %s: thread %s waits at a warp operation at %s:%d for lanes of its mask "
-                "that never reach it", block_str(&w->blk).c_str(), tid_str(&a->pub).c_str(), a->site_file, a->site_line);
+            set_failure(CLEMU_WARP,
+                "deadlock in block %s: thread %s waits at a warp operation at %s:%d for lanes its mask %#010x names "
+                "that never reach it: every lane the mask names must call the same warp operation",
+                block_str(&w->blk).c_str(), tid_str(&a->pub).c_str(), a->site_file, a->site_line, a->warp_mask);
         return false;
     }
     fiber_thread* first = nullptr;
@@ -1212,6 +1348,11 @@ static void finish(clemu_launch* launch) {
     if (detect_on) {
         detect_on = false;
         clemu_hook_on = 0;
+        int n = (int)(launch->block[0] * launch->block[1] * launch->block[2]);
+        for (auto& r : race_notes) {
+            if (!race_text.empty()) race_text += "\n";
+            race_text += r.head + (r.sa ? barrier_fix(r, n) : "");
+        }
         if (launch->status == CLEMU_OK && n_races) {
             launch->status = CLEMU_RACE;
             std::string more;
@@ -1223,6 +1364,8 @@ static void finish(clemu_launch* launch) {
         serial_block.clear();
         races_seen.clear();
         race_text.clear();
+        race_notes.clear();
+        site_seen.clear();
         cp_issue_sites.clear();
     }
     L = nullptr;

@@ -87,5 +87,5 @@ void clemu_cp_async_wait(int n);
 enum clemu_status {
     CLEMU_OK = 0, CLEMU_FAULT = 1, CLEMU_BARRIER = 2, CLEMU_OOB = 3, CLEMU_TIMEOUT = 4,
     CLEMU_SEGV = 5, CLEMU_ASSERT = 6, CLEMU_FPE = 7, CLEMU_STACK = 8, CLEMU_LAUNCH = 9, CLEMU_RACE = 10,
-    CLEMU_INTERRUPT = 11,
+    CLEMU_INTERRUPT = 11, CLEMU_WARP = 12,
 };

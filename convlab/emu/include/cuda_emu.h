@@ -130,6 +130,14 @@ static inline unsigned clemu_syncwarp_mask(unsigned m = 0xffffffffu) { return m;
 #define __ballot_sync(mask, p) clemu::ballot(CLEMU_XCHG(mask, (int)((p) != 0)), (mask))
 #define __any_sync(mask, p) (clemu::ballot(CLEMU_XCHG(mask, (int)((p) != 0)), (mask)) != 0)
 #define __all_sync(mask, p) (clemu::ballot(CLEMU_XCHG(mask, (int)((p) != 0)), (mask)) == ((mask) & clemu_activemask()))
+#define __match_any_sync(mask, v) clemu::match_any(CLEMU_XCHG(mask, v), (mask))
+#define __match_all_sync(mask, v, pred) clemu::match_all(CLEMU_XCHG(mask, v), (mask), (pred))
+#define __reduce_add_sync(mask, v) clemu::reduce(CLEMU_XCHG(mask, v), (mask), +(v), 0)
+#define __reduce_min_sync(mask, v) clemu::reduce(CLEMU_XCHG(mask, v), (mask), +(v), 1)
+#define __reduce_max_sync(mask, v) clemu::reduce(CLEMU_XCHG(mask, v), (mask), +(v), 2)
+#define __reduce_and_sync(mask, v) clemu::reduce(CLEMU_XCHG(mask, v), (mask), +(v), 3)
+#define __reduce_or_sync(mask, v) clemu::reduce(CLEMU_XCHG(mask, v), (mask), +(v), 4)
+#define __reduce_xor_sync(mask, v) clemu::reduce(CLEMU_XCHG(mask, v), (mask), +(v), 5)
 #define __activemask() clemu_activemask()
 namespace clemu {
 static inline int width(int w = 32) { return w; }
@@ -144,6 +152,26 @@ template <class T> static inline T shfl_xor(unsigned long long* s, T v, int m, i
 static inline unsigned ballot(unsigned long long* s, unsigned mask) {
     unsigned r = 0;
     for (int l = 0; l < 32; l++) if (((mask >> l) & 1u) && s[l]) r |= 1u << l;
+    return r; }
+// the lanes of the mask whose value has the same bits as this lane's
+static inline unsigned match_any(unsigned long long* s, unsigned mask) {
+    unsigned r = 0;
+    for (int l = 0; l < 32; l++) if (((mask >> l) & 1u) && s[l] == s[lane()]) r |= 1u << l;
+    return r; }
+template <class P> static inline unsigned match_all(unsigned long long* s, unsigned mask, P* pred) {
+    bool all = match_any(s, mask) == mask;
+    *pred = all;
+    return all ? mask : 0u; }
+// __reduce_*_sync: int or unsigned, over the lanes of the mask
+template <class T> static inline T reduce(unsigned long long* s, unsigned mask, T v, int op) {
+    static_assert(std::is_integral<T>::value && sizeof(T) == 4, "__reduce_*_sync takes int or unsigned values");
+    T r = op == 3 ? (T)~0u : op == 1 ? v : op == 2 ? v : (T)0;
+    for (int l = 0; l < 32; l++) {
+        if (!((mask >> l) & 1u)) continue;
+        T x = from_bits<T>(s[l]);
+        r = op == 0 ? (T)(r + x) : op == 1 ? (x < r ? x : r) : op == 2 ? (x > r ? x : r)
+          : op == 3 ? (T)(r & x) : op == 4 ? (T)(r | x) : (T)(r ^ x);
+    }
     return r; }
 }
 
@@ -421,6 +449,9 @@ template <class T> static inline T* unref(const lptr<T>& p) { return p.p; }
 template <class T> static inline T* raw(T* p) { return p; }
 template <class T> static inline T* raw(const ptr<T>& p) { p.check(p.p); return p.p; }
 template <class T> static inline T* raw(const lptr<T>& p) { return p.p; }
+// a __shared__ array or one of its rows, as it decays to a pointer (wmma::load_matrix_sync(a, As[k], ld))
+template <class E, size_t N> static inline E* raw(const sview<E[N]>& v) { return v.p; }
+template <class T> static inline T* raw(const dyn_shared<T>& d) { return (T*)d; }
 // __ldg through a plain pointer, in the hooked build: the profiler counts it as a load
 template <class T> static CLEMU_INLINE typename std::remove_cv<T>::type ldg(const T* p) {
 #ifdef CLEMU_HOOKS
