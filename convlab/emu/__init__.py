@@ -403,7 +403,7 @@ class EmuModule:
         status = self.rt.clemu_start(ctypes.byref(L))
         if status:
             return status, 0.0
-        t0, elapsed, shown = time.monotonic(), 0.0, False
+        t0, elapsed, progress = time.monotonic(), 0.0, _Progress()
         try:
             while not self.rt.clemu_wait(ctypes.byref(L), 0.1):
                 elapsed = time.monotonic() - t0
@@ -412,14 +412,43 @@ class EmuModule:
                     break
                 if elapsed > PROGRESS_AFTER_S:
                     total = grid[0] * grid[1] * grid[2]
-                    sys.stderr.write(f"\r{name}: {self.rt.clemu_progress():,} of {total:,} blocks started, "
-                                     f"{elapsed:.0f} s (stopped after {timeout:g} s; interrupt to stop it now) ")
-                    sys.stderr.flush()
-                    shown = True
+                    progress.show(f"{name}: {self.rt.clemu_progress():,} of {total:,} blocks started, "
+                                  f"{elapsed:.0f} s (stopped after {timeout:g} s; interrupt to stop it now)")
         except KeyboardInterrupt:
             self.rt.clemu_stop(ctypes.byref(L), INTERRUPT)
         elapsed = time.monotonic() - t0
-        if shown:
-            sys.stderr.write(f"\r{name}: {'done' if L.status == 0 else 'stopped'} after {elapsed:.1f} s" + " " * 60 + "\n")
-            sys.stderr.flush()
+        progress.end(f"{name}: {'done' if L.status == 0 else 'stopped'} after {elapsed:.1f} s")
         return L.status, elapsed
+
+
+class _Progress:
+    """A long launch's progress line: on a terminal one stderr line rewritten with \\r, ended by the
+    final one; in a notebook a display updated in place and emptied at the end, so a saved notebook
+    keeps no trace of it (a stream keeps every \\r update, and its times differ on every run)."""
+
+    def __init__(self):
+        ip = sys.modules.get("IPython")
+        shell = ip.get_ipython() if ip and hasattr(ip, "get_ipython") else None
+        self.notebook = shell is not None and hasattr(shell, "kernel")
+        self.handle, self.shown = None, False
+
+    def show(self, text: str):
+        if self.notebook:
+            from IPython.display import display
+            if self.handle is None:
+                self.handle = display({"text/plain": text}, raw=True, display_id=True)
+            else:
+                self.handle.update({"text/plain": text}, raw=True)
+        else:
+            sys.stderr.write(f"\r{text} ")
+            sys.stderr.flush()
+        self.shown = True
+
+    def end(self, text: str):
+        if not self.shown:
+            return
+        if self.handle is not None:
+            self.handle.update({"text/plain": ""}, raw=True)
+        else:
+            sys.stderr.write(f"\r{text}" + " " * 60 + "\n")
+            sys.stderr.flush()

@@ -283,11 +283,15 @@ extern "C" [[noreturn]] void clemu_fault_oob(int arg, long long elem, long long 
 
 extern "C" [[noreturn]] void clemu_fault_shared(const char* name, long long elem, long long n, long long esize) {
     std::string at = at_site(__builtin_return_address(0));
+    // the size this access needs is all the message can tell: the tile's formula depends on the kernel
+    // (a stride, a halo), so the launch's shared= and the kernel's index are for the student to compare
+    char need[200] = "";
+    if (elem >= n) snprintf(need, sizeof need, " (this index needs at least shared=%lld)", (elem + 1) * esize);
     set_failure(CLEMU_OOB,
         "out-of-range access%s: extern __shared__ %s[%lld] by %s, but the launch gave shared=%lld bytes, "
-        "%lld elements of %lld bytes (valid indices 0..%lld): pass a larger shared= (e.g. the tile's "
-        "(TILE+K-1)^2 elements times sizeof(float)), or check the index",
-        at.c_str(), name, elem, where(clemu_cur).c_str(), n * esize, n, esize, n - 1);
+        "%lld elements of %lld bytes (valid indices 0..%lld): compute shared= from the same sizes as the "
+        "kernel's shared index (every element the tile holds, times its bytes)%s, or check the index",
+        at.c_str(), name, elem, where(clemu_cur).c_str(), n * esize, n, esize, n - 1, need);
     throw clemu_fault_exc();
 }
 

@@ -452,6 +452,9 @@ template <class T> static inline T* raw(const lptr<T>& p) { return p.p; }
 // a __shared__ array or one of its rows, as it decays to a pointer (wmma::load_matrix_sync(a, As[k], ld))
 template <class E, size_t N> static inline E* raw(const sview<E[N]>& v) { return v.p; }
 template <class T> static inline T* raw(const dyn_shared<T>& d) { return (T*)d; }
+// the same, where the source rewrite finds such an array passed as an argument (convlab/_source.py)
+template <class E, size_t N> static inline E* decay(const sview<E[N]>& v) { return v.p; }
+template <class T> static inline T* decay(const dyn_shared<T>& d) { return (T*)d; }
 // __ldg through a plain pointer, in the hooked build: the profiler counts it as a load
 template <class T> static CLEMU_INLINE typename std::remove_cv<T>::type ldg(const T* p) {
 #ifdef CLEMU_HOOKS
