@@ -555,39 +555,36 @@ static void see_site(const void* pc, int thread, unsigned long long block, int n
     if (thread < n) s.bits[(size_t)thread / 64] |= 1ull << (thread % 64);
 }
 
-// How many threads of the last block that ran site pc ran it; adds the lanes of `warp` among them.
-static int site_count(const void* pc, unsigned* warp_lanes, int warp) {
+// The threads of the last block that ran site pc (one bit per thread), ORed into `into`.
+static void site_runners(const void* pc, std::vector<unsigned long long>& into) {
     auto it = site_seen.find(pc);
-    if (it == site_seen.end()) return 0;
-    int k = 0;
-    for (unsigned long long b : it->second.bits) k += __builtin_popcountll(b);
-    size_t word = (size_t)warp / 2;
-    if (word < it->second.bits.size()) *warp_lanes |= (unsigned)(it->second.bits[word] >> (32 * (warp % 2)));
-    return k;
+    if (it == site_seen.end()) return;
+    if (into.size() < it->second.bits.size()) into.resize(it->second.bits.size(), 0);
+    for (size_t i = 0; i < it->second.bits.size(); i++) into[i] |= it->second.bits[i];
 }
 
-// The fix of a race between two lines of one block: a __syncthreads() between them, or where both
-// threads are lanes of one warp and neither line runs in every thread of the block (a warp-synchronous
-// tail inside `if (tid < 32)`: a __syncthreads() there is reached by part of the block only), a
-// __syncwarp() of the lanes that run them.
+// The fix of a race between two lines of one block: a __syncthreads() between them; or, where the
+// two lines run in exactly the lanes of one warp and in no other thread of the block (a
+// warp-synchronous tail inside `if (tid < 32)`, where a __syncthreads() would be reached by part of
+// the block only), a __syncwarp(). Code that several warps run needs the block's barrier.
 static std::string barrier_fix(const race_note& r, int n) {
     const char* aw = r.a_writes ? "write" : "read";
     const char* bw = r.b_writes ? "write" : "read";
     int warp = r.ta / 32;
-    unsigned lanes = 0;
-    int na = site_count(r.sa, &lanes, warp), nb = site_count(r.sb, &lanes, warp);
-    if (r.ta / 32 == r.tb / 32 && na < n && nb < n && lanes) {
-        char call[40];
-        if (lanes == 0xffffffffu || (n - warp * 32 < 32 && lanes == (1u << (n - warp * 32)) - 1u))
-            snprintf(call, sizeof call, "__syncwarp()");
-        else
-            snprintf(call, sizeof call, "__syncwarp(%#010x)", lanes);
-        return std::string("Both threads are lanes of warp ") + std::to_string(warp) + ", in code that only part of "
-               "the block runs (a __syncthreads() there would be reached by part of the block only): put a " + call +
-               " between " + r.a + " and " + r.b + " (" + lanes_str(lanes) + " of the warp run these lines and must "
+    std::vector<unsigned long long> ran;
+    site_runners(r.sa, ran);
+    site_runners(r.sb, ran);
+    int total = 0;
+    for (unsigned long long b : ran) total += __builtin_popcountll(b);
+    unsigned lanes = (size_t)warp / 2 < ran.size() ? (unsigned)(ran[(size_t)warp / 2] >> (32 * (warp % 2))) : 0u;
+    int in_warp = n - warp * 32 < 32 ? n - warp * 32 : 32;
+    unsigned whole = in_warp == 32 ? 0xffffffffu : (1u << in_warp) - 1u;
+    if (r.ta / 32 == r.tb / 32 && lanes == whole && total == in_warp && n > in_warp)
+        return std::string("Both threads are lanes of warp ") + std::to_string(warp) + ", and only its lanes run "
+               "these lines (a __syncthreads() there would be reached by part of the block only): put a __syncwarp() "
+               "between " + r.a + " and " + r.b + " (" + lanes_str(lanes) + " of the warp run these lines and must "
                "reach it), so the " + aw + " at " + r.a + " is finished in every lane before the " + bw + " at " +
                r.b + " starts.";
-    }
     return "Put a __syncthreads() between " + r.a + " and " + r.b + " (every thread of the block must reach it), so "
            "the " + aw + " at " + r.a + " is finished in every thread before the " + bw + " at " + r.b + " starts.";
 }

@@ -129,7 +129,9 @@ static inline unsigned clemu_syncwarp_mask(unsigned m = 0xffffffffu) { return m;
 #define __shfl_xor_sync(mask, v, m, ...) clemu::shfl_xor(CLEMU_XCHG(mask, v), v, (int)(m), clemu::width(__VA_ARGS__))
 #define __ballot_sync(mask, p) clemu::ballot(CLEMU_XCHG(mask, (int)((p) != 0)), (mask))
 #define __any_sync(mask, p) (clemu::ballot(CLEMU_XCHG(mask, (int)((p) != 0)), (mask)) != 0)
-#define __all_sync(mask, p) (clemu::ballot(CLEMU_XCHG(mask, (int)((p) != 0)), (mask)) == ((mask) & clemu_activemask()))
+// the lanes that can vote are taken before the exchange: after it, lanes released first may have returned
+#define __all_sync(mask, p) __extension__ ({ unsigned clemu_voters_ = (mask) & clemu_activemask(); \
+    clemu::ballot(CLEMU_XCHG(mask, (int)((p) != 0)), (mask)) == clemu_voters_; })
 #define __match_any_sync(mask, v) clemu::match_any(CLEMU_XCHG(mask, v), (mask))
 #define __match_all_sync(mask, v, pred) clemu::match_all(CLEMU_XCHG(mask, v), (mask), (pred))
 #define __reduce_add_sync(mask, v) clemu::reduce(CLEMU_XCHG(mask, v), (mask), +(v), 0)
