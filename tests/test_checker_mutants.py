@@ -17,7 +17,8 @@ pytestmark = pytest.mark.emu_only
 # ---- 1. warp operations check their masks ------------------------------------------------------
 
 WARP = r"""
-// op: 0 shfl_down, 1 ballot, 2 any, 3 all, 4 syncwarp, 5 reduce_add, 6 match_any, 7 shfl_xor
+// op: 0 shfl_down, 1 ballot, 2 any, 3 all, 4 syncwarp, 5 reduce_add, 6 match_any, 7 shfl_xor,
+// 8 match_all, 9 reduce_max and reduce_min
 __global__ void warp_op(const float* x, float* y, unsigned mask, int op) {
     int lane = threadIdx.x % 32;
     float v = x[threadIdx.x];
@@ -30,6 +31,13 @@ __global__ void warp_op(const float* x, float* y, unsigned mask, int op) {
     if (op == 5) r = (float)__reduce_add_sync(mask, (unsigned)lane);
     if (op == 6) r = (float)__popc(__match_any_sync(mask, lane / 8));
     if (op == 7) { for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(mask, v, o); r = v; }
+    if (op == 8) {
+        int same, differ;
+        unsigned m = __match_all_sync(mask, 7, &same);
+        __match_all_sync(mask, lane / 8, &differ);
+        r = (m == mask && same && !differ) ? 1.0f : 0.0f;
+    }
+    if (op == 9) r = (float)(__reduce_max_sync(mask, (unsigned)lane) + __reduce_min_sync(mask, lane - 5));
     y[threadIdx.x] = r;
 }
 
@@ -59,7 +67,7 @@ def warp():
     return cl.load_source(WARP, name="mutant_warp")
 
 
-@pytest.mark.parametrize("op", range(8))
+@pytest.mark.parametrize("op", range(10))
 @pytest.mark.parametrize("mask, left_out", [(0x0000FFFF, "lanes 16-31"), (0x1, "lanes 1-31")])
 def test_mask_that_leaves_out_calling_lanes_fails(warp, op, mask, left_out):
     x = cl.randn(32)
@@ -83,6 +91,8 @@ def test_full_mask_warp_operations_pass(warp, block):
         5: torch.full((block,), float(sum(range(32))), dtype=torch.float64),
         6: torch.full((block,), 8.0, dtype=torch.float64),
         7: x.view(-1, 32).double().sum(1).repeat_interleave(32),   # every lane has the sum
+        8: torch.ones(block, dtype=torch.float64),
+        9: torch.full((block,), 31.0 - 5.0, dtype=torch.float64),
     }
     for op, want in expect.items():
         y = cl.empty(block)
