@@ -226,6 +226,9 @@ __global__ void tail(const float* x, float* y, int mistake) {
             s[t] += s[t + 1];
         } else if (mistake == 2) {
             for (int k = 32; k > 0; k /= 2) { s[t] += s[t + k]; __syncwarp(); }
+        } else if (mistake == 3) {
+            volatile float* vs = s;   // the pre-Volta idiom: volatile, and no __syncwarp
+            for (int k = 32; k > 0; k /= 2) vs[t] += vs[t + k];
         } else {
             float v = s[t];
             for (int k = 32; k > 0; k /= 2) { v += s[t + k]; __syncwarp(); s[t] = v; __syncwarp(); }
@@ -245,16 +248,21 @@ __global__ void twice(const float* x, float* y, int n, int mistake) {
     }
 }
 
-// a tile of x (and a halo of K-1) staged in extern shared memory, for a stride the launch forgot
-__global__ void staged(const float* x, float* y, int n, int stride) {
-    extern __shared__ float tile[];
+// a tile of x (and a halo of 2) staged in extern shared memory (through a pointer: `through`)
+__global__ void staged(const float* x, float* y, int n, int stride, int through) {
+    extern __shared__ float smem[];
+    float* p = smem;
+    if (through) {
+        for (int i = threadIdx.x; i < blockDim.x * stride + 2; i += blockDim.x) p[i] = 0.0f;
+        __syncthreads();
+    }
     int base = blockIdx.x * blockDim.x * stride;
     for (int i = threadIdx.x; i < blockDim.x * stride + 2; i += blockDim.x)
-        tile[i] = base + i < n ? x[base + i] : 0.0f;
+        smem[i] = base + i < n ? x[base + i] : 0.0f;
     __syncthreads();
     int o = blockIdx.x * blockDim.x + threadIdx.x;
     int s = threadIdx.x * stride;
-    if (o < (n - 3) / stride + 1) y[o] = tile[s] + tile[s + 1] + tile[s + 2];
+    if (o < (n - 3) / stride + 1) y[o] = smem[s] + smem[s + 1] + smem[s + 2];
 }
 """
 
@@ -270,6 +278,15 @@ def test_warp_synchronous_tail_without_syncwarp_is_told_syncwarp(races):
     msg = str(e.value)
     assert "Both threads are lanes of warp 0" in msg and "put a __syncwarp() between mutant_races.cu:" in msg
     assert "__syncthreads() between" not in msg and "right after" not in msg
+
+
+def test_volatile_tail_through_a_pointer_is_a_race_too(races):
+    # accesses through a local pointer into a __shared__ array are watched like the array's own
+    with pytest.raises(cl.RaceError) as e:
+        races.tail(cl.randn(2 * 128), cl.empty(2), 3, grid=2, block=128)
+    msg = str(e.value)
+    assert "data race on __shared__ s[" in msg and "mutant_races.cu:27" in msg
+    assert "read into a register, then __syncwarp(), then write" in msg
 
 
 def test_syncwarp_after_a_read_modify_write_is_told_to_split_it(races):
@@ -313,12 +330,17 @@ def test_shared_size_hint_comes_from_the_access_not_a_tile_formula(races):
     outs = (n - 3) // stride + 1
     grid = (outs + block - 1) // block
     with pytest.raises(cl.OutOfBoundsError) as e:   # shared= for stride 1: (block + 2) floats
-        races.staged(cl.randn(n), cl.empty(outs), n, stride, grid=grid, block=block, shared=(block + 2) * 4)
+        races.staged(cl.randn(n), cl.empty(outs), n, stride, 0, grid=grid, block=block, shared=(block + 2) * 4)
     msg = str(e.value)
-    assert "extern __shared__ tile[64]" in msg and "this index needs at least shared=260" in msg
+    assert "extern __shared__ smem[64]" in msg and "this index needs at least shared=260" in msg
     assert "TILE" not in msg
+    with pytest.raises(cl.OutOfBoundsError) as e:   # the same through a pointer
+        races.staged(cl.randn(n), cl.empty(outs), n, stride, 1, grid=grid, block=block, shared=(block + 2) * 4)
+    msg = str(e.value)
+    assert "bytes [256, 260) of extern __shared__ memory" in msg and "through a pointer" in msg
+    assert "needs at least 260" in msg and "mutant_races.cu:" in msg
     x, y = cl.randn(n), cl.empty(outs)
-    races.staged(x, y, n, stride, grid=grid, block=block, shared=(block * stride + 2) * 4)
+    races.staged(x, y, n, stride, 1, grid=grid, block=block, shared=(block * stride + 2) * 4)
     xs = x.double()
     cl.check(y, xs[0:2 * outs:2] + xs[1:2 * outs + 1:2] + xs[2:2 * outs + 2:2])
 

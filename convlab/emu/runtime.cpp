@@ -476,7 +476,11 @@ static void report_race(const acc_rec& p, bool p_writes, const acc_rec& c, bool 
     std::string what;
     char s[600];
     if (op & CLEMU_SHARED) {
-        snprintf(s, sizeof s, "__shared__ %s[%lld]", name ? name : "?", (long long)(((const char*)addr - (const char*)base) / bytes));
+        if (name || !base)
+            snprintf(s, sizeof s, "__shared__ %s[%lld]", name ? name : "?", (long long)(((const char*)addr - (const char*)base) / bytes));
+        else
+            snprintf(s, sizeof s, "bytes [%lld, %lld) of extern __shared__ memory", (long long)((const char*)addr - (const char*)base),
+                     (long long)((const char*)addr - (const char*)base) + bytes);
         what = s;
     } else {
         what = "global memory";
@@ -648,10 +652,18 @@ static void count_access(unsigned op, const void* addr, unsigned bytes, const vo
     clprof_hook(op, addr, bytes, pc, t->pub.linear, t->pub.loop);
 }
 
+static void local_pointer_access(unsigned op, const void* addr, unsigned bytes, const void* pc);
+
 extern "C" __attribute__((visibility("default")))
 void clemu_access(unsigned op, const volatile void* addr, unsigned bytes, const char* name, const void* base) {
     if (op & CLEMU_COUNT) {       // half, vector elements, local pointers: the profiler's alone
         if (prof_on) count_access(op, (const void*)addr, bytes, __builtin_return_address(0));
+        return;
+    }
+    if (op & CLEMU_ANY) {         // an arithmetic element through a local pointer
+        if (prof_on) count_access(op, (const void*)addr, bytes, __builtin_return_address(0));
+        if (W && (detect_on || !W->cp_words.empty()))
+            local_pointer_access(op, (const void*)addr, bytes, __builtin_return_address(0));
         return;
     }
     if (W && !W->cp_words.empty() && !(op & CLEMU_ATOM))
@@ -659,6 +671,28 @@ void clemu_access(unsigned op, const volatile void* addr, unsigned bytes, const 
     if (prof_on) count_access(op, (const void*)addr, bytes, __builtin_return_address(0));
     if (!detect_on || (op & CLEMU_ATOM)) return;
     detect(op, addr, bytes, name, base, __builtin_return_address(0));
+}
+
+// A local pointer's element (a pointer taken into a __shared__ array, `volatile float* vs = s`): where
+// it lies in the block's shared memory, the cp.async check and the race detector see it as the
+// array's own access; past the launch's extern shared bytes it is a fault. Global memory and a
+// thread's own arrays stay unwatched through such pointers.
+static void local_pointer_access(unsigned op, const void* addr, unsigned bytes, const void* pc) {
+    mem_place m = place_of(addr);
+    if (m.space != SP_SHARED) return;
+    const char* a = (const char*)addr;
+    if (!m.name && a + bytes > m.lo + m.bytes) {
+        long long off = a - m.lo;
+        set_failure(CLEMU_OOB, "out-of-range access%s: bytes [%lld, %lld) of extern __shared__ memory by %s, through a "
+                    "pointer, but the launch gave shared=%lld bytes: pass a larger shared= (this access needs at "
+                    "least %lld), or check the index", at_site(pc).c_str(), off, off + bytes, where(clemu_cur).c_str(),
+                    m.bytes, off + bytes);
+        throw clemu_fault_exc();
+    }
+    if (a < m.lo || a + bytes > m.lo + m.bytes) return;   // near a static array, not in it: nothing known
+    op = (op & ~(unsigned)CLEMU_ANY) | CLEMU_SHARED;
+    if (!W->cp_words.empty()) cp_check(op, addr, bytes, m.name, m.lo, pc);
+    if (detect_on) detect(op, addr, bytes, m.name, m.lo, pc);
 }
 
 // ----------------------------------------------------------------------------------------

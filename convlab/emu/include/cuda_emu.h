@@ -409,8 +409,9 @@ template <class I, class T> static inline ptr<T> operator+(I i, const ptr<T>& q)
 // `CLEMU_P(const float) p = x + off;`) into lptr<T>: a plain pointer whose elements are proxies,
 // so the profiler counts `p[i]` and `*(const float4*)&s[j]` as the GPU's loads and stores. It
 // does not know which memory it points into: the runtime looks each address up (CLEMU_ANY), and
-// leaves out a thread's own arrays. It checks no bounds (as a plain pointer; the kernel's pointer
-// parameters do).
+// leaves out a thread's own arrays. Its arithmetic elements that lie in shared memory go to the race
+// detector too (`volatile float* vs = s;` in a warp-synchronous tail), and one past the launch's
+// extern shared bytes is a fault; otherwise it checks no bounds (the kernel's pointer parameters do).
 template <class T> struct lptr {
     T* p;
     lptr() = default;
@@ -427,8 +428,8 @@ template <class T> struct lptr {
     CLEMU_INLINE operator T*() const { return p; }
     template <class U> CLEMU_INLINE explicit operator U*() const { return (U*)p; }
     template <class I, class U = T, class = typename std::enable_if<std::is_integral<I>::value || std::is_enum<I>::value>::type>
-    CLEMU_INLINE elem<U> operator[](I i) const { return at(p + (long long)i, CLEMU_ANY | CLEMU_COUNT, nullptr, nullptr); }
-    template <class U = T> CLEMU_INLINE elem<U> operator*() const { return at(p, CLEMU_ANY | CLEMU_COUNT, nullptr, nullptr); }
+    CLEMU_INLINE elem<U> operator[](I i) const { return at(p + (long long)i, CLEMU_ANY, nullptr, nullptr); }
+    template <class U = T> CLEMU_INLINE elem<U> operator*() const { return at(p, CLEMU_ANY, nullptr, nullptr); }
     T* operator->() const { return p; }
 #define CLEMU_INT template <class I, class = typename std::enable_if<std::is_integral<I>::value || std::is_enum<I>::value>::type>
     CLEMU_INT lptr operator+(I i) const { return lptr(p + (long long)i); }
