@@ -41,8 +41,9 @@ __global__ void warp_op(const float* x, float* y, unsigned mask, int op) {
     y[threadIdx.x] = r;
 }
 
-// two mistakes that pass on a GPU most of the time: lanes of one call with different masks, and a
-// mask that names lanes which have returned; and the valid form: each half of the warp its own mask
+// three mistakes that pass on a GPU most of the time: lanes of one call with different masks, a mask
+// that names lanes which have returned, or that wait at a __syncthreads(); and the valid form: each
+// half of the warp with its own mask
 __global__ void halves(const float* x, float* y, int mistake) {
     int lane = threadIdx.x % 32;
     float v = x[threadIdx.x];
@@ -52,6 +53,9 @@ __global__ void halves(const float* x, float* y, int mistake) {
     } else if (mistake == 2) {
         if (lane >= 16) return;
         v += __shfl_down_sync(0xffffffffu, v, 1);
+    } else if (mistake == 3) {
+        if (lane < 16) v += __shfl_down_sync(0xffffffffu, v, 1);
+        __syncthreads();
     } else if (lane < 16) {
         v += __shfl_down_sync(0x0000ffffu, v, 1, 16);
     } else {
@@ -116,6 +120,14 @@ def test_mask_naming_returned_lanes_fails(warp):
     assert isinstance(e.value, cl.WarpMaskError)
     msg = str(e.value)
     assert "mask 0xffffffff names lanes 16-31 of warp 0" in msg and "already returned" in msg
+
+
+def test_mask_naming_lanes_at_a_barrier_fails(warp):
+    with pytest.raises(cl.WarpMaskError) as e:
+        warp.halves(cl.randn(64), cl.empty(64), 3, grid=1, block=64)
+    msg = str(e.value)
+    assert "lanes 0-15 of warp 0 wait at a warp operation at mutant_warp.cu:" in msg
+    assert "mask 0xffffffff, which names lanes 16-31, but they wait at __syncthreads() at mutant_warp.cu:" in msg
 
 
 def test_each_half_of_the_warp_with_its_own_mask_passes(warp):

@@ -1070,18 +1070,27 @@ static bool release(worker* w, int n, bool& all_done) {
     if (released) return true;
     // 2. the block barrier
     if (n_warp) {
-        fiber_thread* a = nullptr; fiber_thread* b = nullptr;
-        for (int i = 0; i < n; i++) {
-            if (th[i].state == T_WARP && !a) a = &th[i];
-            if (th[i].state == T_BAR && !b) b = &th[i];
+        // the first warp that waits: the lanes its masks name that wait at a __syncthreads() instead
+        fiber_thread* a = nullptr;
+        for (int i = 0; i < n && !a; i++) if (th[i].state == T_WARP) a = &th[i];
+        int wp = a->pub.linear / 32;
+        unsigned here = 0, need = 0, at_bar = 0;
+        for (int l = 0; l < 32 && wp * 32 + l < n; l++) {
+            fiber_thread& t = th[wp * 32 + l];
+            if (t.state == T_WARP) { here |= 1u << l; need |= t.warp_mask; }
+            if (t.state == T_BAR) at_bar |= 1u << l;
         }
-        if (b)
-            set_failure(CLEMU_BARRIER,
-                "deadlock in block %s: thread %s waits at a warp operation at %s:%d (mask %#010x) for lanes that "
-                "wait at __syncthreads() at %s:%d (thread %s). Lanes of a warp must reach the same warp operation.",
-                block_str(&w->blk).c_str(), tid_str(&a->pub).c_str(), a->site_file, a->site_line, a->warp_mask,
-                b->site_file, b->site_line, tid_str(&b->pub).c_str());
-        else
+        unsigned missing = need & ~here;
+        if (missing & at_bar) {
+            fiber_thread& b = th[wp * 32 + __builtin_ctz(missing & at_bar)];
+            set_failure(CLEMU_WARP,
+                "deadlock in block %s: %s of warp %d wait at a warp operation at %s:%d with mask %#010x, which names "
+                "%s, but %s wait at __syncthreads() at %s:%d. Every lane the mask names must reach the same warp "
+                "operation: leave the others out of the mask, or let every lane call it.",
+                block_str(&w->blk).c_str(), lanes_str(here).c_str(), wp, a->site_file, a->site_line, a->warp_mask,
+                lanes_str(missing & at_bar).c_str(), __builtin_popcount(missing & at_bar) > 1 ? "they" : "it", b.site_file,
+                b.site_line);
+        } else
             set_failure(CLEMU_WARP,
                 "deadlock in block %s: thread %s waits at a warp operation at %s:%d for lanes its mask %#010x names "
                 "that never reach it: every lane the mask names must call the same warp operation",
