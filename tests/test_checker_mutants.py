@@ -163,6 +163,16 @@ __global__ void sized(const float* x, float* y, int mistake) {
     y[threadIdx.x] = flat[threadIdx.x] + first(tile[1]) * 0.0f + (float)(sizeof(tile[1]) / sizeof(float)) * 0.0f;
 }
 
+// pointers made into a shared tile: their elements are checked against the whole tile
+__global__ void through_pointer(float* y, int off) {
+    __shared__ float tile[TR][TC];
+    float* flat = &tile[0][0];
+    for (int i = threadIdx.x; i < TR * TC; i += blockDim.x) flat[i] = (float)i;
+    __syncthreads();
+    const float* row = tile[1];
+    y[threadIdx.x] = row[threadIdx.x + off];
+}
+
 // one warp: D = A B with the tiles staged in shared memory, passed as rows to wmma and a template
 __global__ void wmma_rows(const half* a, const half* b, float* d) {
     __shared__ __align__(32) half As[2][16 * 16];
@@ -202,6 +212,17 @@ def test_loop_to_sizeof_in_bytes_is_out_of_range(shared):
         shared.sized(cl.randn(32), cl.empty(32), 1, grid=1, block=32)
     msg = str(e.value)
     assert "__shared__ tile[4]" in msg and "outside its 4 elements" in msg and "mutant_shared.cu:" in msg
+
+
+def test_pointers_into_a_shared_tile_are_bounds_checked(shared):
+    y = cl.empty(24)
+    shared.through_pointer(y, 0, grid=1, block=24)
+    cl.check(y, torch.arange(8, 32, dtype=torch.float64))
+    with pytest.raises(cl.OutOfBoundsError) as e:   # row 1 plus 8 + 23: past the 32 elements
+        shared.through_pointer(cl.empty(24), 8, grid=1, block=24)
+    msg = str(e.value)
+    assert "through a pointer into __shared__ tile, element 32 of 4 bytes (byte 128 from the array's start)" in msg
+    assert "tile has 128 bytes" in msg and "(past its end)" in msg and "mutant_shared.cu:" in msg
 
 
 def test_wmma_and_templates_take_rows_of_shared_arrays(shared):

@@ -806,6 +806,30 @@ extern "C" __attribute__((visibility("default"))) void clemu_shared_region(const
     if (W) W->regions.push_back({(const char*)lo, bytes, elem, name});
 }
 
+extern "C" __attribute__((visibility("default"))) int clemu_shared_span(const void* p, const char** lo, long long* bytes,
+                                                                        const char** name) {
+    if (!W) return 0;
+    for (auto& g : W->regions)
+        if ((const char*)p >= g.lo && (const char*)p < g.lo + g.bytes) {
+            *lo = g.lo; *bytes = g.bytes; *name = g.name;
+            return 1;
+        }
+    return 0;
+}
+
+extern "C" __attribute__((visibility("default"))) void clemu_fault_shared_ptr(const char* name, long long off,
+                                                                             long long bytes, long long esize) {
+    std::string at = at_site(__builtin_return_address(0));
+    long long elem = off >= 0 ? off / esize : -((-off + esize - 1) / esize);
+    set_failure(CLEMU_OOB,
+        "out-of-range access%s: through a pointer into __shared__ %s, element %lld of %lld bytes (byte %lld from the "
+        "array's start) by %s, but %s has %lld bytes (elements 0..%lld of that size)%s: check the offset the pointer "
+        "was made with and the index used on it",
+        at.c_str(), name, elem, esize, off, where(clemu_cur).c_str(), name, bytes, bytes / esize - 1,
+        off < 0 ? " (before its start)" : off >= bytes ? " (past its end)" : " (it runs over the end)");
+    throw clemu_fault_exc();
+}
+
 extern "C" __attribute__((visibility("default"))) void clemu_ldmatrix_check(const void* row, const char* what) {
     const void* pc = __builtin_return_address(0);
     int lane = me() ? me()->pub.linear % 32 : 0;

@@ -414,26 +414,36 @@ template <class I, class T> static inline ptr<T> operator+(I i, const ptr<T>& q)
 // extern shared bytes is a fault; otherwise it checks no bounds (the kernel's pointer parameters do).
 template <class T> struct lptr {
     T* p;
+    // the static __shared__ array p pointed into when the pointer was made (hooked launches): what
+    // its elements are checked against, whatever arithmetic follows
+    const char* lo = nullptr; long long bytes = 0; const char* name = nullptr;
     lptr() = default;
-    CLEMU_INLINE lptr(T* q) : p(q) {}
+    CLEMU_INLINE lptr(T* q) : p(q) { locate(); }
     CLEMU_INLINE lptr(std::nullptr_t) : p(nullptr) {}
     // whatever converts to T* (a checked kernel pointer, a __shared__ array, another lptr)
     template <class S, class = typename std::enable_if<!std::is_pointer<S>::value &&
                                                        std::is_convertible<const S&, T*>::value>::type>
-    CLEMU_INLINE lptr(const S& s) : p(s) {}
+    CLEMU_INLINE lptr(const S& s) : p(s) { locate(); }
     // a cast: (const float4*)&x[i], reinterpret_cast<uint4*>(p), (half*)smem
     template <class S, class = typename std::enable_if<!std::is_convertible<const S&, T*>::value>::type,
               class = decltype((T*)std::declval<const S&>())>
-    CLEMU_INLINE explicit lptr(const S& s) : p((T*)s) {}
+    CLEMU_INLINE explicit lptr(const S& s) : p((T*)s) { locate(); }
+    CLEMU_INLINE void locate() { if (__builtin_expect(clemu_hook_on, 0) && p) clemu_shared_span((const void*)p, &lo, &bytes, &name); }
+    CLEMU_INLINE void check(const T* q) const {
+        if (__builtin_expect(lo != nullptr, 0) &&
+            ((const char*)q < lo || (const char*)q + elem_bytes() > lo + bytes))
+            clemu_fault_shared_ptr(name, (long long)((const char*)q - lo), bytes, elem_bytes());
+    }
+    static constexpr long long elem_bytes() { return (long long)sizeof(typename std::conditional<std::is_void<T>::value, char, T>::type); }
     CLEMU_INLINE operator T*() const { return p; }
     template <class U> CLEMU_INLINE explicit operator U*() const { return (U*)p; }
     template <class I, class U = T, class = typename std::enable_if<std::is_integral<I>::value || std::is_enum<I>::value>::type>
-    CLEMU_INLINE elem<U> operator[](I i) const { return at(p + (long long)i, CLEMU_ANY, nullptr, nullptr); }
-    template <class U = T> CLEMU_INLINE elem<U> operator*() const { return at(p, CLEMU_ANY, nullptr, nullptr); }
+    CLEMU_INLINE elem<U> operator[](I i) const { check(p + (long long)i); return at(p + (long long)i, CLEMU_ANY, nullptr, nullptr); }
+    template <class U = T> CLEMU_INLINE elem<U> operator*() const { check(p); return at(p, CLEMU_ANY, nullptr, nullptr); }
     T* operator->() const { return p; }
 #define CLEMU_INT template <class I, class = typename std::enable_if<std::is_integral<I>::value || std::is_enum<I>::value>::type>
-    CLEMU_INT lptr operator+(I i) const { return lptr(p + (long long)i); }
-    CLEMU_INT lptr operator-(I i) const { return lptr(p - (long long)i); }
+    CLEMU_INT lptr operator+(I i) const { lptr r = *this; r.p += (long long)i; return r; }
+    CLEMU_INT lptr operator-(I i) const { lptr r = *this; r.p -= (long long)i; return r; }
     CLEMU_INT lptr& operator+=(I i) { p += (long long)i; return *this; }
     CLEMU_INT lptr& operator-=(I i) { p -= (long long)i; return *this; }
     long long operator-(const lptr& o) const { return p - o.p; }
