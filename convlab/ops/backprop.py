@@ -314,6 +314,12 @@ def direct_dw_config(C: int, M: int, K: int, stride: int = 1, Ho: int | None = N
     return {"MT": MT, "ROWS": rows, "BLOCK": 128, "MIN_BLOCKS": 3}
 
 
+def direct_dw_chunks(tasks: int, pairs: int, block: int, min_blocks: int, sms: int) -> int:
+    """conv2d_dw_direct's chunks of tasks (blocks per (map group, channel) pair, so partial sums per
+    weight): about 4 waves of resident blocks in all, at least one task per thread."""
+    return max(1, min(ceil_div(tasks, block), ceil_div(4 * sms * min_blocks, pairs)))
+
+
 def direct_dw_fits(C: int, M: int, K: int) -> bool:
     """The small-channel rule: at most 64 taps per map (lenet_c1: 49, fa17: 25)."""
     return C * K * K <= 64
@@ -366,10 +372,7 @@ def _direct_dw_plan(x, dy, stride, padding, w_shape, MT=None, ROWS=None, BLOCK=N
             raise ValueError(f"MT={mt}, K={K}, BLOCK={block}: the per-warp sums need more than 48 KB of shared memory")
         pairs = ceil_div(M, mt) * C
         tasks = B * ceil_div(Ho, rows) * Wo
-        n_chunks = chunks
-        if n_chunks is None:   # about 4 waves of resident blocks in all, at least one task per thread
-            n_chunks = max(1, min(ceil_div(tasks, block), ceil_div(4 * _sms() * min_blocks, pairs)))
-        n_chunks = int(n_chunks)
+        n_chunks = int(chunks or direct_dw_chunks(tasks, pairs, block, min_blocks, _sms()))
         if n_chunks * pairs > GRID_X_MAX:
             raise ValueError(f"{n_chunks} chunks x {pairs} (map group, channel) pairs: over the grid's x limit")
         defines = {"KSIZE": K, "STRIDE": stride, "MT": mt, "ROWS": rows, "BLOCK": block, "MIN_BLOCKS": min_blocks,
