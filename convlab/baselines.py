@@ -149,9 +149,11 @@ def best_of(rows: list) -> dict:
 
 
 # The algorithm a cuDNN/cuBLAS kernel's name shows, most telling first: an FFT row also runs a
-# (complex) GEMM, a Winograd row a GEMM of the transformed tiles.
+# (complex) GEMM, a Winograd row a GEMM of the transformed tiles. wgrad_alg0 is cuDNN's
+# CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0: sums of matrix products without forming the matrix, added
+# with atomics (its manual).
 _ALGORITHMS = (("fft", "FFT"), ("winograd", "Winograd"), ("implicit_gemm", "implicit GEMM"),
-               ("wgrad_alg0", "direct sums (wgrad_alg0)"), ("direct", "direct"))
+               ("wgrad_alg0", "implicit GEMM, atomics (wgrad_alg0)"), ("direct", "direct"))
 
 
 def kernel_short_name(kernel: str) -> str:

@@ -233,7 +233,7 @@ def test_torch_algorithm_names_what_the_kernels_show():
     assert baselines.torch_algorithm(wino) == ("Winograd", "cudnn::winograd_nonfused::winogradWgradData4x4")
     igemm = "sm80_xmma_fprop_implicit_gemm_f32f32_f32f32_f32_nchwkcrs_nchw_tilesize256x64x8_execute_kernel__5x_cudnn"
     assert baselines.torch_algorithm(igemm) == ("implicit GEMM", "sm80_xmma_fprop_implicit_gemm")
-    assert baselines.torch_algorithm("void wgrad_alg0_engine<float, 128, 5>(int, float*)")[0] == "direct sums (wgrad_alg0)"
+    assert baselines.torch_algorithm("void wgrad_alg0_engine<float, 128, 5>(int, float*)")[0] == "implicit GEMM, atomics (wgrad_alg0)"
     assert baselines.torch_algorithm("void at::native::elementwise_kernel<4>(int)") == (
         "other", "at::native::elementwise_kernel")
     assert baselines.torch_algorithm("") == ("", "") and baselines.torch_algorithm(float("nan")) == ("", "")
