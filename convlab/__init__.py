@@ -30,11 +30,13 @@ from .check import CheckResult, check
 # cl.profile and cl.sass are functions; their modules stay reachable as sys.modules["convlab.profile"]
 from .profile import ProfileCard, ProfileUnavailable, profile, profile_torch
 from .sass import SassUnavailable, sass
+from .trace import Trace, trace
+from .draw import draw
 
 __all__ = ["device", "backend", "load", "load_source", "load_cpu", "randn", "empty", "zeros", "to_device",
            "seed", "out_size", "check", "bench", "sync", "ref", "thread_order", "set_timeout", "find_race", "debug",
            "poisoning", "detect_races", "RaceError", "KernelInterrupted",
-           "profile", "profile_torch", "sass", "ProfileCard", "ProfileUnavailable", "SassUnavailable",
+           "profile", "profile_torch", "sass", "trace", "draw", "Trace", "ProfileCard", "ProfileUnavailable", "SassUnavailable",
            "Timing", "CheckResult", "ConvlabError", "CompileError", "LaunchError", "ArgumentError",
            "KernelFault", "BarrierError", "OutOfBoundsError", "KernelTimeout", "CheckError",
            "BackendUnavailable"]

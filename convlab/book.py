@@ -104,6 +104,32 @@ def on_emulator(demo: Callable[[], object] | str, timeout: float = 600) -> None:
         print(done.stderr, end="", file=sys.stderr)
 
 
+def figure_on_emulator(make: Callable[[], object], timeout: float = 600):
+    """The matplotlib Figure that `make()` returns, made on the CPU emulator.
+
+    For pictures of a launch (cl.draw, cl.trace): the emulator records every access, a GPU does
+    not. On the emulator `make` simply runs here; elsewhere it runs in a fresh Python process with
+    CONVLAB_BACKEND=emu (as on_emulator: `make` is a function that takes no arguments and imports
+    what it uses), and the figure comes back pickled, its `convlab_data` included.
+    """
+    from . import device
+
+    if device().backend == "emu":
+        return make()
+    if not callable(make):
+        raise TypeError("figure_on_emulator(make): pass a function that returns a Figure")
+    import pickle
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="convlab-figure-") as folder:
+        out = Path(folder) / "figure.pickle"
+        body = textwrap.dedent(inspect.getsource(make))
+        on_emulator(f"{body}\nimport pickle\nwith open({str(out)!r}, 'wb') as f:\n"
+                    f"    pickle.dump({make.__name__}(), f)\n", timeout=timeout)
+        with out.open("rb") as f:
+            return pickle.load(f)
+
+
 GLUE_PREFIX = "application/papermill.record/"   # what myst-nb's {glue} roles read from a cell's outputs
 
 

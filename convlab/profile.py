@@ -172,6 +172,7 @@ class KernelProfile:
     grid: str = ""
     block: str = ""
     sites: list = field(default_factory=list)   # emulator: (where token, kind, counters) per access site
+    trace: object = None                        # emulator, under cl.trace: the chosen blocks' accesses
 
     @property
     def short_name(self) -> str:

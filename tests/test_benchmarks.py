@@ -104,3 +104,16 @@ def test_network_batches_on_the_emulator(capsys):
     out = capsys.readouterr().out
     assert "ours: fused stages" in out and "LeNet-5 training step" in out
     assert "conv2 UNROLL=4,MG=1,BLOCK=32" in out        # one image: the small-batch config, in the printout
+
+
+def test_gpu_numbers_on_the_emulator(capsys):
+    from benchmarks import gpu_numbers as G
+
+    csv = G.book.repo_root() / "book" / "data" / f"{G.CSV}.csv"
+    before = csv.read_bytes() if csv.is_file() else None
+    assert G.main([]) == 0
+    out = capsys.readouterr().out
+    checked = [line for line in out.splitlines() if line.startswith("checked ")]
+    assert len(checked) == 11 and "nothing timed, nothing written" in out
+    assert "chase_shared shared-memory: ends at the predicted node" in out and "hfma2_chains" in out
+    assert (csv.read_bytes() if csv.is_file() else None) == before

@@ -38,3 +38,18 @@ def test_source_text_runs_too(capsys):
 def test_a_failing_demonstration_raises_with_its_output():
     with pytest.raises(RuntimeError, match=r"(?s)exit status 1.*ZeroDivisionError"):
         book.on_emulator("print('before'); 1 / 0")
+
+
+def test_a_figure_made_on_the_emulator_comes_back_with_its_data(monkeypatch):
+    monkeypatch.setenv("CONVLAB_BACKEND", "cuda")
+    monkeypatch.setattr("convlab.device", lambda: type("D", (), {"backend": "cuda"})())
+
+    def make():
+        import convlab as cl
+        import matplotlib.pyplot as plt
+        fig, ax = plt.subplots()
+        fig.convlab_data = {"backend": cl.device().backend}
+        return fig
+
+    fig = book.figure_on_emulator(make)
+    assert fig.convlab_data == {"backend": "emu"}

@@ -348,6 +348,7 @@ class EmuModule:
         detect = bool(small if detect is None else detect) and self.can_detect
         # cl.profile counts through the same hooks (convlab/emu/profile.cpp)
         from ..profile import ProfileUnavailable, emu_kernel_profile, profile_sink
+        from ..trace import trace_arm, trace_take
         sink = profile_sink()
         profiling = sink is not None and not self._cpu
         if profiling and not self.can_detect:
@@ -366,9 +367,12 @@ class EmuModule:
         L.detect = int(detect)
         L.profile = int(profiling)
         with _one_launch:
+            if profiling:
+                trace_arm(self.rt)            # the blocks cl.trace asked for, if any
             status, elapsed = self._run(L, name, grid, timeout)
             if profiling and not status:      # the runtime keeps the counts until the next launch
                 sink.append(emu_kernel_profile(self.rt, name, grid, block))
+                trace_take(self.rt, sink[-1], self.src, checked)
         _flush_printf(self.rt)
         if status:
             text = locate(resolve_sites(L.message.decode(errors="replace")), self.src)

@@ -12,15 +12,19 @@
 // 128 bytes each), each as many wavefronts as its own most distinct words in one bank; where
 // every pair of lanes (l, l^1 or l, l^2) uses one address, as in a broadcast, the pairs share their
 // data and the phases halve. Bank conflicts are the wavefronts beyond one per phase.
+// The trace (cl.trace, convlab/trace.py): for the blocks asked for, every access as it came, with
+// the array it went to; Python groups it into the same requests.
 #include "clemu_profile.h"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstdio>
 #include <dlfcn.h>
 #include <cstdint>
 #include <cstring>
 #include <mutex>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -38,6 +42,7 @@ struct worker_state {
     std::vector<std::vector<record>> pending;    // per thread of the running block, since the last epoch
     std::vector<std::vector<long long>> counts;  // per site
     long long barriers = 0;                      // barrier instructions, one per warp at each
+    unsigned long long epochs = 0;               // barriers and block ends this OS thread has seen (the trace's phase)
     unsigned long long gen = 0;                  // the reset it belongs to
     std::vector<int> kind;                       // per site, copied from the table as sites appear
     // scratch, kept between epochs so counting allocates nothing
@@ -49,6 +54,35 @@ std::vector<worker_state*> workers;
 std::atomic<unsigned long long> reset_gen{1};
 
 thread_local worker_state* me = nullptr;
+
+// The trace (cl.trace): every access of the blocks asked for, in the order the emulator made them.
+// Set before a launch and read after it; during the launch only the blocks' own worker appends.
+std::vector<std::array<unsigned, 3>> traced;    // the blocks to record (empty: none)
+std::vector<clprof_trace_rec> trace_recs;
+std::vector<std::string> trace_arrays;           // array and buffer names, by clprof_trace_rec.array
+std::mutex trace_mu;
+
+// The access's block when it is one of those traced, and where its address lies: its index in
+// `traced`, or -1. (profile.cpp compiled alone, for count_trace, has no runtime: none.)
+int traced_block(const void* addr, const char** name, const char** lo, long long* elem, long long* size) {
+    unsigned idx[3];
+    if (!clemu_trace_place || !clemu_trace_place(addr, idx, name, lo, elem, size)) return -1;
+    for (size_t i = 0; i < traced.size(); i++)
+        if (traced[i][0] == idx[0] && traced[i][1] == idx[1] && traced[i][2] == idx[2]) return (int)i;
+    return -1;
+}
+
+void trace_access(int block, const char* name, const char* lo, long long elem, long long size, int thread, int kind, int site,
+                  const void* addr, int bytes, unsigned long long loop, unsigned long long epoch) {
+    std::string n = name ? name : "";
+    std::lock_guard<std::mutex> g(trace_mu);
+    int array = -1;
+    for (size_t i = 0; i < trace_arrays.size() && array < 0; i++)
+        if (trace_arrays[i] == n) array = (int)i;
+    if (array < 0) { array = (int)trace_arrays.size(); trace_arrays.push_back(n); }
+    trace_recs.push_back({(unsigned long long)(uintptr_t)addr, loop, epoch,
+                          lo ? (long long)((const char*)addr - lo) : -1, elem, size, block, thread, kind, site, bytes, array});
+}
 
 worker_state* state() {
     if (!me) {
@@ -183,6 +217,10 @@ extern "C" void clprof_hook(unsigned op, const void* addr, unsigned bytes, const
         slot& s = cache[(key ^ (key >> 11)) & 255];
         if (s.key != key + 1) s = {key + 1, clprof_site((uintptr_t)pc, kinds[i])};   // +1: 0 is empty
         clprof_access(thread, s.site, addr, (int)bytes, loop);
+        const char *name = nullptr, *lo = nullptr;
+        long long elem = 0, size = 0;
+        int b = traced.empty() ? -1 : traced_block(addr, &name, &lo, &elem, &size);
+        if (b >= 0) trace_access(b, name, lo, elem, size, thread, kinds[i], s.site, addr, (int)bytes, loop, state()->epochs);
     }
 }
 
@@ -220,6 +258,7 @@ extern "C" void clprof_epoch(int n_threads, int barrier) {
         }
         if (barrier) w->barriers += 1;
     }
+    w->epochs += 1;
 }
 
 extern "C" void clprof_reset() {
@@ -262,4 +301,25 @@ extern "C" int clprof_site_where(int site, char* buf, int cap) {
     Dl_info info;
     if (!dladdr((void*)(uintptr_t)key, &info) || !info.dli_fname) return 0;
     return snprintf(buf, (size_t)cap, "{{site:%s+%#lx}}", info.dli_fname, (unsigned long)(key - (uintptr_t)info.dli_fbase));
+}
+
+extern "C" void clprof_trace_blocks(const unsigned* xyz, int n) {
+    std::lock_guard<std::mutex> g(trace_mu);
+    traced.clear();
+    for (int i = 0; i < n; i++) traced.push_back({xyz[3 * i], xyz[3 * i + 1], xyz[3 * i + 2]});
+    trace_recs.clear();
+    trace_arrays.clear();
+}
+
+extern "C" long long clprof_trace_take(clprof_trace_rec* out, long long cap) {
+    std::lock_guard<std::mutex> g(trace_mu);
+    long long n = (long long)trace_recs.size();
+    if (out) memcpy(out, trace_recs.data(), sizeof(clprof_trace_rec) * (size_t)std::min(n, cap));
+    return n;
+}
+
+extern "C" int clprof_trace_array(int i, char* buf, int cap) {
+    std::lock_guard<std::mutex> g(trace_mu);
+    if (i < 0 || i >= (int)trace_arrays.size()) return -1;
+    return snprintf(buf, (size_t)cap, "%s", trace_arrays[i].c_str());
 }

@@ -610,6 +610,21 @@ static mem_place place_of(const void* a) {
     return {SP_UNKNOWN, nullptr, 0, 1, nullptr};
 }
 
+// For the profiler's trace (clemu_profile.h): the running thread's block and what addr is in.
+extern "C" int clemu_trace_place(const void* addr, unsigned* block, const char** name, const char** lo, long long* elem,
+                                 long long* size) {
+    fiber_thread* t = me();
+    if (!t || !t->pub.blk) return 0;
+    block[0] = t->pub.blk->idx.x; block[1] = t->pub.blk->idx.y; block[2] = t->pub.blk->idx.z;
+    mem_place m = place_of(addr);
+    bool in = m.lo && (const char*)addr >= m.lo && (const char*)addr < m.lo + m.bytes;
+    *name = in ? m.name : nullptr;
+    *lo = in ? m.lo : nullptr;
+    *elem = in && m.name && m.space == SP_SHARED ? m.elem : 0;
+    *size = in ? m.bytes : 0;
+    return 1;
+}
+
 // "__shared__ sA[37]" (the element as the array's type counts), or the byte of extern shared memory
 static std::string shared_what(const void* addr, const mem_place& m) {
     char s[300];

@@ -16,6 +16,22 @@ enum clprof_counter {         // per site and in total; convlab/profile.py names
     CLPROF_GATOM_REQ, CLPROF_SATOM_REQ, CLPROF_BARRIER, CLPROF_N_COUNTERS,
 };
 
+// One access of a traced block (cl.trace), as clprof_trace_take hands it to Python.
+struct clprof_trace_rec {
+    unsigned long long addr, loop, epoch;  // epoch: the worker's count of barriers and block ends so far
+    long long offset, elem, size;          // bytes from the start of its array or buffer (-1: none); its element
+                                           // size (0: unknown); the array's or buffer's bytes
+    int block, thread, kind, site, bytes;  // block: index into the blocks asked for; kind: clprof_kind
+    int array;                             // its name's index (clprof_trace_array)
+};
+
+// The runtime's answer (runtime.cpp) for an access of the running CUDA thread: its blockIdx, and
+// where the address lies: the buffer argument's or static __shared__ array's name (nullptr: extern
+// __shared__ memory, or none), its start, element size (0: unknown) and size in bytes. Returns 0 outside a block.
+// Weak: profile.cpp compiled alone (count_trace) has no runtime.
+extern "C" int clemu_trace_place(const void* addr, unsigned* block, const char** name, const char** lo,
+                                 long long* elem, long long* size) __attribute__((weak));
+
 // Called from Python (ctypes) too: exported although the runtime hides its other symbols.
 #pragma GCC visibility push(default)
 extern "C" {
@@ -40,5 +56,12 @@ int clprof_site_info(int site, unsigned long long* key, int* kind, long long* ou
 // Where a site is, as the runtime's {{site:MODULE+OFFSET}} token (convlab.emu.resolve_sites turns
 // it into a source line); returns 0 when the key is no address in a loaded module.
 int clprof_site_where(int site, char* buf, int cap);
+// The trace: record every access of these n blocks (xyz: 3n blockIdx values; n = 0: none) in the
+// launches that follow, forgetting what was recorded before.
+void clprof_trace_blocks(const unsigned* xyz, int n);
+// Copy up to cap records to out (out may be null); returns how many there are.
+long long clprof_trace_take(clprof_trace_rec* out, long long cap);
+// Name i of the trace's arrays into buf; -1 when there is no such name.
+int clprof_trace_array(int i, char* buf, int cap);
 }
 #pragma GCC visibility pop

@@ -430,13 +430,16 @@ template <class T> static CLEMU_INLINE typename std::remove_cv<T>::type ldg(cons
 #endif
 }
 }
-template <class T> static CLEMU_INLINE T __ldg(const T* p) { return clemu::ldg(p); }
-template <class T> static CLEMU_INLINE T __ldg(const clemu::ptr<T>& p) { return *p; }
-template <class T> static CLEMU_INLINE T __ldg(const clemu::ptr<const T>& p) { return *p; }
-template <class T> static CLEMU_INLINE T __ldg(const clemu::lptr<T>& p) { return *p; }
-template <class T> static CLEMU_INLINE T __ldg(const clemu::lptr<const T>& p) { return *p; }
-template <class T> static inline T __ldcs(const T* p) { return *p; }
-template <class T> static inline T __ldcg(const T* p) { return *p; }
+// __ldcs and __ldcg pick a cache policy on a GPU (streaming; L2 only, not L1): here loads like __ldg,
+// on a plain pointer or a kernel's checked one
+#define CLEMU_LOAD(F) \
+    template <class T> static CLEMU_INLINE T F(const T* p) { return clemu::ldg(p); } \
+    template <class T> static CLEMU_INLINE T F(const clemu::ptr<T>& p) { return *p; } \
+    template <class T> static CLEMU_INLINE T F(const clemu::ptr<const T>& p) { return *p; } \
+    template <class T> static CLEMU_INLINE T F(const clemu::lptr<T>& p) { return *p; } \
+    template <class T> static CLEMU_INLINE T F(const clemu::lptr<const T>& p) { return *p; }
+CLEMU_LOAD(__ldg) CLEMU_LOAD(__ldcs) CLEMU_LOAD(__ldcg)
+#undef CLEMU_LOAD
 template <class T> static inline void __stcs(T* p, T v) { *p = v; }
 template <class T> static inline void __stcg(T* p, T v) { *p = v; }
 
