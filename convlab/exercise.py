@@ -3,6 +3,7 @@
     import convlab.exercise as ex
     ex.check_kernel(launch)          # launch(x, w, y, stride, pad) runs your kernel into y
     ex.check_kernel(launch, fp16="float", locate=where)   # half in and out; who computed a wrong output
+    ex.check_general_kernel(launch)  # launch(x, w, y, stride, pad, dilation, groups): groups and dilation
     ex.check_function(conv2d_numpy)  # conv2d_numpy(x, w, stride, pad) returns y (numpy)
     ex.check_value("FLOPs", flops, expected)
     ex.check_prediction("sectors per request", predicted, measured)   # {case: number} each
@@ -352,6 +353,110 @@ def check_kernel(launch, shapes=None, *, name: str = "your kernel", fp16: str | 
 def check_function(fn, shapes=None, *, name: str = "your function") -> Verdict:
     """fn(x, w, stride, pad) takes numpy float32 arrays and returns y. Prints a verdict."""
     return _check(fn, shapes, on_device=False, name=name)
+
+
+@dataclass(frozen=True)
+class GeneralShape:
+    """One layer with groups and dilation (chapter 9a): input (B, C, H, W), mask (M, C/groups, K, K)."""
+
+    B: int
+    C: int
+    M: int
+    H: int
+    W: int
+    K: int
+    stride: int = 1
+    pad: int = 0
+    dilation: int = 1
+    groups: int = 1
+    why: str = ""
+
+    @property
+    def Ho(self) -> int:
+        return out_size(self.H, self.dilation * (self.K - 1) + 1, self.stride, self.pad)
+
+    @property
+    def Wo(self) -> int:
+        return out_size(self.W, self.dilation * (self.K - 1) + 1, self.stride, self.pad)
+
+    def __str__(self) -> str:
+        s = f"B={self.B} C={self.C} M={self.M} {self.H}×{self.W} K={self.K} groups={self.groups}"
+        s += f" dilation={self.dilation}"
+        if self.stride != 1:
+            s += f" stride={self.stride}"
+        return s + (f" pad={self.pad}" if self.pad else "")
+
+
+#: Layers that catch the mistakes of groups and dilation: depthwise, groups of several channels to
+#: several maps, dilation with stride and padding, an even mask, a window wider than the image.
+GENERAL_SHAPES = [
+    GeneralShape(1, 4, 4, 9, 8, 3, pad=1, groups=4, why="depthwise: groups = C"),
+    GeneralShape(2, 6, 4, 11, 10, 3, pad=2, dilation=2, groups=2, why="2 groups, dilation 2"),
+    GeneralShape(2, 6, 9, 10, 11, 2, dilation=2, groups=3, why="even K, 3 groups of 2 channels to 3 maps"),
+    GeneralShape(1, 8, 6, 13, 12, 3, stride=2, pad=1, dilation=3, groups=2, why="stride 2, dilation 3"),
+    GeneralShape(1, 3, 2, 7, 7, 3, pad=4, dilation=4, why="one group, a 9-wide window over a 7×7 image"),
+]
+
+
+def _general_mistakes(x, w, s: GeneralShape):
+    """(what, the output it gives) for the usual mistakes of groups and dilation, on the reference."""
+    import torch.nn.functional as F
+
+    x, w = x.detach().cpu().double(), w.detach().cpu().double()
+    Cg = s.C // s.groups
+    kw = dict(stride=s.stride, padding=s.pad)
+    if s.dilation > 1:
+        yield ("the dilation is missing from the input's index: tap p reads row h*stride - pad + p, but it "
+               f"must be h*stride - pad + p*dilation (dilation={s.dilation})",
+               lambda: F.conv2d(x, w, groups=s.groups, **kw)[..., :s.Ho, :s.Wo])
+    if s.groups > 1:
+        yield ("every map reads the first group's channels: map m belongs to group g = m / (M/groups), and "
+               f"reads channels g*C/groups to g*C/groups + C/groups - 1 (here C/groups = {Cg})",
+               lambda: F.conv2d(x[:, :Cg], w, dilation=s.dilation, **kw))
+
+
+def check_general_kernel(launch, shapes=None, *, name: str = "your kernel") -> Verdict:
+    """launch(x, w, y, stride, pad, dilation, groups) runs a kernel on fresh random x (B, C, H, W)
+    and w (M, C/groups, K, K), on the backend's device, into y (B, M, Ho, Wo), which starts poisoned
+    with NaN. Each shape of GENERAL_SHAPES (or `shapes`) is checked against torch's conv2d in fp64;
+    a wrong output is also tried against the usual mistakes (dilation left out of the input's index,
+    every map reading the first group). Prints a verdict; True when right on every shape."""
+    import convlab as cl
+
+    shapes = list(GENERAL_SHAPES if shapes is None else shapes)
+    for i, s in enumerate(shapes):
+        x, w = cl.randn(s.B, s.C, s.H, s.W), cl.randn(s.M, s.C // s.groups, s.K, s.K)
+        ref = _general_reference(x, w, s)
+        y = cl.empty(s.B, s.M, s.Ho, s.Wo)
+        try:
+            with cl.detect_races(True):
+                launch(x, w, y, s.stride, s.pad, s.dilation, s.groups)
+            cl.sync()
+        except Exception as e:  # noqa: BLE001
+            return _say(False, f"✗ {s}: {describe_error(e)}")
+        ok, text = verdict(y, ref)
+        if ok:
+            continue
+        if not text.startswith(("not done yet", "wrong shape")):
+            got = _as_numpy(y).astype(np.float64)
+            atol = 1e-4 * max(float(np.sqrt(np.mean(_as_numpy(ref) ** 2))), 1e-30)
+            for what, make in _general_mistakes(x, w, s):
+                want = make().numpy()
+                if want.shape == got.shape and np.all(np.abs(got - want) <= atol + 1e-4 * np.abs(want)):
+                    text = what
+                    break
+        before = f"\n  ({i} shape{'s' if i > 1 else ''} before it passed)" if i else ""
+        return _say(False, f"✗ {s} ({s.why}): {text}{before}")
+    return _say(True, f"✓ correct: {name} matches the fp64 reference on all {len(shapes)} shapes "
+                      "(depthwise, grouped, dilated, with stride, padding and an even mask)")
+
+
+def _general_reference(x, w, s: GeneralShape):
+    """torch's conv2d of layer s in fp64."""
+    import torch.nn.functional as F
+
+    return F.conv2d(x.detach().cpu().double(), w.detach().cpu().double(), stride=s.stride, padding=s.pad,
+                    dilation=s.dilation, groups=s.groups)
 
 
 def check_value(name: str, got, expected, *, rel: float = 1e-9) -> Verdict:

@@ -257,3 +257,41 @@ def test_save_refuses_on_the_emulator(tmp_path, monkeypatch, capsys):
     assert not (tmp_path / "book" / "data" / "02_naive.csv").exists()
     assert "not a GPU run" in capsys.readouterr().out
     assert math.isfinite(_rows()[0]["floor_frac"])
+
+
+# ---- check_general_kernel (exercise 9a): groups and dilation --------------------------------------
+
+def _general(mistake=None):
+    """A launch(x, w, y, stride, pad, dilation, groups) through torch, right or with one mistake."""
+    import torch.nn.functional as F
+
+    def launch(x, w, y, stride, pad, dilation, groups):
+        if mistake == "nothing":
+            return
+        if mistake == "no dilation":
+            y.copy_(F.conv2d(x, w, stride=stride, padding=pad, groups=groups)[..., :y.shape[2], :y.shape[3]])
+        elif mistake == "first group":
+            y.copy_(F.conv2d(x[:, :x.shape[1] // groups], w, stride=stride, padding=pad, dilation=dilation))
+        else:
+            y.copy_(F.conv2d(x, w, stride=stride, padding=pad, dilation=dilation, groups=groups))
+    return launch
+
+
+def test_check_general_kernel_passes_a_right_kernel(capsys):
+    assert ex.check_general_kernel(_general())
+    assert "correct" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("mistake, said", [("no dilation", "the dilation is missing"),
+                                           ("first group", "every map reads the first group's channels"),
+                                           ("nothing", "not done yet")])
+def test_check_general_kernel_names_the_mistake(mistake, said, capsys):
+    assert not ex.check_general_kernel(_general(mistake))
+    assert said in capsys.readouterr().out
+
+
+def test_general_shapes_cover_groups_dilation_and_stride():
+    shapes = ex.GENERAL_SHAPES
+    assert any(s.groups == s.C for s in shapes) and any(1 < s.groups < s.C for s in shapes)
+    assert any(s.dilation > 1 and s.stride > 1 for s in shapes) and any(s.K % 2 == 0 for s in shapes)
+    assert all(s.C % s.groups == 0 and s.M % s.groups == 0 for s in shapes)
