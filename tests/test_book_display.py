@@ -165,3 +165,14 @@ def test_tidy_removes_the_input_of_cells_that_show_nothing():
     assert glue_only.metadata["tags"] == ["remove-input"] and silent.metadata["tags"] == ["remove-input"]
     assert shows.metadata["tags"] == ["hide-input"] and figure.metadata["tags"] == ["hide-input"]
     assert "tags" not in open_cell.metadata
+
+
+def test_glue_stores_a_tables_html(monkeypatch):
+    shown = []
+    monkeypatch.setattr("IPython.display.display", lambda data, **kw: shown.append((data, kw)))
+    book.glue("t", book.table(pd.DataFrame({"ms": [1.23456]})))
+    book.glue("n", 1.5, ".1f")
+    (table, kw), (number, _) = shown
+    assert kw["metadata"]["scrapbook"]["name"] == "t"
+    assert "<table" in table[book.GLUE_PREFIX + "text/html"] and "1.23" in table[book.GLUE_PREFIX + "text/plain"]
+    assert number == {book.GLUE_PREFIX + "text/plain": "1.5"}
