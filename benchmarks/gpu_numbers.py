@@ -32,7 +32,7 @@ import torch  # noqa: E402
 
 import convlab as cl  # noqa: E402
 from convlab import book  # noqa: E402
-from convlab.bench import time_caller, time_gpu  # noqa: E402
+from convlab.bench import l2_flush, time_caller, time_gpu  # noqa: E402
 
 KERNELS = "kernels/00_numbers/numbers.cu"
 CSV = "gpu_numbers"                 # book/data/gpu_numbers.csv
@@ -234,6 +234,8 @@ class Probes:
             how = (f"{kernel}: one thread follows a random cycle of {nodes:,} nodes ({size_text}); "
                    f"(time of {2 * s.chase_steps:,} steps - time of {s.chase_steps:,}) / {s.chase_steps:,}")
             self.add(f"{level} latency", (two - one) * 1e6 / s.chase_steps, "ns", how)
+            if flush_l2:    # the cycle count of a run that starts cold, like the timed ones
+                l2_flush()
             run(2 * s.chase_steps)()
             cl.sync()
             self.add(f"{level} latency (cycles)", int(cycles.item()) / (2 * s.chase_steps), "cycles",

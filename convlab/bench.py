@@ -40,7 +40,7 @@ class Timing:
 _flush_buf = None
 
 
-def _l2_flush():
+def l2_flush():
     global _flush_buf
     if _flush_buf is None:
         l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 64 << 20)
@@ -75,7 +75,7 @@ def _events(fn, reps: int, warmup: int, flush_l2: bool, hold: bool) -> Timing:
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     for s, e in zip(starts, ends):
         if flush_l2:
-            _l2_flush()
+            l2_flush()
         if hold:
             _hold_gpu()
         else:

@@ -7,6 +7,12 @@ sidebar (and of the intro's text) leads to a page and anchor that exist, and no 
 marker or progress bar shows in the text. Screenshots of the intro, chapter 3 and chapter 8 are
 written to _build/screenshots/ (docs/screenshots/ keeps a copy to look at).
 
+On a phone (390x844) every page fits the screen's width, and the buttons for the chapter list and
+the page's contents open their panels (at 800 px too). At 1280 px every table fits its column or
+scrolls inside its own box, and every image of a chapter is a numbered, captioned figure whose alt
+text is words, not a file name. Screenshots of the intro and of each chapter at both widths, and
+each chapter's length in 900 px screens at 1400 px (screens.txt), go to _build/screenshots/.
+
 `make test` builds the site and installs Chromium when missing (as root, with apt-get); without
 Chromium the test skips, except under CI (CI=true), where it fails.
 """
@@ -33,6 +39,19 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 SHOTS = {"book/intro": "intro", "book/03_tiled": "chapter3", "book/08_backprop": "chapter8"}
+PHONE = {"width": 390, "height": 844}
+TABLET = {"width": 800, "height": 1000}
+DESKTOP = {"width": 1280, "height": 900}
+LONG_READ = {"width": 1400, "height": 900}   # a chapter's length is counted in screens of this size
+# Chapter pages whose figures are not yet numbered and captioned: their figure check is expected
+# to fail. Remove a page here once its figures are `{figure}`s / glued figures with a caption.
+PAGES_WITHOUT_CAPTIONS_YET = frozenset({
+    "book/01_sequential", "book/03_tiled", "book/05_fused",
+    "book/06_fp16", "book/07_conv3d", "book/08_backprop", "book/09_general", "book/10_network",
+})
+# Pages with a table wider than its column outside a scroll box: expected to fail the table check
+# until their tables go through book.table (div.table-wrap) or shrink. Remove entries as they pass.
+PAGES_WITH_WIDE_TABLES_YET = frozenset()
 # What must never reach a reader: test markers, solution markers, progress bars, save notes.
 DEBRIS = re.compile(r"NBVAL_|nbval-|BEGIN SOLUTION|END SOLUTION|\d+%\|[^\n]*\|\s*\d+/\d+|^saved \d+ rows? to ",
                     re.MULTILINE)
@@ -46,6 +65,15 @@ elif CHROMIUM is None and not os.environ.get("CI"):
 
 def toc_pages() -> list[str]:
     return re.findall(r"^\s*(?:root|- file):\s*(\S+)", (ROOT / "_toc.yml").read_text(), re.MULTILINE)
+
+
+def chapter_pages() -> list[str]:
+    """The chapters and appendices: the book's main line, without its exercises and solutions."""
+    return [p for p in toc_pages() if re.match(r"book/(\d|appendix_)", p)]
+
+
+def _expected_to_fail(pages: frozenset, page: str, why: str):
+    return pytest.param(page, marks=pytest.mark.xfail(reason=why, strict=False)) if page in pages else page
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
@@ -162,7 +190,225 @@ def test_page_reads_right_in_a_browser(page, site, browser):
 def test_intro_links_every_chapter(site):
     status, text = _fetch(urllib.parse.urljoin(site, "book/intro.html"))
     assert status == 200
-    chapters = [p.split("/")[-1] for p in toc_pages() if p.startswith("book/0")]
+    chapters = [p.split("/")[-1] for p in chapter_pages() if not p.startswith("book/appendix_")]
     article = text[text.find("<article"):]
     missing = [c for c in chapters if f'href="{c}.html' not in article]
     assert not missing, f"book/intro.md's chapter list does not link {missing}"
+
+
+def _open(browser, site: str, page: str, viewport: dict):
+    tab = browser.new_page()
+    tab.set_viewport_size(viewport)
+    tab.goto(urllib.parse.urljoin(site, f"{page}.html"), wait_until="load")
+    tab.evaluate("async () => { if (window.MathJax && MathJax.startup && MathJax.startup.promise) "
+                 "await MathJax.startup.promise; }")
+    return tab
+
+
+def _shot(tab, page: str, width: str, full_page: bool = False) -> None:
+    """A screenshot of the intro or a chapter: the viewport (small files) unless full_page."""
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    name = f"{page.split('/')[-1]}-{width}{'-full' if full_page else ''}.png"
+    tab.screenshot(path=str(SCREENSHOTS / name), full_page=full_page)
+
+
+# What sticks out past the right edge of the screen: the deepest such elements that no box of
+# theirs clips (an ancestor that scrolls or hides its overflow and itself fits), widest first.
+OVERFLOW = r"""() => {
+  const vw = window.innerWidth;
+  const fits = el => el.getBoundingClientRect().right <= vw + 1;
+  const clipped = el => {
+    for (let a = el.parentElement; a && a !== document.documentElement; a = a.parentElement)
+      if (getComputedStyle(a).overflowX !== "visible" && fits(a)) return true;
+    return false;
+  };
+  const over = [...document.body.querySelectorAll("*")].filter(el => {
+    const r = el.getBoundingClientRect();
+    return r.width > 0 && r.height > 0 && !fits(el) && !clipped(el) &&
+           el.checkVisibility({visibilityProperty: true, opacityProperty: true});
+  });
+  const inner = new Set();
+  for (const el of over) for (let a = el.parentElement; a; a = a.parentElement) inner.add(a);
+  const deepest = over.filter(el => !inner.has(el));
+  deepest.sort((a, b) => b.getBoundingClientRect().right - a.getBoundingClientRect().right);
+  return {
+    scrollWidth: document.documentElement.scrollWidth,
+    innerWidth: vw,
+    offenders: deepest.slice(0, 5).map(el =>
+      `<${el.tagName.toLowerCase()}${el.className && typeof el.className === "string" ? " class='" + el.className + "'" : ""}>` +
+      ` right edge ${Math.round(el.getBoundingClientRect().right)} px: "${(el.textContent || "").trim().slice(0, 60)}"`),
+  };
+}"""
+
+
+def _panel_problems(tab, which: str) -> list[str]:
+    """Open the chapter list ('primary') or the page's contents ('secondary') with the button a
+    reader sees, check that the panel shows its links, and close it again (Escape)."""
+    button = tab.locator(f".bd-header-article .{which}-toggle")
+    if not button.count() or not button.first.is_visible():
+        return [f"no visible {which} sidebar button"]
+    dialog = f"#pst-{which}-sidebar-modal"
+    button.first.click()
+    try:
+        tab.wait_for_function(
+            """sel => { const d = document.querySelector(sel);
+                        const r = d && d.getBoundingClientRect();
+                        return d && d.open && r.width > 100 && r.height > 100 &&
+                               [...d.querySelectorAll("a")].some(a => a.getBoundingClientRect().width > 0); }""",
+            arg=dialog, timeout=3000)
+    except Exception:
+        return [f"the {which} sidebar button did not open a panel with links"]
+    tab.keyboard.press("Escape")
+    try:
+        tab.wait_for_function("sel => !document.querySelector(sel).open", arg=dialog, timeout=3000)
+    except Exception:
+        return [f"the {which} sidebar panel did not close"]
+    return []
+
+
+def _has_contents(tab) -> bool:
+    """A page with sections has a contents panel to open."""
+    return tab.locator("article.bd-article section section").count() > 0
+
+
+@pytest.mark.parametrize("page", toc_pages())
+def test_page_fits_a_phone_and_its_panels_open(page, site, browser):
+    tab = _open(browser, site, page, PHONE)
+    try:
+        seen = tab.evaluate(OVERFLOW)
+        if page in SHOTS or page in chapter_pages():
+            _shot(tab, page, "phone")
+        panels = _panel_problems(tab, "primary") + (_panel_problems(tab, "secondary") if _has_contents(tab) else [])
+    finally:
+        tab.close()
+    assert seen["scrollWidth"] <= seen["innerWidth"] + 1, (
+        f"{page} at {PHONE['width']} px is {seen['scrollWidth']} px wide; sticking out: {seen['offenders']}")
+    assert not panels, f"{page} at {PHONE['width']} px: {panels}"
+
+
+@pytest.mark.parametrize("page", ["book/intro", "book/03_tiled"])
+def test_panels_open_at_tablet_width(page, site, browser):
+    tab = _open(browser, site, page, TABLET)
+    try:
+        panels = _panel_problems(tab, "primary") + _panel_problems(tab, "secondary")
+    finally:
+        tab.close()
+    assert not panels, f"{page} at {TABLET['width']} px: {panels}"
+
+
+# At desktop width, with every dropdown open: the tables that stick out of the article's column
+# without a scroll box of their own that fits it, and every image of the article with its figure.
+DESKTOP_INSPECT = r"""() => {
+  document.querySelectorAll("details").forEach(d => { d.open = true; });
+  const art = document.querySelector("article.bd-article");
+  const col = art.getBoundingClientRect();
+  const fits = el => { const r = el.getBoundingClientRect(); return r.left >= col.left - 1 && r.right <= col.right + 1; };
+  const scrollBox = el => {
+    for (let a = el.parentElement; a && a !== art; a = a.parentElement)
+      if (["auto", "scroll"].includes(getComputedStyle(a).overflowX)) return a;
+    return null;
+  };
+  const snippet = el => (el.textContent || "").trim().replace(/\s+/g, " ").slice(0, 60);
+  const wideTables = [...art.querySelectorAll("table")].filter(t => {
+    if (t.getBoundingClientRect().width === 0 || fits(t)) return false;
+    const box = scrollBox(t);
+    return !(box && fits(box));
+  }).map(t => `${Math.round(t.getBoundingClientRect().width)} px in a ${Math.round(col.width)} px column: "${snippet(t)}"`);
+  const images = [...art.querySelectorAll("img")].map(img => {
+    const figure = img.closest("figure");
+    const caption = figure && figure.querySelector("figcaption");
+    return {src: img.getAttribute("src"), alt: img.getAttribute("alt") || "",
+            caption: caption ? caption.innerText.trim().replace(/\s+/g, " ") : null};
+  });
+  return {wideTables, images};
+}"""
+FILE_NAME = re.compile(r"^\S*\.(png|jpe?g|svg|gif|webp)$|^\S*/\S*$", re.IGNORECASE)
+_desktop_views: dict[str, dict] = {}
+
+
+def _desktop_view(page: str, site: str, browser) -> dict:
+    if page not in _desktop_views:
+        tab = _open(browser, site, page, DESKTOP)
+        try:
+            if page in SHOTS or page in chapter_pages():
+                _shot(tab, page, "desktop")
+                if page == "book/intro":
+                    _shot(tab, page, "desktop", full_page=True)
+            _desktop_views[page] = tab.evaluate(DESKTOP_INSPECT)
+        finally:
+            tab.close()
+    return _desktop_views[page]
+
+
+@pytest.mark.parametrize("page", [
+    _expected_to_fail(PAGES_WITH_WIDE_TABLES_YET, p, "a table wider than the column (PAGES_WITH_WIDE_TABLES_YET)")
+    for p in toc_pages()])
+def test_tables_fit_or_scroll_in_their_box(page, site, browser):
+    wide = _desktop_view(page, site, browser)["wideTables"]
+    assert not wide, f"{page} at {DESKTOP['width']} px: tables wider than the column, outside a scroll box: {wide}"
+
+
+def test_table_check_catches_a_table_wider_than_the_column(site, browser):
+    tab = _open(browser, site, "book/intro", DESKTOP)
+    try:
+        wide = tab.evaluate("""inspect => {
+            const cell = "<td>" + "a_long_unbreakable_name_".repeat(20) + "</td>";
+            const article = document.querySelector("article.bd-article");
+            article.insertAdjacentHTML("beforeend", `<table id="bare"><tr>${cell}</tr></table>` +
+                `<div class="table-wrap"><table id="wrapped"><tr>${cell}</tr></table></div>`);
+            return (0, eval)("(" + inspect + ")")().wideTables; }""", DESKTOP_INSPECT)
+    finally:
+        tab.close()
+    assert len(wide) == 1 and "a_long_unbreakable_name_" in wide[0], (
+        f"the bare wide table should be caught and the one in div.table-wrap pass: {wide}")
+
+
+def _figure_problems(images: list[dict]) -> list[str]:
+    problems = []
+    for img in images:
+        if img["caption"] is None:
+            problems.append(f"{img['src']}: not in a <figure> with a <figcaption>")
+        elif not re.search(r"\bFig\. \d+", img["caption"]):
+            problems.append(f"{img['src']}: caption without a number: {img['caption'][:60]!r}")
+        if not img["alt"].strip() or FILE_NAME.match(img["alt"].strip()):
+            problems.append(f"{img['src']}: alt text is a file name or empty: {img['alt']!r}")
+    return problems
+
+
+def test_figure_check_tells_a_captioned_figure_from_a_bare_image():
+    good = {"src": "a.png", "alt": "Time per layer, naive against tiled", "caption": "Fig. 3 The tiled kernel ..."}
+    bare = {"src": "b.png", "alt": "../_images/b.png", "caption": None}
+    unnumbered = {"src": "c.png", "alt": "c.png", "caption": "Times"}
+    assert _figure_problems([good]) == []
+    assert len(_figure_problems([bare])) == 2
+    assert len(_figure_problems([unnumbered])) == 2
+
+
+@pytest.mark.parametrize("page", [
+    _expected_to_fail(PAGES_WITHOUT_CAPTIONS_YET, p, "figures not yet captioned (PAGES_WITHOUT_CAPTIONS_YET)")
+    for p in toc_pages() if not p.startswith(("exercises/", "solutions/"))])
+def test_images_are_numbered_captioned_figures(page, site, browser):
+    problems = _figure_problems(_desktop_view(page, site, browser)["images"])
+    assert not problems, f"{page}: {len(problems)} problems with its images: {problems[:4]}"
+
+
+def test_chapter_lengths_in_screens(site, browser):
+    """How long each chapter's main line is at 1400 px with every dropdown closed, in screens of
+    900 px: written to screens.txt for the authors (no limit is asserted yet)."""
+    rows = []
+    for page in chapter_pages():
+        tab = _open(browser, site, page, LONG_READ)
+        try:
+            height = tab.evaluate("""() => {
+                document.querySelectorAll("details[open]").forEach(d => { d.open = false; });
+                return document.documentElement.scrollHeight; }""")
+        finally:
+            tab.close()
+        rows.append((page, height))
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    lines = [f"{page}\t{height} px\t{height / LONG_READ['height']:.1f} screens" for page, height in rows]
+    (SCREENSHOTS / "screens.txt").write_text(
+        f"# page height at {LONG_READ['width']} px with every dropdown closed, in screens of "
+        f"{LONG_READ['height']} px\n" + "\n".join(lines) + "\n")
+    short = [page for page, height in rows if height < LONG_READ["height"]]
+    assert not short, f"chapters shorter than one screen (did the page render?): {short}"

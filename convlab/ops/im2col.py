@@ -3,7 +3,7 @@
 The unrolled matrix is per image: U (B, C·K·K, Ho·Wo), so that W (M, C·K·K) · U[b] is image b's
 (M, Ho·Wo) block of the NCHW output and no transpose is needed after the GEMM. U is K² times the
 input (49× for K=7: 12.5 GB for lenet_c1's whole batch), so conv2d_im2col_gemm unrolls a chunk of
-images at a time into a workspace of at most `workspace_mb`, then runs one batched GEMM on it.
+images at a time into a workspace of at most `workspace_mb` MiB, then runs one batched GEMM on it.
 
 - unroll(x, K, stride=, padding=): U for the whole given batch (chapter 4's demonstrations).
 - gemm_tiled(A, B): C = A·B, 2D or batched (a 2D A is shared across B's batch).
@@ -138,7 +138,7 @@ def _im2col_then(x, w, y, stride, padding, BLOCK, workspace_mb, TILE):
 
 def conv2d_im2col_gemm(x, w, y=None, *, stride: int = 1, padding: int = 0, TILE: int | None = None,
                        BLOCK: int | None = None, workspace_mb: float | None = None):
-    """im2col into a workspace (at most workspace_mb, default 512), chunk by chunk of images, then our
+    """im2col into a workspace (at most workspace_mb MiB, default 512), chunk by chunk of images, then our
     batched tiled GEMM into y."""
     return _im2col_then(x, w, y, stride, padding, int(BLOCK or 256), workspace_mb or 512, int(TILE or 16))
 

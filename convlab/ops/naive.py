@@ -1,6 +1,6 @@
 """Chapter 2 launchers: kernels/02_naive/conv2d_naive.cu, one thread per output element.
 
-- conv2d_naive_z: the course's mapping, grid (⌈Wo/bx⌉, ⌈Ho/by⌉, B·M). It cannot launch once
+- conv2d_naive_z: the ECE408 project's mapping, grid (⌈Wo/bx⌉, ⌈Ho/by⌉, B·M). It cannot launch once
   B·M > 65,535 (grid z limit): the launch raises cl.LaunchError, as the GPU refuses it.
 - conv2d_naive_flat: a flat 1D grid over all B·M·Ho·Wo outputs with a grid-stride loop; it scales
   to every workload of the course.
@@ -17,7 +17,7 @@ KERNEL_FILE = "kernels/02_naive/conv2d_naive.cu"
 
 
 def grid_z(B: int, M: int, Ho: int, Wo: int, block=(16, 16)):
-    """The PyCUDA blog's mapping: x over output columns, y over output rows, z over (image, map) pairs."""
+    """The ECE408 project's mapping: x over output columns, y over output rows, z over (image, map) pairs."""
     bx, by = block
     return (ceil_div(Wo, bx), ceil_div(Ho, by), B * M), (bx, by, 1)
 

@@ -6,7 +6,7 @@
 //
 // Three ways to map threads to outputs. The arithmetic is the same; only the grid differs.
 
-// Mapping 1, the PyCUDA blog's: a 2D block covers a tile of output pixels and
+// Mapping 1, the ECE408 project's: a 2D block covers a tile of output pixels and
 // blockIdx.z enumerates the (image, output map) pairs, b*M + m.
 // It reads well, but gridDim.z is at most 65,535: the launch fails once B*M > 65,535
 // (the fa17 workload has B*M = 10,000 * 50 = 500,000).

@@ -12,7 +12,8 @@
 // does TILE multiply-adds from shared memory. Every element loaded from global memory is used
 // TILE times, so the global traffic falls by a factor TILE against the naive product. Elements
 // beyond the matrix edges are loaded as 0, which adds nothing to the sums; so ragged edges need
-// no special case in the inner loop.
+// no special case in the inner loop. The zeros are still multiplied: a block does all TILE^3
+// multiply-adds of each step, so an M of 4 in 16-row tiles does 4x the useful work.
 //
 // Grid: (ceil(N/TILE), ceil(M/TILE), batch) with block (TILE, TILE).
 

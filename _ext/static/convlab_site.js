@@ -1,0 +1,50 @@
+/* The site's small fixes to the theme's behaviour (loaded on every page by _ext/convlab_site.py).
+
+   1. The buttons that open the chapter list and the page contents. pydata-sphinx-theme binds its
+      handler to the first .primary-toggle / .secondary-toggle of the page, which in
+      sphinx-book-theme is the one in the hidden top navbar; the buttons a reader sees (in the
+      article's header) have none. A click on a visible one is handed to the bound one, which
+      opens the panel as a dialog below 992 px and folds the chapter list away above it.
+   2. A table or output wider than its column scrolls inside its container; the container gets
+      the class "scrolls" (and "at-end" once scrolled to the right) so the stylesheet can show a
+      cue that there is more to the right. */
+(function () {
+  "use strict";
+
+  function forwardToggles() {
+    [".primary-toggle", ".secondary-toggle"].forEach(function (selector) {
+      var bound = document.querySelector(selector);
+      document.querySelectorAll(selector).forEach(function (button) {
+        if (button === bound) return;
+        button.addEventListener("click", function (event) {
+          event.preventDefault();
+          event.stopPropagation();
+          bound.click();
+        });
+      });
+    });
+  }
+
+  var SCROLLERS = ".pst-scrollable-table-container, div.table-wrap, .cell_output .output.text_html";
+
+  function markScrollers() {
+    document.querySelectorAll(SCROLLERS).forEach(function (box) {
+      var update = function () {
+        var scrolls = box.scrollWidth > box.clientWidth + 1;
+        box.classList.toggle("scrolls", scrolls);
+        box.classList.toggle("at-end", scrolls && box.scrollLeft + box.clientWidth >= box.scrollWidth - 1);
+      };
+      update();
+      box.addEventListener("scroll", update, { passive: true });
+      window.addEventListener("resize", update);
+    });
+  }
+
+  function init() {
+    forwardToggles();
+    markScrollers();
+  }
+
+  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", init);
+  else init();
+})();
