@@ -23,7 +23,8 @@ import torch
 
 from . import _args, _source
 from ._errors import (ArgumentError, BackendUnavailable, BarrierError, CheckError, CompileError, ConvlabError,
-                      KernelFault, KernelInterrupted, KernelTimeout, LaunchError, OutOfBoundsError, RaceError)
+                      KernelFault, KernelInterrupted, KernelTimeout, LaunchError, OutOfBoundsError, RaceError,
+                      WarpMaskError)
 from . import _limits, book, ref
 from .bench import Timing, bench
 from .check import CheckResult, check
@@ -38,13 +39,14 @@ __all__ = ["device", "backend", "load", "load_source", "load_cpu", "randn", "emp
            "poisoning", "detect_races", "RaceError", "KernelInterrupted",
            "profile", "profile_torch", "sass", "trace", "draw", "Trace", "ProfileCard", "ProfileUnavailable", "SassUnavailable",
            "Timing", "CheckResult", "ConvlabError", "CompileError", "LaunchError", "ArgumentError",
-           "KernelFault", "BarrierError", "OutOfBoundsError", "KernelTimeout", "CheckError",
+           "KernelFault", "BarrierError", "WarpMaskError", "OutOfBoundsError", "KernelTimeout", "CheckError",
            "BackendUnavailable"]
 
 _backend = None
 _lock = threading.Lock()
 _settings = threading.local()
-DEFAULT_TIMEOUT = 10.0   # emulator: exercise-size launches take well under a second
+_TIMEOUT_S = 10.0
+DEFAULT_TIMEOUT = _TIMEOUT_S   # emulator: exercise-size launches take well under a second
 
 
 def _get_backend():
@@ -244,9 +246,26 @@ def detect_races(on: bool = True):
 
 
 def set_timeout(seconds: float):
-    """How long an emulator launch may run before it is stopped (default 10 s)."""
+    """How long an emulator launch may run before it is stopped (default 10 s; 5 s inside the
+    exercise checks, convlab.exercise, while the default stands)."""
     global DEFAULT_TIMEOUT
     DEFAULT_TIMEOUT = float(seconds)
+
+
+@contextlib.contextmanager
+def _check_time_limit(seconds: float):
+    """The emulator's time limit for the launches inside, unless cl.set_timeout changed the default."""
+    old = _setting("timeout", None)
+    _settings.timeout = seconds
+    try:
+        yield
+    finally:
+        _settings.timeout = old
+
+
+def _timeout() -> float:
+    limit = _setting("timeout", None) if DEFAULT_TIMEOUT == _TIMEOUT_S else None
+    return limit or DEFAULT_TIMEOUT
 
 
 _debug = False
@@ -338,7 +357,7 @@ class Kernel:
             shared = int(shared)
         if plan.emu:
             plan.impl.launch(self.name, list(zip(self.params, plan.args.ctypes, values)), grid, block, shared,
-                             order=order or _setting("order", "forward"), timeout=timeout or DEFAULT_TIMEOUT,
+                             order=order or _setting("order", "forward"), timeout=timeout or _timeout(),
                              seed=seed)
         else:
             plan.launch(values, grid, block, shared)
@@ -427,7 +446,7 @@ class CpuFunction:
     def __call__(self, *args, timeout: float | None = None):
         checked = _args.check_args(self.name, self.params, args, "cpu")
         self.module._impl.launch(self.name, checked, (1, 1, 1), (1, 1, 1), 0,
-                                 timeout=timeout or DEFAULT_TIMEOUT, fibers=False)
+                                 timeout=timeout or _timeout(), fibers=False)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -26,6 +26,11 @@ class BarrierError(KernelFault):
     """__syncthreads() reached by only part of a block, or by threads at different places."""
 
 
+class WarpMaskError(BarrierError):
+    """A *_sync warp operation whose mask leaves out a lane that calls it, differs between the lanes
+    of one call, or names a lane that never arrives; the message names the lanes, the masks and the line."""
+
+
 class OutOfBoundsError(KernelFault):
     """A kernel read or wrote outside a buffer argument."""
 

@@ -261,6 +261,53 @@ def _local_pointer_edits(clean: str) -> list[tuple[int, int, str]]:
     return edits
 
 
+def _shared_sizeof_edits(clean: str, start: int, name: str) -> list[tuple[int, int, str]]:
+    """`sizeof(tile)`, `sizeof(tile[0])`, `sizeof tile` in the rest of the block that declares the
+    static __shared__ array `tile`: the array's store (its real size), not its checked view's."""
+    depth, end = 0, len(clean)
+    for i in range(start, len(clean)):
+        depth += clean[i] == "{"
+        depth -= clean[i] == "}"
+        if depth < 0:
+            end = i
+            break
+    pattern = re.compile(rf"\bsizeof\s*(?:\(\s*)?\b{re.escape(name)}\b(?!\s*(?:\.|->|\())")
+    return [(m.end(), m.end(), "__clemu.data") for m in pattern.finditer(clean, start, end)]
+
+
+_NOT_CALLS = {"sizeof", "alignof", "decltype", "if", "while", "for", "switch", "return", "typeid"}
+
+
+def _shared_decay_edits(clean: str, start: int, name: str, rank: int) -> list[tuple[int, int, str]]:
+    """A __shared__ array, or a row of it (`As[k]` of a 2D array), passed as a call's argument decays to
+    a pointer, as in CUDA, so a template parameter `const T*` deduces T (g++ deduces nothing from the
+    checked view, cuda_emu.h): `f(As[k], ...)` becomes `f(::clemu::decay(As[k]), ...)`. A plain
+    pointer parameter got the same pointer before (the view converts to one)."""
+    depth, end = 0, len(clean)
+    for i in range(start, len(clean)):
+        depth += clean[i] == "{"
+        depth -= clean[i] == "}"
+        if depth < 0:
+            end = i
+            break
+    pattern = re.compile(rf"(?<=[(,])\s*(\b{re.escape(name)}\b((?:\s*\[[^\[\];]*\])*))\s*(?=[,)])")
+    edits = []
+    for m in pattern.finditer(clean, start, end):
+        if m.group(2).count("[") >= rank:
+            continue   # an element, not an array
+        parens, i = 0, m.start()
+        while i > start:   # the parenthesis that opens the argument list: a call's, not sizeof's or if's
+            i -= 1
+            parens += (clean[i] == ")") - (clean[i] == "(")
+            if parens < 0:
+                break
+        word = re.search(r"([A-Za-z_]\w*)\s*(?:<[^<>;]*>)?\s*$", clean[max(start, i - 80):i])
+        if parens >= 0 or not word or word.group(1) in _NOT_CALLS:
+            continue
+        edits += [(m.start(1), m.start(1), "::clemu::decay("), (m.end(1), m.end(1), ")")]
+    return edits
+
+
 def rewrite_for_emulator(src: Source) -> str:
     """Pointer parameters of kernels become bounds-checked clemu::ptr<T>; `extern __shared__`
     arrays become the block's NaN-filled dynamic buffer; static `__shared__` arrays inside a
@@ -281,6 +328,7 @@ def rewrite_for_emulator(src: Source) -> str:
         elem = " ".join(m.group(2).split())
         name = m.group(3)
         edits.append((m.start(), m.end(), f'static const ::clemu::dyn_shared<{elem}> {name}{{"{name}"}};'))
+        edits += _shared_decay_edits(clean, m.end(), name, 1)
     for m in _STATIC_SHARED_RE.finditer(clean):
         if re.search(r"\bextern\s*$", clean[max(0, m.start() - 20):m.start()]):
             continue
@@ -296,6 +344,8 @@ def rewrite_for_emulator(src: Source) -> str:
                       f"static thread_local ::clemu::shared_store<{array}> {name}__clemu; "
                       f"const ::clemu::sview<{array}> {name} = ::clemu::shared_open({name}__clemu, \"{name}\");"
                       + "\n" * newlines))
+        edits += _shared_sizeof_edits(clean, m.end(), name)
+        edits += _shared_decay_edits(clean, m.end(), name, dims.count("["))
     for m in _CONST_RE.finditer(clean):
         # an accessor right after the declaration, on the same line, so it lives in the same #if branch
         name, depth, i = m.group(2), 0, m.end() - 1

@@ -32,6 +32,11 @@ import numpy as np
 from .ops import out_size
 
 
+#: The emulator's time limit for a launch inside a check (cl.set_timeout overrides it): the checks'
+#: shapes run in well under a second with the race detector, so a kernel that hangs fails fast.
+CHECK_TIMEOUT_S = 5.0
+
+
 class Verdict:
     """The outcome of a check: true when right. Prints nothing as a cell's last value."""
 
@@ -281,7 +286,7 @@ def _run_one(run, shape: Shape, *, on_device: bool, fp16: bool = False):
             dtype = torch.float16 if fp16 else torch.float32
             xk, wk = (x.half(), w.half()) if fp16 else (x, w)
             y = cl.empty(shape.B, shape.M, shape.Ho, shape.Wo, dtype=dtype)
-            with cl.detect_races(True):
+            with cl.detect_races(True), cl._check_time_limit(CHECK_TIMEOUT_S):
                 out = run(xk, wk, y, shape.stride, shape.pad)
             cl.sync()  # a GPU launch is asynchronous: its faults show here
             if isinstance(out, torch.Tensor):

@@ -12,7 +12,7 @@ DATA = book.repo_root() / "book" / "data"
 CARDS = sorted(p for p in (DATA / "profiles").glob("*.csv") if p.read_text().startswith("# ncu"))
 # torch's cards taken by calling F.conv2d under ncu before the worker turned TF32 off (ch3_torch ran
 # an sm80 ..._tf32f32_... kernel): to be taken again on a GPU, then dropped from this list
-RETAKE_ON_GPU = {"ch2_torch", "ch3_torch", "ch4_torch"}
+RETAKE_ON_GPU = {"ch3_torch"}
 FEWER_MACS = DATA / "notes" / "cudnn_fewer_macs.csv"
 
 

@@ -15,7 +15,7 @@ from convlab._limits import GRID_YZ_MAX
 from convlab.ops import backprop, conv3d, fused, im2col
 
 FIGURES = ["grid_maps", "im2col_matrix", "im2col_gemm_tiles", "implicit_gemm_tiles", "direct_regtile_outputs",
-           "mma_fragments", "ldmatrix_lanes", "conv3d_window", "dx_gather_scatter", "dw_reduction", "groups_dilation", "fused_epilogue",
+           "wmma_tiles", "mma_fragments", "ldmatrix_lanes", "conv3d_window", "dx_gather_scatter", "dw_reduction", "groups_dilation", "fused_epilogue",
            "network_timeline"]
 
 
@@ -199,6 +199,19 @@ def test_igemm_f32_warp_tiles():
     for k in range(warp.max() + 1):
         r, c = np.nonzero(warp == k)
         assert (r.max() - r.min() + 1, c.max() - c.min() + 1) == (cfg["WM"], cfg["WN"]) and len(r) == cfg["WM"] * cfg["WN"]
+
+
+def test_wmma_tiles_count_the_fragments_waste():
+    c1 = D.wmma_geometry("lenet_c1")
+    # smallc on lenet_c1: C=1 so CP=1, 7 of 16 columns; 4 of 16 maps; 7 bands of 12 rows at a
+    # 96-position pitch, whole tiles of 128 positions: 8,064 positions for 6,400 outputs
+    assert c1["kernel"] == "WMMA, few channels (no im2col)"
+    assert c1["A"].sum() == 16 * 7 and c1["B"].sum() == 7 * 4 and c1["C"].sum() == 16 * 4
+    assert c1["positions_per_image"] == 8064
+    assert c1["useful_fraction"] == pytest.approx(6400 * 4 * 49 / (8064 * 16 * 7 * 16))
+    resnet = D.wmma_geometry("resnet")
+    assert resnet["kernel"] == "WMMA implicit GEMM" and resnet["useful_fraction"] == 1.0
+    assert resnet["A"].all() and resnet["B"].all() and resnet["C"].all()
 
 
 def test_network_timeline_puts_each_lanes_ops_back_to_back():

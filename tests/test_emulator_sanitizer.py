@@ -199,7 +199,8 @@ def test_warp_shuffle_naming_lanes_that_returned(faults):
     with pytest.raises(cl.BarrierError) as e:
         mod.shuffle_with_gone_lanes(cl.empty(32), grid=1, block=32)
     msg = str(e.value)
-    assert "names lane 16" in msg and "already returned" in msg and "static_shared.cu:44" in msg
+    assert isinstance(e.value, cl.WarpMaskError)
+    assert "names lanes 16-31 of warp 0" in msg and "already returned" in msg and "static_shared.cu:44" in msg
 
 
 # ---- reports at the line a student sees -------------------------------------------------------

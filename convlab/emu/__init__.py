@@ -17,7 +17,7 @@ import torch
 
 
 from .._errors import (ArgumentError, BarrierError, CompileError, KernelFault, KernelInterrupted, KernelTimeout,
-                       LaunchError, OutOfBoundsError, RaceError)
+                       LaunchError, OutOfBoundsError, RaceError, WarpMaskError)
 from .._source import Source, display_name, locate, map_compiler_output, rewrite_for_emulator, where
 
 HERE = Path(__file__).resolve().parent
@@ -30,10 +30,12 @@ CXX = os.environ.get("CXX", "g++")
 CXXFLAGS = ["-std=c++17", "-O2", "-g1", "-fPIC", "-shared", "-fno-strict-aliasing", "-fno-fast-math",
             "-Wno-unknown-pragmas", "-Wno-attributes"]
 # warp operations too (ldmatrix and mma exchange registers between lanes: tensor_core.cuh)
-_BARRIER_RE = re.compile(r"\b(__syncthreads\w*|__syncwarp|__shfl\w*|__ballot_sync|__any_sync|__all_sync|ldmatrix_\w+|"
+_BARRIER_RE = re.compile(r"\b(__syncthreads\w*|__syncwarp|__shfl\w*|__ballot_sync|__any_sync|__all_sync|__match_\w+_sync|"
+                         r"__reduce_\w+_sync|ldmatrix_\w+|"
                          r"mma_16816\w*)\b")
 _STATUS = {1: KernelFault, 2: BarrierError, 3: OutOfBoundsError, 4: KernelTimeout, 5: OutOfBoundsError,
-           6: KernelFault, 7: KernelFault, 8: KernelFault, 9: LaunchError, 10: RaceError, 11: KernelInterrupted}
+           6: KernelFault, 7: KernelFault, 8: KernelFault, 9: LaunchError, 10: RaceError, 11: KernelInterrupted,
+           12: WarpMaskError}
 TIMEOUT, RACE, INTERRUPT = 4, 10, 11
 #: The race detector runs by itself on launches of at most this many threads (exercise sizes,
 #: where it stays well under a second); cl.detect_races() turns it on or off for any launch.
@@ -376,7 +378,14 @@ class EmuModule:
         _flush_printf(self.rt)
         if status:
             text = locate(resolve_sites(L.message.decode(errors="replace")), self.src)
-            # a race between two accesses of one line: the barrier goes after it, inside its loop
+            # a race between two accesses of one line: a statement that reads what other lanes of its warp
+            # write needs its read and its write split around the __syncwarp(); elsewhere the barrier
+            # goes after the line, inside its loop
+            text = re.sub(r"put a (__syncwarp\([^)]*\)) between (.+?) and \2 \((.+?) must reach it\), so the "
+                          r"(?:write|read) at \2 is finished in every lane before the (?:write|read) at \2 starts\.",
+                          r"the statement at \2 both reads an element other lanes write and writes one they read: "
+                          r"read into a register, then \1, then write (`v += s[t + k]; \1; s[t] = v; \1;`); "
+                          r"\3 must reach each \1.", text)
             text = re.sub(r"between (.+?) and \1 \(", r"right after \1, inside its loop (", text)
             if status == RACE:
                 text = _one_report_per_fix(text)
@@ -398,7 +407,7 @@ class EmuModule:
         status = self.rt.clemu_start(ctypes.byref(L))
         if status:
             return status, 0.0
-        t0, elapsed, shown = time.monotonic(), 0.0, False
+        t0, elapsed, progress = time.monotonic(), 0.0, _Progress()
         try:
             while not self.rt.clemu_wait(ctypes.byref(L), 0.1):
                 elapsed = time.monotonic() - t0
@@ -407,14 +416,43 @@ class EmuModule:
                     break
                 if elapsed > PROGRESS_AFTER_S:
                     total = grid[0] * grid[1] * grid[2]
-                    sys.stderr.write(f"\r{name}: {self.rt.clemu_progress():,} of {total:,} blocks started, "
-                                     f"{elapsed:.0f} s (stopped after {timeout:g} s; interrupt to stop it now) ")
-                    sys.stderr.flush()
-                    shown = True
+                    progress.show(f"{name}: {self.rt.clemu_progress():,} of {total:,} blocks started, "
+                                  f"{elapsed:.0f} s (stopped after {timeout:g} s; interrupt to stop it now)")
         except KeyboardInterrupt:
             self.rt.clemu_stop(ctypes.byref(L), INTERRUPT)
         elapsed = time.monotonic() - t0
-        if shown:
-            sys.stderr.write(f"\r{name}: {'done' if L.status == 0 else 'stopped'} after {elapsed:.1f} s" + " " * 60 + "\n")
-            sys.stderr.flush()
+        progress.end(f"{name}: {'done' if L.status == 0 else 'stopped'} after {elapsed:.1f} s")
         return L.status, elapsed
+
+
+class _Progress:
+    """A long launch's progress line: on a terminal one stderr line rewritten with \\r, ended by the
+    final one; in a notebook a display updated in place and emptied at the end, so a saved notebook
+    keeps no trace of it (a stream keeps every \\r update, and its times differ on every run)."""
+
+    def __init__(self):
+        ip = sys.modules.get("IPython")
+        shell = ip.get_ipython() if ip and hasattr(ip, "get_ipython") else None
+        self.notebook = shell is not None and hasattr(shell, "kernel")
+        self.handle, self.shown = None, False
+
+    def show(self, text: str):
+        if self.notebook:
+            from IPython.display import display
+            if self.handle is None:
+                self.handle = display({"text/plain": text}, raw=True, display_id=True)
+            else:
+                self.handle.update({"text/plain": text}, raw=True)
+        else:
+            sys.stderr.write(f"\r{text} ")
+            sys.stderr.flush()
+        self.shown = True
+
+    def end(self, text: str):
+        if not self.shown:
+            return
+        if self.handle is not None:
+            self.handle.update({"text/plain": ""}, raw=True)
+        else:
+            sys.stderr.write(f"\r{text}" + " " * 60 + "\n")
+            sys.stderr.flush()

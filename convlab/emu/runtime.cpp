@@ -283,11 +283,15 @@ extern "C" [[noreturn]] void clemu_fault_oob(int arg, long long elem, long long 
 
 extern "C" [[noreturn]] void clemu_fault_shared(const char* name, long long elem, long long n, long long esize) {
     std::string at = at_site(__builtin_return_address(0));
+    // the size this access needs is all the message can tell: the tile's formula depends on the kernel
+    // (a stride, a halo), so the launch's shared= and the kernel's index are for the student to compare
+    char need[200] = "";
+    if (elem >= n) snprintf(need, sizeof need, " (this index needs at least shared=%lld)", (elem + 1) * esize);
     set_failure(CLEMU_OOB,
         "out-of-range access%s: extern __shared__ %s[%lld] by %s, but the launch gave shared=%lld bytes, "
-        "%lld elements of %lld bytes (valid indices 0..%lld): pass a larger shared= (e.g. the tile's "
-        "(TILE+K-1)^2 elements times sizeof(float)), or check the index",
-        at.c_str(), name, elem, where(clemu_cur).c_str(), n * esize, n, esize, n - 1);
+        "%lld elements of %lld bytes (valid indices 0..%lld): compute shared= from the same sizes as the "
+        "kernel's shared index (every element the tile holds, times its bytes)%s, or check the index",
+        at.c_str(), name, elem, where(clemu_cur).c_str(), n * esize, n, esize, n - 1, need);
     throw clemu_fault_exc();
 }
 
@@ -431,6 +435,13 @@ static std::unordered_map<uintptr_t, shadow_word> shadow;
 struct race_rec { const void* a; const void* b; };
 static std::vector<race_rec> races_seen;
 static std::string race_text;
+// A race whose fix is a barrier between two lines: which barrier (__syncthreads() or __syncwarp())
+// is decided when the launch ends, from which threads of the block ran the two lines.
+struct race_note { std::string head, a, b; const void* sa; const void* sb; bool a_writes, b_writes; int ta, tb; };
+static std::vector<race_note> race_notes;
+// Per access site: the threads of the last block that ran it (one bit per thread of the block).
+struct site_threads { unsigned long long block; std::vector<unsigned long long> bits; };
+static std::unordered_map<const void*, site_threads> site_seen;
 static std::unordered_set<const void*> cp_issue_sites;           // detector launches: the cp.async calls' sites
 static long long n_races = 0;
 static const int MAX_RACE_REPORTS = 3;
@@ -465,7 +476,11 @@ static void report_race(const acc_rec& p, bool p_writes, const acc_rec& c, bool 
     std::string what;
     char s[600];
     if (op & CLEMU_SHARED) {
-        snprintf(s, sizeof s, "__shared__ %s[%lld]", name ? name : "?", (long long)(((const char*)addr - (const char*)base) / bytes));
+        if (name || !base)
+            snprintf(s, sizeof s, "__shared__ %s[%lld]", name ? name : "?", (long long)(((const char*)addr - (const char*)base) / bytes));
+        else
+            snprintf(s, sizeof s, "bytes [%lld, %lld) of extern __shared__ memory", (long long)((const char*)addr - (const char*)base),
+                     (long long)((const char*)addr - (const char*)base) + bytes);
         what = s;
     } else {
         what = "global memory";
@@ -485,10 +500,20 @@ static void report_race(const acc_rec& p, bool p_writes, const acc_rec& c, bool 
         ", then thread " + thread_in_block(c.thread, d) + " of block " + block_str(&W->blk) +
         (c_writes ? " writes it" : " reads it") + (ca.empty() ? "" : " at " + ca) + ", and nothing orders the two. ";
     const void* w_site = c_writes ? c.site : p.site;
-    if (blocks)
+    bool rmw = (op & CLEMU_RD) && (op & CLEMU_WR);
+    if (blocks && rmw)
         txt += "Threads of different blocks are never ordered (a barrier holds inside one block only): "
-               "combine their contributions with atomicAdd at " + site(w_site) + " instead of a plain `+=` or store.";
-    else if (p_writes && (op & CLEMU_RD) && (op & CLEMU_WR))
+               "combine their contributions with atomicAdd at " + site(c.site) + " instead of a plain `+=`.";
+    else if (blocks && p_writes && c_writes)
+        txt += "Threads of different blocks store to the same element, and nothing orders blocks: which value stays "
+               "is undefined. Each output element needs exactly one writer: check the index computed for the store at " +
+               site(w_site) + ", the step of its loop (a grid-stride loop steps by blockDim.x * gridDim.x) and the "
+               "guard that decides which thread writes it.";
+    else if (blocks)
+        txt += "Threads of different blocks are never ordered (a barrier holds inside one block only), so a block "
+               "cannot read what another block writes in the same launch: read only elements this block writes, or "
+               "split the work into two launches.";
+    else if (p_writes && rmw)
         txt += "Several threads update the same element (read, add, write back): use atomicAdd at " + site(c.site) +
                " (or give each thread its own element and reduce them after a __syncthreads()).";
     else {
@@ -502,14 +527,70 @@ static void report_race(const acc_rec& p, bool p_writes, const acc_rec& c, bool 
             txt += "A cp.async's copy lands at its thread's cp_async_wait<N>(), not at " + a + ": put a __syncthreads() "
                    "after that wait and before the " + (b_writes ? "write" : "read") + " at " + b2 +
                    " (every thread of the block must reach it), so every thread's copy has landed first.";
-        else
-            txt += "Put a __syncthreads() between " + a + " and " + b2 +
-                   " (every thread of the block must reach it), so the " + (a_writes ? "write" : "read") +
-                   " at " + a + " is finished in every thread before the " + (b_writes ? "write" : "read") +
-                   " at " + b2 + " starts.";
+        else {
+            race_notes.push_back({txt, a, b2, p_first ? p.site : c.site, p_first ? c.site : p.site, a_writes, b_writes,
+                                  p_first ? p.thread : c.thread, p_first ? c.thread : p.thread});
+            return;
+        }
     }
-    if (!race_text.empty()) race_text += "\n";
-    race_text += txt;
+    race_notes.push_back({txt, "", "", nullptr, nullptr, false, false, -1, -1});
+}
+
+// "lane 3", "lanes 16-31", "lanes 0, 2, 5-7"
+static std::string lanes_str(unsigned bits) {
+    std::string s;
+    int n = 0;
+    for (int l = 0; l < 32; l++) {
+        if (!((bits >> l) & 1u)) continue;
+        int e = l;
+        while (e + 1 < 32 && ((bits >> (e + 1)) & 1u)) e++;
+        if (!s.empty()) s += ", ";
+        s += std::to_string(l);
+        if (e > l) s += "-" + std::to_string(e);
+        n += e - l + 1;
+        l = e;
+    }
+    return (n > 1 ? "lanes " : "lane ") + s;
+}
+
+static void see_site(const void* pc, int thread, unsigned long long block, int n) {
+    site_threads& s = site_seen[pc];
+    if (s.block != block) { s.block = block; s.bits.assign((size_t)(n + 63) / 64, 0); }
+    if (thread < n) s.bits[(size_t)thread / 64] |= 1ull << (thread % 64);
+}
+
+// The threads of the last block that ran site pc (one bit per thread), ORed into `into`.
+static void site_runners(const void* pc, std::vector<unsigned long long>& into) {
+    auto it = site_seen.find(pc);
+    if (it == site_seen.end()) return;
+    if (into.size() < it->second.bits.size()) into.resize(it->second.bits.size(), 0);
+    for (size_t i = 0; i < it->second.bits.size(); i++) into[i] |= it->second.bits[i];
+}
+
+// The fix of a race between two lines of one block: a __syncthreads() between them; or, where the
+// two lines run in exactly the lanes of one warp and in no other thread of the block (a
+// warp-synchronous tail inside `if (tid < 32)`, where a __syncthreads() would be reached by part of
+// the block only), a __syncwarp(). Code that several warps run needs the block's barrier.
+static std::string barrier_fix(const race_note& r, int n) {
+    const char* aw = r.a_writes ? "write" : "read";
+    const char* bw = r.b_writes ? "write" : "read";
+    int warp = r.ta / 32;
+    std::vector<unsigned long long> ran;
+    site_runners(r.sa, ran);
+    site_runners(r.sb, ran);
+    int total = 0;
+    for (unsigned long long b : ran) total += __builtin_popcountll(b);
+    unsigned lanes = (size_t)warp / 2 < ran.size() ? (unsigned)(ran[(size_t)warp / 2] >> (32 * (warp % 2))) : 0u;
+    int in_warp = n - warp * 32 < 32 ? n - warp * 32 : 32;
+    unsigned whole = in_warp == 32 ? 0xffffffffu : (1u << in_warp) - 1u;
+    if (r.ta / 32 == r.tb / 32 && lanes == whole && total == in_warp && n > in_warp)
+        return std::string("Both threads are lanes of warp ") + std::to_string(warp) + ", and only its lanes run "
+               "these lines (a __syncthreads() there would be reached by part of the block only): put a __syncwarp() "
+               "between " + r.a + " and " + r.b + " (" + lanes_str(lanes) + " of the warp run these lines and must "
+               "reach it), so the " + aw + " at " + r.a + " is finished in every lane before the " + bw + " at " +
+               r.b + " starts.";
+    return "Put a __syncthreads() between " + r.a + " and " + r.b + " (every thread of the block must reach it), so "
+           "the " + aw + " at " + r.a + " is finished in every thread before the " + bw + " at " + r.b + " starts.";
 }
 
 static void cp_check(unsigned op, const void* addr, unsigned bytes, const char* name, const void* base, const void* pc);
@@ -522,6 +603,7 @@ static void detect(unsigned op, const volatile void* addr, unsigned bytes, const
     hook_site = pc;
     W->last_site = hook_site;
     acc_rec c{hook_site, W->blk.serial, t->pub.linear, W->epoch, t->warp_gen, t->seq++};
+    see_site(pc, t->pub.linear, W->blk.serial, (int)(W->blk.dim.x * W->blk.dim.y * W->blk.dim.z));
     bool sh = op & CLEMU_SHARED;
     shadow_word& s = shadow[(uintptr_t)addr];
     if (op & CLEMU_RD) {
@@ -570,10 +652,18 @@ static void count_access(unsigned op, const void* addr, unsigned bytes, const vo
     clprof_hook(op, addr, bytes, pc, t->pub.linear, t->pub.loop);
 }
 
+static void local_pointer_access(unsigned op, const void* addr, unsigned bytes, const void* pc);
+
 extern "C" __attribute__((visibility("default")))
 void clemu_access(unsigned op, const volatile void* addr, unsigned bytes, const char* name, const void* base) {
     if (op & CLEMU_COUNT) {       // half, vector elements, local pointers: the profiler's alone
         if (prof_on) count_access(op, (const void*)addr, bytes, __builtin_return_address(0));
+        return;
+    }
+    if (op & CLEMU_ANY) {         // an arithmetic element through a local pointer
+        if (prof_on) count_access(op, (const void*)addr, bytes, __builtin_return_address(0));
+        if (W && (detect_on || !W->cp_words.empty()))
+            local_pointer_access(op, (const void*)addr, bytes, __builtin_return_address(0));
         return;
     }
     if (W && !W->cp_words.empty() && !(op & CLEMU_ATOM))
@@ -581,6 +671,28 @@ void clemu_access(unsigned op, const volatile void* addr, unsigned bytes, const 
     if (prof_on) count_access(op, (const void*)addr, bytes, __builtin_return_address(0));
     if (!detect_on || (op & CLEMU_ATOM)) return;
     detect(op, addr, bytes, name, base, __builtin_return_address(0));
+}
+
+// A local pointer's element (a pointer taken into a __shared__ array, `volatile float* vs = s`): where
+// it lies in the block's shared memory, the cp.async check and the race detector see it as the
+// array's own access; past the launch's extern shared bytes it is a fault. Global memory and a
+// thread's own arrays stay unwatched through such pointers.
+static void local_pointer_access(unsigned op, const void* addr, unsigned bytes, const void* pc) {
+    mem_place m = place_of(addr);
+    if (m.space != SP_SHARED) return;
+    const char* a = (const char*)addr;
+    if (!m.name && a + bytes > m.lo + m.bytes) {
+        long long off = a - m.lo;
+        set_failure(CLEMU_OOB, "out-of-range access%s: bytes [%lld, %lld) of extern __shared__ memory by %s, through a "
+                    "pointer, but the launch gave shared=%lld bytes: pass a larger shared= (this access needs at "
+                    "least %lld), or check the index", at_site(pc).c_str(), off, off + bytes, where(clemu_cur).c_str(),
+                    m.bytes, off + bytes);
+        throw clemu_fault_exc();
+    }
+    if (a < m.lo || a + bytes > m.lo + m.bytes) return;   // near a static array, not in it: nothing known
+    op = (op & ~(unsigned)CLEMU_ANY) | CLEMU_SHARED;
+    if (!W->cp_words.empty()) cp_check(op, addr, bytes, m.name, m.lo, pc);
+    if (detect_on) detect(op, addr, bytes, m.name, m.lo, pc);
 }
 
 // ----------------------------------------------------------------------------------------
@@ -707,6 +819,30 @@ static void cp_check(unsigned op, const void* addr, unsigned bytes, const char* 
 extern "C" __attribute__((visibility("default"))) void clemu_shared_region(const void* lo, long long bytes, long long elem,
                                                                              const char* name) {
     if (W) W->regions.push_back({(const char*)lo, bytes, elem, name});
+}
+
+extern "C" __attribute__((visibility("default"))) int clemu_shared_span(const void* p, const char** lo, long long* bytes,
+                                                                        const char** name) {
+    if (!W) return 0;
+    for (auto& g : W->regions)
+        if ((const char*)p >= g.lo && (const char*)p < g.lo + g.bytes) {
+            *lo = g.lo; *bytes = g.bytes; *name = g.name;
+            return 1;
+        }
+    return 0;
+}
+
+extern "C" __attribute__((visibility("default"))) void clemu_fault_shared_ptr(const char* name, long long off,
+                                                                             long long bytes, long long esize) {
+    std::string at = at_site(__builtin_return_address(0));
+    long long elem = off >= 0 ? off / esize : -((-off + esize - 1) / esize);
+    set_failure(CLEMU_OOB,
+        "out-of-range access%s: through a pointer into __shared__ %s, element %lld of %lld bytes (byte %lld from the "
+        "array's start) by %s, but %s has %lld bytes (elements 0..%lld of that size)%s: check the offset the pointer "
+        "was made with and the index used on it",
+        at.c_str(), name, elem, esize, off, where(clemu_cur).c_str(), name, bytes, bytes / esize - 1,
+        off < 0 ? " (before its start)" : off >= bytes ? " (past its end)" : " (it runs over the end)");
+    throw clemu_fault_exc();
 }
 
 extern "C" __attribute__((visibility("default"))) void clemu_ldmatrix_check(const void* row, const char* what) {
@@ -870,6 +1006,61 @@ static void make_order(std::vector<int>& order, int n, int mode, unsigned seed) 
     }
 }
 
+// The lanes of warp `wp` parked at warp operations (`here`): each lane's own bit is in its mask, and
+// every lane its mask names that is here passed the same mask (CUDA leaves the result undefined
+// otherwise: a GPU may return anything, or hang). False, with the fault set, when not.
+static bool warp_masks_agree(worker* w, int wp, unsigned here, int n) {
+    auto& th = w->threads;
+    auto lane = [&](int l) -> fiber_thread& { return th[wp * 32 + l]; };
+    unsigned outside = 0;
+    for (int l = 0; l < 32; l++)
+        if (((here >> l) & 1u) && !((lane(l).warp_mask >> l) & 1u)) outside |= 1u << l;
+    if (outside) {
+        fiber_thread& a = lane(__builtin_ctz(outside));
+        unsigned same = 0;   // the lanes of the first such call: same line, same mask
+        for (int l = 0; l < 32; l++)
+            if (((outside >> l) & 1u) && lane(l).warp_mask == a.warp_mask && lane(l).site_line == a.site_line &&
+                !strcmp(lane(l).site_file, a.site_file)) same |= 1u << l;
+        unsigned callers = 0;
+        for (int l = 0; l < 32; l++)
+            if (((here >> l) & 1u) && lane(l).site_line == a.site_line && !strcmp(lane(l).site_file, a.site_file))
+                callers |= 1u << l;
+        char fix[16];
+        snprintf(fix, sizeof fix, "%#010x", callers);
+        set_failure(CLEMU_WARP,
+            "warp operation at %s:%d in block %s: %s of warp %d call it with mask %#010x, which leaves %s out. "
+            "Each lane that calls a *_sync warp operation must have its own bit set in the mask (on a GPU the "
+            "result is undefined): %s call it here, so pass %s%s",
+            a.site_file, a.site_line, block_str(&w->blk).c_str(), lanes_str(same).c_str(), wp, a.warp_mask,
+            __builtin_popcount(same) > 1 ? "them" : "it", lanes_str(callers).c_str(), fix,
+            callers == 0xffffffffu ? " (the whole warp)" : "");
+        return false;
+    }
+    (void)n;
+    for (int l = 0; l < 32; l++) {
+        if (!((here >> l) & 1u)) continue;
+        unsigned named = lane(l).warp_mask & here;
+        for (int k = 0; k < 32; k++) {
+            if (!((named >> k) & 1u) || lane(k).warp_mask == lane(l).warp_mask) continue;
+            unsigned ml = 0, mk = 0;   // the lanes that pass each of the two masks
+            for (int j = 0; j < 32; j++) {
+                if (!((here >> j) & 1u)) continue;
+                if (lane(j).warp_mask == lane(l).warp_mask) ml |= 1u << j;
+                if (lane(j).warp_mask == lane(k).warp_mask) mk |= 1u << j;
+            }
+            set_failure(CLEMU_WARP,
+                "warp operation in block %s, warp %d: %s pass mask %#010x at %s:%d, but %s pass mask %#010x at "
+                "%s:%d, and each mask names lanes of the other. The lanes of one warp operation must all pass "
+                "the same mask (on a GPU the result is undefined): compute it once, before any branch, and pass "
+                "that value in every lane",
+                block_str(&w->blk).c_str(), wp, lanes_str(ml).c_str(), lane(l).warp_mask, lane(l).site_file,
+                lane(l).site_line, lanes_str(mk).c_str(), lane(k).warp_mask, lane(k).site_file, lane(k).site_line);
+            return false;
+        }
+    }
+    return true;
+}
+
 // Decide what the parked threads of a block may do next. Returns false on a fault.
 static bool release(worker* w, int n, bool& all_done) {
     auto& th = w->threads;
@@ -894,16 +1085,19 @@ static bool release(worker* w, int n, bool& all_done) {
             if (t.state == T_WARP) { here |= 1u << l; need |= t.warp_mask; }
         }
         if (!here) continue;
+        if (!warp_masks_agree(w, wp, here, n)) return false;
         unsigned exists = (wp * 32 + 32 <= n) ? 0xffffffffu : ((1u << (n - wp * 32)) - 1u);
         need &= exists;
         unsigned exited = need & ~alive;
         if (exited) {
-            int l = __builtin_ctz(exited);
             fiber_thread& any = th[wp * 32 + __builtin_ctz(here)];
-            set_failure(CLEMU_BARRIER,
-                "warp operation at %s:%d in block %s names lane %d of warp %d in its mask, but that thread "
-                "(%s) has already returned: every lane in the mask must reach the same warp operation",
-                any.site_file, any.site_line, block_str(&w->blk).c_str(), l, wp, tid_str(&th[wp * 32 + l].pub).c_str());
+            set_failure(CLEMU_WARP,
+                "warp operation at %s:%d in block %s: its mask %#010x names %s of warp %d, but %s (%s) already "
+                "returned: every lane the mask names must reach the same warp operation (leave those lanes out of "
+                "the mask, or keep them alive until it)",
+                any.site_file, any.site_line, block_str(&w->blk).c_str(), any.warp_mask, lanes_str(exited).c_str(), wp,
+                __builtin_popcount(exited) > 1 ? "those threads" : "that thread",
+                tid_str(&th[wp * 32 + __builtin_ctz(exited)].pub).c_str());
             return false;
         }
         if ((need & here) == need) {
@@ -915,21 +1109,31 @@ static bool release(worker* w, int n, bool& all_done) {
     if (released) return true;
     // 2. the block barrier
     if (n_warp) {
-        fiber_thread* a = nullptr; fiber_thread* b = nullptr;
-        for (int i = 0; i < n; i++) {
-            if (th[i].state == T_WARP && !a) a = &th[i];
-            if (th[i].state == T_BAR && !b) b = &th[i];
+        // the first warp that waits: the lanes its masks name that wait at a __syncthreads() instead
+        fiber_thread* a = nullptr;
+        for (int i = 0; i < n && !a; i++) if (th[i].state == T_WARP) a = &th[i];
+        int wp = a->pub.linear / 32;
+        unsigned here = 0, need = 0, at_bar = 0;
+        for (int l = 0; l < 32 && wp * 32 + l < n; l++) {
+            fiber_thread& t = th[wp * 32 + l];
+            if (t.state == T_WARP) { here |= 1u << l; need |= t.warp_mask; }
+            if (t.state == T_BAR) at_bar |= 1u << l;
         }
-        if (b)
-            set_failure(CLEMU_BARRIER,
-                "deadlock in block %s: thread %s waits at a warp operation at %s:%d for lanes that wait at "
-                "__syncthreads() at %s:%d (thread %s). Lanes of a warp must reach the same warp operation.",
-                block_str(&w->blk).c_str(), tid_str(&a->pub).c_str(), a->site_file, a->site_line,
-                b->site_file, b->site_line, tid_str(&b->pub).c_str());
-        else
-            set_failure(CLEMU_BARRIER,
-                "deadlock in block %s: thread %s waits at a warp operation at %s:%d for lanes of its mask "
-                "that never reach it", block_str(&w->blk).c_str(), tid_str(&a->pub).c_str(), a->site_file, a->site_line);
+        unsigned missing = need & ~here;
+        if (missing & at_bar) {
+            fiber_thread& b = th[wp * 32 + __builtin_ctz(missing & at_bar)];
+            set_failure(CLEMU_WARP,
+                "deadlock in block %s: %s of warp %d wait at a warp operation at %s:%d with mask %#010x, which names "
+                "%s, but %s wait at __syncthreads() at %s:%d. Every lane the mask names must reach the same warp "
+                "operation: leave the others out of the mask, or let every lane call it.",
+                block_str(&w->blk).c_str(), lanes_str(here).c_str(), wp, a->site_file, a->site_line, a->warp_mask,
+                lanes_str(missing & at_bar).c_str(), __builtin_popcount(missing & at_bar) > 1 ? "they" : "it", b.site_file,
+                b.site_line);
+        } else
+            set_failure(CLEMU_WARP,
+                "deadlock in block %s: thread %s waits at a warp operation at %s:%d for lanes its mask %#010x names "
+                "that never reach it: every lane the mask names must call the same warp operation",
+                block_str(&w->blk).c_str(), tid_str(&a->pub).c_str(), a->site_file, a->site_line, a->warp_mask);
         return false;
     }
     fiber_thread* first = nullptr;
@@ -1227,6 +1431,11 @@ static void finish(clemu_launch* launch) {
     if (detect_on) {
         detect_on = false;
         clemu_hook_on = 0;
+        int n = (int)(launch->block[0] * launch->block[1] * launch->block[2]);
+        for (auto& r : race_notes) {
+            if (!race_text.empty()) race_text += "\n";
+            race_text += r.head + (r.sa ? barrier_fix(r, n) : "");
+        }
         if (launch->status == CLEMU_OK && n_races) {
             launch->status = CLEMU_RACE;
             std::string more;
@@ -1238,6 +1447,8 @@ static void finish(clemu_launch* launch) {
         serial_block.clear();
         races_seen.clear();
         race_text.clear();
+        race_notes.clear();
+        site_seen.clear();
         cp_issue_sites.clear();
     }
     L = nullptr;

@@ -231,11 +231,11 @@ def pick(shape: Workload) -> Impl:
 
     - A short reduction (C·K² ≤ 256) and few maps (M ≤ 64), and the block's mask slice fits in
       shared memory: conv2d_direct_regtile. These layers (lenet_c1 C·K² = 49, lenet_c3 196, fa17
-      25) are bound by writing the output and by the FFMAs themselves. The direct kernel loads each
-      input value once into a register for MT maps x ROWS rows and reads the mask as 16-byte
-      broadcasts; a GEMM pads M to its tile, pads the 25- or 49-long reduction to its BK steps, and
-      re-loads every input pixel K² times into its tiles (measured: fa17 0.61 ms direct vs 1.07 ms
-      GEMM, lenet_c3 2.1 vs 9.5 ms).
+      25) waste most of a GEMM's tile: it pads M to BM and the 25- to 196-long reduction to its BK
+      steps (lenet_c1: 10% of its multiply-adds useful). The direct kernel loads each input value
+      once into a register for MT maps x ROWS rows and reads the mask as 16-byte broadcasts; its
+      limit is instruction issue, not DRAM (chapter 5's cards). Measured: lenet_c1 0.95 ms direct
+      vs 12.5 ms GEMM, lenet_c3 2.08 vs 6.69 ms, fa17 0.62 vs 1.10 ms.
     - Otherwise (resnet: C·K² = 576, days100: 288, M = 64–128): conv2d_implicit_gemm_reg,
       compute-bound, with gemm_config's tile.
 

@@ -3,8 +3,8 @@
 // Why GEMM is the wrong shape for them: with C = 1 and M = 4 (lenet_c1) the reduction is only
 // C*K*K = 49 long and the product has 4 rows. A GEMM tile of 64 maps would be 94% empty, and the
 // implicit GEMM loads every input pixel K*K times into its tiles to use each copy only M times.
-// These layers are bounded by writing the output (1 GB for lenet_c1 and fa17's batch of 10000,
-// against 0.3 GB and 0.03 GB of input) and by the arithmetic, not by the mask or the input.
+// What bounds them once the waste is gone (chapter 5's cards of conv2d_direct_regtile.cu, H200):
+// instruction issue (74% of cycles), FFMAs half of it; DRAM 28-41%, mostly the output's writes.
 //
 // So: a direct convolution in which every thread computes a micro-tile of outputs that shares
 // its inputs, and nothing but the multiply-adds stays in the inner loop.

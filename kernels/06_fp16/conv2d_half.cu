@@ -9,11 +9,11 @@
 //  - Bytes: half the traffic. lenet_c3 moves 256 MB of input and 740 MB of output in float32,
 //    128 + 370 MB in half. The mask slice in shared memory is half the size too.
 //  - Arithmetic: by itself, nothing. A scalar __hfma is one HFMA2 instruction with one of its two
-//    lanes idle, on sm_90 the same rate as FFMA, and these layers are bound by the FMAs
-//    (chapter 5). But look at the machine code (cuobjdump -sass): nvcc 13 for sm_90 pairs this
+//    lanes idle, and chapter 5's cards show instruction issue as these layers' limit, FFMAs half
+//    of what is issued. But in the machine code (cuobjdump -sass) nvcc 13 for sm_90 pairs this
 //    kernel's independent __hfma on its own, maps m and m+1 of the same input value, into HFMA2
 //    (lenet_c3's loop over one channel: 1,568 HFMA2 for 3,136 __hfma), with the accumulators
-//    packed two to a register. So this kernel may already run at twice chapter 5's FMA rate. Step 2
+//    packed two to a register: half the multiply-add instructions of chapter 5's kernel. Step 2
 //    (conv2d_half2.cu) writes that pairing out with half2, where no compiler can take it away.
 //  - Accuracy: the sum over C*K*K terms is accumulated in half. Each addition rounds to 11
 //    significant bits (unit roundoff u = 2^-11 ~ 4.9e-4) and the rounding errors of a long sum

@@ -15,7 +15,7 @@
 //    pairs and every ky that touches it.
 //  - The accumulators are MT/2 x ROWS half2: half the registers of step 1 for the same outputs.
 //  Per (c, kx) with MT=16, ROWS=4, K=7: 10 input loads, 10 duplications, 14 mask loads and 224
-//  HFMA2 (448 multiply-adds): the HFMA2 pipe is the limit, at twice the rate of step 1.
+//  HFMA2 (448 multiply-adds): half the multiply-add instructions of chapter 5's fp32 kernel.
 //
 // Accuracy is that of step 1 (same roundings in the same order, each lane on its own).
 //

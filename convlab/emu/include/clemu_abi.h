@@ -68,6 +68,11 @@ void clemu_access(unsigned op, const volatile void* addr, unsigned bytes, const 
 // A static __shared__ array the running block has opened (cuda_emu.h's shared_open): the runtime
 // then knows which addresses are shared memory, and names them in messages.
 void clemu_shared_region(const void* lo, long long bytes, long long elem_bytes, const char* name);
+// The static __shared__ array that holds p (1), or none (0): its start, bytes and name. A local
+// pointer made into one (cuda_emu.h's lptr) checks its elements against it, and faults with
+// clemu_fault_shared_ptr (offset of the element from the array's start, in bytes).
+int clemu_shared_span(const void* p, const char** lo, long long* bytes, const char** name);
+[[noreturn]] void clemu_fault_shared_ptr(const char* name, long long offset, long long bytes, long long elem_bytes);
 // A warp exchange of up to CLEMU_XCHG_REGS 32-bit registers per lane (mma's fragments): returns
 // the slots, lane j's registers at [j * CLEMU_XCHG_REGS].
 const unsigned* clemu_warp_exchange_regs(unsigned mask, const unsigned* regs, int n, const char* file, int line);
@@ -87,5 +92,5 @@ void clemu_cp_async_wait(int n);
 enum clemu_status {
     CLEMU_OK = 0, CLEMU_FAULT = 1, CLEMU_BARRIER = 2, CLEMU_OOB = 3, CLEMU_TIMEOUT = 4,
     CLEMU_SEGV = 5, CLEMU_ASSERT = 6, CLEMU_FPE = 7, CLEMU_STACK = 8, CLEMU_LAUNCH = 9, CLEMU_RACE = 10,
-    CLEMU_INTERRUPT = 11,
+    CLEMU_INTERRUPT = 11, CLEMU_WARP = 12,
 };

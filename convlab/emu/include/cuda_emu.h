@@ -129,7 +129,17 @@ static inline unsigned clemu_syncwarp_mask(unsigned m = 0xffffffffu) { return m;
 #define __shfl_xor_sync(mask, v, m, ...) clemu::shfl_xor(CLEMU_XCHG(mask, v), v, (int)(m), clemu::width(__VA_ARGS__))
 #define __ballot_sync(mask, p) clemu::ballot(CLEMU_XCHG(mask, (int)((p) != 0)), (mask))
 #define __any_sync(mask, p) (clemu::ballot(CLEMU_XCHG(mask, (int)((p) != 0)), (mask)) != 0)
-#define __all_sync(mask, p) (clemu::ballot(CLEMU_XCHG(mask, (int)((p) != 0)), (mask)) == ((mask) & clemu_activemask()))
+// the lanes that can vote are taken before the exchange: after it, lanes released first may have returned
+#define __all_sync(mask, p) __extension__ ({ unsigned clemu_voters_ = (mask) & clemu_activemask(); \
+    clemu::ballot(CLEMU_XCHG(mask, (int)((p) != 0)), (mask)) == clemu_voters_; })
+#define __match_any_sync(mask, v) clemu::match_any(CLEMU_XCHG(mask, v), (mask))
+#define __match_all_sync(mask, v, pred) clemu::match_all(CLEMU_XCHG(mask, v), (mask), (pred))
+#define __reduce_add_sync(mask, v) clemu::reduce(CLEMU_XCHG(mask, v), (mask), +(v), 0)
+#define __reduce_min_sync(mask, v) clemu::reduce(CLEMU_XCHG(mask, v), (mask), +(v), 1)
+#define __reduce_max_sync(mask, v) clemu::reduce(CLEMU_XCHG(mask, v), (mask), +(v), 2)
+#define __reduce_and_sync(mask, v) clemu::reduce(CLEMU_XCHG(mask, v), (mask), +(v), 3)
+#define __reduce_or_sync(mask, v) clemu::reduce(CLEMU_XCHG(mask, v), (mask), +(v), 4)
+#define __reduce_xor_sync(mask, v) clemu::reduce(CLEMU_XCHG(mask, v), (mask), +(v), 5)
 #define __activemask() clemu_activemask()
 namespace clemu {
 static inline int width(int w = 32) { return w; }
@@ -144,6 +154,26 @@ template <class T> static inline T shfl_xor(unsigned long long* s, T v, int m, i
 static inline unsigned ballot(unsigned long long* s, unsigned mask) {
     unsigned r = 0;
     for (int l = 0; l < 32; l++) if (((mask >> l) & 1u) && s[l]) r |= 1u << l;
+    return r; }
+// the lanes of the mask whose value has the same bits as this lane's
+static inline unsigned match_any(unsigned long long* s, unsigned mask) {
+    unsigned r = 0;
+    for (int l = 0; l < 32; l++) if (((mask >> l) & 1u) && s[l] == s[lane()]) r |= 1u << l;
+    return r; }
+template <class P> static inline unsigned match_all(unsigned long long* s, unsigned mask, P* pred) {
+    bool all = match_any(s, mask) == mask;
+    *pred = all;
+    return all ? mask : 0u; }
+// __reduce_*_sync: int or unsigned, over the lanes of the mask
+template <class T> static inline T reduce(unsigned long long* s, unsigned mask, T v, int op) {
+    static_assert(std::is_integral<T>::value && sizeof(T) == 4, "__reduce_*_sync takes int or unsigned values");
+    T r = op == 3 ? (T)~0u : op == 1 ? v : op == 2 ? v : (T)0;
+    for (int l = 0; l < 32; l++) {
+        if (!((mask >> l) & 1u)) continue;
+        T x = from_bits<T>(s[l]);
+        r = op == 0 ? (T)(r + x) : op == 1 ? (x < r ? x : r) : op == 2 ? (x > r ? x : r)
+          : op == 3 ? (T)(r & x) : op == 4 ? (T)(r | x) : (T)(r ^ x);
+    }
     return r; }
 }
 
@@ -379,30 +409,41 @@ template <class I, class T> static inline ptr<T> operator+(I i, const ptr<T>& q)
 // `CLEMU_P(const float) p = x + off;`) into lptr<T>: a plain pointer whose elements are proxies,
 // so the profiler counts `p[i]` and `*(const float4*)&s[j]` as the GPU's loads and stores. It
 // does not know which memory it points into: the runtime looks each address up (CLEMU_ANY), and
-// leaves out a thread's own arrays. It checks no bounds (as a plain pointer; the kernel's pointer
-// parameters do).
+// leaves out a thread's own arrays. Its arithmetic elements that lie in shared memory go to the race
+// detector too (`volatile float* vs = s;` in a warp-synchronous tail), and one past the launch's
+// extern shared bytes is a fault; otherwise it checks no bounds (the kernel's pointer parameters do).
 template <class T> struct lptr {
     T* p;
+    // the static __shared__ array p pointed into when the pointer was made (hooked launches): what
+    // its elements are checked against, whatever arithmetic follows
+    const char* lo = nullptr; long long bytes = 0; const char* name = nullptr;
     lptr() = default;
-    CLEMU_INLINE lptr(T* q) : p(q) {}
+    CLEMU_INLINE lptr(T* q) : p(q) { locate(); }
     CLEMU_INLINE lptr(std::nullptr_t) : p(nullptr) {}
     // whatever converts to T* (a checked kernel pointer, a __shared__ array, another lptr)
     template <class S, class = typename std::enable_if<!std::is_pointer<S>::value &&
                                                        std::is_convertible<const S&, T*>::value>::type>
-    CLEMU_INLINE lptr(const S& s) : p(s) {}
+    CLEMU_INLINE lptr(const S& s) : p(s) { locate(); }
     // a cast: (const float4*)&x[i], reinterpret_cast<uint4*>(p), (half*)smem
     template <class S, class = typename std::enable_if<!std::is_convertible<const S&, T*>::value>::type,
               class = decltype((T*)std::declval<const S&>())>
-    CLEMU_INLINE explicit lptr(const S& s) : p((T*)s) {}
+    CLEMU_INLINE explicit lptr(const S& s) : p((T*)s) { locate(); }
+    CLEMU_INLINE void locate() { if (__builtin_expect(clemu_hook_on, 0) && p) clemu_shared_span((const void*)p, &lo, &bytes, &name); }
+    CLEMU_INLINE void check(const T* q) const {
+        if (__builtin_expect(lo != nullptr, 0) &&
+            ((const char*)q < lo || (const char*)q + elem_bytes() > lo + bytes))
+            clemu_fault_shared_ptr(name, (long long)((const char*)q - lo), bytes, elem_bytes());
+    }
+    static constexpr long long elem_bytes() { return (long long)sizeof(typename std::conditional<std::is_void<T>::value, char, T>::type); }
     CLEMU_INLINE operator T*() const { return p; }
     template <class U> CLEMU_INLINE explicit operator U*() const { return (U*)p; }
     template <class I, class U = T, class = typename std::enable_if<std::is_integral<I>::value || std::is_enum<I>::value>::type>
-    CLEMU_INLINE elem<U> operator[](I i) const { return at(p + (long long)i, CLEMU_ANY | CLEMU_COUNT, nullptr, nullptr); }
-    template <class U = T> CLEMU_INLINE elem<U> operator*() const { return at(p, CLEMU_ANY | CLEMU_COUNT, nullptr, nullptr); }
+    CLEMU_INLINE elem<U> operator[](I i) const { check(p + (long long)i); return at(p + (long long)i, CLEMU_ANY, nullptr, nullptr); }
+    template <class U = T> CLEMU_INLINE elem<U> operator*() const { check(p); return at(p, CLEMU_ANY, nullptr, nullptr); }
     T* operator->() const { return p; }
 #define CLEMU_INT template <class I, class = typename std::enable_if<std::is_integral<I>::value || std::is_enum<I>::value>::type>
-    CLEMU_INT lptr operator+(I i) const { return lptr(p + (long long)i); }
-    CLEMU_INT lptr operator-(I i) const { return lptr(p - (long long)i); }
+    CLEMU_INT lptr operator+(I i) const { lptr r = *this; r.p += (long long)i; return r; }
+    CLEMU_INT lptr operator-(I i) const { lptr r = *this; r.p -= (long long)i; return r; }
     CLEMU_INT lptr& operator+=(I i) { p += (long long)i; return *this; }
     CLEMU_INT lptr& operator-=(I i) { p -= (long long)i; return *this; }
     long long operator-(const lptr& o) const { return p - o.p; }
@@ -421,6 +462,12 @@ template <class T> static inline T* unref(const lptr<T>& p) { return p.p; }
 template <class T> static inline T* raw(T* p) { return p; }
 template <class T> static inline T* raw(const ptr<T>& p) { p.check(p.p); return p.p; }
 template <class T> static inline T* raw(const lptr<T>& p) { return p.p; }
+// a __shared__ array or one of its rows, as it decays to a pointer (wmma::load_matrix_sync(a, As[k], ld))
+template <class E, size_t N> static inline E* raw(const sview<E[N]>& v) { return v.p; }
+template <class T> static inline T* raw(const dyn_shared<T>& d) { return (T*)d; }
+// the same, where the source rewrite finds such an array passed as an argument (convlab/_source.py)
+template <class E, size_t N> static inline E* decay(const sview<E[N]>& v) { return v.p; }
+template <class T> static inline T* decay(const dyn_shared<T>& d) { return (T*)d; }
 // __ldg through a plain pointer, in the hooked build: the profiler counts it as a load
 template <class T> static CLEMU_INLINE typename std::remove_cv<T>::type ldg(const T* p) {
 #ifdef CLEMU_HOOKS
