@@ -147,6 +147,37 @@ def best_of(rows: list) -> dict:
     return best
 
 
+
+# The algorithm a cuDNN/cuBLAS kernel's name shows, most telling first: an FFT row also runs a
+# (complex) GEMM, a Winograd row a GEMM of the transformed tiles. wgrad_alg0 is cuDNN's
+# CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0: sums of matrix products without forming the matrix, added
+# with atomics (its manual).
+_ALGORITHMS = (("fft", "FFT"), ("winograd", "Winograd"), ("implicit_gemm", "implicit GEMM"),
+               ("wgrad_alg0", "implicit GEMM, atomics (wgrad_alg0)"), ("direct", "direct"))
+
+
+def kernel_short_name(kernel: str) -> str:
+    """A kernel's name from torch's profiler without 'void', template arguments and parameters;
+    cuDNN's long xmma names cut after 'implicit_gemm' (sm80_xmma_fprop_implicit_gemm)."""
+    name = kernel.strip().removeprefix("void ").split("<")[0].split("(")[0].strip()
+    cut = name.find("implicit_gemm")
+    return name[:cut + len("implicit_gemm")] if cut >= 0 else name
+
+
+def torch_algorithm(torch_kernels: str) -> tuple[str, str]:
+    """(algorithm, kernel) for a torch row's `torch_kernels` (its kernels' names joined by ' | '):
+    the first of FFT, Winograd, implicit GEMM, direct whose mark a kernel's name carries, and that
+    kernel's short name; ('other', first kernel) when none does, ('', '') for no kernels (or NaN). FFT and
+    Winograd do fewer multiply-adds than a direct convolution, so the direct count's roofline floor
+    does not bound them."""
+    text = torch_kernels if isinstance(torch_kernels, str) else ""      # a CSV's empty cell reads as NaN
+    names = [kernel_short_name(k) for k in text.split(" | ") if k.strip()]
+    for mark, algorithm in _ALGORITHMS:
+        for name in names:
+            if mark in name.lower():
+                return algorithm, name
+    return ("other", names[0]) if names else ("", "")
+
 # ---- chapter 1: timings on the CPU ------------------------------------------------------------
 
 @dataclass

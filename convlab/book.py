@@ -8,6 +8,7 @@ so paths are resolved from the repository root, found by walking up to ``_toc.ym
 """
 from __future__ import annotations
 
+import ast
 import difflib
 import html
 import inspect
@@ -133,6 +134,17 @@ def figure_on_emulator(make: Callable[[], object], timeout: float = 600):
 GLUE_PREFIX = "application/papermill.record/"   # what myst-nb's {glue} roles read from a cell's outputs
 
 
+def _as_glue_text(text: str) -> str:
+    """The text/plain that {glue:text} shows as `text`. myst-nb reads it with ast.literal_eval first
+    (to strip a string's quotes), which turns "2,304" into the tuple (2, 304): such text is stored
+    quoted; text that reads back as itself (or not at all) is stored as it is."""
+    try:
+        back = ast.literal_eval(text)
+    except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError):
+        return text
+    return text if str(back) == text else repr(text)
+
+
 def glue(name: str, value, fmt: str | None = None):
     """Store a value for the prose: a markdown cell shows it with {glue:text}`name`, so every number
     in the text comes from the data it describes. The same output myst_nb.glue writes, without
@@ -143,7 +155,7 @@ def glue(name: str, value, fmt: str | None = None):
 
     missing = value is None or (isinstance(value, float) and value != value)
     text = "—" if missing else (format(value, fmt) if fmt else str(value))
-    data = {GLUE_PREFIX + "text/plain": text}
+    data = {GLUE_PREFIX + "text/plain": _as_glue_text(text)}
     if not missing and hasattr(value, "_repr_html_"):
         data[GLUE_PREFIX + "text/html"] = value._repr_html_()
     display(data, raw=True, metadata={"scrapbook": {"name": name, "mime_prefix": GLUE_PREFIX}})

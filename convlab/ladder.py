@@ -288,7 +288,9 @@ def figure(upto: str, pass_: str = "forward"):
     what = "" if pass_ == "forward" else f", {pass_}"
     ax.set_title(f"The ladder up to chapter {_number(upto)}{what} (shaded: this chapter)", fontsize=10, pad=16)
     ax.grid(axis="y", which="major", alpha=0.3)
-    fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncol=len(workloads), fontsize=9,
-               frameon=False)
-    fig.text(0.01, 0.0, provenance(df), fontsize=8, ha="left", va="bottom")
+    # the legend to the right of the axes and a strip kept free at the bottom for the provenance line
+    # (a legend below the axes and that line overlapped)
+    fig.legend(*ax.get_legend_handles_labels(), loc="outside right upper", fontsize=9, frameon=False)
+    fig.get_layout_engine().set(rect=(0, 0.035, 1, 0.965))
+    fig.text(0.01, 0.005, provenance(df), fontsize=8, ha="left", va="bottom")
     return fig

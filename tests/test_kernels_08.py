@@ -13,6 +13,7 @@ import struct
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 import convlab as cl
 from convlab import lenet
@@ -373,6 +374,23 @@ def test_lenet_twins_agree_on_a_forward_pass(digits):
     cl.check(a, b.double(), name="logits")
     assert torch.equal(a.argmax(1), b.argmax(1))
 
+
+
+def test_lenet_twins_agree_on_the_gradients_of_one_batch(digits):
+    """The course network's convolution gradients (dX and dW kernels) match torch's on one batch."""
+    from convlab import baselines
+
+    ours, theirs = lenet.twins(digits.image_size, seed=0)
+    dev = ours.fc1.weight.device
+    xb, yb = digits.x_train[:64].to(dev), digits.y_train[:64].to(dev)
+    with baselines.strict_fp32():
+        out_ours, out_theirs = ours(xb), theirs(xb)
+        F.cross_entropy(out_ours, yb).backward()
+        F.cross_entropy(out_theirs, yb).backward()
+    cl.check(out_ours.detach(), out_theirs.detach().double(), name="logits")
+    mine, torchs = dict(ours.named_parameters()), dict(theirs.named_parameters())
+    for name in ("conv1.weight", "conv2.weight", "conv1.bias", "conv2.bias"):
+        cl.check(mine[name].grad, torchs[name].grad.double(), rtol=1e-3, name=f"grad {name}")
 
 def test_lenet_trains_on_the_digits(digits):
     """A short run: the loss falls, and the course network follows the torch network step by step."""

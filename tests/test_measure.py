@@ -221,3 +221,19 @@ def test_channels_last_inputs_reach_the_launcher_and_the_row():
     assert seen[-1] is False
     with pytest.raises(ValueError, match="layout"):
         measure.run([impl], [LAYER], layout="nhwc", torch_baseline=False)
+
+
+def test_torch_algorithm_names_what_the_kernels_show():
+    fft = ("void fft2d_r2c_32x32<float, false, 1u, false>(float2*, float const*, int) | "
+           "sm80_xmma_gemm_cf32cf32_f32f32_cf32_nt_n_tilesize64x32x8_execute_kernel__5x_cublas | "
+           "void fft2d_c2r_32x32<float, false>(float*, float2 const*)")
+    assert baselines.torch_algorithm(fft) == ("FFT", "fft2d_r2c_32x32")
+    wino = ("void cudnn::winograd_nonfused::winogradWgradData4x4<float, float>(int) | "
+            "sm80_xmma_gemm_f32f32_f32f32_f32_nt_n_tilesize32x32x8_execute_kernel__5x_cublas")
+    assert baselines.torch_algorithm(wino) == ("Winograd", "cudnn::winograd_nonfused::winogradWgradData4x4")
+    igemm = "sm80_xmma_fprop_implicit_gemm_f32f32_f32f32_f32_nchwkcrs_nchw_tilesize256x64x8_execute_kernel__5x_cudnn"
+    assert baselines.torch_algorithm(igemm) == ("implicit GEMM", "sm80_xmma_fprop_implicit_gemm")
+    assert baselines.torch_algorithm("void wgrad_alg0_engine<float, 128, 5>(int, float*)")[0] == "implicit GEMM, atomics (wgrad_alg0)"
+    assert baselines.torch_algorithm("void at::native::elementwise_kernel<4>(int)") == (
+        "other", "at::native::elementwise_kernel")
+    assert baselines.torch_algorithm("") == ("", "") and baselines.torch_algorithm(float("nan")) == ("", "")
