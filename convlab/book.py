@@ -149,13 +149,16 @@ def glue(name: str, value, fmt: str | None = None):
     """Store a value for the prose: a markdown cell shows it with {glue:text}`name`, so every number
     in the text comes from the data it describes. The same output myst_nb.glue writes, without
     needing myst-nb where the notebook runs. fmt formats the value here (e.g. ".2f"); None or NaN
-    (no results committed yet) shows as a dash. Returns the value."""
+    (no results committed yet) shows as a dash. A value with HTML (book.table(...)) is stored as
+    HTML too, for a ```{glue:} name``` block (a table inside a dropdown, say). Returns the value."""
     from IPython.display import display
 
     missing = value is None or (isinstance(value, float) and value != value)
     text = "—" if missing else (format(value, fmt) if fmt else str(value))
-    display({GLUE_PREFIX + "text/plain": _as_glue_text(text)}, raw=True,
-            metadata={"scrapbook": {"name": name, "mime_prefix": GLUE_PREFIX}})
+    data = {GLUE_PREFIX + "text/plain": _as_glue_text(text)}
+    if not missing and hasattr(value, "_repr_html_"):
+        data[GLUE_PREFIX + "text/html"] = value._repr_html_()
+    display(data, raw=True, metadata={"scrapbook": {"name": name, "mime_prefix": GLUE_PREFIX}})
     return value
 
 

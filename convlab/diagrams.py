@@ -4,7 +4,6 @@ Each function returns a matplotlib Figure whose numbers come from the code that 
 kernel (the launchers' grid functions and config functions in convlab.ops, the kernels' own
 index arithmetic) or from running a tiny kernel, so a diagram cannot disagree with the code. The
 data each figure draws is attached to it as ``fig.convlab_data`` (a dict), which the tests check.
-No figure shows a time.
 
 - grid_maps: chapter 2's three thread-to-output maps (run on the backend), and grid z's limit;
 - im2col_matrix, im2col_gemm_tiles: chapter 4's unrolled matrix (run on the backend) and the
@@ -17,7 +16,10 @@ No figure shows a time.
 - conv3d_window: chapter 7's rolling window of outputs along z;
 - dx_gather_scatter, dw_reduction: chapter 8's transposed convolution and weight-gradient sum;
 - groups_dilation: chapter 9's grouped weights and dilated taps;
-- fused_epilogue: chapter 10's conv + bias + activation + pool in one kernel against three.
+- fused_epilogue: chapter 10's conv + bias + activation + pool in one kernel against three;
+- network_timeline: chapter 10's whole network, op after op, as a profiler's timeline.
+
+No figure measures a time; network_timeline draws the measured times it is given.
 """
 from __future__ import annotations
 
@@ -780,4 +782,61 @@ def fused_epilogue(workload: str = "lenet_c1"):
                 fontsize=FONT + 1)
     b.legend(loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=2, fontsize=FONT, frameon=False)
     fig.convlab_data = d
+    return fig
+
+
+def timeline_spans(lanes: dict) -> list[dict]:
+    """The spans network_timeline draws: each lane's ops one after another from 0 ms (a forward pass
+    runs its kernels in order on one stream), as dicts of lane, op, kind, start and end (ms)."""
+    spans = []
+    for lane, ops in lanes.items():
+        t = 0.0
+        for op, kind, ms in ops:
+            if not ms >= 0:
+                raise ValueError(f"{lane}: {op} has no time ({ms!r})")
+            spans.append({"lane": lane, "op": op, "kind": kind, "start": t, "end": t + ms})
+            t += ms
+    return spans
+
+
+TIMELINE_KINDS = {"copy": PALETTE[0], "conv stage": PALETTE[1], "fully-connected": PALETTE[2], "other": GREY}
+
+
+def network_timeline(lanes: dict | None = None, *, title: str = ""):
+    """Figure: a profiler's timeline (as Nsight Systems draws one) of a whole network's forward pass,
+    one row per contender, its ops back to back in the order they run, each bar as long as the op's
+    measured time (lanes: {row label: [(op, kind, ms), ...]}, kind one of TIMELINE_KINDS; title: the
+    GPU and where the times come from). What to see: which op the time goes to; an op too short to
+    label is named below the row. Without lanes: a two-op example."""
+    lanes = lanes or {"example": [("copy in", "copy", 1.0), ("conv", "conv stage", 2.0)]}
+    spans = timeline_spans(lanes)
+    end = max(s["end"] for s in spans)
+    names = list(lanes)
+    fig, ax = _figure(height=0.9 + 0.85 * len(names))
+    for s in spans:
+        y = len(names) - 1 - names.index(s["lane"])
+        width = s["end"] - s["start"]
+        ax.barh(y, width, left=s["start"], height=0.5, color=TIMELINE_KINDS[s["kind"]], edgecolor="white", lw=0.8)
+        label = f"{s['op']}\n{width:.2f} ms" if width >= 0.09 * end else ""
+        if label:
+            ax.text(s["start"] + width / 2, y, label, ha="center", va="center", fontsize=FONT - 1)
+    # ops too short for their label: named under the row, in order
+    for lane in names:
+        y = len(names) - 1 - names.index(lane)
+        small = [s for s in spans if s["lane"] == lane and s["end"] - s["start"] < 0.09 * end]
+        if small:
+            ax.text(small[0]["start"], y - 0.3, ", ".join(f"{s['op']} {s['end'] - s['start']:.2f} ms" for s in small),
+                    ha="left" if small[0]["start"] < 0.6 * end else "right", va="top", fontsize=FONT - 1)
+    ax.set_yticks(range(len(names)), names[::-1], fontsize=FONT)
+    ax.set_xlim(0, end * 1.01)
+    ax.set_ylim(-0.85, len(names) - 0.5)
+    ax.set_xlabel("ms from the start of the pass", fontsize=FONT)
+    ax.tick_params(labelsize=FONT)
+    ax.spines[["top", "right"]].set_visible(False)
+    used = [k for k in TIMELINE_KINDS if any(s["kind"] == k for s in spans)]
+    ax.legend(handles=[Rectangle((0, 0), 1, 1, color=TIMELINE_KINDS[k]) for k in used], labels=used,
+              loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=len(used), fontsize=FONT, frameon=False)
+    if title:
+        fig.suptitle(title, fontsize=FONT)
+    fig.convlab_data = {"spans": spans, "end_ms": end}
     return fig

@@ -176,3 +176,14 @@ def test_glued_text_reads_back_as_written():
         stored = book._as_glue_text(text)
         assert format_plain_text(stored, "") == text, (text, stored)
     assert book._as_glue_text("57") == "57" and book._as_glue_text("2,304") == "'2,304'"
+
+
+def test_glue_stores_a_tables_html(monkeypatch):
+    shown = []
+    monkeypatch.setattr("IPython.display.display", lambda data, **kw: shown.append((data, kw)))
+    book.glue("t", book.table(pd.DataFrame({"ms": [1.23456]})))
+    book.glue("n", 1.5, ".1f")
+    (table, kw), (number, _) = shown
+    assert kw["metadata"]["scrapbook"]["name"] == "t"
+    assert "<table" in table[book.GLUE_PREFIX + "text/html"] and "1.23" in table[book.GLUE_PREFIX + "text/plain"]
+    assert number == {book.GLUE_PREFIX + "text/plain": "1.5"}

@@ -15,7 +15,8 @@ from convlab._limits import GRID_YZ_MAX
 from convlab.ops import backprop, conv3d, fused, im2col
 
 FIGURES = ["grid_maps", "im2col_matrix", "im2col_gemm_tiles", "implicit_gemm_tiles", "direct_regtile_outputs",
-           "wmma_tiles", "mma_fragments", "ldmatrix_lanes", "conv3d_window", "dx_gather_scatter", "dw_reduction", "groups_dilation", "fused_epilogue"]
+           "wmma_tiles", "mma_fragments", "ldmatrix_lanes", "conv3d_window", "dx_gather_scatter", "dw_reduction", "groups_dilation", "fused_epilogue",
+           "network_timeline"]
 
 
 @pytest.mark.parametrize("name", FIGURES)
@@ -211,3 +212,16 @@ def test_wmma_tiles_count_the_fragments_waste():
     resnet = D.wmma_geometry("resnet")
     assert resnet["kernel"] == "WMMA implicit GEMM" and resnet["useful_fraction"] == 1.0
     assert resnet["A"].all() and resnet["B"].all() and resnet["C"].all()
+
+
+def test_network_timeline_puts_each_lanes_ops_back_to_back():
+    lanes = {"ours": [("copy in", "copy", 5.0), ("conv1", "conv stage", 1.0), ("fc1", "fully-connected", 0.25)],
+             "torch": [("conv1", "conv stage", 9.0)]}
+    fig = D.network_timeline(lanes, title="test")
+    plt.close(fig)
+    spans = fig.convlab_data["spans"]
+    assert [(s["op"], s["start"], s["end"]) for s in spans if s["lane"] == "ours"] == [
+        ("copy in", 0.0, 5.0), ("conv1", 5.0, 6.0), ("fc1", 6.0, 6.25)]
+    assert fig.convlab_data["end_ms"] == 9.0
+    with pytest.raises(ValueError, match="fc1 has no time"):
+        D.timeline_spans({"ours": [("fc1", "fully-connected", float("nan"))]})

@@ -46,7 +46,6 @@ LONG_READ = {"width": 1400, "height": 900}   # a chapter's length is counted in 
 # Chapter pages whose figures are not yet numbered and captioned: their figure check is expected
 # to fail. Remove a page here once its figures are `{figure}`s / glued figures with a caption.
 PAGES_WITHOUT_CAPTIONS_YET = frozenset({
-    "book/10_network",
 })
 # Pages with a table wider than its column outside a scroll box: expected to fail the table check
 # until their tables go through book.table (div.table-wrap) or shrink. Remove entries as they pass.
