@@ -3,6 +3,11 @@
     import convlab.exercise as ex
     ex.check_kernel(launch)          # launch(x, w, y, stride, pad) runs your kernel into y
     ex.check_kernel(launch, fp16="float", locate=where)   # half in and out; who computed a wrong output
+    ex.check_conv3d(launch, K)       # launch(x, w, y): a single-channel 3D convolution into y
+    ex.check_dw(launch)              # launch(x, dy, dw, stride, pad): the weight gradient into dw
+    ex.check_stage(launch)           # launch(x, w, bias, y): conv, bias, ReLU, 2x2 max pool into y
+    ex.check_counters(launch, targets)   # correct, then the emulator's memory counters against targets
+    ex.check_answer("03.reuse", reuse)   # a number against the answer kept in exercise_answers
     ex.check_function(conv2d_numpy)  # conv2d_numpy(x, w, stride, pad) returns y (numpy)
     ex.check_value("FLOPs", flops, expected)
     ex.check_prediction("sectors per request", predicted, measured)   # {case: number} each
@@ -11,19 +16,23 @@
     ex.check_placement("D", D, d_element)                   # where each lane's d[i] went
 
 Verdicts: "correct"; a named common mistake when the output matches one of them on the
-reference (flipped mask, swapped axes, padding or stride ignored, a tile not fully loaded, the
-result rebound instead of written into y); "wrong at (b,m,h,w): expected … got …"; "N outputs
-never written"; the emulator's fault messages (cl.ConvlabError subclasses: out of range, races,
-barriers, timeouts, each at its source line) as they are; "not done yet" for an unfinished
-exercise (nothing written, every output still 0, or a function that returns None). On the emulator, kernels run with
-the race detector, so a missing __syncthreads() or atomicAdd fails every time.
+reference (flipped mask, swapped axes, padding or stride ignored, `=` for `+=`, a tile not fully
+loaded, the result rebound instead of written into y); "wrong at (b,m,h,w): expected … got …";
+"N outputs never written"; the emulator's fault messages (cl.ConvlabError subclasses: out of
+range, races, barriers, timeouts, each at its source line) as they are. "not done yet" only while
+a TODO stub that scripts/make_exercises.py left (`TODO: … (about N lines)`) is still in the code
+the check runs (the launch function, the functions and %%cuda modules it uses); written code
+that writes nothing is told so. On the emulator, kernels run with the race detector, so a
+missing __syncthreads() or atomicAdd fails every time.
 Every check returns a Verdict, true when right, so a notebook (or a test) can go on either way;
 it shows nothing itself in a notebook, the printed line says it all.
 """
 from __future__ import annotations
 
 import dis
+import inspect
 import math
+import re
 import traceback
 from dataclasses import dataclass
 
@@ -153,27 +162,60 @@ def _mistakes(x, w, stride: int, pad: int):
         yield (f"the stride is ignored: the input row is h + p, but it must be h*stride + p - pad (stride={stride})",
                lambda: conv(x, w, s=1)[..., :Ho, :Wo])
 
+    def only(last_tap: bool):
+        keep = torch.zeros_like(w)
+        if last_tap:
+            keep[:, -1, -1, -1] = w[:, -1, -1, -1]
+        else:
+            keep[:, -1] = w[:, -1]
+        return conv(x, keep)
+    yield ("`=` where `+=` belongs: each output keeps only its last product (acc = a * b overwrites the "
+           "sum; acc += a * b adds to it)", lambda: only(True))
+    if x.shape[1] > 1:
+        yield ("only the last channel counts: the sum starts again at 0 for every channel c (set acc = 0 "
+               "once, before the loop over c), or the store is inside the loop over c", lambda: only(False))
 
-def diagnose(y, x, w, stride: int, pad: int, *, rtol: float = 1e-4, atol: float | None = None) -> str | None:
-    """Which common mistake gives the output y for these inputs, or None (atol: as in verdict)."""
-    got = _as_numpy(y).astype(np.float64)
-    for what, make in _mistakes(x, w, stride, pad):
-        want = make().numpy()
+
+def _match(got: np.ndarray, mistakes, rtol: float, atol: float | None) -> str | None:
+    """The first (what, make) of mistakes whose output equals got within the bound, else None."""
+    for what, make in mistakes:
+        want = _as_numpy(make()).astype(np.float64)
         if want.shape == got.shape:
-            if atol is None:
-                atol = 1e-4 * max(float(np.sqrt(np.mean(want ** 2))), 1e-30)
-            if np.all(np.abs(got - want) <= atol + rtol * np.abs(want)):
+            bound = atol if atol is not None else 1e-4 * max(float(np.sqrt(np.mean(want ** 2))), 1e-30)
+            if np.all(np.abs(got - want) <= bound + rtol * np.abs(want)):
                 return what
     return None
 
 
+def diagnose(y, x, w, stride: int, pad: int, *, rtol: float = 1e-4, atol: float | None = None) -> str | None:
+    """Which common mistake gives the output y for these inputs, or None (atol: as in verdict)."""
+    return _match(_as_numpy(y).astype(np.float64), _mistakes(x, w, stride, pad), rtol, atol)
+
+
+#: verdict's texts for an output nothing was computed into: a check says "not done yet" instead
+#: while a TODO stub is left (_todo_left).
+NOTHING = ("none of the", "all ")
+
+
+def _edge_only(bad: np.ndarray, pad: int, K: int) -> bool:
+    """Whether every wrong output of a (B, M, Ho, Wo) output lies in the band at the image's edge
+    whose window reaches outside the image (the bounds check or the padding decide those)."""
+    if bad.ndim != 4 or not bad.any():
+        return False
+    band = max(pad, 1) + (K > 1)
+    inner = bad[..., band:-band, band:-band] if min(bad.shape[-2:]) > 2 * band else np.zeros(0, bool)
+    return not inner.any()
+
+
 def verdict(y, ref, *, rtol: float = 1e-4, atol: float | None = None, labels: str = "bmhw",
-            inputs: tuple | None = None, locate=None) -> tuple[bool, str]:
+            inputs: tuple | None = None, locate=None, mistakes=None) -> tuple[bool, str]:
     """Compare an output with the fp64 reference: (ok, a one-line verdict). Like cl.check, atol
     defaults to 1e-4 of the reference's RMS (fp32 sums of many products). With inputs=(x, w,
-    stride, pad) of a conv2d, a wrong output is also tried against the common mistakes.
+    stride, pad) of a conv2d, a wrong output is also tried against the common mistakes; other
+    operations pass their own mistakes: (what, make() -> the output that mistake gives) pairs.
     locate(index) -> text names who computes the output at an index (which thread, which register
-    of its micro-tile): the verdict adds it after the first wrong or unwritten output."""
+    of its micro-tile): the verdict adds it after the first wrong or unwritten output.
+    An output with nothing in it starts with one of NOTHING."""
     n_poisoned = _poisoned(y)
     got = _as_numpy(y).astype(np.float64)
     want = _as_numpy(ref).astype(np.float64)
@@ -192,26 +234,28 @@ def verdict(y, ref, *, rtol: float = 1e-4, atol: float | None = None, labels: st
                      "every thread wait at a __syncthreads() before reading it, and does every read stay inside "
                      "what was written (an index, a fragment's leading dimension)?")
         if n_poisoned == got.size:
-            return False, (f"not done yet: all {got.size} outputs were computed from __shared__ memory that no "
-                           f"thread wrote (the emulator fills it with NaN for each block). Is the code still a "
-                           f"TODO? If not: {questions}")
+            return False, (f"all {got.size} outputs were computed from __shared__ memory that no thread wrote "
+                           f"(the emulator fills it with NaN for each block): {questions}")
         return False, (f"{n_poisoned} of {got.size} outputs were computed from __shared__ memory that no thread "
                        f"wrote (the emulator fills it with NaN for each block), the first at {at(first)}: "
                        f"{questions}")
     never = np.isnan(got)
     n_never = int(never.sum())
     if n_never == got.size:
-        return False, (f"not done yet: none of the {got.size} outputs was written "
-                       f"(is the code still a TODO?)")
+        return False, (f"none of the {got.size} outputs was written (they start as NaN): does the kernel store "
+                       f"into the output pointer it is passed, and does the launch pass the very tensor it was "
+                       f"given (not a new one), with a grid that starts at least one thread?")
     if not got.any() and want.any():
-        return False, (f"not done yet: all {got.size} outputs are 0, as if nothing was added up (is the code "
-                       f"still a TODO? if not, what writes zeros over them?)")
+        return False, (f"all {got.size} outputs are 0, as if nothing was added up: is each product added "
+                       f"into the sum (+=), and is it the sum that is stored?")
     bad = never | ~np.isfinite(got) | (np.abs(got - want) > atol + rtol * np.abs(want))
     n_bad = int(bad.sum())
     if n_bad == 0:
         return True, "correct"
-    if inputs is not None and not n_never:
-        mistake = diagnose(y, *inputs, rtol=rtol, atol=given_atol)
+    if not n_never:
+        if inputs is not None and mistakes is None:
+            mistakes = _mistakes(*inputs)
+        mistake = _match(got, mistakes, rtol, given_atol) if mistakes is not None else None
         if mistake:
             return False, mistake
 
@@ -220,8 +264,12 @@ def verdict(y, ref, *, rtol: float = 1e-4, atol: float | None = None, labels: st
         first_never = tuple(int(i) for i in np.argwhere(never)[0])
         return False, (f"{n_never} of {got.size} outputs never written, the first at {at(first_never)}: "
                        f"does every output get a thread?")
+    edge = ""
+    if inputs is not None and _edge_only(bad, inputs[3], np.shape(inputs[1])[-1]):
+        edge = (": only outputs at the image's edge are wrong, whose windows reach outside the image: check "
+                "the bounds test (ih < H, not ih <= H; ih >= 0) and where the padding is subtracted")
     return False, (f"wrong at {at(first)}: expected {_fmt(want[first])} got {_fmt(got[first])} "
-                   f"({n_bad} of {got.size} outputs wrong)")
+                   f"({n_bad} of {got.size} outputs wrong){edge}")
 
 
 def _as_numpy(a) -> np.ndarray:
@@ -270,32 +318,88 @@ def _rebinds(fn, index: int) -> str | None:
     return None
 
 
-def _run_one(run, shape: Shape, *, on_device: bool, fp16: bool = False):
-    """Make fresh inputs, run the student's code once; (output or None, reference, error text or None,
-    inputs). On the emulator the race detector watches every launch. fp16: the kernel gets x and w
-    rounded to half and a half y; the reference stays that of the float32 inputs."""
-    import torch
+#: The stub scripts/make_exercises.py leaves where a solution was: `// TODO: hint (about N lines)`.
+_TODO_STUB = re.compile(r"(?://|#)[ \t]*TODO:[^\n]*\(about \d+ lines?\)")
 
+
+def _todo_left(run) -> str | None:
+    """Where an exercise's TODO stub is still in the code a check runs: the function itself, the
+    functions it calls and the %%cuda modules (or their kernels) it names, through its globals
+    and closure. None when no stub is left (the code was written, right or wrong)."""
     import convlab as cl
 
-    x = cl.randn(shape.B, shape.C, shape.H, shape.W)
-    w = cl.randn(shape.M, shape.C, shape.K, shape.K)
-    ref = cl.ref.conv2d(x, w, stride=shape.stride, padding=shape.pad)
+    seen: set[int] = set()
+
+    def visit(obj, depth: int) -> str | None:
+        if id(obj) in seen or depth > 3:
+            return None
+        seen.add(id(obj))
+        if isinstance(obj, cl.Kernel):
+            obj = obj.module
+        if isinstance(obj, cl.Module):
+            m = _TODO_STUB.search(obj.src.text)
+            if m:
+                line = obj.src.text.count("\n", 0, m.start()) + 2      # + the %%cuda line
+                return f"the TODO in cell {obj.path.stem}, line {line}"
+            return None
+        code = getattr(obj, "__code__", None)
+        if code is None:
+            func = getattr(obj, "func", None)                           # functools.partial
+            return visit(func, depth + 1) if func is not None else None
+        try:
+            lines, first = inspect.getsourcelines(obj)
+        except (OSError, TypeError):
+            lines, first = [], 0
+        for i, line in enumerate(lines):
+            if _TODO_STUB.search(line):
+                return f"the TODO in {getattr(obj, '__name__', 'your function')}, line {first + i} of its cell"
+        names = [getattr(obj, "__globals__", {}).get(n) for n in code.co_names]
+        cells = [c.cell_contents for c in (getattr(obj, "__closure__", None) or ()) if _filled(c)]
+        for value in names + cells:
+            if value is not None and (callable(value) or isinstance(value, cl.Module)):
+                found = visit(value, depth + 1)
+                if found:
+                    return found
+        return None
+
+    return visit(run, 0)
+
+
+def _filled(cell) -> bool:
     try:
-        if on_device:
-            dtype = torch.float16 if fp16 else torch.float32
-            xk, wk = (x.half(), w.half()) if fp16 else (x, w)
-            y = cl.empty(shape.B, shape.M, shape.Ho, shape.Wo, dtype=dtype)
-            with cl.detect_races(True), cl._check_time_limit(CHECK_TIMEOUT_S):
-                out = run(xk, wk, y, shape.stride, shape.pad)
-            cl.sync()  # a GPU launch is asynchronous: its faults show here
-            if isinstance(out, torch.Tensor):
-                y = out
-        else:
-            y = run(x.cpu().numpy(), w.cpu().numpy(), shape.stride, shape.pad)
-    except Exception as e:  # noqa: BLE001
-        return None, ref, describe_error(e), (x, w, shape.stride, shape.pad)
-    return y, ref, None, (x, w, shape.stride, shape.pad)
+        cell.cell_contents
+    except ValueError:
+        return False
+    return True
+
+
+def _nothing(run, text: str, *, out_index: int | None) -> str:
+    """An output with nothing in it: "not done yet" while a TODO stub is left, else what writes nothing."""
+    todo = _todo_left(run)
+    if todo:
+        return f"not done yet: {todo} is still there, and nothing was computed into the output"
+    rebound = _rebinds(run, out_index) if out_index is not None else None
+    if rebound:
+        return (f"✗ none of the outputs was written: your launch function assigns to `{rebound}` "
+                f"(`{rebound} = ...`), which only makes the name point at a new tensor inside the function; "
+                f"the checked tensor stays as it was. Write into it instead: `{rebound}.copy_(...)` or "
+                f"`{rebound}[...] = ...`")
+    return f"✗ {text}"
+
+
+def _fault(run, error: str) -> str:
+    todo = _todo_left(run)
+    return f"not done yet: {todo} is still there (running the code as it is: {error})" if todo else error
+
+
+def _launch(call):
+    """Run a student's launch under the race detector and the checks' time limit; its result."""
+    import convlab as cl
+
+    with cl.detect_races(True), cl._check_time_limit(CHECK_TIMEOUT_S):
+        out = call()
+    cl.sync()  # a GPU launch is asynchronous: its faults show here
+    return out
 
 
 def _say(ok: bool, text: str) -> Verdict:
@@ -303,36 +407,66 @@ def _say(ok: bool, text: str) -> Verdict:
     return Verdict(ok, text)
 
 
-def _check(run, shapes, *, on_device: bool, name: str, fp16: str | None = None, locate=None) -> Verdict:
-    shapes = list(AWKWARD_SHAPES if shapes is None else shapes)
-    for i, shape in enumerate(shapes):
-        y, ref, error, inputs = _run_one(run, shape, on_device=on_device, fp16=fp16 is not None)
-        if error is not None:
-            return _say(False, f"✗ {shape}: {error}")
-        if y is None:
-            return _say(False, f"not done yet: {name} returned None for {shape}")
-        bound = {}
+@dataclass
+class _Case:
+    """One run of a check: what it is (for the verdict), its call, its output tensor and reference."""
+    text: str
+    why: str
+    call: object                 # () -> the student's result (a tensor used instead of out, or None)
+    out: object
+    ref: object
+    mistakes: object = None      # (what, make) pairs, or None
+    bound: dict | None = None    # rtol=, atol= for verdict
+    inputs: tuple | None = None  # conv2d's (x, w, stride, pad): verdict's own mistakes
+    locate: object = None
+
+
+def _run_cases(run, cases, *, name: str, labels: str = "bmhw", out_index: int | None = 2,
+               passed: str) -> Verdict:
+    """The checks' common path: each case run (faults printed, never raised), judged against its
+    reference and the common mistakes; the first failure is the verdict."""
+    import torch
+
+    cases = list(cases)
+    for i, case in enumerate(cases):
+        before = f"\n  ({i} shape{'s' if i > 1 else ''} before it passed)" if i else ""
+        try:
+            result = _launch(case.call)
+        except Exception as e:  # noqa: BLE001 (a check must never stop the notebook)
+            text = _fault(run, describe_error(e))
+            return _say(False, text if text.startswith("not done") else f"✗ {case.text}: {text}")
+        out = result if isinstance(result, torch.Tensor) and out_index is not None else case.out
+        ok, text = verdict(out, case.ref, labels=labels, inputs=case.inputs, mistakes=case.mistakes,
+                           locate=case.locate, **(case.bound or {}))
+        if not ok and text.startswith(NOTHING):
+            text = _nothing(run, text, out_index=out_index)
+            return _say(False, text if text.startswith("not done") else f"{text[:2]}{case.text}: {text[2:]}")
+        if not ok:
+            return _say(False, f"✗ {case.text} ({case.why}): {text}{before}")
+    return _say(True, f"✓ correct: {name} {passed}")
+
+
+def _conv2d_cases(run, shapes, *, fp16: str | None, locate):
+    import torch
+
+    import convlab as cl
+
+    for shape in shapes:
+        x = cl.randn(shape.B, shape.C, shape.H, shape.W)
+        w = cl.randn(shape.M, shape.C, shape.K, shape.K)
+        ref = cl.ref.conv2d(x, w, stride=shape.stride, padding=shape.pad)
+        y = cl.empty(shape.B, shape.M, shape.Ho, shape.Wo, dtype=torch.float16 if fp16 else torch.float32)
+        xk, wk = (x.half(), w.half()) if fp16 else (x, w)
+        bound = None
         if fp16 is not None:
             from .ops.fp16 import fp16_tolerance
 
             rtol, atol_rms = fp16_tolerance(shape.C, shape.K, fp16)
             bound = {"rtol": rtol, "atol": atol_rms * float(ref.double().pow(2).mean().sqrt())}
         where = (lambda index, shape=shape: locate(shape, index)) if locate is not None else None
-        ok, text = verdict(y, ref, inputs=inputs, locate=where, **bound)
-        if not ok and text.startswith("not done yet"):
-            rebound = _rebinds(run, 2) if on_device else None
-            if rebound:
-                return _say(False, f"✗ none of the outputs was written: your launch function assigns to "
-                                   f"`{rebound}` (`{rebound} = ...`), which only makes the name point at a new "
-                                   f"tensor inside the function; the checked tensor stays as it was. Write into "
-                                   f"it instead: `{rebound}.copy_(...)` or `{rebound}[...] = ...`")
-            return _say(False, text)
-        if not ok:
-            before = f"\n  ({i} shape{'s' if i > 1 else ''} before it passed)" if i else ""
-            return _say(False, f"✗ {shape} ({shape.why}): {text}{before}")
-    within = "is within the fp16 bound of" if fp16 is not None else "matches"
-    return _say(True, f"✓ correct: {name} {within} the fp64 reference on all {len(shapes)} shapes "
-                      f"(awkward sizes, C=1, B=1, odd and even K, stride 2, padding)")
+        yield _Case(str(shape), shape.why,
+                    lambda xk=xk, wk=wk, y=y, shape=shape: run(xk, wk, y, shape.stride, shape.pad),
+                    y, ref, bound=bound, inputs=(x, w, shape.stride, shape.pad), locate=where)
 
 
 def check_kernel(launch, shapes=None, *, name: str = "your kernel", fp16: str | None = None,
@@ -346,12 +480,36 @@ def check_kernel(launch, shapes=None, *, name: str = "your kernel", fp16: str | 
     of its tile), said with the first wrong or unwritten output."""
     if fp16 not in (None, "half", "float"):
         raise ValueError("fp16 is 'half' or 'float' (how the kernel adds up), or None for float32")
-    return _check(launch, shapes, on_device=True, name=name, fp16=fp16, locate=locate)
+    shapes = list(AWKWARD_SHAPES if shapes is None else shapes)
+    within = "is within the fp16 bound of" if fp16 is not None else "matches"
+    return _run_cases(launch, _conv2d_cases(launch, shapes, fp16=fp16, locate=locate), name=name,
+                      passed=f"{within} the fp64 reference on all {len(shapes)} shapes (awkward sizes, C=1, "
+                             f"B=1, odd and even K, stride 2, padding)")
 
 
 def check_function(fn, shapes=None, *, name: str = "your function") -> Verdict:
     """fn(x, w, stride, pad) takes numpy float32 arrays and returns y. Prints a verdict."""
-    return _check(fn, shapes, on_device=False, name=name)
+    import convlab as cl
+
+    shapes = list(AWKWARD_SHAPES if shapes is None else shapes)
+    for i, shape in enumerate(shapes):
+        x, w = cl.randn(shape.B, shape.C, shape.H, shape.W), cl.randn(shape.M, shape.C, shape.K, shape.K)
+        ref = cl.ref.conv2d(x, w, stride=shape.stride, padding=shape.pad)
+        try:
+            y = fn(x.cpu().numpy(), w.cpu().numpy(), shape.stride, shape.pad)
+        except Exception as e:  # noqa: BLE001
+            text = _fault(fn, describe_error(e))
+            return _say(False, text if text.startswith("not done") else f"✗ {shape}: {text}")
+        if y is None:
+            todo = _todo_left(fn)
+            return _say(False, f"not done yet: {todo} is still there" if todo else
+                               f"✗ {name} returned None for {shape}: does it end with `return y`?")
+        ok, text = verdict(y, ref, inputs=(x, w, shape.stride, shape.pad))
+        if not ok:
+            before = f"\n  ({i} shape{'s' if i > 1 else ''} before it passed)" if i else ""
+            return _say(False, f"✗ {shape} ({shape.why}): {text}{before}")
+    return _say(True, f"✓ correct: {name} matches the fp64 reference on all {len(shapes)} shapes "
+                      f"(awkward sizes, C=1, B=1, odd and even K, stride 2, padding)")
 
 
 def check_value(name: str, got, expected, *, rel: float = 1e-9) -> Verdict:
