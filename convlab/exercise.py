@@ -442,7 +442,8 @@ def _run_cases(run, cases, *, name: str, labels: str = "bmhw", out_index: int | 
             text = _nothing(run, text, out_index=out_index)
             return _say(False, text if text.startswith("not done") else f"{text[:2]}{case.text}: {text[2:]}")
         if not ok:
-            return _say(False, f"✗ {case.text} ({case.why}): {text}{before}")
+            why = f" ({case.why})" if case.why else ""
+            return _say(False, f"✗ {case.text}{why}: {text}{before}")
     return _say(True, f"✓ correct: {name} {passed}")
 
 
@@ -510,6 +511,237 @@ def check_function(fn, shapes=None, *, name: str = "your function") -> Verdict:
             return _say(False, f"✗ {shape} ({shape.why}): {text}{before}")
     return _say(True, f"✓ correct: {name} matches the fp64 reference on all {len(shapes)} shapes "
                       f"(awkward sizes, C=1, B=1, odd and even K, stride 2, padding)")
+
+
+#: Volumes (D, H, W, why) for a 3D kernel of blocks of 32 columns, BY rows and ZC planes: no
+#: multiple of any block along each axis, a single output plane, fewer planes than ZC.
+VOLUMES = [(3, 3, 3, "the smallest: one output"),
+           (9, 13, 37, "no multiple of 32, BY or ZC"),
+           (6, 8, 40, "fewer planes than two blocks; columns over two warps"),
+           (11, 6, 10, "a short last plane block"),
+           (3, 20, 70, "D = K: one output plane")]
+
+
+def check_conv3d(launch, K: int, volumes=None, *, name: str = "your kernel", tol: float = 1e-5) -> Verdict:
+    """launch(x, w, y) runs a single-channel 3D convolution (valid, stride 1) of x (D, H, W) with
+    the mask w (K, K, K) into y, which starts as NaN; checked on `volumes` ((D, H, W, why), VOLUMES
+    by default) against the fp64 reference within tol, the challenge's tolerance."""
+    import convlab as cl
+
+    volumes = VOLUMES if volumes is None else volumes
+
+    def cases():
+        for D, H, W, why in volumes:
+            x, w = cl.randn(D, H, W), cl.randn(K, K, K)
+            y = cl.empty(D - K + 1, H - K + 1, W - K + 1)
+            conv = lambda ww, x=x: cl.ref.conv3d(x, ww)  # noqa: E731
+            mistakes = [
+                ("the mask is flipped: that is convolution, but the course computes cross-correlation, "
+                 "x[z+kz][y+ky][x+kx] * k[kz][ky][kx]", lambda w=w, conv=conv: conv(w.flip(0, 1, 2))),
+                ("the mask's planes are in the wrong order: output plane oz takes input plane iz with mask "
+                 "plane kz = iz - oz; in the window acc[j] (output plane iz - (KS-1) + j) that is plane "
+                 "KS-1-j, not j", lambda w=w, conv=conv: conv(w.flip(0))),
+                ("the mask's row and column are swapped: k[kz][kx][ky] where k[kz][ky][kx] belongs",
+                 lambda w=w, conv=conv: conv(w.transpose(1, 2))),
+            ]
+            yield _Case(f"{D}×{H}×{W}", why, lambda x=x, w=w, y=y: launch(x, w, y), y, cl.ref.conv3d(x, w),
+                        mistakes=mistakes, bound={"rtol": tol, "atol": tol})
+
+    return _run_cases(launch, cases(), name=name, labels="zyx",
+                      passed=f"matches the fp64 reference within {tol:g} on all {len(volumes)} volumes")
+
+
+def _weight_grad_mistakes(x, dy, w_shape, stride: int, pad: int):
+    import torch
+    import torch.nn.functional as F
+
+    import convlab as cl
+
+    x, dy = x.double().cpu(), dy.double().cpu()
+    grad = lambda xx, gy, s=stride, p=pad: cl.ref.conv2d_weight_grad(xx, w_shape, gy, stride=s, padding=p)  # noqa: E731
+    yield ("dw[m][c][ky][kx] is flipped: the product for tap (ky, kx) goes to dw[...][K-1-ky][K-1-kx]",
+           lambda: grad(x, dy).flip(-1, -2))
+    yield ("ky and kx are swapped: the product for tap (ky, kx) goes to dw[...][kx][ky]",
+           lambda: grad(x, dy).transpose(-1, -2))
+    if pad:
+        yield (f"the padding is ignored: the input row is oy*stride + ky, but it must be oy*stride + ky - pad "
+               f"(pad={pad}), skipping rows and columns outside the image",
+               lambda: grad(F.pad(x, (0, 2 * pad, 0, 2 * pad)), dy, p=0))
+    if stride > 1:
+        H, W, K = x.shape[-2], x.shape[-1], w_shape[-1]
+        full = torch.zeros(*dy.shape[:2], H + 2 * pad - K + 1, W + 2 * pad - K + 1, dtype=dy.dtype)
+        full[..., :dy.shape[-2], :dy.shape[-1]] = dy
+        yield (f"the stride is ignored: the input row is oy + ky - pad, but it must be oy*stride + ky - pad "
+               f"(stride={stride})", lambda: grad(x, full, s=1))
+
+
+def check_dw(launch, shapes=None, *, name: str = "your kernel") -> Verdict:
+    """launch(x, dy, dw, stride, pad) computes the weight gradient (M, C, K, K) of a conv2d into dw,
+    which starts as NaN (a kernel that adds into it zeroes it first); checked on the awkward shapes
+    against the fp64 reference."""
+    import convlab as cl
+
+    shapes = list(AWKWARD_SHAPES if shapes is None else shapes)
+
+    def cases():
+        for s in shapes:
+            x, dy = cl.randn(s.B, s.C, s.H, s.W), cl.randn(s.B, s.M, s.Ho, s.Wo)
+            w_shape = (s.M, s.C, s.K, s.K)
+            dw = cl.empty(*w_shape)
+            yield _Case(str(s), s.why, lambda x=x, dy=dy, dw=dw, s=s: launch(x, dy, dw, s.stride, s.pad), dw,
+                        cl.ref.conv2d_weight_grad(x, w_shape, dy, stride=s.stride, padding=s.pad),
+                        mistakes=list(_weight_grad_mistakes(x, dy, w_shape, s.stride, s.pad)))
+
+    return _run_cases(launch, cases(), name=name, labels=("m", "c", "ky", "kx"),
+                      passed=f"matches the fp64 reference on all {len(shapes)} shapes (awkward sizes, C=1, "
+                             f"B=1, odd and even K, stride 2, padding)")
+
+
+#: Shapes (B, C, M, H, W, K) of a conv + bias + ReLU + 2x2 max pool stage: odd conv outputs (the
+#: last row or column is dropped), C > 1, one image, K = 1.
+STAGE_SHAPES = [(2, 1, 4, 20, 20, 7), (2, 3, 5, 17, 22, 5), (1, 4, 16, 15, 13, 7),
+                (3, 2, 3, 9, 10, 3), (1, 2, 2, 6, 7, 1)]
+
+
+def check_stage(launch, shapes=None, *, name: str = "your kernel") -> Verdict:
+    """launch(x, w, bias, y) computes max_pool2d(relu(conv2d(x, w) + bias), 2) (stride 1, no padding)
+    into y (B, M, Ho//2, Wo//2), which starts as NaN; checked on STAGE_SHAPES against fp64."""
+    import torch
+    import torch.nn.functional as F
+
+    import convlab as cl
+
+    shapes = STAGE_SHAPES if shapes is None else shapes
+
+    def cases():
+        for B, C, M, H, W, K in shapes:
+            x, w, b = cl.randn(B, C, H, W), cl.randn(M, C, K, K), cl.randn(M)
+            xd, wd, bd = x.double().cpu(), w.double().cpu(), b.double().cpu()
+            conv = lambda ww, bb=None, xd=xd: F.conv2d(xd, ww, bb)  # noqa: E731
+            pool = lambda t: F.max_pool2d(t, 2)  # noqa: E731
+            ref = pool(torch.relu(conv(wd, bd)))
+            mistakes = [
+                ("the mask is flipped: that is convolution, but the course computes cross-correlation, "
+                 "x[..][2py+dy+ky][2px+dx+kx] * w[m][c][ky][kx]", lambda wd=wd, bd=bd: pool(torch.relu(conv(wd.flip(-1, -2), bd)))),
+                ("the mask's axes are swapped: w[m][c][kx][ky] where w[m][c][ky][kx] belongs",
+                 lambda wd=wd, bd=bd: pool(torch.relu(conv(wd.transpose(-1, -2), bd)))),
+                ("the ReLU is missing: the largest of the four must be at least 0 (fmaxf(v, 0.0f))",
+                 lambda wd=wd, bd=bd: pool(conv(wd, bd))),
+                ("the bias is missing: bias[m] is added to every conv output (once to the largest is enough)",
+                 lambda wd=wd: pool(torch.relu(conv(wd)))),
+                ("the bias comes after the ReLU: ReLU(max + bias), not ReLU(max) + bias",
+                 lambda wd=wd, bd=bd: pool(torch.relu(conv(wd))) + bd.view(1, -1, 1, 1)),
+                ("that is average pooling: the window's output is the largest of its four values, not their mean",
+                 lambda wd=wd, bd=bd: F.avg_pool2d(torch.relu(conv(wd, bd)), 2)),
+                ("the window is 2×2 conv outputs at rows 2py, 2py+1 and columns 2px, 2px+1: only (2py, 2px) "
+                 "was taken", lambda wd=wd, bd=bd: torch.relu(conv(wd, bd))[..., 0:2 * (ref.shape[-2]):2, 0:2 * ref.shape[-1]:2]),
+            ]
+            y = cl.empty(*ref.shape)
+            yield _Case(f"B={B} C={C} M={M} {H}×{W} K={K}", "", lambda x=x, w=w, b=b, y=y: launch(x, w, b, y),
+                        y, ref, mistakes=mistakes)
+
+    return _run_cases(launch, cases(), name=name, labels=("b", "m", "py", "px"), out_index=3,
+                      passed=f"matches the fp64 stage on all {len(shapes)} shapes")
+
+
+def _macs(shape: Shape) -> int:
+    return shape.B * shape.M * shape.Ho * shape.Wo * shape.C * shape.K * shape.K
+
+
+#: What check_counters grades, from one kernel's emulator counters (k.metrics) and the
+#: multiply-adds of the launch: (its value, its unit for the verdict).
+def _quantity(what: str, k, macs: int | None) -> float | None:
+    m = k.metrics
+    if what == "sectors per load request":
+        return k.sectors_per_request("ld")
+    if what == "sectors per store request":
+        return k.sectors_per_request("st")
+    if what == "shared bank conflicts":
+        return (m["l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum"]
+                + m["l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum"])
+    if what == "global load bytes per multiply-add":
+        return 32 * m["l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum"] / macs if macs else None
+    raise ValueError(f"check_counters grades {', '.join(COUNTERS)}; not {what!r}")
+
+
+COUNTERS = ("sectors per load request", "sectors per store request", "shared bank conflicts",
+            "global load bytes per multiply-add")
+
+
+def _costliest_line(card) -> str:
+    """The source line whose accesses move the most sectors or wavefronts, as a student finds it."""
+    try:
+        df = card.lines().reset_index()
+    except Exception:  # noqa: BLE001 (no lines on this card: nothing to add)
+        return ""
+    best, text = -1.0, ""
+    for _, row in df.iterrows():
+        for unit in ("sectors", "wavefronts"):
+            per = row.get(f"{unit} per request")
+            if per is not None and not (isinstance(per, float) and math.isnan(per)):
+                moved = float(per) * float(row["requests"])
+                if moved > best:
+                    best, text = moved, f"{row['source line']} ({row['access']}: {moved:,.0f} {unit})"
+    return f"\n  the line that moves the most: {text}" if text else ""
+
+
+def check_counters(launch, targets: dict, *, shape: Shape | None = None, result=None,
+                   name: str = "your kernel") -> Verdict:
+    """Correct first, then the emulator's memory counters against targets {quantity: most allowed}
+    (quantities: COUNTERS). With shape, launch(x, w, y, stride, pad) is a conv2d launch, run once
+    on that shape under cl.profile and its output held to the fp64 reference; without, launch()
+    takes no arguments and result() -> (got, expected) says whether its output is right. Prints
+    e.g. "✓ correct; 4 sectors per load request (target ≤ 4.5); ..." and the costliest line."""
+    import torch
+
+    import convlab as cl
+
+    for what in targets:
+        if what not in COUNTERS:
+            raise ValueError(f"check_counters grades {', '.join(COUNTERS)}; not {what!r}")
+    if cl.backend() != "emu":
+        return _say(False, "the counters are graded on the emulator: run this notebook with "
+                           "CONVLAB_BACKEND=emu (on a GPU, cl.profile gives ncu's counters to read yourself)")
+    if shape is not None:
+        x, w = cl.randn(shape.B, shape.C, shape.H, shape.W), cl.randn(shape.M, shape.C, shape.K, shape.K)
+        y = cl.empty(shape.B, shape.M, shape.Ho, shape.Wo)
+        call = lambda: launch(x, w, y, shape.stride, shape.pad)  # noqa: E731
+        macs = _macs(shape)
+    else:
+        call, macs = launch, None
+    try:
+        card = cl.profile(call)
+    except Exception as e:  # noqa: BLE001 (a check must never stop the notebook)
+        text = _fault(launch, describe_error(e))
+        return _say(False, text if text.startswith("not done") else f"✗ {text}")
+    if shape is not None:
+        ok, text = verdict(y, cl.ref.conv2d(x, w, stride=shape.stride, padding=shape.pad),
+                           inputs=(x, w, shape.stride, shape.pad))
+    else:
+        try:
+            got, want = result()
+        except Exception as e:  # noqa: BLE001
+            return _say(False, f"✗ {describe_error(e)}")
+        ok, text = verdict(got, want, labels="ijk")
+    if not ok:
+        if text.startswith(NOTHING):
+            text = _nothing(launch, text, out_index=2 if shape is not None else None)
+            return _say(False, text)
+        return _say(False, f"✗ {name}{f' on {shape}' if shape else ''}: {text}")
+    if not card.kernels:
+        return _say(False, f"✗ {name} launched no kernel")
+    k = card.kernels[-1]
+    parts, met = [], True
+    for what, most in targets.items():
+        got = _quantity(what, k, macs)
+        if got is None:
+            parts.append(f"no {what} (the kernel makes no such access)")
+            continue
+        good = got <= most + 1e-9
+        met &= good
+        parts.append(f"{got:.3g} {what} (target {'≤ ' if most else ''}{most:g}){'' if good else ' ✗'}")
+    lead = "✓ correct" if met else "✗ correct, but not within the targets"
+    return _say(met, f"{lead}: {name}: " + "; ".join(parts) + _costliest_line(card))
 
 
 def check_value(name: str, got, expected, *, rel: float = 1e-9) -> Verdict:
@@ -652,3 +884,20 @@ def check_placement(name: str, out, element) -> Verdict:
     belongs = int(want[r, c])
     return _say(False, f"✗ {name}[{r}][{c}] holds {has}; the layout puts lane {belongs // 4}'s d[{belongs % 4}] "
                        f"there ({len(bad)} of {got.size} wrong)")
+
+
+def check_answer(key: str, got, *args) -> Verdict:
+    """An exercise's number (or list) against the answer kept in convlab.exercise_answers, so the
+    exercise page never shows it: check_answer("03.reuse", reuse); args go to the answer (a
+    workload's name). Says how far off, never the answer."""
+    from .exercise_answers import ANSWERS
+
+    what, answer = ANSWERS[key]
+    return check_value(what.format(*args), got, answer(*args))
+
+
+def check_targets(key: str) -> dict:
+    """The counter targets kept for an exercise's kernel (convlab.exercise_answers.TARGETS)."""
+    from .exercise_answers import TARGETS
+
+    return dict(TARGETS[key])

@@ -53,7 +53,7 @@ def test_python_regions_become_a_todo_that_still_runs():
     ex = make_exercises.make_exercise(_solution(nbformat.v4.new_markdown_cell("# Solution 3: x"), cell), "x.ipynb")
     title, code = ex.cells
     assert title.source == "# Exercise 3: x"
-    assert code.source == ("def f(x):\n    y = None\n    # TODO: square it (about 2 lines)\n    pass\n"
+    assert code.source == ("def f(x):\n    y = None\n    # TODO: square it (about 2 lines)\n    y = None\n"
                            "    return y\nprint(f(3))")
     assert code.outputs == [] and code.execution_count is None and code.id == "c1"
     assert code.metadata["tags"] == ["hide-input"]
@@ -69,6 +69,25 @@ def test_cuda_and_markdown_regions():
     ex = make_exercises.make_exercise(_solution(cuda, answer), "x.ipynb")
     assert ex.cells[0].source == "%%cuda m\n__global__ void k(float* y) {\n    // TODO: your code here (about 1 line)\n}"
     assert ex.cells[1].source == "Why?\n\n*Your answer here.*"
+
+
+def test_the_exercise_gets_the_stub_the_solution_needs_none():
+    cell = nbformat.v4.new_code_cell("def launch(x):\n    ### BEGIN SOLUTION one block\n    grid = 1\n"
+                                     "    ### END SOLUTION\n    run(grid)\n### BEGIN SOLUTION\nprint(1)\n"
+                                     "### END SOLUTION\n")
+    code = make_exercises.make_exercise(_solution(cell), "x.ipynb").cells[0].source
+    assert code == ("def launch(x):\n    # TODO: one block (about 1 line)\n    grid = None\n    run(grid)\n"
+                    "# TODO: your code here (about 1 line)\npass\n")
+
+
+def test_long_hints_continue_on_marker_lines_and_wrap_to_the_code_box():
+    hint = "load the tile, halo included, in passes of TILE*TILE threads; zeros outside the image"
+    cell = nbformat.v4.new_code_cell(f"%%cuda m\n    // BEGIN SOLUTION {hint}\n    //+ then wait for the "
+                                     f"whole block\n    y[0] = 1;\n    // END SOLUTION\n")
+    code = make_exercises.make_exercise(_solution(cell), "x.ipynb").cells[0].source
+    todo = code.splitlines()[1:]
+    assert all(len(line) <= make_exercises.WIDTH for line in todo) and len(todo) == 2
+    assert todo[1].startswith("    //       ") and code.rstrip().endswith("wait for the whole block (about 1 line)")
 
 
 def test_an_unpaired_marker_is_an_error():

@@ -1,0 +1,28 @@
+"""The exercises' answers, kept out of the exercise pages: ex.check_answer(key, value) reads them.
+
+Each entry: key -> (what the verdict calls it, answer(*args)). TARGETS: each kernel's counter
+targets for ex.check_counters, from the chapter's kernel on the same shape
+(tests/test_exercise_mutants.py measures them again).
+"""
+from __future__ import annotations
+
+from .workloads import get as _wl
+
+ANSWERS = {
+    "01.flops": ("FLOPs of {0}", lambda name: _wl(name).flops),
+    "01.bytes": ("bytes of {0}", lambda name: _wl(name).bytes),
+    "02.too_big_for_z": ("the z map's failures", lambda: ["lenet_c3", "fa17"]),
+    "03.reuse": ("multiply-adds per global load", lambda: 16 ** 2 * 49 / 22 ** 2),
+    "04.u_bytes": ("bytes of U for lenet_c1", lambda: 12_544_000_000),
+    "05_implicit_gemm.saved": ("bytes saved on fa17", lambda: 2 * 4 * 10000 * 25 * 24 * 24),
+    "05_register_tiles.saved": ("shared loads saved per multiply-add", lambda: 1.625),
+    "06_half2.hfma2": ("HFMA2 instructions for lenet_c3", lambda: 10000 * 34 * 34 * 8 * 196),
+    "06_wmma_loop.from_global": ("layers whose A fragments can come from global memory",
+                                 lambda: ["days100", "resnet"]),
+    "07.extra": ("extra planes per block", lambda: 4 / 36),
+    "08.per_weight": ("atomics per weight on lenet_c1", lambda: 10000 * 80 * 80),
+    "10.saved_bytes": ("bytes of the conv output moved by the three-kernel path on lenet_c1",
+                       lambda: 4 * 4 * 10000 * 4 * 80 * 80),
+}
+
+TARGETS: dict[str, dict] = {}
