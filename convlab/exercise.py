@@ -422,7 +422,7 @@ class _Case:
 
 
 def _run_cases(run, cases, *, name: str, labels: str = "bmhw", out_index: int | None = 2,
-               passed: str) -> Verdict:
+               passed: str, nothing_hint: str = "") -> Verdict:
     """The checks' common path: each case run (faults printed, never raised), judged against its
     reference and the common mistakes; the first failure is the verdict."""
     import torch
@@ -440,7 +440,9 @@ def _run_cases(run, cases, *, name: str, labels: str = "bmhw", out_index: int | 
                            locate=case.locate, **(case.bound or {}))
         if not ok and text.startswith(NOTHING):
             text = _nothing(run, text, out_index=out_index)
-            return _say(False, text if text.startswith("not done") else f"{text[:2]}{case.text}: {text[2:]}")
+            if text.startswith("not done"):
+                return _say(False, text)
+            return _say(False, f"{text[:2]}{case.text}: {text[2:]}{nothing_hint}")
         if not ok:
             why = f" ({case.why})" if case.why else ""
             return _say(False, f"✗ {case.text}{why}: {text}{before}")
@@ -593,6 +595,8 @@ def check_dw(launch, shapes=None, *, name: str = "your kernel") -> Verdict:
                         mistakes=list(_weight_grad_mistakes(x, dy, w_shape, s.stride, s.pad)))
 
     return _run_cases(launch, cases(), name=name, labels=("m", "c", "ky", "kx"),
+                      nothing_hint=" (dw starts as NaN, and NaN plus anything stays NaN: a kernel that adds "
+                                   "into dw with atomicAdd needs dw.zero_() before the launch)",
                       passed=f"matches the fp64 reference on all {len(shapes)} shapes (awkward sizes, C=1, "
                              f"B=1, odd and even K, stride 2, padding)")
 
@@ -642,6 +646,10 @@ def check_stage(launch, shapes=None, *, name: str = "your kernel") -> Verdict:
 
     return _run_cases(launch, cases(), name=name, labels=("b", "m", "py", "px"), out_index=3,
                       passed=f"matches the fp64 stage on all {len(shapes)} shapes")
+
+
+#: The shape check_counters runs a conv2d kernel on: a few warps of rows wider than one, padding.
+COUNTER_SHAPE = Shape(1, 2, 4, 24, 40, 5, pad=2, why="the counters' shape")
 
 
 def _macs(shape: Shape) -> int:

@@ -26,6 +26,11 @@ ANSWERS = {
 }
 
 TARGETS: dict[str, dict] = {
+    # ex.COUNTER_SHAPE, chapter 2's conv2d_naive_flat: 2.80 sectors per load request, 4 per store
+    "02": {"sectors per load request": 2.8, "sectors per store request": 4.0},
+    # ex.COUNTER_SHAPE, chapter 3's conv2d_tiled_halo_multi_pass with TILE=8 and the mask in
+    # constant memory: 0.608 bytes of global loads per multiply-add, 6.51 sectors per load request
+    "03": {"global load bytes per multiply-add": 0.61, "sectors per load request": 6.52},
     # exercise 9: a warp's 32 consecutive floats (4 sectors); a tile's column with no conflict
     "09.scale": {"sectors per load request": 4},
     "09.colsum": {"shared bank conflicts": 0},
