@@ -626,19 +626,21 @@ def check_stage(launch, shapes=None, *, name: str = "your kernel") -> Verdict:
             ref = pool(torch.relu(conv(wd, bd)))
             mistakes = [
                 ("the mask is flipped: that is convolution, but the course computes cross-correlation, "
-                 "x[..][2py+dy+ky][2px+dx+kx] * w[m][c][ky][kx]", lambda wd=wd, bd=bd: pool(torch.relu(conv(wd.flip(-1, -2), bd)))),
+                 "x[..][2py+dy+ky][2px+dx+kx] * w[m][c][ky][kx]", lambda wd=wd, bd=bd, conv=conv, ref=ref: pool(torch.relu(conv(wd.flip(-1, -2), bd)))),
                 ("the mask's axes are swapped: w[m][c][kx][ky] where w[m][c][ky][kx] belongs",
-                 lambda wd=wd, bd=bd: pool(torch.relu(conv(wd.transpose(-1, -2), bd)))),
+                 lambda wd=wd, bd=bd, conv=conv, ref=ref: pool(torch.relu(conv(wd.transpose(-1, -2), bd)))),
                 ("the ReLU is missing: the largest of the four must be at least 0 (fmaxf(v, 0.0f))",
-                 lambda wd=wd, bd=bd: pool(conv(wd, bd))),
+                 lambda wd=wd, bd=bd, conv=conv, ref=ref: pool(conv(wd, bd))),
                 ("the bias is missing: bias[m] is added to every conv output (once to the largest is enough)",
-                 lambda wd=wd: pool(torch.relu(conv(wd)))),
+                 lambda wd=wd, conv=conv: pool(torch.relu(conv(wd)))),
                 ("the bias comes after the ReLU: ReLU(max + bias), not ReLU(max) + bias",
-                 lambda wd=wd, bd=bd: pool(torch.relu(conv(wd))) + bd.view(1, -1, 1, 1)),
+                 lambda wd=wd, bd=bd, conv=conv, ref=ref: pool(torch.relu(conv(wd))) + bd.view(1, -1, 1, 1)),
                 ("that is average pooling: the window's output is the largest of its four values, not their mean",
-                 lambda wd=wd, bd=bd: F.avg_pool2d(torch.relu(conv(wd, bd)), 2)),
+                 lambda wd=wd, bd=bd, conv=conv, ref=ref: F.avg_pool2d(torch.relu(conv(wd, bd)), 2)),
+                ("that is average pooling: the window's output is the largest of its four values, not their mean",
+                 lambda wd=wd, bd=bd, conv=conv: torch.relu(F.avg_pool2d(conv(wd, bd), 2))),
                 ("the window is 2×2 conv outputs at rows 2py, 2py+1 and columns 2px, 2px+1: only (2py, 2px) "
-                 "was taken", lambda wd=wd, bd=bd: torch.relu(conv(wd, bd))[..., 0:2 * (ref.shape[-2]):2, 0:2 * ref.shape[-1]:2]),
+                 "was taken", lambda wd=wd, bd=bd, conv=conv, ref=ref: torch.relu(conv(wd, bd))[..., 0:2 * (ref.shape[-2]):2, 0:2 * ref.shape[-1]:2]),
             ]
             y = cl.empty(*ref.shape)
             yield _Case(f"B={B} C={C} M={M} {H}×{W} K={K}", "", lambda x=x, w=w, b=b, y=y: launch(x, w, b, y),

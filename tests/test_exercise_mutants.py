@@ -191,3 +191,152 @@ def test_03_counters_fail_a_load_per_multiply_add(capsys):
     verdict = ex.check_counters(ns["launch"], ex.check_targets("03"), shape=ex.COUNTER_SHAPE)
     out = capsys.readouterr().out
     assert not verdict and "not within the targets" in out and "global load bytes per multiply-add" in out
+
+
+# ---- 06: the half2 inner loop -----------------------------------------------------------------
+
+W2_06 = "w2[((p * C + c) * K + ky) * K + kx]"
+MUTANTS_06 = {
+    "flipped mask": ([(W2_06, "w2[((p * C + c) * K + (K - 1 - ky)) * K + (K - 1 - kx)]")], (), "flipped"),
+    "swapped mask axes": ([(W2_06, "w2[((p * C + c) * K + kx) * K + ky]")], (), "axes are swapped"),
+    "padding ignored": ([("oy * stride - pad + ky, ix = ox * stride - pad + kx", "oy * stride + ky, ix = ox * stride + kx")],
+                        (), "padding is ignored"),
+    "stride ignored": ([("oy * stride - pad + ky, ix = ox * stride - pad + kx", "oy - pad + ky, ix = ox - pad + kx")],
+                       (), "stride is ignored"),
+    "= for +=": ([("acc = __hfma2(" + W2_06 + ", __half2half2(v), acc);", "acc = __hmul2(" + W2_06 + ", __half2half2(v));")],
+                 (), "`=` where `+=` belongs"),
+    "odd M's last pair left out": ((), [("(M + 1) // 2, 1)", "M // 2, 1)")], "ceil division"),
+    "rebinding y": ((), [("    my_half2.kernel", "    y = torch.zeros_like(y)\n    my_half2.kernel")], "assigns to `y`"),
+}
+
+
+@pytest.mark.parametrize("mistake", MUTANTS_06)
+def test_06_half2_mistakes_are_named(mistake, capsys):
+    cuda, python, words = MUTANTS_06[mistake]
+    ns = _exercise("06_half2", "my_half2", cuda, python, launch_cell="def pack_pairs")
+    _fails_with(ex.check_kernel(ns["launch"], fp16="half"), capsys, words)
+
+
+def test_06_half2_with_the_padding_as_a_skip_passes(capsys):
+    ns = _exercise("06_half2", "my_half2", [(
+        "const half v = (iy >= 0 && iy < H && ix >= 0 && ix < W) ? x[((b * C + c) * H + iy) * W + ix] : zero;\n"
+        "                acc = __hfma2(",
+        "if (iy < 0 || iy >= H || ix < 0 || ix >= W) continue;\n"
+        "                const half v = x[((b * C + c) * H + iy) * W + ix];\n"
+        "                acc = __hfma2(")], launch_cell="def pack_pairs")
+    _passes(ex.check_kernel(ns["launch"], fp16="half"), capsys)
+
+
+# ---- 07: the z-coarsened 3D loop --------------------------------------------------------------
+
+MASK_07 = "c_mask[((KS - 1 - j) * KS + ky) * KS + kx]"
+MUTANTS_07 = {
+    "flipped mask": ([(MASK_07, "c_mask[(j * KS + (KS - 1 - ky)) * KS + (KS - 1 - kx)]")], (), "flipped"),
+    "planes in the wrong order": ([(MASK_07, "c_mask[(j * KS + ky) * KS + kx]")], (), "planes are in the wrong order"),
+    "swapped row and column": ([(MASK_07, "c_mask[((KS - 1 - j) * KS + kx) * KS + ky]")], (), "swapped"),
+    "tile bound missing": ([("(gy < H && gx < W) ? x[((size_t)iz * H + gy) * W + gx] : 0.0f",
+                             "x[((size_t)iz * H + gy) * W + gx]")], (), "out-of-range"),
+    "grid short of planes": ((), [("(Do + ZC - 1) // ZC)", "Do // ZC)")], "ceil division"),
+    "window not shifted": ([("for (int j = 0; j < KS - 1; ++j) acc[j] = acc[j + 1];", "")], (), "wrong at"),
+}
+
+
+@pytest.mark.parametrize("mistake", MUTANTS_07)
+def test_07_mistakes_are_named(mistake, capsys):
+    cuda, python, words = MUTANTS_07[mistake]
+    ns = _exercise("07_conv3d_coarse", "my_coarse", cuda, python, launch_cell="KS, ZC, BY")
+    _fails_with(ex.check_conv3d(ns["launch"], 3), capsys, words)
+
+
+def test_07_a_tile_loaded_by_rows_passes(capsys):
+    ns = _exercise("07_conv3d_coarse", "my_coarse", [(
+        """        for (int i = tid; i < TR * TC; i += 32 * BY) {
+            const int r = i / TC, c = i % TC, gy = y0 + r, gx = x0 + c;""",
+        """        for (int r = row; r < TR; r += BY)
+        for (int c = lane; c < TC; c += 32) {
+            const int gy = y0 + r, gx = x0 + c;""")], launch_cell="KS, ZC, BY")
+    _passes(ex.check_conv3d(ns["launch"], 3), capsys)
+
+
+# ---- 08: dW with atomics, then a reduction ----------------------------------------------------
+
+DW_08 = "atomicAdd(&dw[((m * C + c) * K + ky) * K + kx], g * x[((b * C + c) * H + iy) * W + ix]);"
+MUTANTS_08 = {
+    "+= instead of atomicAdd": ([(DW_08, "dw[((m * C + c) * K + ky) * K + kx] += g * x[((b * C + c) * H + iy) * W + ix];")],
+                                (), "atomicAdd"),
+    "flipped dw index": ([("atomicAdd(&dw[((m * C + c) * K + ky) * K + kx]",
+                           "atomicAdd(&dw[((m * C + c) * K + (K - 1 - ky)) * K + (K - 1 - kx)]")], (), "flipped"),
+    "swapped ky/kx": ([("atomicAdd(&dw[((m * C + c) * K + ky) * K + kx]", "atomicAdd(&dw[((m * C + c) * K + kx) * K + ky]")],
+                      (), "swapped"),
+    "stride ignored": ([("const int iy = oy * stride + ky - pad;", "const int iy = oy + ky - pad;"),
+                        ("const int ix = ox * stride + kx - pad;", "const int ix = ox + kx - pad;")], (),
+                       "stride is ignored"),
+    "dw not zeroed": ((), [("    dw.zero_()          # the atomics add into dw\n", "")], "dw.zero_()"),
+}
+
+
+@pytest.mark.parametrize("mistake", MUTANTS_08)
+def test_08_atomic_mistakes_are_named(mistake, capsys):
+    cuda, python, words = MUTANTS_08[mistake]
+    ns = _exercise("08_dw_atomics", "my_dw_atomic", cuda, python, launch_cell="def launch_atomic")
+    _fails_with(ex.check_dw(ns["launch_atomic"]), capsys, words)
+
+
+@pytest.mark.parametrize("mistake, cuda, words", [
+    ("missing barrier in the tree", [("            partial[threadIdx.x] += partial[threadIdx.x + s];\n        __syncthreads();",
+                                      "            partial[threadIdx.x] += partial[threadIdx.x + s];")], "__syncthreads"),
+    ("padding ignored", [("const int iy = oy * stride + ky - pad, ix = ox * stride + kx - pad;",
+                          "const int iy = oy * stride + ky, ix = ox * stride + kx;")], "padding is ignored"),
+])
+def test_08_reduction_mistakes_are_named(mistake, cuda, words, capsys):
+    ns = _exercise("08_dw_atomics", "my_dw_reduce", cuda, launch_cell="def launch_reduce")
+    _fails_with(ex.check_dw(ns["launch_reduce"]), capsys, words)
+
+
+def test_08_both_solutions_pass(capsys):
+    _passes(ex.check_dw(_exercise("08_dw_atomics", "my_dw_atomic", launch_cell="def launch_atomic")["launch_atomic"]),
+            capsys)
+    _passes(ex.check_dw(_exercise("08_dw_atomics", "my_dw_reduce", launch_cell="def launch_reduce")["launch_reduce"]),
+            capsys)
+
+
+# ---- 10: the fused epilogue -------------------------------------------------------------------
+
+BEST_10 = "best = fmaxf(fmaxf(acc[0][0], acc[0][1]), fmaxf(acc[1][0], acc[1][1])) + bias[m];"
+MUTANTS_10 = {
+    "flipped mask": ([("w[((m * C + c) * K + ky) * K + kx]", "w[((m * C + c) * K + (K - 1 - ky)) * K + (K - 1 - kx)]")],
+                     "flipped"),
+    "swapped mask axes": ([("w[((m * C + c) * K + ky) * K + kx]", "w[((m * C + c) * K + kx) * K + ky]")], "swapped"),
+    "ReLU missing": ([("    best = fmaxf(best, 0.0f);\n", "")], "ReLU is missing"),
+    "bias missing": ([(BEST_10, BEST_10.replace(" + bias[m]", ""))], "bias is missing"),
+    "bias after the ReLU": ([(BEST_10, BEST_10.replace(" + bias[m]", "")),
+                             ("    best = fmaxf(best, 0.0f);", "    best = fmaxf(best, 0.0f) + bias[m];")],
+                            "bias comes after the ReLU"),
+    "average pooling": ([(BEST_10, "best = (acc[0][0] + acc[0][1] + acc[1][0] + acc[1][1]) / 4 + bias[m];")],
+                        "average pooling"),
+    "one corner of the window": ([(BEST_10, "best = acc[0][0] + bias[m];")], "only (2py, 2px)"),
+    "output never written": ([("    y[i] = best;", "    if (best < -1e30f) y[i] = best;")], "none of the"),
+}
+
+
+@pytest.mark.parametrize("mistake", MUTANTS_10)
+def test_10_mistakes_are_named(mistake, capsys):
+    cuda, words = MUTANTS_10[mistake]
+    ns = _exercise("10_fused_epilogue", "my_epilogue", cuda, launch_cell="def launch_epilogue")
+    _fails_with(ex.check_stage(ns["launch_epilogue"]), capsys, words)
+
+
+def test_10_rebinding_y_is_told(capsys):
+    ns = _exercise("10_fused_epilogue", "my_epilogue", launch_cell="def launch_epilogue")
+
+    def launch(x, w, bias, y):
+        y = torch.empty_like(y)
+        ns["launch_epilogue"](x, w, bias, y)
+    _fails_with(ex.check_stage(launch), capsys, "assigns to `y`")
+
+
+def test_10_relu_on_each_of_the_four_passes(capsys):
+    ns = _exercise("10_fused_epilogue", "my_epilogue", [(
+        BEST_10, "for (int i = 0; i < 4; ++i) best = fmaxf(best, fmaxf(acc[i / 2][i % 2] + bias[m], 0.0f));")],
+        launch_cell="def launch_epilogue")
+    _passes(ex.check_stage(ns["launch_epilogue"]), capsys)
