@@ -24,11 +24,12 @@ def _nb(name):
     return nbformat.read(ROOT / "solutions" / f"{name}.ipynb", as_version=4)
 
 
-def _cuda_cell(nb, module):
+def _cuda_cell(nb, module, ns):
     for cell in nb.cells:
         if cell.cell_type == "code" and cell.source.startswith(f"%%cuda {module}"):
             line, _, body = cell.source.partition("\n")
-            return magic.parse_line(line[len("%%cuda "):])[1], body
+            # IPython expands {NAME} in a magic's line from the namespace
+            return magic.parse_line(line[len("%%cuda "):].format(**ns))[1], body
     raise KeyError(module)
 
 
@@ -43,20 +44,33 @@ def _strip_markers(text):
     return re.sub(r"^[ \t]*(//|###)(\+| *(BEGIN|END) SOLUTION)[^\n]*\n", "", text, flags=re.M)
 
 
-def _exercise(name, module, cuda=(), python=(), launch_cell="def launch"):
-    """The namespace of exercise `name` after its %%cuda cell `module` (mutated by `cuda`) and the
-    cells that define its launch helpers (mutated by `python`): (old, new) text pairs."""
-    nb = _nb(name)
-    defines, body = _cuda_cell(nb, module)
-    body = _mutate(_strip_markers(body), cuda)
-    ns = {"cl": cl, "ex": ex, "torch": torch}
-    ns[module] = cl.load_source(body, name=f"{module}_m{next(_counter)}", defines=defines or None)
+def _run_cells(nb, ns, prefixes, changes=()):
+    """Execute the code cells that start with one of prefixes, each change applied in the cell
+    that holds its text (every change in one of them)."""
+    unused = list(changes)
     for cell in nb.cells:
-        if cell.cell_type == "code" and cell.source.startswith(launch_cell):
-            src = _mutate(_strip_markers(cell.source), python)
-            # the cell's own check (02's launch_4_blocks) is the test's to run
-            src = re.sub(r"^ex\.check\w*\(.*$", "", src, flags=re.M)
-            exec(compile(src, f"<{name} launch>", "exec"), ns)
+        if cell.cell_type == "code" and cell.source.startswith(prefixes):
+            src = _strip_markers(cell.source)
+            here = [c for c in unused if c[0] in src]
+            src = _mutate(src, here)
+            unused = [c for c in unused if c not in here]
+            # the cell's own check (02's launch_4_blocks) is the test's to run: it ends the cell
+            src = re.sub(r"^ex\.check\w*\(.*", "", src, flags=re.M | re.S)
+            exec(compile(src, "<exercise cell>", "exec"), ns)
+    assert not unused, f"the mutation's text is in no cell: {unused}"
+
+
+def _exercise(name, module, cuda=(), python=(), launch_cell="def launch", setup=()):
+    """The namespace of exercise `name` after its setup cells, its %%cuda cell `module` (mutated by
+    `cuda`) and the cells that define its launch helpers (mutated by `python`): (old, new) pairs."""
+    nb = _nb(name)
+    ns = {"cl": cl, "ex": ex, "torch": torch, "np": __import__("numpy")}
+    if setup:
+        _run_cells(nb, ns, tuple(setup))
+    defines, body = _cuda_cell(nb, module, ns)
+    body = _mutate(_strip_markers(body), cuda)
+    ns[module] = cl.load_source(body, name=f"{module}_m{next(_counter)}", defines=defines or None)
+    _run_cells(nb, ns, launch_cell if isinstance(launch_cell, tuple) else (launch_cell,), python)
     return ns
 
 
@@ -340,3 +354,185 @@ def test_10_relu_on_each_of_the_four_passes(capsys):
         BEST_10, "for (int i = 0; i < 4; ++i) best = fmaxf(best, fmaxf(acc[i / 2][i % 2] + bias[m], 0.0f));")],
         launch_cell="def launch_epilogue")
     _passes(ex.check_stage(ns["launch_epilogue"]), capsys)
+
+
+# ---- 01: padding and stride in numpy ----------------------------------------------------------
+
+def _padded(changes=()):
+    ns = {"np": __import__("numpy")}
+    _run_cells(_nb("01_conv2d_padding"), ns, ("def conv2d_padded",), changes)
+    return ns["conv2d_padded"]
+
+
+@pytest.mark.parametrize("change, words", [
+    (("w[:, :, p, q]", "w[:, :, K - 1 - p, K - 1 - q]"), "flipped"),
+    (("w[:, :, p, q]", "w[:, :, q, p]"), "axes are swapped"),
+    ((("slice(p, p + stride * (Ho - 1) + 1, stride)", "slice(p, p + Ho)"),
+      ("slice(q, q + stride * (Wo - 1) + 1, stride)", "slice(q, q + Wo)")), "stride is ignored"),
+    (("y += np.einsum", "y = np.einsum"), "`=` where `+=` belongs"),
+])
+def test_01_mistakes_are_named(change, words, capsys):
+    changes = change if isinstance(change[0], tuple) else [change]
+    _fails_with(ex.check_function(_padded(changes)), capsys, words)
+
+
+def test_01_solution_passes_and_a_missing_return_is_told(capsys):
+    _passes(ex.check_function(_padded()), capsys)
+    _fails_with(ex.check_function(_padded([("    return y", "    y")])), capsys, "returned None")
+
+
+# ---- 04: im2col -------------------------------------------------------------------------------
+
+ROW_04 = "const int row = (c * K + ky) * K + kx;"
+
+
+@pytest.mark.parametrize("cuda, python, words", [
+    ([(ROW_04, "const int row = (c * K + (K - 1 - ky)) * K + (K - 1 - kx);")], (), "flipped"),
+    ([(ROW_04, "const int row = (c * K + kx) * K + ky;")], (), "axes are swapped"),
+    ([("const int iy0 = oy * stride - pad, ix0 = ox * stride - pad;", "const int iy0 = oy * stride, ix0 = ox * stride;")],
+     (), "padding is ignored"),
+    ([("const int iy0 = oy * stride - pad, ix0 = ox * stride - pad;", "const int iy0 = oy - pad, ix0 = ox - pad;")],
+     (), "stride is ignored"),
+    ((), [("    torch.matmul(w.reshape(M, C * K * K), u, out=y.view(y.shape[0], M, -1))",
+           "    y = torch.matmul(w.reshape(M, C * K * K), u)")], "assigns to `y`"),
+])
+def test_04_mistakes_are_named(cuda, python, words, capsys):
+    ns = _exercise("04_im2col_unroll", "my_unroll", cuda, python, launch_cell=("def unroll", "def conv2d_im2col"),
+                   )
+    _fails_with(ex.check_kernel(ns["conv2d_im2col"]), capsys, words)
+
+
+def test_04_solution_passes(capsys):
+    ns = _exercise("04_im2col_unroll", "my_unroll", launch_cell=("def unroll", "def conv2d_im2col"))
+    _passes(ex.check_kernel(ns["conv2d_im2col"]), capsys)
+
+
+# ---- 05: implicit GEMM and register tiles -----------------------------------------------------
+
+KXY_05 = "const int c = k / (K * K), ky = k % (K * K) / K, kx = k % K;"
+
+
+@pytest.mark.parametrize("cuda, python, words", [
+    ([(KXY_05, "const int c = k / (K * K), ky = K - 1 - k % (K * K) / K, kx = K - 1 - k % K;")], (), "flipped"),
+    ([(KXY_05, "const int c = k / (K * K), kx = k % (K * K) / K, ky = k % K;")], (), "axes are swapped"),
+    ([("(p / Wo) * stride - pad + ky, ix = (p % Wo) * stride - pad + kx", "(p / Wo) - pad + ky, ix = (p % Wo) - pad + kx")],
+     (), "stride is ignored"),
+    ((), [("(M + T - 1) // T, B)", "M // T, B)")], "ceil division"),
+])
+def test_05_implicit_gemm_mistakes_are_named(cuda, python, words, capsys):
+    ns = _exercise("05_implicit_gemm", "my_fused", cuda, python)
+    _fails_with(ex.check_kernel(ns["launch"]), capsys, words)
+
+
+def test_05_implicit_gemm_solution_passes(capsys):
+    _passes(ex.check_kernel(_exercise("05_implicit_gemm", "my_fused")["launch"]), capsys)
+
+
+def _regtile(cuda=(), python=()):
+    return _exercise("05_register_tiles", "my_regtile", cuda, python, setup=("BM, BN",))
+
+
+@pytest.mark.parametrize("cuda, python, words", [
+    ([("acc[i][j] += a[i] * b[j];", "acc[i][j] = a[i] * b[j];")], (), "+="),
+    ((), [("    my_regtile.kernel", "    y = torch.zeros_like(y)\n    my_regtile.kernel")], "assigns to `y`"),
+    ([("b[j] = Bs[kk][tn * TN + j];", "b[j] = Bs[kk][tn * TN + j + 1];")], (), "thread "),
+])
+def test_05_register_tile_mistakes_are_named(cuda, python, words, capsys):
+    ns = _regtile(cuda, python)
+    _fails_with(ex.check_kernel(ns["launch"], ns["SHAPES"], locate=ns["where"]), capsys, words)
+
+
+def test_05_register_tiles_solution_passes(capsys):
+    ns = _regtile()
+    _passes(ex.check_kernel(ns["launch"], ns["SHAPES"], locate=ns["where"]), capsys)
+
+
+def _dispatch(change=()):
+    ns = {}
+    _run_cells(_nb("05_dispatch_rule"), ns, ("import convlab", "def pick"), change)
+    return ns
+
+
+def test_05_dispatch_rules(capsys):
+    ns = _dispatch()
+    _passes(ex.check_pick(ns["pick"], ns["times"], ns["layers"], device=ns["gpu"]), capsys)
+    always = _dispatch([("choice = fused.DIRECT_REGTILE.name if small else fused.IMPLICIT_GEMM_REG.name",
+                         "choice = fused.IMPLICIT_GEMM_REG.name")])
+    _fails_with(ex.check_pick(always["pick"], ns["times"], ns["layers"], device=ns["gpu"]), capsys, "slower kernel")
+    typo = _dispatch([("choice = fused.DIRECT_REGTILE.name if small", "choice = 'direct' if small")])
+    _fails_with(ex.check_pick(typo["pick"], ns["times"], ns["layers"], device=ns["gpu"]), capsys, "none of the kernels")
+
+
+# ---- 06: the WMMA loop ------------------------------------------------------------------------
+
+def _wmma(cuda=()):
+    return _exercise("06_wmma_loop", "my_wmma", cuda)
+
+
+@pytest.mark.parametrize("cuda, words", [
+    ([("wmma::load_matrix_sync(a, &As[0][0], LDA);", "wmma::load_matrix_sync(a, &As[0][0], 16);")], "leading dimension"),
+    ([("wmma::load_matrix_sync(b, &Bs[0][warp * 16], LDB);", "wmma::load_matrix_sync(b, &Bs[0][0], LDB);")], "warp 1"),
+])
+def test_06_wmma_mistakes_are_named(cuda, words, capsys):
+    ns = _wmma(cuda)
+    _fails_with(ex.check_kernel(ns["launch"], ns["SHAPES"], fp16="float", locate=ns["where"]), capsys, words)
+
+
+def test_06_wmma_solution_passes(capsys):
+    ns = _wmma()
+    _passes(ex.check_kernel(ns["launch"], ns["SHAPES"], fp16="float", locate=ns["where"]), capsys)
+
+
+# ---- 09: profiling ----------------------------------------------------------------------------
+
+def _scale_check(changes=()):
+    ns = _exercise("09_profiling", "scale", changes, launch_cell="H = W")
+    x, y, H, W = ns["x"], ns["y"], ns["H"], ns["W"]
+    return ex.check_counters(lambda: ns["scale"].kernel("scale")(x, y, H, W, 2.0, grid=(1, H), block=W),
+                             ex.check_targets("09.scale"), result=lambda: (y, 2 * x), name="scale")
+
+
+def test_09_scale(capsys):
+    _passes(_scale_check(), capsys)
+    # the mapping left as it was: right, but a warp's loads are W floats apart
+    _fails_with(_scale_check([("    w = blockIdx.x * blockDim.x + threadIdx.x;\n    h = blockIdx.y;\n", "")]),
+                capsys, "not within the targets", "sectors per load request")
+    # a fault is a message, not a traceback
+    _fails_with(_scale_check([("y[h * W + w] = a * x[h * W + w];", "y[h * W + w] = a * x[h * W + w + 1];")]),
+                capsys, "out-of-range")
+
+
+def _colsum_check(changes=()):
+    ns = _exercise("09_profiling", "colsum", changes, launch_cell="x, sums")
+    x, sums = ns["x"], ns["sums"]
+    return ex.check_counters(lambda: ns["colsum"].kernel("column_sums")(x, sums, grid=1, block=32),
+                             ex.check_targets("09.colsum"), result=lambda: (sums, x.sum(0)), name="column_sums")
+
+
+def test_09_column_sums(capsys):
+    _passes(_colsum_check(), capsys)
+    _fails_with(_colsum_check([("#define ROW 33", "#define ROW 32")]), capsys, "shared bank conflicts (target 0) ✗")
+    _fails_with(_colsum_check([("    sums[tx] = s;", "    sums[tx] = s + tile[tx][0];")]), capsys, "wrong at")
+
+
+# ---- 11: mma fragments ------------------------------------------------------------------------
+
+def _fragments(cuda=()):
+    return _exercise("11_mma_fragments", "frag", cuda, launch_cell=("def a_element", "def labelled"))
+
+
+@pytest.mark.parametrize("cuda, check, words", [
+    ([("    col = 8 * (l / 16);", "    col = 8 * (l % 2);")], "a", "lane 0, register 2 holds A[0][0]"),
+    ([("    row = l / 4 + 8 * (i / 2);\n    col = 2 * (l % 4) + i % 2;", "    row = l / 4 + 8 * (i % 2);\n    col = 2 * (l % 4) + i / 2;")],
+     "d", "the layout puts lane"),
+])
+def test_11_fragment_mistakes_name_the_lane(cuda, check, words, capsys):
+    ns = _fragments(cuda)
+    if check == "a":
+        regs = ns["load"]("load_a", 16, 16, 4)
+        verdict = ex.check_fragment("ldmatrix_x4 -> A fragment", regs, ns["a_element"], "A")
+    else:
+        D = cl.empty(16, 8)
+        ns["frag"].kernel("store_d")(D, grid=1, block=32)
+        verdict = ex.check_placement("D", D.cpu(), ns["d_element"])
+    _fails_with(verdict, capsys, words)
