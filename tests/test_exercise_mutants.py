@@ -536,3 +536,11 @@ def test_11_fragment_mistakes_name_the_lane(cuda, check, words, capsys):
         ns["frag"].kernel("store_d")(D, grid=1, block=32)
         verdict = ex.check_placement("D", D.cpu(), ns["d_element"])
     _fails_with(verdict, capsys, words)
+
+
+def test_06_wmma_misaligned_pointer_names_the_array_and_the_line(capsys):
+    ns = _wmma([("wmma::load_matrix_sync(b, &Bs[0][warp * 16], LDB);",
+                 "wmma::load_matrix_sync(b, &Bs[0][warp * 16 + 4], LDB);")])
+    out = _fails_with(ex.check_kernel(ns["launch"], ns["SHAPES"], fp16="float"), capsys,
+                      "32-byte (256-bit) aligned, but it points at __shared__ Bs[4]", "8 bytes past")
+    assert "0x7" not in out and re.search(r"my_wmma_m\d+\.cu:\d+", out), out
