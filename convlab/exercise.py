@@ -671,11 +671,13 @@ def _quantity(what: str, k, macs: int | None) -> float | None:
                 + m["l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum"])
     if what == "global load bytes per multiply-add":
         return 32 * m["l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum"] / macs if macs else None
+    if what == "shared loads per multiply-add":      # a warp's load instruction is 32 threads' loads
+        return 32 * m["smsp__inst_executed_op_shared_ld.sum"] / macs if macs else None
     raise ValueError(f"check_counters grades {', '.join(COUNTERS)}; not {what!r}")
 
 
 COUNTERS = ("sectors per load request", "sectors per store request", "shared bank conflicts",
-            "global load bytes per multiply-add")
+            "global load bytes per multiply-add", "shared loads per multiply-add")
 
 
 def _costliest_line(card) -> str:
@@ -911,3 +913,13 @@ def check_targets(key: str) -> dict:
     from .exercise_answers import TARGETS
 
     return dict(TARGETS[key])
+
+
+def counter_shape(key: str) -> Shape:
+    """The shape an exercise's kernel is profiled on: COUNTER_SHAPE unless its tiles need another."""
+    from .exercise_answers import COUNTER_SHAPES
+
+    if key not in COUNTER_SHAPES:
+        return COUNTER_SHAPE
+    B, C, M, H, W, K, stride, pad = COUNTER_SHAPES[key]
+    return Shape(B, C, M, H, W, K, stride, pad, why="the counters' shape")

@@ -8,6 +8,13 @@ from __future__ import annotations
 
 from .workloads import get as _wl
 
+#: The shape a kernel's counters are graded on where ex.COUNTER_SHAPE does not fit its tiles:
+#: (B, C, M, H, W, K, stride, pad).
+COUNTER_SHAPES = {
+    # 32 maps (one BM tile), 16 x 16 pixels (four BN tiles), depth C K^2 = 72 (nine BK steps)
+    "05_register_tiles": (1, 8, 32, 16, 16, 3, 1, 1),
+}
+
 ANSWERS = {
     "01.flops": ("FLOPs of {0}", lambda name: _wl(name).flops),
     "01.bytes": ("bytes of {0}", lambda name: _wl(name).bytes),
@@ -31,6 +38,11 @@ TARGETS: dict[str, dict] = {
     # ex.COUNTER_SHAPE, chapter 3's conv2d_tiled_halo_multi_pass with TILE=8 and the mask in
     # constant memory: 0.608 bytes of global loads per multiply-add, 6.51 sectors per load request
     "03": {"global load bytes per multiply-add": 0.61, "sectors per load request": 6.52},
+    # the register-tiled loop of exercise 5 on ex.counter_shape("05_register_tiles"): a thread's
+    # TM + TN shared loads per step feed its TM x TN multiply-adds, (4 + 8) / (4 * 8) = 0.375
+    # (chapter 5's kernel loads float4s: 0.84 per multiply-add counted by instruction on
+    # ex.COUNTER_SHAPE, where 4 maps fill an eighth of its 32-map tile)
+    "05_register_tiles": {"shared loads per multiply-add": 0.375},
     # exercise 9: a warp's 32 consecutive floats (4 sectors); a tile's column with no conflict
     "09.scale": {"sectors per load request": 4},
     "09.colsum": {"shared bank conflicts": 0},

@@ -52,11 +52,15 @@ WIDTH = 88
 
 
 def _stub(body: str, indent: str) -> str:
-    """What the exercise gets in place of a Python answer: `name = None` when the answer ends by
-    assigning `name` at its own indent (the check then finds the name unset), else `pass` (which
+    """What the exercise gets in place of a Python answer: `name = None` (`a, b = None, None`) when
+    the answer ends by assigning `name` at its own indent (the check then finds the name unset), else `pass` (which
     keeps a block that held only the answer valid, so the cell still runs)."""
-    names = re.findall(rf"^{re.escape(indent)}([A-Za-z_]\w*)\s*=[^=]", body, re.MULTILINE)
-    return f"{indent}{names[-1]} = None\n" if names else f"{indent}pass\n"
+    targets = re.findall(rf"^{re.escape(indent)}([A-Za-z_]\w*(?:[ \t]*,[ \t]*[A-Za-z_]\w*)*)[ \t]*=[^=]", body,
+                         re.MULTILINE)
+    if not targets:
+        return f"{indent}pass\n"
+    names = [n.strip() for n in targets[-1].split(",")]
+    return f"{indent}{', '.join(names)} = {', '.join(['None'] * len(names))}\n"
 
 
 def _todo(match: re.Match) -> str:

@@ -544,3 +544,14 @@ def test_06_wmma_misaligned_pointer_names_the_array_and_the_line(capsys):
     out = _fails_with(ex.check_kernel(ns["launch"], ns["SHAPES"], fp16="float"), capsys,
                       "32-byte (256-bit) aligned, but it points at __shared__ Bs[4]", "8 bytes past")
     assert "0x7" not in out and re.search(r"my_wmma_m\d+\.cu:\d+", out), out
+
+
+def test_05_register_tile_counters_grade_the_shared_loads(capsys):
+    shape, targets = ex.counter_shape("05_register_tiles"), ex.check_targets("05_register_tiles")
+    out = _passes(ex.check_counters(_regtile()["launch"], targets, shape=shape), capsys)
+    assert "0.375 shared loads per multiply-add (target ≤ 0.375)" in out
+    # the micro-tile computed straight from shared memory: right, but 2 loads per multiply-add again
+    ns = _regtile([("acc[i][j] += a[i] * b[j];", "acc[i][j] += As[kk][tm * TM + i] * Bs[kk][tn * TN + j];")])
+    verdict = ex.check_counters(ns["launch"], targets, shape=shape)
+    out = capsys.readouterr().out
+    assert not verdict and "not within the targets" in out and "shared loads per multiply-add" in out

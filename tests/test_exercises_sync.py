@@ -74,10 +74,12 @@ def test_cuda_and_markdown_regions():
 def test_the_exercise_gets_the_stub_the_solution_needs_none():
     cell = nbformat.v4.new_code_cell("def launch(x):\n    ### BEGIN SOLUTION one block\n    grid = 1\n"
                                      "    ### END SOLUTION\n    run(grid)\n### BEGIN SOLUTION\nprint(1)\n"
-                                     "### END SOLUTION\n")
+                                     "### END SOLUTION\n### BEGIN SOLUTION\nn = 2\nflops, nbytes = (n,\n"
+                                     "                 4 * n)\n### END SOLUTION\n")
     code = make_exercises.make_exercise(_solution(cell), "x.ipynb").cells[0].source
     assert code == ("def launch(x):\n    # TODO: one block (about 1 line)\n    grid = None\n    run(grid)\n"
-                    "# TODO: your code here (about 1 line)\npass\n")
+                    "# TODO: your code here (about 1 line)\npass\n"
+                    "# TODO: your code here (about 3 lines)\nflops, nbytes = None, None\n")
 
 
 def test_long_hints_continue_on_marker_lines_and_wrap_to_the_code_box():
