@@ -96,3 +96,25 @@ def test_an_unpaired_marker_is_an_error():
     cell = nbformat.v4.new_code_cell("### BEGIN SOLUTION\nx = 1\n")
     with pytest.raises(make_exercises.SolutionMarkerError):
         make_exercises.make_exercise(_solution(cell), "x.ipynb")
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "exercises").glob("*.ipynb")), ids=lambda p: p.name)
+def test_exercise_comments_fit_the_code_box(path):
+    for cell in nbformat.read(path, as_version=4).cells:
+        if cell.cell_type == "code":
+            for line in cell.source.splitlines():
+                assert len(line) <= make_exercises.WIDTH or not ("//" in line or "#" in line), line
+
+
+def test_exercise_pages_show_no_answer():
+    from convlab.exercise_answers import ANSWERS
+
+    code = "\n".join(c.source for path in sorted((ROOT / "exercises").glob("*.ipynb"))
+                     for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code")
+    for key, (_, answer) in ANSWERS.items():
+        if answer.__code__.co_argcount:
+            continue                        # a workload's own numbers (wl.flops): nothing to hide
+        value = answer()
+        shown = [repr(v) for v in value] if isinstance(value, list) else [f"{value:_}", f"{value}", f"{value:,}"]
+        assert not any(s in code for s in shown), (key, shown)
+    assert "check_value(" not in code.replace('check_value("largest error', "")
