@@ -318,8 +318,9 @@ def _rebinds(fn, index: int) -> str | None:
     return None
 
 
-#: The stub scripts/make_exercises.py leaves where a solution was: `// TODO: hint (about N lines)`.
-_TODO_STUB = re.compile(r"(?://|#)[ \t]*TODO:[^\n]*\(about \d+ lines?\)")
+#: The stub scripts/make_exercises.py leaves where a solution was: `// TODO: hint (about N lines)`,
+#: wrapped over comment lines that continue it.
+_TODO_STUB = re.compile(r"(?://|#)[ \t]*TODO:(?:[^\n]|\n[ \t]*(?://|#)[ \t])*?\(about \d+ lines?\)")
 
 
 def _todo_left(run) -> str | None:
@@ -350,9 +351,10 @@ def _todo_left(run) -> str | None:
             lines, first = inspect.getsourcelines(obj)
         except (OSError, TypeError):
             lines, first = [], 0
-        for i, line in enumerate(lines):
-            if _TODO_STUB.search(line):
-                return f"the TODO in {getattr(obj, '__name__', 'your function')}, line {first + i} of its cell"
+        m = _TODO_STUB.search("".join(lines))
+        if m:
+            line = first + "".join(lines).count("\n", 0, m.start())
+            return f"the TODO in {getattr(obj, '__name__', 'your function')}, line {line} of its cell"
         names = [getattr(obj, "__globals__", {}).get(n) for n in code.co_names]
         cells = [c.cell_contents for c in (getattr(obj, "__closure__", None) or ()) if _filled(c)]
         for value in names + cells:
@@ -439,10 +441,11 @@ def _run_cases(run, cases, *, name: str, labels: str = "bmhw", out_index: int | 
         ok, text = verdict(out, case.ref, labels=labels, inputs=case.inputs, mistakes=case.mistakes,
                            locate=case.locate, **(case.bound or {}))
         if not ok and text.startswith(NOTHING):
+            hint = nothing_hint if text.startswith("none of the") else ""
             text = _nothing(run, text, out_index=out_index)
             if text.startswith("not done"):
                 return _say(False, text)
-            return _say(False, f"{text[:2]}{case.text}: {text[2:]}{nothing_hint}")
+            return _say(False, f"{text[:2]}{case.text}: {text[2:]}{hint}")
         if not ok:
             why = f" ({case.why})" if case.why else ""
             return _say(False, f"✗ {case.text}{why}: {text}{before}")
@@ -472,18 +475,43 @@ def _conv2d_cases(run, shapes, *, fp16: str | None, locate):
                     y, ref, bound=bound, inputs=(x, w, shape.stride, shape.pad), locate=where)
 
 
+def _same_in_every_order(launch) -> bool:
+    """The emulator's race test (cl.find_race: the launch with each block's threads in three
+    orders) on one awkward shape; prints what differs, or a fault, and says whether it passed."""
+    import convlab as cl
+
+    if cl.backend() != "emu":
+        return True
+    x, w = cl.randn(2, 3, 21, 19), cl.randn(4, 3, 5, 5)
+    y = cl.empty(2, 4, 17, 15)
+    try:
+        race = cl.find_race(lambda: launch(x, w, y, 1, 0), y)
+    except Exception as e:  # noqa: BLE001 (a check must never stop the notebook)
+        text = _fault(launch, describe_error(e))
+        print(text if text.startswith("not done") else f"✗ {text}")
+        return False
+    if race:
+        print(f"✗ {race}")
+        return False
+    return True
+
+
 def check_kernel(launch, shapes=None, *, name: str = "your kernel", fp16: str | None = None,
-                 locate=None) -> Verdict:
+                 locate=None, thread_orders: bool = False) -> Verdict:
     """launch(x, w, y, stride, pad) runs a kernel on fresh random x, w (on the backend's device)
     into y, which starts poisoned with NaN. Prints a verdict; True when right on every shape.
 
     fp16="float" or "half" (how the kernel adds up): x, w and y are half, and the output is held
     to chapter 6's bound for that accumulation (fp16.fp16_tolerance) instead of fp32's.
     locate(shape, (b, m, h, w)) -> text: who computes that output (a thread, a warp, a register
-    of its tile), said with the first wrong or unwritten output."""
+    of its tile), said with the first wrong or unwritten output. thread_orders (emulator): first
+    run the launch with each block's threads in three orders (cl.find_race), which finds a
+    missing barrier even where the race detector's one order does not."""
     if fp16 not in (None, "half", "float"):
         raise ValueError("fp16 is 'half' or 'float' (how the kernel adds up), or None for float32")
     shapes = list(AWKWARD_SHAPES if shapes is None else shapes)
+    if thread_orders and not _same_in_every_order(launch):
+        return Verdict(False, "a race")
     within = "is within the fp16 bound of" if fp16 is not None else "matches"
     return _run_cases(launch, _conv2d_cases(launch, shapes, fp16=fp16, locate=locate), name=name,
                       passed=f"{within} the fp64 reference on all {len(shapes)} shapes (awkward sizes, C=1, "
@@ -751,7 +779,8 @@ def check_counters(launch, targets: dict, *, shape: Shape | None = None, result=
             continue
         good = got <= most + 1e-9
         met &= good
-        parts.append(f"{got:.3g} {what} (target {'≤ ' if most else ''}{most:g}){'' if good else ' ✗'}")
+        shown = f"{got:,.0f}" if float(got).is_integer() else f"{got:.3g}"
+        parts.append(f"{shown} {what} (target {'≤ ' if most else ''}{most:g}){'' if good else ' ✗'}")
     lead = "✓ correct" if met else "✗ correct, but not within the targets"
     return _say(met, f"{lead}: {name}: " + "; ".join(parts) + _costliest_line(card))
 
