@@ -6,6 +6,7 @@
     ex.check_conv3d(launch, K)       # launch(x, w, y): a single-channel 3D convolution into y
     ex.check_dw(launch)              # launch(x, dy, dw, stride, pad): the weight gradient into dw
     ex.check_stage(launch)           # launch(x, w, bias, y): conv, bias, ReLU, 2x2 max pool into y
+    ex.check_unroll(unroll)          # unroll(x, K, stride, pad) returns im2col's U
     ex.check_counters(launch, targets)   # correct, then the emulator's memory counters against targets
     ex.check_answer("03.reuse", reuse)   # a number against the answer kept in exercise_answers
     ex.check_function(conv2d_numpy)  # conv2d_numpy(x, w, stride, pad) returns y (numpy)
@@ -320,7 +321,8 @@ def _rebinds(fn, index: int) -> str | None:
 
 #: The stub scripts/make_exercises.py leaves where a solution was: `// TODO: hint (about N lines)`,
 #: wrapped over comment lines that continue it.
-_TODO_STUB = re.compile(r"(?://|#)[ \t]*TODO:(?:[^\n]|\n[ \t]*(?://|#)[ \t])*?\(about \d+ lines?\)")
+_TODO_STUB = re.compile(r"(?://|#)[ \t]*TODO:(?:[^\n]|\n[ \t]*(?://|#)[ \t])*?"
+                        r"\(about(?:\s|//|#)+\d+(?:\s|//|#)+lines?\)")
 
 
 def _todo_left(run) -> str | None:
@@ -881,13 +883,21 @@ def _halves(reg: int) -> tuple[int, int]:
     return reg & 0xFFFF, reg >> 16
 
 
-def check_fragment(name: str, regs, element, matrix: str = "A") -> Verdict:
+def _unfinished(todo) -> Verdict | None:
+    """"not done yet" while the code a check was given (todo=: a module, kernel or function) still
+    holds its TODO stub, else None."""
+    where = _todo_left(todo) if todo is not None else None
+    return _say(False, f"not done yet: {where} is still there") if where else None
+
+
+def check_fragment(name: str, regs, element, matrix: str = "A", *, todo=None) -> Verdict:
     """regs: the (32, R) 32-bit registers each lane of a warp holds after loading a tile whose
     element (row, col) is the number 16 * row + col, so each 16-bit half says where it came from.
     element(lane, j) is the (row, col) the fragment's element j of that lane must be; register i
-    holds elements 2i (low half) and 2i+1 (high half). Names the first wrong lane and register."""
+    holds elements 2i (low half) and 2i+1 (high half). Names the first wrong lane and register.
+    todo: the module (or function) the registers came from: "not done yet" while its TODO is left."""
     if regs is None:
-        return _say(False, f"not done yet: no registers for {name} (did the kernel run?)")
+        return _say(False, f"✗ no registers for {name}: the kernel did not run")
     got = np.ascontiguousarray(_as_numpy(regs)).view(np.uint32).reshape(32, -1)
 
     def at(v):
@@ -900,19 +910,23 @@ def check_fragment(name: str, regs, element, matrix: str = "A") -> Verdict:
                 wrong.append((lane, i, _halves(int(got[lane, i])), want))
     if not wrong:
         return _say(True, f"✓ correct: {name}: all {got.size} registers of the warp hold what the layout says")
+    unfinished = _unfinished(todo)
+    if unfinished is not None:
+        return unfinished
     lane, i, has, want = wrong[0]
     return _say(False, f"✗ {name}: lane {lane}, register {i} holds {at(has[0])}, {at(has[1])}; the layout needs "
                        f"{at(want[0])}, {at(want[1])} ({len(wrong)} of {got.size} registers wrong)")
 
 
-def check_placement(name: str, out, element) -> Verdict:
+def check_placement(name: str, out, element, *, todo=None) -> Verdict:
     """out: the 2-D output a warp wrote, each lane's d[i] holding the number 4 * lane + i; element(lane, i)
-    is the (row, col) where d[i] of that lane belongs. Names the first misplaced value."""
+    is the (row, col) where d[i] of that lane belongs. Names the first misplaced value. todo: as
+    in check_fragment."""
     if out is None:
-        return _say(False, f"not done yet: no {name} (did the kernel run?)")
+        return _say(False, f"✗ no {name}: the kernel did not run")
     got = _as_numpy(out).astype(np.float64)
     if np.isnan(got).all():
-        return _say(False, f"not done yet: nothing of {name} was written")
+        return _unfinished(todo) or _say(False, f"✗ nothing of {name} was written")
     want = np.full(got.shape, np.nan)
     for lane in range(32):
         for i in range(4):
@@ -920,6 +934,9 @@ def check_placement(name: str, out, element) -> Verdict:
     bad = np.argwhere(~(got == want))
     if not len(bad):
         return _say(True, f"✓ correct: {name}: every lane's d[0..3] is where the layout puts it")
+    unfinished = _unfinished(todo)
+    if unfinished is not None:
+        return unfinished
     r, c = (int(v) for v in bad[0])
     has = "nothing (never written)" if np.isnan(got[r, c]) else f"lane {int(got[r, c]) // 4}'s d[{int(got[r, c]) % 4}]"
     belongs = int(want[r, c])
@@ -952,3 +969,41 @@ def counter_shape(key: str) -> Shape:
         return COUNTER_SHAPE
     B, C, M, H, W, K, stride, pad = COUNTER_SHAPES[key]
     return Shape(B, C, M, H, W, K, stride, pad, why="the counters' shape")
+
+
+def check_unroll(unroll) -> Verdict:
+    """unroll(x, K, stride, pad) returns im2col's U (B, C*K*K, Ho*Wo); checked against torch's
+    unfold on the awkward shapes. A wrong entry is named by its row (c, ky, kx) and column
+    (oy, ox) of U, with the input pixel that belongs there."""
+    import torch
+    import torch.nn.functional as F
+
+    import convlab as cl
+
+    for i, s in enumerate(AWKWARD_SHAPES):
+        x = cl.randn(s.B, s.C, s.H, s.W)
+        want = F.unfold(x.cpu().double(), s.K, padding=s.pad, stride=s.stride)
+        try:
+            got = _launch(lambda x=x, s=s: unroll(x, s.K, s.stride, s.pad))
+        except Exception as e:  # noqa: BLE001 (a check must never stop the notebook)
+            text = _fault(unroll, describe_error(e))
+            return _say(False, text if text.startswith("not done") else f"✗ {s}: {text}")
+        ok, text = verdict(got, want, labels="brp")
+        if ok:
+            continue
+        if text.startswith(NOTHING):
+            return _say(False, _nothing(unroll, text, out_index=None))
+        if text.startswith("wrong shape"):
+            return _say(False, f"✗ {s}: {text}")
+        b, r, p = (int(v) for v in (~torch.isclose(got.cpu().double(), want, rtol=1e-6, atol=1e-6)).nonzero()[0])
+        c, ky, kx = r // (s.K * s.K), r % (s.K * s.K) // s.K, r % s.K
+        oy, ox = p // s.Wo, p % s.Wo
+        iy, ix = oy * s.stride - s.pad + ky, ox * s.stride - s.pad + kx
+        where = f"x[{b}][{c}][{iy}][{ix}]" if 0 <= iy < s.H and 0 <= ix < s.W else \
+            f"0 (pixel ({iy}, {ix}) is in the padding)"
+        before = f"\n  ({i} shape{'s' if i > 1 else ''} before it passed)" if i else ""
+        return _say(False, f"✗ {s} ({s.why}): U[{b}][row {r} = (c={c}, ky={ky}, kx={kx})][column {p} = "
+                           f"(oy={oy}, ox={ox})] should be {where} = {want[b, r, p].item():.6g}, got "
+                           f"{got[b, r, p].item():.6g}\n  ({text}){before}")
+    return _say(True, f"✓ correct: U matches torch's unfold on all {len(AWKWARD_SHAPES)} shapes "
+                      f"(awkward sizes, C=1, B=1, odd and even K, stride 2, padding)")

@@ -49,6 +49,7 @@ class SolutionMarkerError(ValueError):
 
 #: The width of the site's code box: a TODO longer than this is cut off there.
 WIDTH = 88
+NBSP = "\u00a0"
 
 
 def _stub(body: str, indent: str) -> str:
@@ -71,8 +72,9 @@ def _todo(match: re.Match) -> str:
     size = f"about {len(lines)} line{'s' if len(lines) != 1 else ''}"
     comment = "//" if marker == "//" else "#"
     first, rest = f"{indent}{comment} TODO: ", f"{indent}{comment}       "
-    text = textwrap.fill(f"{hint} ({size})", width=WIDTH, initial_indent=first, subsequent_indent=rest,
-                         break_on_hyphens=False) + "\n"
+    # "(about N lines)" stays on one line: the checks find the stub by it
+    text = textwrap.fill(f"{hint} ({size.replace(' ', NBSP)})", width=WIDTH, initial_indent=first,
+                         subsequent_indent=rest, break_on_hyphens=False).replace(NBSP, " ") + "\n"
     return text if marker == "//" else text + _stub(match["body"], indent)
 
 

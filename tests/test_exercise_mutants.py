@@ -3,6 +3,7 @@ mistake named in the verdict, every correct alternative passes. The kernels and 
 come from solutions/*.ipynb (the %%cuda cells compiled with cl.load_source after a textual
 mutation, the launch cells executed with the module bound), and go through convlab.exercise's
 checks directly: no notebook is executed."""
+import linecache
 import re
 from pathlib import Path
 
@@ -56,7 +57,10 @@ def _run_cells(nb, ns, prefixes, changes=()):
             unused = [c for c in unused if c not in here]
             # the cell's own check (02's launch_4_blocks) is the test's to run: it ends the cell
             src = re.sub(r"^ex\.check\w*\(.*", "", src, flags=re.M | re.S)
-            exec(compile(src, "<exercise cell>", "exec"), ns)
+            # as IPython does, the cell's source goes to linecache (the checks read a function's source)
+            filename = f"<exercise cell {next(_counter)}>"
+            linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
+            exec(compile(src, filename, "exec"), ns)
     assert not unused, f"the mutation's text is in no cell: {unused}"
 
 
@@ -587,3 +591,28 @@ def test_untouched_exercises_are_not_done_yet(name, module, launch_cell, check, 
     assert not check(_exercise_cells(name, module, launch_cell))
     out = capsys.readouterr().out
     assert out.startswith("not done yet: the TODO in ") and out.count("\n") == 1, out
+
+
+def test_untouched_functions_unroll_and_fragments_are_not_done_yet(capsys):
+    ns = {"np": __import__("numpy")}
+    spec = __import__("importlib.util").util.spec_from_file_location("make_exercises",
+                                                                     ROOT / "scripts" / "make_exercises.py")
+    make = __import__("importlib.util").util.module_from_spec(spec)
+    spec.loader.exec_module(make)
+    _run_cells(make.make_exercise(_nb("01_conv2d_padding"), "01.ipynb"), ns, ("def conv2d_padded",))
+    assert not ex.check_function(ns["conv2d_padded"])
+    assert not ex.check_unroll(_exercise_cells("04_im2col_unroll", "my_unroll", "def unroll")["unroll"])
+    frag = _exercise_cells("11_mma_fragments", "frag", ("def a_element", "def labelled"))
+    assert not ex.check_fragment("A", frag["load"]("load_a", 16, 16, 4), frag["a_element"], "A", todo=frag["frag"])
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 3 and all(line.startswith("not done yet: the TODO in ") for line in lines), lines
+
+
+@pytest.mark.parametrize("cuda, words", [
+    ([(ROW_04, "const int row = (c * K + kx) * K + ky;")], "row 1 = (c=0, ky=0, kx=1)"),
+    ([("(iy >= 0 && iy < H && ix >= 0 && ix < W) ? x[((b * C + c) * H + iy) * W + ix] : 0.0f",
+       "x[((b * C + c) * H + iy) * W + ix]")], "out-of-range"),
+])
+def test_04_unroll_mistakes_name_the_entry(cuda, words, capsys):
+    ns = _exercise("04_im2col_unroll", "my_unroll", cuda, launch_cell="def unroll")
+    _fails_with(ex.check_unroll(ns["unroll"]), capsys, words)
