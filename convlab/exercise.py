@@ -855,7 +855,9 @@ def check_pick(pick, times: dict, layers: dict, *, device: str) -> Verdict:
         except Exception as e:  # noqa: BLE001 (a check must never stop the notebook)
             return _say(False, f"✗ {layer}: {describe_error(e)}")
         if choice is None:
-            return _say(False, f"not done yet: your rule returned None for {layer}")
+            todo = _todo_left(pick)
+            return _say(False, f"not done yet: {todo} is still there" if todo else
+                               f"✗ your rule returned None for {layer}: does every path end in `return` a kernel's name?")
         choice = getattr(choice, "name", choice)
         if choice not in kernels:
             return _say(False, f"✗ {layer}: your rule returned {choice!r}, which is none of the kernels: "

@@ -157,6 +157,12 @@ def test_fp16_checks_half_kernels_against_chapter_6s_bound(capsys):
         ex.check_kernel(_torch_launch(), fp16="fp16")
 
 
+def _untouched_rule(shape):
+    # TODO: conditions on the shape that say which kernel wins (about 2 lines)
+    choice = None
+    return choice
+
+
 def test_check_pick_says_where_a_rule_loses_and_by_how_much(capsys):
     small, big = workloads.get("fa17"), workloads.get("resnet")
     times = {"fa17": {"gemm": 1.0, "direct": 0.5}, "resnet": {"gemm": 0.5}}
@@ -171,7 +177,9 @@ def test_check_pick_says_where_a_rule_loses_and_by_how_much(capsys):
     assert not ex.check_pick(lambda s: "fft", times, layers, device="GPU X")
     assert "none of the kernels" in capsys.readouterr().out
     assert not ex.check_pick(lambda s: None, times, layers, device="GPU X")
-    assert capsys.readouterr().out.startswith("not done yet")
+    assert "your rule returned None for fa17" in capsys.readouterr().out
+    assert not ex.check_pick(_untouched_rule, times, layers, device="GPU X")
+    assert capsys.readouterr().out.startswith("not done yet: the TODO in _untouched_rule")
     assert not ex.check_pick(lambda s: s.nothing, times, layers, device="GPU X")
     assert "your code raised AttributeError" in capsys.readouterr().out
 
