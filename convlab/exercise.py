@@ -807,6 +807,9 @@ def check_value(name: str, got, expected, *, rel: float = 1e-9) -> Verdict:
         g, e = float(got), float(expected)
     except (TypeError, ValueError):
         return _say(False, f"✗ {name}: expected a number, got {type(got).__name__}")
+    if math.isnan(g):
+        return _say(False, f"✗ {name} is NaN: it was computed from a value that was never written "
+                           f"(an output still NaN, or shared memory no thread wrote)")
     if math.isclose(g, e, rel_tol=rel, abs_tol=0.0):
         return _say(True, f"✓ correct: {name} = {got:,}" if isinstance(got, int) else f"✓ correct: {name} = {g:.6g}")
     if e == 0:

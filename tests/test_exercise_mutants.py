@@ -616,3 +616,14 @@ def test_untouched_functions_unroll_and_fragments_are_not_done_yet(capsys):
 def test_04_unroll_mistakes_name_the_entry(cuda, words, capsys):
     ns = _exercise("04_im2col_unroll", "my_unroll", cuda, launch_cell="def unroll")
     _fails_with(ex.check_unroll(ns["unroll"]), capsys, words)
+
+
+@pytest.mark.parametrize("cuda", [(), [("    col = 8 * (l / 16);", "    col = l < 16 ? 0 : 8;")]])
+def test_11_solution_and_an_alternative_pass(cuda, capsys):
+    ns = _fragments(cuda)
+    assert ex.check_fragment("A", ns["load"]("load_a", 16, 16, 4), ns["a_element"], "A", todo=ns["frag"])
+    assert ex.check_fragment("B", ns["load"]("load_b", 16, 8, 2), ns["b_element"], "B", todo=ns["frag"])
+    D = cl.empty(16, 8)
+    ns["frag"].kernel("store_d")(D, grid=1, block=32)
+    assert ex.check_placement("D", D.cpu(), ns["d_element"], todo=ns["frag"])
+    _passes(True, capsys)
