@@ -80,6 +80,8 @@ def _todo(match: re.Match) -> str:
 
 def strip_code(source: str, where: str) -> str:
     out = CODE_REGION.sub(_todo, source)
+    if not source.endswith("\n"):
+        out = out.rstrip("\n")          # a region that ended the cell leaves no empty last line
     if re.search(r"(###|//)[ \t]*(BEGIN|END) SOLUTION|^[ \t]*(###|//)\+", out, re.MULTILINE):
         raise SolutionMarkerError(f"{where}: a BEGIN/END SOLUTION marker without its partner")
     return out
