@@ -8,6 +8,7 @@
     ex.check_stage(launch)           # launch(x, w, bias, y): conv, bias, ReLU, 2x2 max pool into y
     ex.check_unroll(unroll)          # unroll(x, K, stride, pad) returns im2col's U
     ex.check_counters(launch, targets)   # correct, then the emulator's memory counters against targets
+    ex.check_conv3d_counters(launch, K, targets)   # the same for a 3D launch(x, w, y)
     ex.check_answer("03.reuse", reuse)   # a number against the answer kept in exercise_answers
     ex.check_function(conv2d_numpy)  # conv2d_numpy(x, w, stride, pad) returns y (numpy)
     ex.check_value("FLOPs", flops, expected)
@@ -728,11 +729,12 @@ def _costliest_line(card) -> str:
 
 
 def check_counters(launch, targets: dict, *, shape: Shape | None = None, result=None,
-                   name: str = "your kernel") -> Verdict:
+                   macs: int | None = None, name: str = "your kernel") -> Verdict:
     """Correct first, then the emulator's memory counters against targets {quantity: most allowed}
     (quantities: COUNTERS). With shape, launch(x, w, y, stride, pad) is a conv2d launch, run once
     on that shape under cl.profile and its output held to the fp64 reference; without, launch()
-    takes no arguments and result() -> (got, expected) says whether its output is right. Prints
+    takes no arguments, result() -> (got, expected) says whether its output is right and macs
+    (its multiply-adds) is what the "per multiply-add" quantities divide by. Prints
     e.g. "✓ correct; 4 sectors per load request (target ≤ 4.5); ..." and the costliest line."""
     import torch
 
@@ -750,7 +752,7 @@ def check_counters(launch, targets: dict, *, shape: Shape | None = None, result=
         call = lambda: launch(x, w, y, shape.stride, shape.pad)  # noqa: E731
         macs = _macs(shape)
     else:
-        call, macs = launch, None
+        call = launch
     try:
         card = cl.profile(call)
     except Exception as e:  # noqa: BLE001 (a check must never stop the notebook)
@@ -947,6 +949,23 @@ def check_placement(name: str, out, element, *, todo=None) -> Verdict:
     belongs = int(want[r, c])
     return _say(False, f"✗ {name}[{r}][{c}] holds {has}; the layout puts lane {belongs // 4}'s d[{belongs % 4}] "
                        f"there ({len(bad)} of {got.size} wrong)")
+
+
+#: The volume (D, H, W) check_conv3d_counters profiles a 3D kernel on: two row blocks, three warps
+#: of columns, three plane blocks.
+COUNTER_VOLUME = (12, 20, 70)
+
+
+def check_conv3d_counters(launch, K: int, targets: dict, *, volume=COUNTER_VOLUME,
+                          name: str = "your kernel") -> Verdict:
+    """check_counters for a 3D kernel launch(x, w, y) (as check_conv3d takes it) on `volume`."""
+    import convlab as cl
+
+    D, H, W = volume
+    x, w = cl.randn(D, H, W), cl.randn(K, K, K)
+    y = cl.empty(D - K + 1, H - K + 1, W - K + 1)
+    return check_counters(lambda: launch(x, w, y), targets, result=lambda: (y, cl.ref.conv3d(x, w)),
+                          macs=y.numel() * K ** 3, name=name)
 
 
 def check_answer(key: str, got, *args) -> Verdict:

@@ -43,6 +43,9 @@ TARGETS: dict[str, dict] = {
     # (chapter 5's kernel loads float4s: 0.84 per multiply-add counted by instruction on
     # ex.COUNTER_SHAPE, where 4 maps fill an eighth of its 32-map tile)
     "05_register_tiles": {"shared loads per multiply-add": 0.375},
+    # ex.COUNTER_VOLUME, chapter 7's conv3d_coarse with TX=1, TY=1, BY=4, ZC=4: 3.98 sectors per
+    # load request (coalesced rows of a plane), no bank conflicts
+    "07": {"sectors per load request": 3.98, "shared bank conflicts": 0},
     # exercise 9: a warp's 32 consecutive floats (4 sectors); a tile's column with no conflict
     "09.scale": {"sectors per load request": 4},
     "09.colsum": {"shared bank conflicts": 0},

@@ -627,3 +627,15 @@ def test_11_solution_and_an_alternative_pass(cuda, capsys):
     ns["frag"].kernel("store_d")(D, grid=1, block=32)
     assert ex.check_placement("D", D.cpu(), ns["d_element"], todo=ns["frag"])
     _passes(True, capsys)
+
+
+def test_07_counters_grade_the_tile_loads(capsys):
+    ns = _exercise("07_conv3d_coarse", "my_coarse", launch_cell="KS, ZC, BY")
+    out = _passes(ex.check_conv3d_counters(ns["launch"], 3, ex.check_targets("07")), capsys)
+    assert "0 shared bank conflicts (target 0)" in out
+    # the tile loaded down its columns: right, but a warp's loads are rows apart
+    ns = _exercise("07_conv3d_coarse", "my_coarse", [("const int r = i / TC, c = i % TC,", "const int r = i % TR, c = i / TR,")],
+                   launch_cell="KS, ZC, BY")
+    verdict = ex.check_conv3d_counters(ns["launch"], 3, ex.check_targets("07"))
+    out = capsys.readouterr().out
+    assert not verdict and "not within the targets" in out and "sectors per load request" in out, out
