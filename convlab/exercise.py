@@ -427,9 +427,10 @@ class _Case:
 
 
 def _run_cases(run, cases, *, name: str, labels: str = "bmhw", out_index: int | None = 2,
-               passed: str, nothing_hint: str = "") -> Verdict:
+               passed: str, nothing_hint: dict | None = None) -> Verdict:
     """The checks' common path: each case run (faults printed, never raised), judged against its
-    reference and the common mistakes; the first failure is the verdict."""
+    reference and the common mistakes; the first failure is the verdict. nothing_hint: {start of
+    verdict's text for an empty output: what to add} for the operation's own causes."""
     import torch
 
     cases = list(cases)
@@ -444,7 +445,7 @@ def _run_cases(run, cases, *, name: str, labels: str = "bmhw", out_index: int | 
         ok, text = verdict(out, case.ref, labels=labels, inputs=case.inputs, mistakes=case.mistakes,
                            locate=case.locate, **(case.bound or {}))
         if not ok and text.startswith(NOTHING):
-            hint = nothing_hint if text.startswith("none of the") else ""
+            hint = next((h for start, h in (nothing_hint or {}).items() if text.startswith(start)), "")
             text = _nothing(run, text, out_index=out_index)
             if text.startswith("not done"):
                 return _say(False, text)
@@ -607,6 +608,16 @@ def _weight_grad_mistakes(x, dy, w_shape, stride: int, pad: int):
         yield (f"the stride is ignored: the input row is oy + ky - pad, but it must be oy*stride + ky - pad "
                f"(stride={stride})", lambda: grad(x, full, s=1))
 
+    # a block's tree with `=` for `+=` (partial[t] = partial[t + s]) leaves in partial[0] the sum of
+    # its last thread alone: the pixels t = T-1, 2T-1, ... of a block of T threads
+    n = dy.shape[0] * dy.shape[-2] * dy.shape[-1]
+    for T in (32, 64, 128, 256, 512, 1024):
+        if T <= n:
+            keep = (torch.arange(n) % T == T - 1).view(dy.shape[0], 1, *dy.shape[-2:]).to(dy.dtype)
+            yield (f"`=` where `+=` belongs in the tree: partial[t] = partial[t + s] keeps only one thread's "
+                   f"sum (that of thread {T - 1}), so partial[0] is not the block's total",
+                   lambda keep=keep: grad(x, dy * keep))
+
 
 def check_dw(launch, shapes=None, *, name: str = "your kernel") -> Verdict:
     """launch(x, dy, dw, stride, pad) computes the weight gradient (M, C, K, K) of a conv2d into dw,
@@ -626,8 +637,11 @@ def check_dw(launch, shapes=None, *, name: str = "your kernel") -> Verdict:
                         mistakes=list(_weight_grad_mistakes(x, dy, w_shape, s.stride, s.pad)))
 
     return _run_cases(launch, cases(), name=name, labels=("m", "c", "ky", "kx"),
-                      nothing_hint=" (dw starts as NaN, and NaN plus anything stays NaN: a kernel that adds "
-                                   "into dw with atomicAdd needs dw.zero_() before the launch)",
+                      nothing_hint={
+                          "none of the": " (dw starts as NaN, and NaN plus anything stays NaN: a kernel that adds "
+                                         "into dw with atomicAdd needs dw.zero_() before the launch)",
+                          "all ": " (in a reduction tree each step adds, partial[t] += partial[t + s]: with `=` "
+                                  "partial[0] holds one thread's sum, 0 where that thread had no pixel)"},
                       passed=f"matches the fp64 reference on all {len(shapes)} shapes (awkward sizes, C=1, "
                              f"B=1, odd and even K, stride 2, padding)")
 

@@ -639,3 +639,12 @@ def test_07_counters_grade_the_tile_loads(capsys):
     verdict = ex.check_conv3d_counters(ns["launch"], 3, ex.check_targets("07"))
     out = capsys.readouterr().out
     assert not verdict and "not within the targets" in out and "sectors per load request" in out, out
+
+
+def test_08_tree_with_assignment_is_named(capsys):
+    ns = _exercise("08_dw_atomics", "my_dw_reduce", [("partial[threadIdx.x] += partial[threadIdx.x + s];",
+                                                      "partial[threadIdx.x] = partial[threadIdx.x + s];")],
+                   launch_cell="def launch_reduce")
+    _fails_with(ex.check_dw(ns["launch_reduce"]), capsys, "with `=` partial[0] holds one thread's sum")
+    # on a shape where that thread has pixels, the mistake is named by its output
+    _fails_with(ex.check_dw(ns["launch_reduce"], ex.AWKWARD_SHAPES[1:]), capsys, "`=` where `+=` belongs in the tree")
