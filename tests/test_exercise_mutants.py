@@ -166,10 +166,10 @@ MUTANTS_03 = {
     "tile loaded in one pass": ([("i < in_w * in_w; i += TILE * TILE", "i < TILE * TILE; i += TILE * TILE")], (),
                                 "__shared__ memory that no thread wrote"),
     "swapped h/w in the input": ([("? x[xbase + iy * W + ix]", "? x[xbase + ix * W + iy]")], (), "swapped"),
-    "off-by-one bound": ([("ix >= 0 && ix < W)", "ix >= 0 && ix <= W)")], (), "bound"),
+    "off-by-one bound": ([("ix >= 0 && ix < W;", "ix >= 0 && ix <= W;")], (), "bound"),
     "shared size in floats": ((), [("shared = 4 * in_w * in_w", "shared = in_w * in_w")], "shared="),
-    "padding zeros missing": ([("(iy >= 0 && iy < H && ix >= 0 && ix < W) ? x[xbase + iy * W + ix] : 0.0f",
-                                "x[xbase + iy * W + ix]")], (), "out-of-range"),
+    "padding zeros missing": ([("inside ? x[xbase + iy * W + ix] : 0.0f", "x[xbase + iy * W + ix]")], (),
+                              "out-of-range"),
 }
 
 
@@ -188,7 +188,8 @@ def test_03_a_two_dimensional_load_passes(capsys):
     ns = _exercise("03_tiled_halo", "my_tiled", [(
         """        for (int i = tid; i < in_w * in_w; i += TILE * TILE) {
             const int iy = iy0 + i / in_w, ix = ix0 + i % in_w;
-            tile[i] = (iy >= 0 && iy < H && ix >= 0 && ix < W) ? x[xbase + iy * W + ix] : 0.0f;
+            const bool inside = iy >= 0 && iy < H && ix >= 0 && ix < W;
+            tile[i] = inside ? x[xbase + iy * W + ix] : 0.0f;
         }""", two_d)])
     _passes(_check_03(ns), capsys)
 
@@ -202,7 +203,7 @@ def test_03_counters_pass_the_solution(capsys):
 def test_03_counters_fail_a_load_per_multiply_add(capsys):
     # right, but every multiply-add loads x from global memory: the tile saves nothing
     ns = _exercise("03_tiled_halo", "my_tiled", [(
-        "acc += tile[(threadIdx.y * stride + p) * in_w + threadIdx.x * stride + q]",
+        "acc += tile[(threadIdx.y * stride + p) * in_w\n                                + threadIdx.x * stride + q]",
         "acc += ((iy0 + threadIdx.y * stride + p) >= 0 && (iy0 + threadIdx.y * stride + p) < H && "
         "(ix0 + threadIdx.x * stride + q) >= 0 && (ix0 + threadIdx.x * stride + q) < W ? "
         "x[xbase + (iy0 + threadIdx.y * stride + p) * W + ix0 + threadIdx.x * stride + q] : 0.0f)")])
@@ -221,7 +222,7 @@ MUTANTS_06 = {
                         (), "padding is ignored"),
     "stride ignored": ([("oy * stride - pad + ky, ix = ox * stride - pad + kx", "oy - pad + ky, ix = ox - pad + kx")],
                        (), "stride is ignored"),
-    "= for +=": ([("acc = __hfma2(" + W2_06 + ", __half2half2(v), acc);", "acc = __hmul2(" + W2_06 + ", __half2half2(v));")],
+    "= for +=": ([("acc = __hfma2(pair, __half2half2(v), acc);", "acc = __hmul2(pair, __half2half2(v));")],
                  (), "`=` where `+=` belongs"),
     "odd M's last pair left out": ((), [("(M + 1) // 2, 1)", "M // 2, 1)")], "ceil division"),
     "rebinding y": ((), [("    my_half2.kernel", "    y = torch.zeros_like(y)\n    my_half2.kernel")], "assigns to `y`"),
@@ -237,11 +238,10 @@ def test_06_half2_mistakes_are_named(mistake, capsys):
 
 def test_06_half2_with_the_padding_as_a_skip_passes(capsys):
     ns = _exercise("06_half2", "my_half2", [(
-        "const half v = (iy >= 0 && iy < H && ix >= 0 && ix < W) ? x[((b * C + c) * H + iy) * W + ix] : zero;\n"
-        "                acc = __hfma2(",
+        "const bool inside = iy >= 0 && iy < H && ix >= 0 && ix < W;\n"
+        "                const half v = inside ? x[((b * C + c) * H + iy) * W + ix] : zero;",
         "if (iy < 0 || iy >= H || ix < 0 || ix >= W) continue;\n"
-        "                const half v = x[((b * C + c) * H + iy) * W + ix];\n"
-        "                acc = __hfma2(")], launch_cell="def pack_pairs")
+        "                const half v = x[((b * C + c) * H + iy) * W + ix];")], launch_cell="def pack_pairs")
     _passes(ex.check_kernel(ns["launch"], fp16="half"), capsys)
 
 
@@ -278,7 +278,7 @@ def test_07_a_tile_loaded_by_rows_passes(capsys):
 
 # ---- 08: dW with atomics, then a reduction ----------------------------------------------------
 
-DW_08 = "atomicAdd(&dw[((m * C + c) * K + ky) * K + kx], g * x[((b * C + c) * H + iy) * W + ix]);"
+DW_08 = "atomicAdd(&dw[((m * C + c) * K + ky) * K + kx],\n                          g * x[((b * C + c) * H + iy) * W + ix]);"
 MUTANTS_08 = {
     "+= instead of atomicAdd": ([(DW_08, "dw[((m * C + c) * K + ky) * K + kx] += g * x[((b * C + c) * H + iy) * W + ix];")],
                                 (), "atomicAdd"),
@@ -419,7 +419,7 @@ KXY_05 = "const int c = k / (K * K), ky = k % (K * K) / K, kx = k % K;"
 @pytest.mark.parametrize("cuda, python, words", [
     ([(KXY_05, "const int c = k / (K * K), ky = K - 1 - k % (K * K) / K, kx = K - 1 - k % K;")], (), "flipped"),
     ([(KXY_05, "const int c = k / (K * K), kx = k % (K * K) / K, ky = k % K;")], (), "axes are swapped"),
-    ([("(p / Wo) * stride - pad + ky, ix = (p % Wo) * stride - pad + kx", "(p / Wo) - pad + ky, ix = (p % Wo) - pad + kx")],
+    ([("(p / Wo) * stride - pad + ky;", "(p / Wo) - pad + ky;"), ("(p % Wo) * stride - pad + kx;", "(p % Wo) - pad + kx;")],
      (), "stride is ignored"),
     ((), [("(M + T - 1) // T, B)", "M // T, B)")], "ceil division"),
 ])
@@ -610,8 +610,7 @@ def test_untouched_functions_unroll_and_fragments_are_not_done_yet(capsys):
 
 @pytest.mark.parametrize("cuda, words", [
     ([(ROW_04, "const int row = (c * K + kx) * K + ky;")], "row 1 = (c=0, ky=0, kx=1)"),
-    ([("(iy >= 0 && iy < H && ix >= 0 && ix < W) ? x[((b * C + c) * H + iy) * W + ix] : 0.0f",
-       "x[((b * C + c) * H + iy) * W + ix]")], "out-of-range"),
+    ([("inside ? x[((b * C + c) * H + iy) * W + ix] : 0.0f", "x[((b * C + c) * H + iy) * W + ix]")], "out-of-range"),
 ])
 def test_04_unroll_mistakes_name_the_entry(cuda, words, capsys):
     ns = _exercise("04_im2col_unroll", "my_unroll", cuda, launch_cell="def unroll")
