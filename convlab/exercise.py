@@ -4,6 +4,13 @@
     ex.check_kernel(launch)          # launch(x, w, y, stride, pad) runs your kernel into y
     ex.check_kernel(launch, fp16="float", locate=where)   # half in and out; who computed a wrong output
     ex.check_general_kernel(launch)  # launch(x, w, y, stride, pad, dilation, groups): groups and dilation
+    ex.check_conv3d(launch, K)       # launch(x, w, y): a single-channel 3D convolution into y
+    ex.check_dw(launch)              # launch(x, dy, dw, stride, pad): the weight gradient into dw
+    ex.check_stage(launch)           # launch(x, w, bias, y): conv, bias, ReLU, 2x2 max pool into y
+    ex.check_unroll(unroll)          # unroll(x, K, stride, pad) returns im2col's U
+    ex.check_counters(launch, targets)   # correct, then the emulator's memory counters against targets
+    ex.check_conv3d_counters(launch, K, targets)   # the same for a 3D launch(x, w, y)
+    ex.check_answer("03.reuse", reuse)   # a number against the answer kept in exercise_answers
     ex.check_function(conv2d_numpy)  # conv2d_numpy(x, w, stride, pad) returns y (numpy)
     ex.check_value("FLOPs", flops, expected)
     ex.check_prediction("sectors per request", predicted, measured)   # {case: number} each
@@ -12,19 +19,23 @@
     ex.check_placement("D", D, d_element)                   # where each lane's d[i] went
 
 Verdicts: "correct"; a named common mistake when the output matches one of them on the
-reference (flipped mask, swapped axes, padding or stride ignored, a tile not fully loaded, the
-result rebound instead of written into y); "wrong at (b,m,h,w): expected … got …"; "N outputs
-never written"; the emulator's fault messages (cl.ConvlabError subclasses: out of range, races,
-barriers, timeouts, each at its source line) as they are; "not done yet" for an unfinished
-exercise (nothing written, every output still 0, or a function that returns None). On the emulator, kernels run with
-the race detector, so a missing __syncthreads() or atomicAdd fails every time.
+reference (flipped mask, swapped axes, padding or stride ignored, `=` for `+=`, a tile not fully
+loaded, the result rebound instead of written into y); "wrong at (b,m,h,w): expected … got …";
+"N outputs never written"; the emulator's fault messages (cl.ConvlabError subclasses: out of
+range, races, barriers, timeouts, each at its source line) as they are. "not done yet" only while
+a TODO stub that scripts/make_exercises.py left (`TODO: … (about N lines)`) is still in the code
+the check runs (the launch function, the functions and %%cuda modules it uses); written code
+that writes nothing is told so. On the emulator, kernels run with the race detector, so a
+missing __syncthreads() or atomicAdd fails every time.
 Every check returns a Verdict, true when right, so a notebook (or a test) can go on either way;
 it shows nothing itself in a notebook, the printed line says it all.
 """
 from __future__ import annotations
 
 import dis
+import inspect
 import math
+import re
 import traceback
 from dataclasses import dataclass
 
@@ -154,27 +165,60 @@ def _mistakes(x, w, stride: int, pad: int):
         yield (f"the stride is ignored: the input row is h + p, but it must be h*stride + p - pad (stride={stride})",
                lambda: conv(x, w, s=1)[..., :Ho, :Wo])
 
+    def only(last_tap: bool):
+        keep = torch.zeros_like(w)
+        if last_tap:
+            keep[:, -1, -1, -1] = w[:, -1, -1, -1]
+        else:
+            keep[:, -1] = w[:, -1]
+        return conv(x, keep)
+    yield ("`=` where `+=` belongs: each output keeps only its last product (acc = a * b overwrites the "
+           "sum; acc += a * b adds to it)", lambda: only(True))
+    if x.shape[1] > 1:
+        yield ("only the last channel counts: the sum starts again at 0 for every channel c (set acc = 0 "
+               "once, before the loop over c), or the store is inside the loop over c", lambda: only(False))
 
-def diagnose(y, x, w, stride: int, pad: int, *, rtol: float = 1e-4, atol: float | None = None) -> str | None:
-    """Which common mistake gives the output y for these inputs, or None (atol: as in verdict)."""
-    got = _as_numpy(y).astype(np.float64)
-    for what, make in _mistakes(x, w, stride, pad):
-        want = make().numpy()
+
+def _match(got: np.ndarray, mistakes, rtol: float, atol: float | None) -> str | None:
+    """The first (what, make) of mistakes whose output equals got within the bound, else None."""
+    for what, make in mistakes:
+        want = _as_numpy(make()).astype(np.float64)
         if want.shape == got.shape:
-            if atol is None:
-                atol = 1e-4 * max(float(np.sqrt(np.mean(want ** 2))), 1e-30)
-            if np.all(np.abs(got - want) <= atol + rtol * np.abs(want)):
+            bound = atol if atol is not None else 1e-4 * max(float(np.sqrt(np.mean(want ** 2))), 1e-30)
+            if np.all(np.abs(got - want) <= bound + rtol * np.abs(want)):
                 return what
     return None
 
 
+def diagnose(y, x, w, stride: int, pad: int, *, rtol: float = 1e-4, atol: float | None = None) -> str | None:
+    """Which common mistake gives the output y for these inputs, or None (atol: as in verdict)."""
+    return _match(_as_numpy(y).astype(np.float64), _mistakes(x, w, stride, pad), rtol, atol)
+
+
+#: verdict's texts for an output nothing was computed into: a check says "not done yet" instead
+#: while a TODO stub is left (_todo_left).
+NOTHING = ("none of the", "all ")
+
+
+def _edge_only(bad: np.ndarray, pad: int, K: int) -> bool:
+    """Whether every wrong output of a (B, M, Ho, Wo) output lies in the band at the image's edge
+    whose window reaches outside the image (the bounds check or the padding decide those)."""
+    if bad.ndim != 4 or not bad.any():
+        return False
+    band = max(pad, 1) + (K > 1)
+    inner = bad[..., band:-band, band:-band] if min(bad.shape[-2:]) > 2 * band else np.zeros(0, bool)
+    return not inner.any()
+
+
 def verdict(y, ref, *, rtol: float = 1e-4, atol: float | None = None, labels: str = "bmhw",
-            inputs: tuple | None = None, locate=None) -> tuple[bool, str]:
+            inputs: tuple | None = None, locate=None, mistakes=None) -> tuple[bool, str]:
     """Compare an output with the fp64 reference: (ok, a one-line verdict). Like cl.check, atol
     defaults to 1e-4 of the reference's RMS (fp32 sums of many products). With inputs=(x, w,
-    stride, pad) of a conv2d, a wrong output is also tried against the common mistakes.
+    stride, pad) of a conv2d, a wrong output is also tried against the common mistakes; other
+    operations pass their own mistakes: (what, make() -> the output that mistake gives) pairs.
     locate(index) -> text names who computes the output at an index (which thread, which register
-    of its micro-tile): the verdict adds it after the first wrong or unwritten output."""
+    of its micro-tile): the verdict adds it after the first wrong or unwritten output.
+    An output with nothing in it starts with one of NOTHING."""
     n_poisoned = _poisoned(y)
     got = _as_numpy(y).astype(np.float64)
     want = _as_numpy(ref).astype(np.float64)
@@ -193,26 +237,28 @@ def verdict(y, ref, *, rtol: float = 1e-4, atol: float | None = None, labels: st
                      "every thread wait at a __syncthreads() before reading it, and does every read stay inside "
                      "what was written (an index, a fragment's leading dimension)?")
         if n_poisoned == got.size:
-            return False, (f"not done yet: all {got.size} outputs were computed from __shared__ memory that no "
-                           f"thread wrote (the emulator fills it with NaN for each block). Is the code still a "
-                           f"TODO? If not: {questions}")
+            return False, (f"all {got.size} outputs were computed from __shared__ memory that no thread wrote "
+                           f"(the emulator fills it with NaN for each block): {questions}")
         return False, (f"{n_poisoned} of {got.size} outputs were computed from __shared__ memory that no thread "
                        f"wrote (the emulator fills it with NaN for each block), the first at {at(first)}: "
                        f"{questions}")
     never = np.isnan(got)
     n_never = int(never.sum())
     if n_never == got.size:
-        return False, (f"not done yet: none of the {got.size} outputs was written "
-                       f"(is the code still a TODO?)")
+        return False, (f"none of the {got.size} outputs was written (they start as NaN): does the kernel store "
+                       f"into the output pointer it is passed, and does the launch pass the very tensor it was "
+                       f"given (not a new one), with a grid that starts at least one thread?")
     if not got.any() and want.any():
-        return False, (f"not done yet: all {got.size} outputs are 0, as if nothing was added up (is the code "
-                       f"still a TODO? if not, what writes zeros over them?)")
+        return False, (f"all {got.size} outputs are 0, as if nothing was added up: is each product added "
+                       f"into the sum (+=), and is it the sum that is stored?")
     bad = never | ~np.isfinite(got) | (np.abs(got - want) > atol + rtol * np.abs(want))
     n_bad = int(bad.sum())
     if n_bad == 0:
         return True, "correct"
-    if inputs is not None and not n_never:
-        mistake = diagnose(y, *inputs, rtol=rtol, atol=given_atol)
+    if not n_never:
+        if inputs is not None and mistakes is None:
+            mistakes = _mistakes(*inputs)
+        mistake = _match(got, mistakes, rtol, given_atol) if mistakes is not None else None
         if mistake:
             return False, mistake
 
@@ -221,8 +267,12 @@ def verdict(y, ref, *, rtol: float = 1e-4, atol: float | None = None, labels: st
         first_never = tuple(int(i) for i in np.argwhere(never)[0])
         return False, (f"{n_never} of {got.size} outputs never written, the first at {at(first_never)}: "
                        f"does every output get a thread?")
+    edge = ""
+    if inputs is not None and _edge_only(bad, inputs[3], np.shape(inputs[1])[-1]):
+        edge = (": only outputs at the image's edge are wrong, whose windows reach outside the image: check "
+                "the bounds test (ih < H, not ih <= H; ih >= 0) and where the padding is subtracted")
     return False, (f"wrong at {at(first)}: expected {_fmt(want[first])} got {_fmt(got[first])} "
-                   f"({n_bad} of {got.size} outputs wrong)")
+                   f"({n_bad} of {got.size} outputs wrong){edge}")
 
 
 def _as_numpy(a) -> np.ndarray:
@@ -271,32 +321,91 @@ def _rebinds(fn, index: int) -> str | None:
     return None
 
 
-def _run_one(run, shape: Shape, *, on_device: bool, fp16: bool = False):
-    """Make fresh inputs, run the student's code once; (output or None, reference, error text or None,
-    inputs). On the emulator the race detector watches every launch. fp16: the kernel gets x and w
-    rounded to half and a half y; the reference stays that of the float32 inputs."""
-    import torch
+#: The stub scripts/make_exercises.py leaves where a solution was: `// TODO: hint (about N lines)`,
+#: wrapped over comment lines that continue it.
+_TODO_STUB = re.compile(r"(?://|#)[ \t]*TODO:(?:[^\n]|\n[ \t]*(?://|#)[ \t])*?"
+                        r"\(about(?:\s|//|#)+\d+(?:\s|//|#)+lines?\)")
 
+
+def _todo_left(run) -> str | None:
+    """Where an exercise's TODO stub is still in the code a check runs: the function itself, the
+    functions it calls and the %%cuda modules (or their kernels) it names, through its globals
+    and closure. None when no stub is left (the code was written, right or wrong)."""
     import convlab as cl
 
-    x = cl.randn(shape.B, shape.C, shape.H, shape.W)
-    w = cl.randn(shape.M, shape.C, shape.K, shape.K)
-    ref = cl.ref.conv2d(x, w, stride=shape.stride, padding=shape.pad)
+    seen: set[int] = set()
+
+    def visit(obj, depth: int) -> str | None:
+        if id(obj) in seen or depth > 3:
+            return None
+        seen.add(id(obj))
+        if isinstance(obj, cl.Kernel):
+            obj = obj.module
+        if isinstance(obj, cl.Module):
+            m = _TODO_STUB.search(obj.src.text)
+            if m:
+                line = obj.src.text.count("\n", 0, m.start()) + 2      # + the %%cuda line
+                return f"the TODO in cell {obj.path.stem}, line {line}"
+            return None
+        code = getattr(obj, "__code__", None)
+        if code is None:
+            func = getattr(obj, "func", None)                           # functools.partial
+            return visit(func, depth + 1) if func is not None else None
+        try:
+            lines, first = inspect.getsourcelines(obj)
+        except (OSError, TypeError):
+            lines, first = [], 0
+        m = _TODO_STUB.search("".join(lines))
+        if m:
+            line = first + "".join(lines).count("\n", 0, m.start())
+            return f"the TODO in {getattr(obj, '__name__', 'your function')}, line {line} of its cell"
+        names = [getattr(obj, "__globals__", {}).get(n) for n in code.co_names]
+        cells = [c.cell_contents for c in (getattr(obj, "__closure__", None) or ()) if _filled(c)]
+        for value in names + cells:
+            if value is not None and (callable(value) or isinstance(value, cl.Module)):
+                found = visit(value, depth + 1)
+                if found:
+                    return found
+        return None
+
+    return visit(run, 0)
+
+
+def _filled(cell) -> bool:
     try:
-        if on_device:
-            dtype = torch.float16 if fp16 else torch.float32
-            xk, wk = (x.half(), w.half()) if fp16 else (x, w)
-            y = cl.empty(shape.B, shape.M, shape.Ho, shape.Wo, dtype=dtype)
-            with cl.detect_races(True), cl._check_time_limit(CHECK_TIMEOUT_S):
-                out = run(xk, wk, y, shape.stride, shape.pad)
-            cl.sync()  # a GPU launch is asynchronous: its faults show here
-            if isinstance(out, torch.Tensor):
-                y = out
-        else:
-            y = run(x.cpu().numpy(), w.cpu().numpy(), shape.stride, shape.pad)
-    except Exception as e:  # noqa: BLE001
-        return None, ref, describe_error(e), (x, w, shape.stride, shape.pad)
-    return y, ref, None, (x, w, shape.stride, shape.pad)
+        cell.cell_contents
+    except ValueError:
+        return False
+    return True
+
+
+def _nothing(run, text: str, *, out_index: int | None) -> str:
+    """An output with nothing in it: "not done yet" while a TODO stub is left, else what writes nothing."""
+    todo = _todo_left(run)
+    if todo:
+        return f"not done yet: {todo} is still there, and nothing was computed into the output"
+    rebound = _rebinds(run, out_index) if out_index is not None else None
+    if rebound:
+        return (f"✗ none of the outputs was written: your launch function assigns to `{rebound}` "
+                f"(`{rebound} = ...`), which only makes the name point at a new tensor inside the function; "
+                f"the checked tensor stays as it was. Write into it instead: `{rebound}.copy_(...)` or "
+                f"`{rebound}[...] = ...`")
+    return f"✗ {text}"
+
+
+def _fault(run, error: str) -> str:
+    todo = _todo_left(run)
+    return f"not done yet: {todo} is still there (running the code as it is: {error})" if todo else error
+
+
+def _launch(call):
+    """Run a student's launch under the race detector and the checks' time limit; its result."""
+    import convlab as cl
+
+    with cl.detect_races(True), cl._check_time_limit(CHECK_TIMEOUT_S):
+        out = call()
+    cl.sync()  # a GPU launch is asynchronous: its faults show here
+    return out
 
 
 def _say(ok: bool, text: str) -> Verdict:
@@ -304,55 +413,395 @@ def _say(ok: bool, text: str) -> Verdict:
     return Verdict(ok, text)
 
 
-def _check(run, shapes, *, on_device: bool, name: str, fp16: str | None = None, locate=None) -> Verdict:
-    shapes = list(AWKWARD_SHAPES if shapes is None else shapes)
-    for i, shape in enumerate(shapes):
-        y, ref, error, inputs = _run_one(run, shape, on_device=on_device, fp16=fp16 is not None)
-        if error is not None:
-            return _say(False, f"✗ {shape}: {error}")
-        if y is None:
-            return _say(False, f"not done yet: {name} returned None for {shape}")
-        bound = {}
+@dataclass
+class _Case:
+    """One run of a check: what it is (for the verdict), its call, its output tensor and reference."""
+    text: str
+    why: str
+    call: object                 # () -> the student's result (a tensor used instead of out, or None)
+    out: object
+    ref: object
+    mistakes: object = None      # (what, make) pairs, or None
+    bound: dict | None = None    # rtol=, atol= for verdict
+    inputs: tuple | None = None  # conv2d's (x, w, stride, pad): verdict's own mistakes
+    locate: object = None
+
+
+def _run_cases(run, cases, *, name: str, labels: str = "bmhw", out_index: int | None = 2,
+               passed: str, nothing_hint: dict | None = None) -> Verdict:
+    """The checks' common path: each case run (faults printed, never raised), judged against its
+    reference and the common mistakes; the first failure is the verdict. nothing_hint: {start of
+    verdict's text for an empty output: what to add} for the operation's own causes."""
+    import torch
+
+    cases = list(cases)
+    for i, case in enumerate(cases):
+        before = f"\n  ({i} shape{'s' if i > 1 else ''} before it passed)" if i else ""
+        try:
+            result = _launch(case.call)
+        except Exception as e:  # noqa: BLE001 (a check must never stop the notebook)
+            text = _fault(run, describe_error(e))
+            return _say(False, text if text.startswith("not done") else f"✗ {case.text}: {text}")
+        out = result if isinstance(result, torch.Tensor) and out_index is not None else case.out
+        ok, text = verdict(out, case.ref, labels=labels, inputs=case.inputs, mistakes=case.mistakes,
+                           locate=case.locate, **(case.bound or {}))
+        if not ok and text.startswith(NOTHING):
+            hint = next((h for start, h in (nothing_hint or {}).items() if text.startswith(start)), "")
+            text = _nothing(run, text, out_index=out_index)
+            if text.startswith("not done"):
+                return _say(False, text)
+            return _say(False, f"{text[:2]}{case.text}: {text[2:]}{hint}")
+        if not ok:
+            why = f" ({case.why})" if case.why else ""
+            return _say(False, f"✗ {case.text}{why}: {text}{before}")
+    return _say(True, f"✓ correct: {name} {passed}")
+
+
+def _conv2d_cases(run, shapes, *, fp16: str | None, locate):
+    import torch
+
+    import convlab as cl
+
+    for shape in shapes:
+        x = cl.randn(shape.B, shape.C, shape.H, shape.W)
+        w = cl.randn(shape.M, shape.C, shape.K, shape.K)
+        ref = cl.ref.conv2d(x, w, stride=shape.stride, padding=shape.pad)
+        y = cl.empty(shape.B, shape.M, shape.Ho, shape.Wo, dtype=torch.float16 if fp16 else torch.float32)
+        xk, wk = (x.half(), w.half()) if fp16 else (x, w)
+        bound = None
         if fp16 is not None:
             from .ops.fp16 import fp16_tolerance
 
             rtol, atol_rms = fp16_tolerance(shape.C, shape.K, fp16)
             bound = {"rtol": rtol, "atol": atol_rms * float(ref.double().pow(2).mean().sqrt())}
         where = (lambda index, shape=shape: locate(shape, index)) if locate is not None else None
-        ok, text = verdict(y, ref, inputs=inputs, locate=where, **bound)
-        if not ok and text.startswith("not done yet"):
-            rebound = _rebinds(run, 2) if on_device else None
-            if rebound:
-                return _say(False, f"✗ none of the outputs was written: your launch function assigns to "
-                                   f"`{rebound}` (`{rebound} = ...`), which only makes the name point at a new "
-                                   f"tensor inside the function; the checked tensor stays as it was. Write into "
-                                   f"it instead: `{rebound}.copy_(...)` or `{rebound}[...] = ...`")
-            return _say(False, text)
-        if not ok:
-            before = f"\n  ({i} shape{'s' if i > 1 else ''} before it passed)" if i else ""
-            return _say(False, f"✗ {shape} ({shape.why}): {text}{before}")
-    within = "is within the fp16 bound of" if fp16 is not None else "matches"
-    return _say(True, f"✓ correct: {name} {within} the fp64 reference on all {len(shapes)} shapes "
-                      f"(awkward sizes, C=1, B=1, odd and even K, stride 2, padding)")
+        yield _Case(str(shape), shape.why,
+                    lambda xk=xk, wk=wk, y=y, shape=shape: run(xk, wk, y, shape.stride, shape.pad),
+                    y, ref, bound=bound, inputs=(x, w, shape.stride, shape.pad), locate=where)
+
+
+def _same_in_every_order(launch) -> bool:
+    """The emulator's race test (cl.find_race: the launch with each block's threads in three
+    orders) on one awkward shape; prints what differs, or a fault, and says whether it passed."""
+    import convlab as cl
+
+    if cl.backend() != "emu":
+        return True
+    x, w = cl.randn(2, 3, 21, 19), cl.randn(4, 3, 5, 5)
+    y = cl.empty(2, 4, 17, 15)
+    try:
+        race = cl.find_race(lambda: launch(x, w, y, 1, 0), y)
+    except Exception as e:  # noqa: BLE001 (a check must never stop the notebook)
+        text = _fault(launch, describe_error(e))
+        print(text if text.startswith("not done") else f"✗ {text}")
+        return False
+    if race:
+        print(f"✗ {race}")
+        return False
+    return True
 
 
 def check_kernel(launch, shapes=None, *, name: str = "your kernel", fp16: str | None = None,
-                 locate=None) -> Verdict:
+                 locate=None, thread_orders: bool = False) -> Verdict:
     """launch(x, w, y, stride, pad) runs a kernel on fresh random x, w (on the backend's device)
     into y, which starts poisoned with NaN. Prints a verdict; True when right on every shape.
 
     fp16="float" or "half" (how the kernel adds up): x, w and y are half, and the output is held
     to chapter 6's bound for that accumulation (fp16.fp16_tolerance) instead of fp32's.
     locate(shape, (b, m, h, w)) -> text: who computes that output (a thread, a warp, a register
-    of its tile), said with the first wrong or unwritten output."""
+    of its tile), said with the first wrong or unwritten output. thread_orders (emulator): first
+    run the launch with each block's threads in three orders (cl.find_race), which finds a
+    missing barrier even where the race detector's one order does not."""
     if fp16 not in (None, "half", "float"):
         raise ValueError("fp16 is 'half' or 'float' (how the kernel adds up), or None for float32")
-    return _check(launch, shapes, on_device=True, name=name, fp16=fp16, locate=locate)
+    shapes = list(AWKWARD_SHAPES if shapes is None else shapes)
+    if thread_orders and not _same_in_every_order(launch):
+        return Verdict(False, "a race")
+    within = "is within the fp16 bound of" if fp16 is not None else "matches"
+    return _run_cases(launch, _conv2d_cases(launch, shapes, fp16=fp16, locate=locate), name=name,
+                      passed=f"{within} the fp64 reference on all {len(shapes)} shapes (awkward sizes, C=1, "
+                             f"B=1, odd and even K, stride 2, padding)")
 
 
 def check_function(fn, shapes=None, *, name: str = "your function") -> Verdict:
     """fn(x, w, stride, pad) takes numpy float32 arrays and returns y. Prints a verdict."""
-    return _check(fn, shapes, on_device=False, name=name)
+    import convlab as cl
+
+    shapes = list(AWKWARD_SHAPES if shapes is None else shapes)
+    for i, shape in enumerate(shapes):
+        x, w = cl.randn(shape.B, shape.C, shape.H, shape.W), cl.randn(shape.M, shape.C, shape.K, shape.K)
+        ref = cl.ref.conv2d(x, w, stride=shape.stride, padding=shape.pad)
+        try:
+            y = fn(x.cpu().numpy(), w.cpu().numpy(), shape.stride, shape.pad)
+        except Exception as e:  # noqa: BLE001
+            text = _fault(fn, describe_error(e))
+            return _say(False, text if text.startswith("not done") else f"✗ {shape}: {text}")
+        if y is None:
+            todo = _todo_left(fn)
+            return _say(False, f"not done yet: {todo} is still there" if todo else
+                               f"✗ {name} returned None for {shape}: does it end with `return y`?")
+        ok, text = verdict(y, ref, inputs=(x, w, shape.stride, shape.pad))
+        if not ok:
+            before = f"\n  ({i} shape{'s' if i > 1 else ''} before it passed)" if i else ""
+            return _say(False, f"✗ {shape} ({shape.why}): {text}{before}")
+    return _say(True, f"✓ correct: {name} matches the fp64 reference on all {len(shapes)} shapes "
+                      f"(awkward sizes, C=1, B=1, odd and even K, stride 2, padding)")
+
+
+#: Volumes (D, H, W, why) for a 3D kernel of blocks of 32 columns, BY rows and ZC planes: no
+#: multiple of any block along each axis, a single output plane, fewer planes than ZC.
+VOLUMES = [(3, 3, 3, "the smallest: one output"),
+           (9, 13, 37, "no multiple of 32, BY or ZC"),
+           (6, 8, 40, "fewer planes than two blocks; columns over two warps"),
+           (11, 6, 10, "a short last plane block"),
+           (3, 20, 70, "D = K: one output plane")]
+
+
+def check_conv3d(launch, K: int, volumes=None, *, name: str = "your kernel", tol: float = 1e-5) -> Verdict:
+    """launch(x, w, y) runs a single-channel 3D convolution (valid, stride 1) of x (D, H, W) with
+    the mask w (K, K, K) into y, which starts as NaN; checked on `volumes` ((D, H, W, why), VOLUMES
+    by default) against the fp64 reference within tol, the challenge's tolerance."""
+    import convlab as cl
+
+    volumes = VOLUMES if volumes is None else volumes
+
+    def cases():
+        for D, H, W, why in volumes:
+            x, w = cl.randn(D, H, W), cl.randn(K, K, K)
+            y = cl.empty(D - K + 1, H - K + 1, W - K + 1)
+            conv = lambda ww, x=x: cl.ref.conv3d(x, ww)  # noqa: E731
+            mistakes = [
+                ("the mask is flipped: that is convolution, but the course computes cross-correlation, "
+                 "x[z+kz][y+ky][x+kx] * k[kz][ky][kx]", lambda w=w, conv=conv: conv(w.flip(0, 1, 2))),
+                ("the mask's planes are in the wrong order: output plane oz takes input plane iz with mask "
+                 "plane kz = iz - oz; in the window acc[j] (output plane iz - (KS-1) + j) that is plane "
+                 "KS-1-j, not j", lambda w=w, conv=conv: conv(w.flip(0))),
+                ("the mask's row and column are swapped: k[kz][kx][ky] where k[kz][ky][kx] belongs",
+                 lambda w=w, conv=conv: conv(w.transpose(1, 2))),
+            ]
+            yield _Case(f"{D}×{H}×{W}", why, lambda x=x, w=w, y=y: launch(x, w, y), y, cl.ref.conv3d(x, w),
+                        mistakes=mistakes, bound={"rtol": tol, "atol": tol})
+
+    return _run_cases(launch, cases(), name=name, labels="zyx",
+                      passed=f"matches the fp64 reference within {tol:g} on all {len(volumes)} volumes")
+
+
+def _weight_grad_mistakes(x, dy, w_shape, stride: int, pad: int):
+    import torch
+    import torch.nn.functional as F
+
+    import convlab as cl
+
+    x, dy = x.double().cpu(), dy.double().cpu()
+    grad = lambda xx, gy, s=stride, p=pad: cl.ref.conv2d_weight_grad(xx, w_shape, gy, stride=s, padding=p)  # noqa: E731
+    yield ("dw[m][c][ky][kx] is flipped: the product for tap (ky, kx) goes to dw[...][K-1-ky][K-1-kx]",
+           lambda: grad(x, dy).flip(-1, -2))
+    yield ("ky and kx are swapped: the product for tap (ky, kx) goes to dw[...][kx][ky]",
+           lambda: grad(x, dy).transpose(-1, -2))
+    if pad:
+        yield (f"the padding is ignored: the input row is oy*stride + ky, but it must be oy*stride + ky - pad "
+               f"(pad={pad}), skipping rows and columns outside the image",
+               lambda: grad(F.pad(x, (0, 2 * pad, 0, 2 * pad)), dy, p=0))
+    if stride > 1:
+        H, W, K = x.shape[-2], x.shape[-1], w_shape[-1]
+        full = torch.zeros(*dy.shape[:2], H + 2 * pad - K + 1, W + 2 * pad - K + 1, dtype=dy.dtype)
+        full[..., :dy.shape[-2], :dy.shape[-1]] = dy
+        yield (f"the stride is ignored: the input row is oy + ky - pad, but it must be oy*stride + ky - pad "
+               f"(stride={stride})", lambda: grad(x, full, s=1))
+
+    # a block's tree with `=` for `+=` (partial[t] = partial[t + s]) leaves in partial[0] the sum of
+    # its last thread alone: the pixels t = T-1, 2T-1, ... of a block of T threads
+    n = dy.shape[0] * dy.shape[-2] * dy.shape[-1]
+    for T in (32, 64, 128, 256, 512, 1024):
+        if T <= n:
+            keep = (torch.arange(n) % T == T - 1).view(dy.shape[0], 1, *dy.shape[-2:]).to(dy.dtype)
+            yield (f"`=` where `+=` belongs in the tree: partial[t] = partial[t + s] keeps only one thread's "
+                   f"sum (that of thread {T - 1}), so partial[0] is not the block's total",
+                   lambda keep=keep: grad(x, dy * keep))
+
+
+def check_dw(launch, shapes=None, *, name: str = "your kernel") -> Verdict:
+    """launch(x, dy, dw, stride, pad) computes the weight gradient (M, C, K, K) of a conv2d into dw,
+    which starts as NaN (a kernel that adds into it zeroes it first); checked on the awkward shapes
+    against the fp64 reference."""
+    import convlab as cl
+
+    shapes = list(AWKWARD_SHAPES if shapes is None else shapes)
+
+    def cases():
+        for s in shapes:
+            x, dy = cl.randn(s.B, s.C, s.H, s.W), cl.randn(s.B, s.M, s.Ho, s.Wo)
+            w_shape = (s.M, s.C, s.K, s.K)
+            dw = cl.empty(*w_shape)
+            yield _Case(str(s), s.why, lambda x=x, dy=dy, dw=dw, s=s: launch(x, dy, dw, s.stride, s.pad), dw,
+                        cl.ref.conv2d_weight_grad(x, w_shape, dy, stride=s.stride, padding=s.pad),
+                        mistakes=list(_weight_grad_mistakes(x, dy, w_shape, s.stride, s.pad)))
+
+    return _run_cases(launch, cases(), name=name, labels=("m", "c", "ky", "kx"),
+                      nothing_hint={
+                          "none of the": " (dw starts as NaN, and NaN plus anything stays NaN: a kernel that adds "
+                                         "into dw with atomicAdd needs dw.zero_() before the launch)",
+                          "all ": " (in a reduction tree each step adds, partial[t] += partial[t + s]: with `=` "
+                                  "partial[0] holds one thread's sum, 0 where that thread had no pixel)"},
+                      passed=f"matches the fp64 reference on all {len(shapes)} shapes (awkward sizes, C=1, "
+                             f"B=1, odd and even K, stride 2, padding)")
+
+
+#: Shapes (B, C, M, H, W, K) of a conv + bias + ReLU + 2x2 max pool stage: odd conv outputs (the
+#: last row or column is dropped), C > 1, one image, K = 1.
+STAGE_SHAPES = [(2, 1, 4, 20, 20, 7), (2, 3, 5, 17, 22, 5), (1, 4, 16, 15, 13, 7),
+                (3, 2, 3, 9, 10, 3), (1, 2, 2, 6, 7, 1)]
+
+
+def check_stage(launch, shapes=None, *, name: str = "your kernel") -> Verdict:
+    """launch(x, w, bias, y) computes max_pool2d(relu(conv2d(x, w) + bias), 2) (stride 1, no padding)
+    into y (B, M, Ho//2, Wo//2), which starts as NaN; checked on STAGE_SHAPES against fp64."""
+    import torch
+    import torch.nn.functional as F
+
+    import convlab as cl
+
+    shapes = STAGE_SHAPES if shapes is None else shapes
+
+    def cases():
+        for B, C, M, H, W, K in shapes:
+            x, w, b = cl.randn(B, C, H, W), cl.randn(M, C, K, K), cl.randn(M)
+            xd, wd, bd = x.double().cpu(), w.double().cpu(), b.double().cpu()
+            conv = lambda ww, bb=None, xd=xd: F.conv2d(xd, ww, bb)  # noqa: E731
+            pool = lambda t: F.max_pool2d(t, 2)  # noqa: E731
+            ref = pool(torch.relu(conv(wd, bd)))
+            mistakes = [
+                ("the mask is flipped: that is convolution, but the course computes cross-correlation, "
+                 "x[..][2py+dy+ky][2px+dx+kx] * w[m][c][ky][kx]", lambda wd=wd, bd=bd, conv=conv, ref=ref: pool(torch.relu(conv(wd.flip(-1, -2), bd)))),
+                ("the mask's axes are swapped: w[m][c][kx][ky] where w[m][c][ky][kx] belongs",
+                 lambda wd=wd, bd=bd, conv=conv, ref=ref: pool(torch.relu(conv(wd.transpose(-1, -2), bd)))),
+                ("the ReLU is missing: the largest of the four must be at least 0 (fmaxf(v, 0.0f))",
+                 lambda wd=wd, bd=bd, conv=conv, ref=ref: pool(conv(wd, bd))),
+                ("the bias is missing: bias[m] is added to every conv output (once to the largest is enough)",
+                 lambda wd=wd, conv=conv: pool(torch.relu(conv(wd)))),
+                ("the bias comes after the ReLU: ReLU(max + bias), not ReLU(max) + bias",
+                 lambda wd=wd, bd=bd, conv=conv, ref=ref: pool(torch.relu(conv(wd))) + bd.view(1, -1, 1, 1)),
+                ("that is average pooling: the window's output is the largest of its four values, not their mean",
+                 lambda wd=wd, bd=bd, conv=conv, ref=ref: F.avg_pool2d(torch.relu(conv(wd, bd)), 2)),
+                ("that is average pooling: the window's output is the largest of its four values, not their mean",
+                 lambda wd=wd, bd=bd, conv=conv: torch.relu(F.avg_pool2d(conv(wd, bd), 2))),
+                ("the window is 2×2 conv outputs at rows 2py, 2py+1 and columns 2px, 2px+1: only (2py, 2px) "
+                 "was taken", lambda wd=wd, bd=bd, conv=conv, ref=ref: torch.relu(conv(wd, bd))[..., 0:2 * (ref.shape[-2]):2, 0:2 * ref.shape[-1]:2]),
+            ]
+            y = cl.empty(*ref.shape)
+            yield _Case(f"B={B} C={C} M={M} {H}×{W} K={K}", "", lambda x=x, w=w, b=b, y=y: launch(x, w, b, y),
+                        y, ref, mistakes=mistakes)
+
+    return _run_cases(launch, cases(), name=name, labels=("b", "m", "py", "px"), out_index=3,
+                      passed=f"matches the fp64 stage on all {len(shapes)} shapes")
+
+
+#: The shape check_counters runs a conv2d kernel on: a few warps of rows wider than one, padding.
+COUNTER_SHAPE = Shape(1, 2, 4, 24, 40, 5, pad=2, why="the counters' shape")
+
+
+def _macs(shape: Shape) -> int:
+    return shape.B * shape.M * shape.Ho * shape.Wo * shape.C * shape.K * shape.K
+
+
+#: What check_counters grades, from one kernel's emulator counters (k.metrics) and the
+#: multiply-adds of the launch: (its value, its unit for the verdict).
+def _quantity(what: str, k, macs: int | None) -> float | None:
+    m = k.metrics
+    if what == "sectors per load request":
+        return k.sectors_per_request("ld")
+    if what == "sectors per store request":
+        return k.sectors_per_request("st")
+    if what == "shared bank conflicts":
+        return (m["l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum"]
+                + m["l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum"])
+    if what == "global load bytes per multiply-add":
+        return 32 * m["l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum"] / macs if macs else None
+    if what == "shared loads per multiply-add":      # a warp's load instruction is 32 threads' loads
+        return 32 * m["smsp__inst_executed_op_shared_ld.sum"] / macs if macs else None
+    raise ValueError(f"check_counters grades {', '.join(COUNTERS)}; not {what!r}")
+
+
+COUNTERS = ("sectors per load request", "sectors per store request", "shared bank conflicts",
+            "global load bytes per multiply-add", "shared loads per multiply-add")
+
+
+def _costliest_line(card) -> str:
+    """The source line whose accesses move the most sectors or wavefronts, as a student finds it."""
+    try:
+        df = card.lines().reset_index()
+    except Exception:  # noqa: BLE001 (no lines on this card: nothing to add)
+        return ""
+    best, text = -1.0, ""
+    for _, row in df.iterrows():
+        for unit in ("sectors", "wavefronts"):
+            per = row.get(f"{unit} per request")
+            if per is not None and not (isinstance(per, float) and math.isnan(per)):
+                moved = float(per) * float(row["requests"])
+                if moved > best:
+                    best, text = moved, f"{row['source line']} ({row['access']}: {moved:,.0f} {unit})"
+    return f"\n  the line that moves the most: {text}" if text else ""
+
+
+def check_counters(launch, targets: dict, *, shape: Shape | None = None, result=None,
+                   macs: int | None = None, name: str = "your kernel") -> Verdict:
+    """Correct first, then the emulator's memory counters against targets {quantity: most allowed}
+    (quantities: COUNTERS). With shape, launch(x, w, y, stride, pad) is a conv2d launch, run once
+    on that shape under cl.profile and its output held to the fp64 reference; without, launch()
+    takes no arguments, result() -> (got, expected) says whether its output is right and macs
+    (its multiply-adds) is what the "per multiply-add" quantities divide by. Prints
+    e.g. "✓ correct; 4 sectors per load request (target ≤ 4.5); ..." and the costliest line."""
+    import torch
+
+    import convlab as cl
+
+    for what in targets:
+        if what not in COUNTERS:
+            raise ValueError(f"check_counters grades {', '.join(COUNTERS)}; not {what!r}")
+    if cl.backend() != "emu":
+        return _say(False, "the counters are graded on the emulator: run this notebook with "
+                           "CONVLAB_BACKEND=emu (on a GPU, cl.profile gives ncu's counters to read yourself)")
+    if shape is not None:
+        x, w = cl.randn(shape.B, shape.C, shape.H, shape.W), cl.randn(shape.M, shape.C, shape.K, shape.K)
+        y = cl.empty(shape.B, shape.M, shape.Ho, shape.Wo)
+        call = lambda: launch(x, w, y, shape.stride, shape.pad)  # noqa: E731
+        macs = _macs(shape)
+    else:
+        call = launch
+    try:
+        card = cl.profile(call)
+    except Exception as e:  # noqa: BLE001 (a check must never stop the notebook)
+        text = _fault(launch, describe_error(e))
+        return _say(False, text if text.startswith("not done") else f"✗ {text}")
+    if shape is not None:
+        ok, text = verdict(y, cl.ref.conv2d(x, w, stride=shape.stride, padding=shape.pad),
+                           inputs=(x, w, shape.stride, shape.pad))
+    else:
+        try:
+            got, want = result()
+        except Exception as e:  # noqa: BLE001
+            return _say(False, f"✗ {describe_error(e)}")
+        ok, text = verdict(got, want, labels="ijk")
+    if not ok:
+        if text.startswith(NOTHING):
+            text = _nothing(launch, text, out_index=2 if shape is not None else None)
+            return _say(False, text)
+        return _say(False, f"✗ {name}{f' on {shape}' if shape else ''}: {text}")
+    if not card.kernels:
+        return _say(False, f"✗ {name} launched no kernel")
+    k = card.kernels[-1]
+    parts, met = [], True
+    for what, most in targets.items():
+        got = _quantity(what, k, macs)
+        if got is None:
+            parts.append(f"no {what} (the kernel makes no such access)")
+            continue
+        good = got <= most + 1e-9
+        met &= good
+        shown = f"{got:,.0f}" if float(got).is_integer() else f"{got:.3g}"
+        parts.append(f"{shown} {what} (target {'≤ ' if most else ''}{most:g}){'' if good else ' ✗'}")
+    lead = "✓ correct" if met else "✗ correct, but not within the targets"
+    return _say(met, f"{lead}: {name}: " + "; ".join(parts) + _costliest_line(card))
 
 
 @dataclass(frozen=True)
@@ -418,37 +867,24 @@ def _general_mistakes(x, w, s: GeneralShape):
 def check_general_kernel(launch, shapes=None, *, name: str = "your kernel") -> Verdict:
     """launch(x, w, y, stride, pad, dilation, groups) runs a kernel on fresh random x (B, C, H, W)
     and w (M, C/groups, K, K), on the backend's device, into y (B, M, Ho, Wo), which starts poisoned
-    with NaN. Each shape of GENERAL_SHAPES (or `shapes`) is checked against torch's conv2d in fp64;
-    a wrong output is also tried against the usual mistakes (dilation left out of the input's index,
-    every map reading the first group). Prints a verdict; True when right on every shape."""
+    with NaN. Each shape of GENERAL_SHAPES (or `shapes`) is checked against torch's conv2d in fp64
+    through the checks' common path; a wrong output is also tried against the usual mistakes
+    (dilation left out of the input's index, every map reading the first group)."""
     import convlab as cl
 
     shapes = list(GENERAL_SHAPES if shapes is None else shapes)
-    for i, s in enumerate(shapes):
-        x, w = cl.randn(s.B, s.C, s.H, s.W), cl.randn(s.M, s.C // s.groups, s.K, s.K)
-        ref = _general_reference(x, w, s)
-        y = cl.empty(s.B, s.M, s.Ho, s.Wo)
-        try:
-            with cl.detect_races(True):
-                launch(x, w, y, s.stride, s.pad, s.dilation, s.groups)
-            cl.sync()
-        except Exception as e:  # noqa: BLE001
-            return _say(False, f"✗ {s}: {describe_error(e)}")
-        ok, text = verdict(y, ref)
-        if ok:
-            continue
-        if not text.startswith(("not done yet", "wrong shape")):
-            got = _as_numpy(y).astype(np.float64)
-            atol = 1e-4 * max(float(np.sqrt(np.mean(_as_numpy(ref) ** 2))), 1e-30)
-            for what, make in _general_mistakes(x, w, s):
-                want = make().numpy()
-                if want.shape == got.shape and np.all(np.abs(got - want) <= atol + 1e-4 * np.abs(want)):
-                    text = what
-                    break
-        before = f"\n  ({i} shape{'s' if i > 1 else ''} before it passed)" if i else ""
-        return _say(False, f"✗ {s} ({s.why}): {text}{before}")
-    return _say(True, f"✓ correct: {name} matches the fp64 reference on all {len(shapes)} shapes "
-                      "(depthwise, grouped, dilated, with stride, padding and an even mask)")
+
+    def cases():
+        for s in shapes:
+            x, w = cl.randn(s.B, s.C, s.H, s.W), cl.randn(s.M, s.C // s.groups, s.K, s.K)
+            y = cl.empty(s.B, s.M, s.Ho, s.Wo)
+            yield _Case(str(s), s.why, lambda x=x, w=w, y=y, s=s: launch(x, w, y, s.stride, s.pad, s.dilation,
+                                                                          s.groups),
+                        y, _general_reference(x, w, s), mistakes=list(_general_mistakes(x, w, s)))
+
+    return _run_cases(launch, cases(), name=name,
+                      passed=f"matches the fp64 reference on all {len(shapes)} shapes (depthwise, grouped, "
+                             "dilated, with stride, padding and an even mask)")
 
 
 def _general_reference(x, w, s: GeneralShape):
@@ -479,6 +915,9 @@ def check_value(name: str, got, expected, *, rel: float = 1e-9) -> Verdict:
         g, e = float(got), float(expected)
     except (TypeError, ValueError):
         return _say(False, f"✗ {name}: expected a number, got {type(got).__name__}")
+    if math.isnan(g):
+        return _say(False, f"✗ {name} is NaN: it was computed from a value that was never written "
+                           f"(an output still NaN, or shared memory no thread wrote)")
     if math.isclose(g, e, rel_tol=rel, abs_tol=0.0):
         return _say(True, f"✓ correct: {name} = {got:,}" if isinstance(got, int) else f"✓ correct: {name} = {g:.6g}")
     if e == 0:
@@ -527,7 +966,9 @@ def check_pick(pick, times: dict, layers: dict, *, device: str) -> Verdict:
         except Exception as e:  # noqa: BLE001 (a check must never stop the notebook)
             return _say(False, f"✗ {layer}: {describe_error(e)}")
         if choice is None:
-            return _say(False, f"not done yet: your rule returned None for {layer}")
+            todo = _todo_left(pick)
+            return _say(False, f"not done yet: {todo} is still there" if todo else
+                               f"✗ your rule returned None for {layer}: does every path end in `return` a kernel's name?")
         choice = getattr(choice, "name", choice)
         if choice not in kernels:
             return _say(False, f"✗ {layer}: your rule returned {choice!r}, which is none of the kernels: "
@@ -555,13 +996,21 @@ def _halves(reg: int) -> tuple[int, int]:
     return reg & 0xFFFF, reg >> 16
 
 
-def check_fragment(name: str, regs, element, matrix: str = "A") -> Verdict:
+def _unfinished(todo) -> Verdict | None:
+    """"not done yet" while the code a check was given (todo=: a module, kernel or function) still
+    holds its TODO stub, else None."""
+    where = _todo_left(todo) if todo is not None else None
+    return _say(False, f"not done yet: {where} is still there") if where else None
+
+
+def check_fragment(name: str, regs, element, matrix: str = "A", *, todo=None) -> Verdict:
     """regs: the (32, R) 32-bit registers each lane of a warp holds after loading a tile whose
     element (row, col) is the number 16 * row + col, so each 16-bit half says where it came from.
     element(lane, j) is the (row, col) the fragment's element j of that lane must be; register i
-    holds elements 2i (low half) and 2i+1 (high half). Names the first wrong lane and register."""
+    holds elements 2i (low half) and 2i+1 (high half). Names the first wrong lane and register.
+    todo: the module (or function) the registers came from: "not done yet" while its TODO is left."""
     if regs is None:
-        return _say(False, f"not done yet: no registers for {name} (did the kernel run?)")
+        return _say(False, f"✗ no registers for {name}: the kernel did not run")
     got = np.ascontiguousarray(_as_numpy(regs)).view(np.uint32).reshape(32, -1)
 
     def at(v):
@@ -574,19 +1023,23 @@ def check_fragment(name: str, regs, element, matrix: str = "A") -> Verdict:
                 wrong.append((lane, i, _halves(int(got[lane, i])), want))
     if not wrong:
         return _say(True, f"✓ correct: {name}: all {got.size} registers of the warp hold what the layout says")
+    unfinished = _unfinished(todo)
+    if unfinished is not None:
+        return unfinished
     lane, i, has, want = wrong[0]
     return _say(False, f"✗ {name}: lane {lane}, register {i} holds {at(has[0])}, {at(has[1])}; the layout needs "
                        f"{at(want[0])}, {at(want[1])} ({len(wrong)} of {got.size} registers wrong)")
 
 
-def check_placement(name: str, out, element) -> Verdict:
+def check_placement(name: str, out, element, *, todo=None) -> Verdict:
     """out: the 2-D output a warp wrote, each lane's d[i] holding the number 4 * lane + i; element(lane, i)
-    is the (row, col) where d[i] of that lane belongs. Names the first misplaced value."""
+    is the (row, col) where d[i] of that lane belongs. Names the first misplaced value. todo: as
+    in check_fragment."""
     if out is None:
-        return _say(False, f"not done yet: no {name} (did the kernel run?)")
+        return _say(False, f"✗ no {name}: the kernel did not run")
     got = _as_numpy(out).astype(np.float64)
     if np.isnan(got).all():
-        return _say(False, f"not done yet: nothing of {name} was written")
+        return _unfinished(todo) or _say(False, f"✗ nothing of {name} was written")
     want = np.full(got.shape, np.nan)
     for lane in range(32):
         for i in range(4):
@@ -594,8 +1047,93 @@ def check_placement(name: str, out, element) -> Verdict:
     bad = np.argwhere(~(got == want))
     if not len(bad):
         return _say(True, f"✓ correct: {name}: every lane's d[0..3] is where the layout puts it")
+    unfinished = _unfinished(todo)
+    if unfinished is not None:
+        return unfinished
     r, c = (int(v) for v in bad[0])
     has = "nothing (never written)" if np.isnan(got[r, c]) else f"lane {int(got[r, c]) // 4}'s d[{int(got[r, c]) % 4}]"
     belongs = int(want[r, c])
     return _say(False, f"✗ {name}[{r}][{c}] holds {has}; the layout puts lane {belongs // 4}'s d[{belongs % 4}] "
                        f"there ({len(bad)} of {got.size} wrong)")
+
+
+#: The volume (D, H, W) check_conv3d_counters profiles a 3D kernel on: two row blocks, three warps
+#: of columns, three plane blocks.
+COUNTER_VOLUME = (12, 20, 70)
+
+
+def check_conv3d_counters(launch, K: int, targets: dict, *, volume=COUNTER_VOLUME,
+                          name: str = "your kernel") -> Verdict:
+    """check_counters for a 3D kernel launch(x, w, y) (as check_conv3d takes it) on `volume`."""
+    import convlab as cl
+
+    D, H, W = volume
+    x, w = cl.randn(D, H, W), cl.randn(K, K, K)
+    y = cl.empty(D - K + 1, H - K + 1, W - K + 1)
+    return check_counters(lambda: launch(x, w, y), targets, result=lambda: (y, cl.ref.conv3d(x, w)),
+                          macs=y.numel() * K ** 3, name=name)
+
+
+def check_answer(key: str, got, *args) -> Verdict:
+    """An exercise's number (or list) against the answer kept in convlab.exercise_answers, so the
+    exercise page never shows it: check_answer("03.reuse", reuse); args go to the answer (a
+    workload's name). Says how far off, never the answer."""
+    from .exercise_answers import ANSWERS
+
+    what, answer = ANSWERS[key]
+    return check_value(what.format(*args), got, answer(*args))
+
+
+def check_targets(key: str) -> dict:
+    """The counter targets kept for an exercise's kernel (convlab.exercise_answers.TARGETS)."""
+    from .exercise_answers import TARGETS
+
+    return dict(TARGETS[key])
+
+
+def counter_shape(key: str) -> Shape:
+    """The shape an exercise's kernel is profiled on: COUNTER_SHAPE unless its tiles need another."""
+    from .exercise_answers import COUNTER_SHAPES
+
+    if key not in COUNTER_SHAPES:
+        return COUNTER_SHAPE
+    B, C, M, H, W, K, stride, pad = COUNTER_SHAPES[key]
+    return Shape(B, C, M, H, W, K, stride, pad, why="the counters' shape")
+
+
+def check_unroll(unroll) -> Verdict:
+    """unroll(x, K, stride, pad) returns im2col's U (B, C*K*K, Ho*Wo); checked against torch's
+    unfold on the awkward shapes. A wrong entry is named by its row (c, ky, kx) and column
+    (oy, ox) of U, with the input pixel that belongs there."""
+    import torch
+    import torch.nn.functional as F
+
+    import convlab as cl
+
+    for i, s in enumerate(AWKWARD_SHAPES):
+        x = cl.randn(s.B, s.C, s.H, s.W)
+        want = F.unfold(x.cpu().double(), s.K, padding=s.pad, stride=s.stride)
+        try:
+            got = _launch(lambda x=x, s=s: unroll(x, s.K, s.stride, s.pad))
+        except Exception as e:  # noqa: BLE001 (a check must never stop the notebook)
+            text = _fault(unroll, describe_error(e))
+            return _say(False, text if text.startswith("not done") else f"✗ {s}: {text}")
+        ok, text = verdict(got, want, labels="brp")
+        if ok:
+            continue
+        if text.startswith(NOTHING):
+            return _say(False, _nothing(unroll, text, out_index=None))
+        if text.startswith("wrong shape"):
+            return _say(False, f"✗ {s}: {text}")
+        b, r, p = (int(v) for v in (~torch.isclose(got.cpu().double(), want, rtol=1e-6, atol=1e-6)).nonzero()[0])
+        c, ky, kx = r // (s.K * s.K), r % (s.K * s.K) // s.K, r % s.K
+        oy, ox = p // s.Wo, p % s.Wo
+        iy, ix = oy * s.stride - s.pad + ky, ox * s.stride - s.pad + kx
+        where = f"x[{b}][{c}][{iy}][{ix}]" if 0 <= iy < s.H and 0 <= ix < s.W else \
+            f"0 (pixel ({iy}, {ix}) is in the padding)"
+        before = f"\n  ({i} shape{'s' if i > 1 else ''} before it passed)" if i else ""
+        return _say(False, f"✗ {s} ({s.why}): U[{b}][row {r} = (c={c}, ky={ky}, kx={kx})][column {p} = "
+                           f"(oy={oy}, ox={ox})] should be {where} = {want[b, r, p].item():.6g}, got "
+                           f"{got[b, r, p].item():.6g}\n  ({text}){before}")
+    return _say(True, f"✓ correct: U matches torch's unfold on all {len(AWKWARD_SHAPES)} shapes "
+                      f"(awkward sizes, C=1, B=1, odd and even K, stride 2, padding)")

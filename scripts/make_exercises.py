@@ -2,10 +2,14 @@
 """Generate exercises/ from solutions/, the single source of the exercises.
 
 In code cells, a solution region is replaced by a TODO that says how long the answer is:
-    ### BEGIN SOLUTION [hint]          (Python)       ->  # TODO: hint (about N lines)  + pass
-    ### END SOLUTION
+    ### BEGIN SOLUTION [hint]          (Python)       ->  # TODO: hint (about N lines)  + a stub
+    ###+ [more of the hint]                               (the stub: `name = None` when the answer
+    ### END SOLUTION                                       ends by assigning `name`, else `pass`)
     // BEGIN SOLUTION [hint]           (CUDA, in a %%cuda cell)  ->  // TODO: hint (about N lines)
+    //+ [more of the hint]
     // END SOLUTION
+The TODO is wrapped to 88 columns (the site's code box). The solution shows only its answer: the
+exercise's stub (`grid = None`) comes from the answer, so the solution needs none.
 In markdown cells, <!-- BEGIN SOLUTION --> … <!-- END SOLUTION --> becomes "*Your answer here.*"
 (for written answers). A leading "# Solution N" heading becomes "# Exercise N". Outputs and
 execution counts are cleared, and the "nbval-check-output" cell tag dropped (there is no output
@@ -19,6 +23,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+import textwrap
 from pathlib import Path
 
 import nbformat
@@ -29,6 +34,7 @@ EXERCISES = ROOT / "exercises"
 
 CODE_REGION = re.compile(
     r"^(?P<indent>[ \t]*)(?P<marker>###|//)[ \t]*BEGIN SOLUTION[ \t]*(?P<hint>[^\n]*)\n"
+    r"(?P<more>(?:[ \t]*(?P=marker)\+[^\n]*\n)*)"
     r"(?P<body>.*?)"
     r"^[ \t]*(?P=marker)[ \t]*END SOLUTION[ \t]*(?:\n|$)",
     re.MULTILINE | re.DOTALL,
@@ -41,20 +47,42 @@ class SolutionMarkerError(ValueError):
     pass
 
 
+#: The width of the site's code box: a TODO longer than this is cut off there.
+WIDTH = 88
+NBSP = "\u00a0"
+
+
+def _stub(body: str, indent: str) -> str:
+    """What the exercise gets in place of a Python answer: `name = None` (`a, b = None, None`) when
+    the answer ends by assigning `name` at its own indent (the check then finds the name unset), else `pass` (which
+    keeps a block that held only the answer valid, so the cell still runs)."""
+    targets = re.findall(rf"^{re.escape(indent)}([A-Za-z_]\w*(?:[ \t]*,[ \t]*[A-Za-z_]\w*)*)[ \t]*=[^=]", body,
+                         re.MULTILINE)
+    if not targets:
+        return f"{indent}pass\n"
+    names = [n.strip() for n in targets[-1].split(",")]
+    return f"{indent}{', '.join(names)} = {', '.join(['None'] * len(names))}\n"
+
+
 def _todo(match: re.Match) -> str:
     indent, marker = match["indent"], match["marker"]
-    hint = match["hint"].strip() or "your code here"
+    more = [ln.strip()[len(marker) + 1:].strip() for ln in match["more"].splitlines()]
+    hint = " ".join([match["hint"].strip(), *more]).strip() or "your code here"
     lines = [ln for ln in match["body"].splitlines() if ln.strip()]
     size = f"about {len(lines)} line{'s' if len(lines) != 1 else ''}"
-    if marker == "//":
-        return f"{indent}// TODO: {hint} ({size})\n"
-    # Python: `pass` keeps a block that held only the solution valid, so the cell still runs.
-    return f"{indent}# TODO: {hint} ({size})\n{indent}pass\n"
+    comment = "//" if marker == "//" else "#"
+    first, rest = f"{indent}{comment} TODO: ", f"{indent}{comment}       "
+    # "(about N lines)" stays on one line: the checks find the stub by it
+    text = textwrap.fill(f"{hint} ({size.replace(' ', NBSP)})", width=WIDTH, initial_indent=first,
+                         subsequent_indent=rest, break_on_hyphens=False).replace(NBSP, " ") + "\n"
+    return text if marker == "//" else text + _stub(match["body"], indent)
 
 
 def strip_code(source: str, where: str) -> str:
     out = CODE_REGION.sub(_todo, source)
-    if re.search(r"(###|//)[ \t]*(BEGIN|END) SOLUTION", out):
+    if not source.endswith("\n"):
+        out = out.rstrip("\n")          # a region that ended the cell leaves no empty last line
+    if re.search(r"(###|//)[ \t]*(BEGIN|END) SOLUTION|^[ \t]*(###|//)\+", out, re.MULTILINE):
         raise SolutionMarkerError(f"{where}: a BEGIN/END SOLUTION marker without its partner")
     return out
 

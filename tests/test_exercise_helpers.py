@@ -64,7 +64,14 @@ def test_unfinished_kernel_is_not_done_yet(capsys):
     empty = "__global__ void conv2d_flat(const float* x, const float* k, float* y, int B, int C, int M, " \
             "int H, int W, int K, int stride, int pad) {\n    // TODO: (about 20 lines)\n}"
     assert not ex.check_kernel(_launcher(empty))
-    assert capsys.readouterr().out.startswith("not done yet: none of the")
+    assert capsys.readouterr().out.startswith("not done yet: the TODO in cell student, line 3 is still there")
+
+
+def test_written_code_that_writes_nothing_is_not_told_not_done_yet(capsys):
+    wrong_pointer = GOOD_KERNEL.replace("BUG", "").replace("y[i] = acc", "if (i < 0) y[i] = acc")
+    assert not ex.check_kernel(_launcher(wrong_pointer))
+    out = capsys.readouterr().out
+    assert "not done" not in out and "none of the 9 outputs was written" in out
 
 
 def test_fault_messages_are_printed_not_raised(capsys):
@@ -83,9 +90,18 @@ def test_python_errors_are_printed_not_raised(capsys):
     assert "your code raised ValueError" in capsys.readouterr().out
 
 
+def _untouched_exercise(x, w, stride, pad):
+    y = None
+    # TODO: pad x, then add up the shifted windows (about 6 lines)
+    pass
+    return y
+
+
 def test_check_function_and_values(capsys):
+    assert not ex.check_function(_untouched_exercise)
+    assert capsys.readouterr().out.startswith("not done yet: the TODO in _untouched_exercise")
     assert not ex.check_function(lambda x, w, stride, pad: None)
-    assert "not done yet" in capsys.readouterr().out
+    assert "returned None" in capsys.readouterr().out
 
     def reference(x, w, stride, pad):
         return cl.ref.conv2d(torch.from_numpy(x), torch.from_numpy(w), stride=stride, padding=pad).numpy()
@@ -115,9 +131,10 @@ def _torch_launch(*, half=False, change=None):
     return launch
 
 
-def test_all_zero_outputs_are_not_done_yet(capsys):
+def test_all_zero_outputs_say_nothing_was_added_up(capsys):
     assert not ex.check_kernel(_torch_launch(change=lambda y: y.zero_()))
-    assert capsys.readouterr().out.startswith("not done yet: all ")
+    out = capsys.readouterr().out
+    assert out.startswith("✗ ") and "outputs are 0, as if nothing was added up" in out
 
 
 def test_locate_names_who_computes_the_first_wrong_output(capsys):
@@ -140,6 +157,12 @@ def test_fp16_checks_half_kernels_against_chapter_6s_bound(capsys):
         ex.check_kernel(_torch_launch(), fp16="fp16")
 
 
+def _untouched_rule(shape):
+    # TODO: conditions on the shape that say which kernel wins (about 2 lines)
+    choice = None
+    return choice
+
+
 def test_check_pick_says_where_a_rule_loses_and_by_how_much(capsys):
     small, big = workloads.get("fa17"), workloads.get("resnet")
     times = {"fa17": {"gemm": 1.0, "direct": 0.5}, "resnet": {"gemm": 0.5}}
@@ -154,7 +177,9 @@ def test_check_pick_says_where_a_rule_loses_and_by_how_much(capsys):
     assert not ex.check_pick(lambda s: "fft", times, layers, device="GPU X")
     assert "none of the kernels" in capsys.readouterr().out
     assert not ex.check_pick(lambda s: None, times, layers, device="GPU X")
-    assert capsys.readouterr().out.startswith("not done yet")
+    assert "your rule returned None for fa17" in capsys.readouterr().out
+    assert not ex.check_pick(_untouched_rule, times, layers, device="GPU X")
+    assert capsys.readouterr().out.startswith("not done yet: the TODO in _untouched_rule")
     assert not ex.check_pick(lambda s: s.nothing, times, layers, device="GPU X")
     assert "your code raised AttributeError" in capsys.readouterr().out
 
@@ -284,7 +309,7 @@ def test_check_general_kernel_passes_a_right_kernel(capsys):
 
 @pytest.mark.parametrize("mistake, said", [("no dilation", "the dilation is missing"),
                                            ("first group", "every map reads the first group's channels"),
-                                           ("nothing", "not done yet")])
+                                           ("nothing", "none of the 288 outputs was written")])
 def test_check_general_kernel_names_the_mistake(mistake, said, capsys):
     assert not ex.check_general_kernel(_general(mistake))
     assert said in capsys.readouterr().out

@@ -53,7 +53,7 @@ def test_python_regions_become_a_todo_that_still_runs():
     ex = make_exercises.make_exercise(_solution(nbformat.v4.new_markdown_cell("# Solution 3: x"), cell), "x.ipynb")
     title, code = ex.cells
     assert title.source == "# Exercise 3: x"
-    assert code.source == ("def f(x):\n    y = None\n    # TODO: square it (about 2 lines)\n    pass\n"
+    assert code.source == ("def f(x):\n    y = None\n    # TODO: square it (about 2 lines)\n    y = None\n"
                            "    return y\nprint(f(3))")
     assert code.outputs == [] and code.execution_count is None and code.id == "c1"
     assert code.metadata["tags"] == ["hide-input"]
@@ -71,7 +71,50 @@ def test_cuda_and_markdown_regions():
     assert ex.cells[1].source == "Why?\n\n*Your answer here.*"
 
 
+def test_the_exercise_gets_the_stub_the_solution_needs_none():
+    cell = nbformat.v4.new_code_cell("def launch(x):\n    ### BEGIN SOLUTION one block\n    grid = 1\n"
+                                     "    ### END SOLUTION\n    run(grid)\n### BEGIN SOLUTION\nprint(1)\n"
+                                     "### END SOLUTION\n### BEGIN SOLUTION\nn = 2\nflops, nbytes = (n,\n"
+                                     "                 4 * n)\n### END SOLUTION\n")
+    code = make_exercises.make_exercise(_solution(cell), "x.ipynb").cells[0].source
+    assert code == ("def launch(x):\n    # TODO: one block (about 1 line)\n    grid = None\n    run(grid)\n"
+                    "# TODO: your code here (about 1 line)\npass\n"
+                    "# TODO: your code here (about 3 lines)\nflops, nbytes = None, None\n")
+
+
+def test_long_hints_continue_on_marker_lines_and_wrap_to_the_code_box():
+    hint = "load the tile, halo included, in passes of TILE*TILE threads; zeros outside the image"
+    cell = nbformat.v4.new_code_cell(f"%%cuda m\n    // BEGIN SOLUTION {hint}\n    //+ then wait for the "
+                                     f"whole block\n    y[0] = 1;\n    // END SOLUTION\n")
+    code = make_exercises.make_exercise(_solution(cell), "x.ipynb").cells[0].source
+    todo = code.splitlines()[1:]
+    assert all(len(line) <= make_exercises.WIDTH for line in todo) and len(todo) == 2
+    assert todo[1].startswith("    //       ") and code.rstrip().endswith("wait for the whole block (about 1 line)")
+
+
 def test_an_unpaired_marker_is_an_error():
     cell = nbformat.v4.new_code_cell("### BEGIN SOLUTION\nx = 1\n")
     with pytest.raises(make_exercises.SolutionMarkerError):
         make_exercises.make_exercise(_solution(cell), "x.ipynb")
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "exercises").glob("*.ipynb")), ids=lambda p: p.name)
+def test_exercise_comments_fit_the_code_box(path):
+    for cell in nbformat.read(path, as_version=4).cells:
+        if cell.cell_type == "code":
+            for line in cell.source.splitlines():
+                assert len(line) <= make_exercises.WIDTH or not ("//" in line or "#" in line), line
+
+
+def test_exercise_pages_show_no_answer():
+    from convlab.exercise_answers import ANSWERS
+
+    code = "\n".join(c.source for path in sorted((ROOT / "exercises").glob("*.ipynb"))
+                     for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code")
+    for key, (_, answer) in ANSWERS.items():
+        if answer.__code__.co_argcount:
+            continue                        # a workload's own numbers (wl.flops): nothing to hide
+        value = answer()
+        shown = [repr(v) for v in value] if isinstance(value, list) else [f"{value:_}", f"{value}", f"{value:,}"]
+        assert not any(s in code for s in shown), (key, shown)
+    assert "check_value(" not in code.replace('check_value("largest error', "")

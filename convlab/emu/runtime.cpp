@@ -845,6 +845,26 @@ extern "C" __attribute__((visibility("default"))) void clemu_fault_shared_ptr(co
     throw clemu_fault_exc();
 }
 
+// wmma's load and store need a 32-byte aligned pointer: say which array and which element it
+// points at, and by how many bytes it misses, instead of the raw address.
+extern "C" __attribute__((visibility("default"))) [[noreturn]] void clemu_wmma_misaligned(
+        const void* p, int elem, const char* what, const char* file, int line) {
+    mem_place m = place_of(p);
+    long long off = m.lo ? (const char*)p - m.lo : 0;
+    bool in = m.lo && off >= 0 && off < m.bytes;
+    std::string at;
+    if (in && m.space == SP_SHARED)
+        at = shared_what(p, m) + (m.name ? " (byte " + std::to_string(off) + " of the array)" : std::string());
+    else if (in && m.space == SP_GLOBAL)
+        at = std::string("argument `") + m.name + "` + " + std::to_string(off) + " bytes (element " +
+             std::to_string(off / elem) + ")";
+    else at = describe_address((uintptr_t)p);
+    tc_fault(CLEMU_FAULT, "wmma::%s at %s:%d: the pointer must be 32-byte (256-bit) aligned, but it points at %s, "
+             "%d bytes past a 32-byte boundary: a tile's first element must sit at a multiple of 32 bytes (a row "
+             "start whose row length is a multiple of 16 halves or 8 floats, a column that is a multiple of 16, "
+             "and the array declared __align__(32))", what, file, line, at.c_str(), (int)((uintptr_t)p % 32));
+}
+
 extern "C" __attribute__((visibility("default"))) void clemu_ldmatrix_check(const void* row, const char* what) {
     const void* pc = __builtin_return_address(0);
     int lane = me() ? me()->pub.linear % 32 : 0;

@@ -80,6 +80,8 @@ const unsigned* clemu_warp_exchange_regs(unsigned mask, const unsigned* regs, in
 //   ldmatrix: each lane whose row is used checks it before the warp's exchange (16-byte aligned,
 //   inside shared memory, no cp.async in flight), and reads it for the hooks after the exchange.
 void clemu_ldmatrix_check(const void* row, const char* what);
+//   wmma: a pointer that is not 32-byte aligned, named as the array and offset it points into.
+[[noreturn]] void clemu_wmma_misaligned(const void* p, int elem, const char* what, const char* file, int line);
 void clemu_ldmatrix_hook(const void* row);
 //   cp.async: the copy is checked and its source read at once, and lands at the wait that covers
 //   it; until then its destination holds NaN bytes and any access to it is a fault.

@@ -27,11 +27,13 @@ struct fragment {
 };
 
 namespace detail {
-static inline void check_ptr(const void* p, unsigned ldm, int elem, const char* what) {
+// file and line: the call's, taken by the default arguments of the functions below
+static inline void check_ptr(const void* p, unsigned ldm, int elem, const char* what, const char* file, int line) {
     if (((uintptr_t)p) % 32 != 0)
-        clemu_fault(CLEMU_FAULT, "wmma::%s: the pointer must be 256-bit (32-byte) aligned, got %p", what, p);
+        clemu_wmma_misaligned(p, elem, what, file, line);
     if ((ldm * (unsigned)elem) % 16 != 0)
-        clemu_fault(CLEMU_FAULT, "wmma::%s: ldm=%u must be a multiple of %d elements (16 bytes)", what, ldm, 16 / elem);
+        clemu_fault(CLEMU_FAULT, "wmma::%s at %s:%d: ldm=%u must be a multiple of %d elements (16 bytes)", what, file,
+                    line, ldm, 16 / elem);
 }
 template <class T> static inline float f(T v) { return (float)v; }
 }
@@ -42,26 +44,30 @@ template <class Use, class T, class L, class S> static inline void fill_fragment
     for (int i = 0; i < 256; i++) a.x[i] = T(v); }
 
 template <class Use, class T, class Ptr>
-static inline void load_matrix_sync(fragment<Use, 16, 16, 16, T, row_major>& a, const Ptr& pp, unsigned ldm) {
+static inline void load_matrix_sync(fragment<Use, 16, 16, 16, T, row_major>& a, const Ptr& pp, unsigned ldm,
+                                    const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
     auto* p = clemu::raw(pp);
-    detail::check_ptr(p, ldm, sizeof(*p), "load_matrix_sync");
+    detail::check_ptr(p, ldm, sizeof(*p), "load_matrix_sync", file, line);
     for (int r = 0; r < 16; r++) for (int c = 0; c < 16; c++) a.x[r * 16 + c] = p[(size_t)r * ldm + c]; }
 template <class Use, class T, class Ptr>
-static inline void load_matrix_sync(fragment<Use, 16, 16, 16, T, col_major>& a, const Ptr& pp, unsigned ldm) {
+static inline void load_matrix_sync(fragment<Use, 16, 16, 16, T, col_major>& a, const Ptr& pp, unsigned ldm,
+                                    const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
     auto* p = clemu::raw(pp);
-    detail::check_ptr(p, ldm, sizeof(*p), "load_matrix_sync");
+    detail::check_ptr(p, ldm, sizeof(*p), "load_matrix_sync", file, line);
     for (int r = 0; r < 16; r++) for (int c = 0; c < 16; c++) a.x[r * 16 + c] = p[(size_t)c * ldm + r]; }
 template <class T, class Ptr>
-static inline void load_matrix_sync(fragment<accumulator, 16, 16, 16, T>& a, const Ptr& pp, unsigned ldm, layout_t l) {
+static inline void load_matrix_sync(fragment<accumulator, 16, 16, 16, T>& a, const Ptr& pp, unsigned ldm, layout_t l,
+                                    const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
     auto* p = clemu::raw(pp);
-    detail::check_ptr(p, ldm, sizeof(*p), "load_matrix_sync");
+    detail::check_ptr(p, ldm, sizeof(*p), "load_matrix_sync", file, line);
     for (int r = 0; r < 16; r++) for (int c = 0; c < 16; c++)
         a.x[r * 16 + c] = l == mem_row_major ? p[(size_t)r * ldm + c] : p[(size_t)c * ldm + r]; }
 template <class T, class Ptr>
-static inline void store_matrix_sync(const Ptr& pp, const fragment<accumulator, 16, 16, 16, T>& a, unsigned ldm, layout_t l) {
+static inline void store_matrix_sync(const Ptr& pp, const fragment<accumulator, 16, 16, 16, T>& a, unsigned ldm, layout_t l,
+                                    const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
     auto* p = clemu::raw(pp);
     typedef typename std::remove_pointer<decltype(p)>::type P;
-    detail::check_ptr(p, ldm, sizeof(*p), "store_matrix_sync");
+    detail::check_ptr(p, ldm, sizeof(*p), "store_matrix_sync", file, line);
     for (int r = 0; r < 16; r++) for (int c = 0; c < 16; c++) {
         P& d = l == mem_row_major ? p[(size_t)r * ldm + c] : p[(size_t)c * ldm + r];
         d = P(a.x[r * 16 + c]); } }

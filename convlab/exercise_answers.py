@@ -1,0 +1,55 @@
+"""The exercises' answers, kept out of the exercise pages: ex.check_answer(key, value) reads them.
+
+Each entry: key -> (what the verdict calls it, answer(*args)). TARGETS: each kernel's counter
+targets for ex.check_counters, from the chapter's kernel on the same shape
+(tests/test_exercise_mutants.py measures them again).
+"""
+from __future__ import annotations
+
+from .workloads import get as _wl
+
+#: The shape a kernel's counters are graded on where ex.COUNTER_SHAPE does not fit its tiles:
+#: (B, C, M, H, W, K, stride, pad).
+COUNTER_SHAPES = {
+    # 32 maps (one BM tile), 16 x 16 pixels (four BN tiles), depth C K^2 = 72 (nine BK steps)
+    "05_register_tiles": (1, 8, 32, 16, 16, 3, 1, 1),
+}
+
+ANSWERS = {
+    "01.flops": ("FLOPs of {0}", lambda name: _wl(name).flops),
+    "01.bytes": ("bytes of {0}", lambda name: _wl(name).bytes),
+    "02.too_big_for_z": ("the z map's failures", lambda: ["lenet_c3", "fa17"]),
+    "03.reuse": ("multiply-adds per global load", lambda: 16 ** 2 * 49 / 22 ** 2),
+    "04.u_bytes": ("bytes of U for lenet_c1", lambda: 12_544_000_000),
+    "05_implicit_gemm.saved": ("bytes saved on fa17", lambda: 2 * 4 * 10000 * 25 * 24 * 24),
+    "05_register_tiles.saved": ("shared loads saved per multiply-add", lambda: 1.625),
+    "06_half2.hfma2": ("HFMA2 instructions for lenet_c3", lambda: 10000 * 34 * 34 * 8 * 196),
+    "06_wmma_loop.from_global": ("layers whose A fragments can come from global memory",
+                                 lambda: ["days100", "resnet"]),
+    "07.extra": ("extra planes per block", lambda: 4 / 36),
+    "08.per_weight": ("atomics per weight on lenet_c1", lambda: 10000 * 80 * 80),
+    "09_groups_dilation.macs": ("multiply-adds of {0}", lambda name: _wl(name).flops // 2),
+    "09_groups_dilation.window": ("window of {0}",
+                                  lambda name: _wl(name).dilation * (_wl(name).K - 1) + 1),
+    "10.saved_bytes": ("bytes of the conv output moved by the three-kernel path on lenet_c1",
+                       lambda: 4 * 4 * 10000 * 4 * 80 * 80),
+}
+
+TARGETS: dict[str, dict] = {
+    # ex.COUNTER_SHAPE, chapter 2's conv2d_naive_flat: 2.80 sectors per load request, 4 per store
+    "02": {"sectors per load request": 2.8, "sectors per store request": 4.0},
+    # ex.COUNTER_SHAPE, chapter 3's conv2d_tiled_halo_multi_pass with TILE=8 and the mask in
+    # constant memory: 0.608 bytes of global loads per multiply-add, 6.51 sectors per load request
+    "03": {"global load bytes per multiply-add": 0.61, "sectors per load request": 6.52},
+    # the register-tiled loop of exercise 5 on ex.counter_shape("05_register_tiles"): a thread's
+    # TM + TN shared loads per step feed its TM x TN multiply-adds, (4 + 8) / (4 * 8) = 0.375
+    # (chapter 5's kernel loads float4s: 0.84 per multiply-add counted by instruction on
+    # ex.COUNTER_SHAPE, where 4 maps fill an eighth of its 32-map tile)
+    "05_register_tiles": {"shared loads per multiply-add": 0.375},
+    # ex.COUNTER_VOLUME, chapter 7's conv3d_coarse with TX=1, TY=1, BY=4, ZC=4: 3.98 sectors per
+    # load request (coalesced rows of a plane), no bank conflicts
+    "07": {"sectors per load request": 3.98, "shared bank conflicts": 0},
+    # exercise 9: a warp's 32 consecutive floats (4 sectors); a tile's column with no conflict
+    "09.scale": {"sectors per load request": 4},
+    "09.colsum": {"shared bank conflicts": 0},
+}

@@ -1,0 +1,649 @@
+"""Each exercise's check against realistic mistakes: every mutant of a solution fails WITH the
+mistake named in the verdict, every correct alternative passes. The kernels and launch helpers
+come from solutions/*.ipynb (the %%cuda cells compiled with cl.load_source after a textual
+mutation, the launch cells executed with the module bound), and go through convlab.exercise's
+checks directly: no notebook is executed."""
+import linecache
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+import torch
+
+import convlab as cl
+import convlab.exercise as ex
+from convlab import magic
+
+pytestmark = pytest.mark.emu_only
+
+ROOT = Path(__file__).resolve().parent.parent
+_counter = iter(range(10 ** 6))
+
+
+def _nb(name):
+    return nbformat.read(ROOT / "solutions" / f"{name}.ipynb", as_version=4)
+
+
+def _cuda_cell(nb, module, ns):
+    for cell in nb.cells:
+        if cell.cell_type == "code" and cell.source.startswith(f"%%cuda {module}"):
+            line, _, body = cell.source.partition("\n")
+            # IPython expands {NAME} in a magic's line from the namespace
+            return magic.parse_line(line[len("%%cuda "):].format(**ns))[1], body
+    raise KeyError(module)
+
+
+def _mutate(text, changes):
+    for old, new in changes:
+        assert old in text, f"the mutation's text is not in the solution: {old!r}"
+        text = text.replace(old, new, 1)
+    return text
+
+
+def _strip_markers(text):
+    return re.sub(r"^[ \t]*(//|###)(\+| *(BEGIN|END) SOLUTION)[^\n]*\n", "", text, flags=re.M)
+
+
+def _run_cells(nb, ns, prefixes, changes=()):
+    """Execute the code cells that start with one of prefixes, each change applied in the cell
+    that holds its text (every change in one of them)."""
+    unused = list(changes)
+    for cell in nb.cells:
+        if cell.cell_type == "code" and cell.source.startswith(prefixes):
+            src = _strip_markers(cell.source)
+            here = [c for c in unused if c[0] in src]
+            src = _mutate(src, here)
+            unused = [c for c in unused if c not in here]
+            # the cell's own check (02's launch_4_blocks) is the test's to run: it ends the cell
+            src = re.sub(r"^ex\.check\w*\(.*", "", src, flags=re.M | re.S)
+            # as IPython does, the cell's source goes to linecache (the checks read a function's source)
+            filename = f"<exercise cell {next(_counter)}>"
+            linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
+            exec(compile(src, filename, "exec"), ns)
+    assert not unused, f"the mutation's text is in no cell: {unused}"
+
+
+def _exercise(name, module, cuda=(), python=(), launch_cell="def launch", setup=()):
+    """The namespace of exercise `name` after its setup cells, its %%cuda cell `module` (mutated by
+    `cuda`) and the cells that define its launch helpers (mutated by `python`): (old, new) pairs."""
+    nb = _nb(name)
+    ns = {"cl": cl, "ex": ex, "torch": torch, "np": __import__("numpy")}
+    if setup:
+        _run_cells(nb, ns, tuple(setup))
+    defines, body = _cuda_cell(nb, module, ns)
+    body = _mutate(_strip_markers(body), cuda)
+    ns[module] = cl.load_source(body, name=f"{module}_m{next(_counter)}", defines=defines or None)
+    _run_cells(nb, ns, launch_cell if isinstance(launch_cell, tuple) else (launch_cell,), python)
+    return ns
+
+
+def _fails_with(verdict, capsys, *words):
+    out = capsys.readouterr().out
+    assert not verdict, f"a mutant passed: {out}"
+    for word in words:
+        assert word in out, f"{word!r} not in the verdict: {out}"
+    assert "not done yet" not in out, out
+    return out
+
+
+def _passes(verdict, capsys):
+    out = capsys.readouterr().out
+    assert verdict, out
+    return out
+
+
+# ---- 02: the naive kernel on a flat grid ------------------------------------------------------
+
+X_02 = "x[((b * C + c) * H + ih) * W + iw]"
+K_02 = "k[((m * C + c) * K + p) * K + q]"
+MUTANTS_02 = {
+    "flipped mask": ([(K_02, "k[((m * C + c) * K + (K - 1 - p)) * K + (K - 1 - q)]")], (), "flipped"),
+    "swapped mask axes": ([(K_02, "k[((m * C + c) * K + q) * K + p]")], (), "axes are swapped"),
+    "padding ignored": ([("h * stride + p - pad", "h * stride + p"), ("w * stride + q - pad", "w * stride + q")],
+                        (), "padding is ignored"),
+    "stride ignored": ([("h * stride + p - pad", "h + p - pad"), ("w * stride + q - pad", "w + q - pad")], (),
+                       "stride is ignored"),
+    "= for +=": ([("acc += x", "acc = x")], (), "`=` where `+=` belongs"),
+    "off-by-one bound": ([("iw < W)", "iw <= W)")], (), "bounds"),
+    "rebinding y": ((), [("    conv = my_conv", "    y = torch.zeros_like(y)\n    conv = my_conv")],
+                    "assigns to `y`"),
+    "wrong pointer": ([("        y[i] = acc;", "        y[i + total] = acc;")], (), "out-of-range"),
+}
+
+
+@pytest.mark.parametrize("mistake", MUTANTS_02)
+def test_02_mistakes_are_named(mistake, capsys):
+    cuda, python, words = MUTANTS_02[mistake]
+    ns = _exercise("02_naive_kernel", "my_conv", cuda, python)
+    _fails_with(ex.check_kernel(ns["launch"]), capsys, words)
+
+
+def test_02_no_grid_stride_loop_leaves_outputs_of_a_capped_grid_unwritten(capsys):
+    ns = _exercise("02_naive_kernel", "my_conv", [("i += gridDim.x * blockDim.x", "i += 1 << 30")],
+                   launch_cell="def launch_4_blocks")
+    _fails_with(ex.check_kernel(ns["launch_4_blocks"]), capsys, "never written", "does every output get a thread")
+
+
+@pytest.mark.parametrize("alternative", [
+    [("acc += x[((b * C + c) * H + ih) * W + iw]\n                             * k[((m * C + c) * K + p) * K + q];",
+      "acc = fmaf(k[((m * C + c) * K + p) * K + q], x[((b * C + c) * H + ih) * W + iw], acc);")],
+    [("const int first = blockIdx.x * blockDim.x + threadIdx.x;",
+      "const int first = threadIdx.x + blockDim.x * blockIdx.x;")],
+])
+def test_02_correct_alternatives_pass(alternative, capsys):
+    ns = _exercise("02_naive_kernel", "my_conv", alternative)
+    _passes(ex.check_kernel(ns["launch"]), capsys)
+
+
+def test_02_counters_grade_coalescing(capsys):
+    ns = _exercise("02_naive_kernel", "my_conv")
+    out = _passes(ex.check_counters(ns["launch"], ex.check_targets("02"), shape=ex.COUNTER_SHAPE), capsys)
+    assert "sectors per load request (target ≤ 2.8)" in out and "the line that moves the most" in out
+    # lanes down a column: right, but a warp's loads are Ho rows apart
+    ns = _exercise("02_naive_kernel", "my_conv", [
+        ("const int w = i % Wo;\n        const int h = (i / Wo) % Ho;",
+         "const int h = i % Ho;\n        const int w = (i / Ho) % Wo;"),
+        ("        y[i] = acc;", "        y[((b * M + m) * Ho + h) * Wo + w] = acc;")])
+    out = capsys.readouterr().out
+    verdict = ex.check_counters(ns["launch"], ex.check_targets("02"), shape=ex.COUNTER_SHAPE)
+    out = capsys.readouterr().out
+    assert not verdict and "correct, but not within the targets" in out and "sectors per load request" in out
+
+
+# ---- 03: the halo load and the barriers -------------------------------------------------------
+
+def _check_03(ns):
+    return ex.check_kernel(ns["launch"], name="conv2d_tiled", thread_orders=True)
+
+
+MUTANTS_03 = {
+    "missing barrier after the load": ([("        __syncthreads();\n\n        if (active)", "\n        if (active)")],
+                                       (), "__syncthreads"),
+    "missing barrier after the reads": ([("                         * c_mask[((m * C + c) * K + p) * K + q];\n\n"
+                                          "        __syncthreads();", "                         * c_mask[((m * C + c) * K + p) * K + q];\n")],
+                                        (), "__syncthreads"),
+    "tile loaded in one pass": ([("i < in_w * in_w; i += TILE * TILE", "i < TILE * TILE; i += TILE * TILE")], (),
+                                "__shared__ memory that no thread wrote"),
+    "swapped h/w in the input": ([("? x[xbase + iy * W + ix]", "? x[xbase + ix * W + iy]")], (), "swapped"),
+    "off-by-one bound": ([("ix >= 0 && ix < W;", "ix >= 0 && ix <= W;")], (), "bound"),
+    "shared size in floats": ((), [("shared = 4 * in_w * in_w", "shared = in_w * in_w")], "shared="),
+    "padding zeros missing": ([("inside ? x[xbase + iy * W + ix] : 0.0f", "x[xbase + iy * W + ix]")], (),
+                              "out-of-range"),
+}
+
+
+@pytest.mark.parametrize("mistake", MUTANTS_03)
+def test_03_mistakes_are_named(mistake, capsys):
+    cuda, python, words = MUTANTS_03[mistake]
+    _fails_with(_check_03(_exercise("03_tiled_halo", "my_tiled", cuda, python)), capsys, words)
+
+
+def test_03_a_two_dimensional_load_passes(capsys):
+    two_d = """        for (int r = threadIdx.y; r < in_w; r += TILE)
+            for (int s = threadIdx.x; s < in_w; s += TILE) {
+                const int iy = iy0 + r, ix = ix0 + s;
+                tile[r * in_w + s] = (iy >= 0 && iy < H && ix >= 0 && ix < W) ? x[xbase + iy * W + ix] : 0.0f;
+            }"""
+    ns = _exercise("03_tiled_halo", "my_tiled", [(
+        """        for (int i = tid; i < in_w * in_w; i += TILE * TILE) {
+            const int iy = iy0 + i / in_w, ix = ix0 + i % in_w;
+            const bool inside = iy >= 0 && iy < H && ix >= 0 && ix < W;
+            tile[i] = inside ? x[xbase + iy * W + ix] : 0.0f;
+        }""", two_d)])
+    _passes(_check_03(ns), capsys)
+
+
+def test_03_counters_pass_the_solution(capsys):
+    ns = _exercise("03_tiled_halo", "my_tiled")
+    out = _passes(ex.check_counters(ns["launch"], ex.check_targets("03"), shape=ex.COUNTER_SHAPE), capsys)
+    assert "global load bytes per multiply-add (target ≤ 0.61)" in out
+
+
+def test_03_counters_fail_a_load_per_multiply_add(capsys):
+    # right, but every multiply-add loads x from global memory: the tile saves nothing
+    ns = _exercise("03_tiled_halo", "my_tiled", [(
+        "acc += tile[(threadIdx.y * stride + p) * in_w\n                                + threadIdx.x * stride + q]",
+        "acc += ((iy0 + threadIdx.y * stride + p) >= 0 && (iy0 + threadIdx.y * stride + p) < H && "
+        "(ix0 + threadIdx.x * stride + q) >= 0 && (ix0 + threadIdx.x * stride + q) < W ? "
+        "x[xbase + (iy0 + threadIdx.y * stride + p) * W + ix0 + threadIdx.x * stride + q] : 0.0f)")])
+    verdict = ex.check_counters(ns["launch"], ex.check_targets("03"), shape=ex.COUNTER_SHAPE)
+    out = capsys.readouterr().out
+    assert not verdict and "not within the targets" in out and "global load bytes per multiply-add" in out
+
+
+# ---- 06: the half2 inner loop -----------------------------------------------------------------
+
+W2_06 = "w2[((p * C + c) * K + ky) * K + kx]"
+MUTANTS_06 = {
+    "flipped mask": ([(W2_06, "w2[((p * C + c) * K + (K - 1 - ky)) * K + (K - 1 - kx)]")], (), "flipped"),
+    "swapped mask axes": ([(W2_06, "w2[((p * C + c) * K + kx) * K + ky]")], (), "axes are swapped"),
+    "padding ignored": ([("oy * stride - pad + ky, ix = ox * stride - pad + kx", "oy * stride + ky, ix = ox * stride + kx")],
+                        (), "padding is ignored"),
+    "stride ignored": ([("oy * stride - pad + ky, ix = ox * stride - pad + kx", "oy - pad + ky, ix = ox - pad + kx")],
+                       (), "stride is ignored"),
+    "= for +=": ([("acc = __hfma2(pair, __half2half2(v), acc);", "acc = __hmul2(pair, __half2half2(v));")],
+                 (), "`=` where `+=` belongs"),
+    "odd M's last pair left out": ((), [("(M + 1) // 2, 1)", "M // 2, 1)")], "ceil division"),
+    "rebinding y": ((), [("    my_half2.kernel", "    y = torch.zeros_like(y)\n    my_half2.kernel")], "assigns to `y`"),
+}
+
+
+@pytest.mark.parametrize("mistake", MUTANTS_06)
+def test_06_half2_mistakes_are_named(mistake, capsys):
+    cuda, python, words = MUTANTS_06[mistake]
+    ns = _exercise("06_half2", "my_half2", cuda, python, launch_cell="def pack_pairs")
+    _fails_with(ex.check_kernel(ns["launch"], fp16="half"), capsys, words)
+
+
+def test_06_half2_with_the_padding_as_a_skip_passes(capsys):
+    ns = _exercise("06_half2", "my_half2", [(
+        "const bool inside = iy >= 0 && iy < H && ix >= 0 && ix < W;\n"
+        "                const half v = inside ? x[((b * C + c) * H + iy) * W + ix] : zero;",
+        "if (iy < 0 || iy >= H || ix < 0 || ix >= W) continue;\n"
+        "                const half v = x[((b * C + c) * H + iy) * W + ix];")], launch_cell="def pack_pairs")
+    _passes(ex.check_kernel(ns["launch"], fp16="half"), capsys)
+
+
+# ---- 07: the z-coarsened 3D loop --------------------------------------------------------------
+
+MASK_07 = "c_mask[((KS - 1 - j) * KS + ky) * KS + kx]"
+MUTANTS_07 = {
+    "flipped mask": ([(MASK_07, "c_mask[(j * KS + (KS - 1 - ky)) * KS + (KS - 1 - kx)]")], (), "flipped"),
+    "planes in the wrong order": ([(MASK_07, "c_mask[(j * KS + ky) * KS + kx]")], (), "planes are in the wrong order"),
+    "swapped row and column": ([(MASK_07, "c_mask[((KS - 1 - j) * KS + kx) * KS + ky]")], (), "swapped"),
+    "tile bound missing": ([("(gy < H && gx < W) ? x[((size_t)iz * H + gy) * W + gx] : 0.0f",
+                             "x[((size_t)iz * H + gy) * W + gx]")], (), "out-of-range"),
+    "grid short of planes": ((), [("(Do + ZC - 1) // ZC)", "Do // ZC)")], "ceil division"),
+    "window not shifted": ([("for (int j = 0; j < KS - 1; ++j) acc[j] = acc[j + 1];", "")], (), "wrong at"),
+}
+
+
+@pytest.mark.parametrize("mistake", MUTANTS_07)
+def test_07_mistakes_are_named(mistake, capsys):
+    cuda, python, words = MUTANTS_07[mistake]
+    ns = _exercise("07_conv3d_coarse", "my_coarse", cuda, python, launch_cell="KS, ZC, BY")
+    _fails_with(ex.check_conv3d(ns["launch"], 3), capsys, words)
+
+
+def test_07_a_tile_loaded_by_rows_passes(capsys):
+    ns = _exercise("07_conv3d_coarse", "my_coarse", [(
+        """        for (int i = tid; i < TR * TC; i += 32 * BY) {
+            const int r = i / TC, c = i % TC, gy = y0 + r, gx = x0 + c;""",
+        """        for (int r = row; r < TR; r += BY)
+        for (int c = lane; c < TC; c += 32) {
+            const int gy = y0 + r, gx = x0 + c;""")], launch_cell="KS, ZC, BY")
+    _passes(ex.check_conv3d(ns["launch"], 3), capsys)
+
+
+# ---- 08: dW with atomics, then a reduction ----------------------------------------------------
+
+DW_08 = "atomicAdd(&dw[((m * C + c) * K + ky) * K + kx],\n                          g * x[((b * C + c) * H + iy) * W + ix]);"
+MUTANTS_08 = {
+    "+= instead of atomicAdd": ([(DW_08, "dw[((m * C + c) * K + ky) * K + kx] += g * x[((b * C + c) * H + iy) * W + ix];")],
+                                (), "atomicAdd"),
+    "flipped dw index": ([("atomicAdd(&dw[((m * C + c) * K + ky) * K + kx]",
+                           "atomicAdd(&dw[((m * C + c) * K + (K - 1 - ky)) * K + (K - 1 - kx)]")], (), "flipped"),
+    "swapped ky/kx": ([("atomicAdd(&dw[((m * C + c) * K + ky) * K + kx]", "atomicAdd(&dw[((m * C + c) * K + kx) * K + ky]")],
+                      (), "swapped"),
+    "stride ignored": ([("const int iy = oy * stride + ky - pad;", "const int iy = oy + ky - pad;"),
+                        ("const int ix = ox * stride + kx - pad;", "const int ix = ox + kx - pad;")], (),
+                       "stride is ignored"),
+    "dw not zeroed": ((), [("    dw.zero_()          # the atomics add into dw\n", "")], "dw.zero_()"),
+}
+
+
+@pytest.mark.parametrize("mistake", MUTANTS_08)
+def test_08_atomic_mistakes_are_named(mistake, capsys):
+    cuda, python, words = MUTANTS_08[mistake]
+    ns = _exercise("08_dw_atomics", "my_dw_atomic", cuda, python, launch_cell="def launch_atomic")
+    _fails_with(ex.check_dw(ns["launch_atomic"]), capsys, words)
+
+
+@pytest.mark.parametrize("mistake, cuda, words", [
+    ("missing barrier in the tree", [("            partial[threadIdx.x] += partial[threadIdx.x + s];\n        __syncthreads();",
+                                      "            partial[threadIdx.x] += partial[threadIdx.x + s];")], "__syncthreads"),
+    ("padding ignored", [("const int iy = oy * stride + ky - pad, ix = ox * stride + kx - pad;",
+                          "const int iy = oy * stride + ky, ix = ox * stride + kx;")], "padding is ignored"),
+])
+def test_08_reduction_mistakes_are_named(mistake, cuda, words, capsys):
+    ns = _exercise("08_dw_atomics", "my_dw_reduce", cuda, launch_cell="def launch_reduce")
+    _fails_with(ex.check_dw(ns["launch_reduce"]), capsys, words)
+
+
+def test_08_both_solutions_pass(capsys):
+    _passes(ex.check_dw(_exercise("08_dw_atomics", "my_dw_atomic", launch_cell="def launch_atomic")["launch_atomic"]),
+            capsys)
+    _passes(ex.check_dw(_exercise("08_dw_atomics", "my_dw_reduce", launch_cell="def launch_reduce")["launch_reduce"]),
+            capsys)
+
+
+# ---- 10: the fused epilogue -------------------------------------------------------------------
+
+BEST_10 = "best = fmaxf(fmaxf(acc[0][0], acc[0][1]), fmaxf(acc[1][0], acc[1][1])) + bias[m];"
+MUTANTS_10 = {
+    "flipped mask": ([("w[((m * C + c) * K + ky) * K + kx]", "w[((m * C + c) * K + (K - 1 - ky)) * K + (K - 1 - kx)]")],
+                     "flipped"),
+    "swapped mask axes": ([("w[((m * C + c) * K + ky) * K + kx]", "w[((m * C + c) * K + kx) * K + ky]")], "swapped"),
+    "ReLU missing": ([("    best = fmaxf(best, 0.0f);\n", "")], "ReLU is missing"),
+    "bias missing": ([(BEST_10, BEST_10.replace(" + bias[m]", ""))], "bias is missing"),
+    "bias after the ReLU": ([(BEST_10, BEST_10.replace(" + bias[m]", "")),
+                             ("    best = fmaxf(best, 0.0f);", "    best = fmaxf(best, 0.0f) + bias[m];")],
+                            "bias comes after the ReLU"),
+    "average pooling": ([(BEST_10, "best = (acc[0][0] + acc[0][1] + acc[1][0] + acc[1][1]) / 4 + bias[m];")],
+                        "average pooling"),
+    "one corner of the window": ([(BEST_10, "best = acc[0][0] + bias[m];")], "only (2py, 2px)"),
+    "output never written": ([("    y[i] = best;", "    if (best < -1e30f) y[i] = best;")], "none of the"),
+}
+
+
+@pytest.mark.parametrize("mistake", MUTANTS_10)
+def test_10_mistakes_are_named(mistake, capsys):
+    cuda, words = MUTANTS_10[mistake]
+    ns = _exercise("10_fused_epilogue", "my_epilogue", cuda, launch_cell="def launch_epilogue")
+    _fails_with(ex.check_stage(ns["launch_epilogue"]), capsys, words)
+
+
+def test_10_rebinding_y_is_told(capsys):
+    ns = _exercise("10_fused_epilogue", "my_epilogue", launch_cell="def launch_epilogue")
+
+    def launch(x, w, bias, y):
+        y = torch.empty_like(y)
+        ns["launch_epilogue"](x, w, bias, y)
+    _fails_with(ex.check_stage(launch), capsys, "assigns to `y`")
+
+
+def test_10_relu_on_each_of_the_four_passes(capsys):
+    ns = _exercise("10_fused_epilogue", "my_epilogue", [(
+        BEST_10, "for (int i = 0; i < 4; ++i) best = fmaxf(best, fmaxf(acc[i / 2][i % 2] + bias[m], 0.0f));")],
+        launch_cell="def launch_epilogue")
+    _passes(ex.check_stage(ns["launch_epilogue"]), capsys)
+
+
+# ---- 01: padding and stride in numpy ----------------------------------------------------------
+
+def _padded(changes=()):
+    ns = {"np": __import__("numpy")}
+    _run_cells(_nb("01_conv2d_padding"), ns, ("def conv2d_padded",), changes)
+    return ns["conv2d_padded"]
+
+
+@pytest.mark.parametrize("change, words", [
+    (("w[:, :, p, q]", "w[:, :, K - 1 - p, K - 1 - q]"), "flipped"),
+    (("w[:, :, p, q]", "w[:, :, q, p]"), "axes are swapped"),
+    ((("slice(p, p + stride * (Ho - 1) + 1, stride)", "slice(p, p + Ho)"),
+      ("slice(q, q + stride * (Wo - 1) + 1, stride)", "slice(q, q + Wo)")), "stride is ignored"),
+    (("y += np.einsum", "y = np.einsum"), "`=` where `+=` belongs"),
+])
+def test_01_mistakes_are_named(change, words, capsys):
+    changes = change if isinstance(change[0], tuple) else [change]
+    _fails_with(ex.check_function(_padded(changes)), capsys, words)
+
+
+def test_01_solution_passes_and_a_missing_return_is_told(capsys):
+    _passes(ex.check_function(_padded()), capsys)
+    _fails_with(ex.check_function(_padded([("    return y", "    y")])), capsys, "returned None")
+
+
+# ---- 04: im2col -------------------------------------------------------------------------------
+
+ROW_04 = "const int row = (c * K + ky) * K + kx;"
+
+
+@pytest.mark.parametrize("cuda, python, words", [
+    ([(ROW_04, "const int row = (c * K + (K - 1 - ky)) * K + (K - 1 - kx);")], (), "flipped"),
+    ([(ROW_04, "const int row = (c * K + kx) * K + ky;")], (), "axes are swapped"),
+    ([("const int iy0 = oy * stride - pad, ix0 = ox * stride - pad;", "const int iy0 = oy * stride, ix0 = ox * stride;")],
+     (), "padding is ignored"),
+    ([("const int iy0 = oy * stride - pad, ix0 = ox * stride - pad;", "const int iy0 = oy - pad, ix0 = ox - pad;")],
+     (), "stride is ignored"),
+    ((), [("    torch.matmul(w.reshape(M, C * K * K), u, out=y.view(y.shape[0], M, -1))",
+           "    y = torch.matmul(w.reshape(M, C * K * K), u)")], "assigns to `y`"),
+])
+def test_04_mistakes_are_named(cuda, python, words, capsys):
+    ns = _exercise("04_im2col_unroll", "my_unroll", cuda, python, launch_cell=("def unroll", "def conv2d_im2col"),
+                   )
+    _fails_with(ex.check_kernel(ns["conv2d_im2col"]), capsys, words)
+
+
+def test_04_solution_passes(capsys):
+    ns = _exercise("04_im2col_unroll", "my_unroll", launch_cell=("def unroll", "def conv2d_im2col"))
+    _passes(ex.check_kernel(ns["conv2d_im2col"]), capsys)
+
+
+# ---- 05: implicit GEMM and register tiles -----------------------------------------------------
+
+KXY_05 = "const int c = k / (K * K), ky = k % (K * K) / K, kx = k % K;"
+
+
+@pytest.mark.parametrize("cuda, python, words", [
+    ([(KXY_05, "const int c = k / (K * K), ky = K - 1 - k % (K * K) / K, kx = K - 1 - k % K;")], (), "flipped"),
+    ([(KXY_05, "const int c = k / (K * K), kx = k % (K * K) / K, ky = k % K;")], (), "axes are swapped"),
+    ([("(p / Wo) * stride - pad + ky;", "(p / Wo) - pad + ky;"), ("(p % Wo) * stride - pad + kx;", "(p % Wo) - pad + kx;")],
+     (), "stride is ignored"),
+    ((), [("(M + T - 1) // T, B)", "M // T, B)")], "ceil division"),
+])
+def test_05_implicit_gemm_mistakes_are_named(cuda, python, words, capsys):
+    ns = _exercise("05_implicit_gemm", "my_fused", cuda, python)
+    _fails_with(ex.check_kernel(ns["launch"]), capsys, words)
+
+
+def test_05_implicit_gemm_solution_passes(capsys):
+    _passes(ex.check_kernel(_exercise("05_implicit_gemm", "my_fused")["launch"]), capsys)
+
+
+def _regtile(cuda=(), python=()):
+    return _exercise("05_register_tiles", "my_regtile", cuda, python, setup=("BM, BN",))
+
+
+@pytest.mark.parametrize("cuda, python, words", [
+    ([("acc[i][j] += a[i] * b[j];", "acc[i][j] = a[i] * b[j];")], (), "+="),
+    ((), [("    my_regtile.kernel", "    y = torch.zeros_like(y)\n    my_regtile.kernel")], "assigns to `y`"),
+    ([("b[j] = Bs[kk][tn * TN + j];", "b[j] = Bs[kk][tn * TN + j + 1];")], (), "thread "),
+])
+def test_05_register_tile_mistakes_are_named(cuda, python, words, capsys):
+    ns = _regtile(cuda, python)
+    _fails_with(ex.check_kernel(ns["launch"], ns["SHAPES"], locate=ns["where"]), capsys, words)
+
+
+def test_05_register_tiles_solution_passes(capsys):
+    ns = _regtile()
+    _passes(ex.check_kernel(ns["launch"], ns["SHAPES"], locate=ns["where"]), capsys)
+
+
+def _dispatch(change=()):
+    ns = {}
+    _run_cells(_nb("05_dispatch_rule"), ns, ("import convlab", "def pick"), change)
+    return ns
+
+
+def test_05_dispatch_rules(capsys):
+    ns = _dispatch()
+    _passes(ex.check_pick(ns["pick"], ns["times"], ns["layers"], device=ns["gpu"]), capsys)
+    always = _dispatch([("choice = fused.DIRECT_REGTILE.name if small else fused.IMPLICIT_GEMM_REG.name",
+                         "choice = fused.IMPLICIT_GEMM_REG.name")])
+    _fails_with(ex.check_pick(always["pick"], ns["times"], ns["layers"], device=ns["gpu"]), capsys, "slower kernel")
+    typo = _dispatch([("choice = fused.DIRECT_REGTILE.name if small", "choice = 'direct' if small")])
+    _fails_with(ex.check_pick(typo["pick"], ns["times"], ns["layers"], device=ns["gpu"]), capsys, "none of the kernels")
+
+
+# ---- 06: the WMMA loop ------------------------------------------------------------------------
+
+def _wmma(cuda=()):
+    return _exercise("06_wmma_loop", "my_wmma", cuda)
+
+
+@pytest.mark.parametrize("cuda, words", [
+    ([("wmma::load_matrix_sync(a, &As[0][0], LDA);", "wmma::load_matrix_sync(a, &As[0][0], 16);")], "leading dimension"),
+    ([("wmma::load_matrix_sync(b, &Bs[0][warp * 16], LDB);", "wmma::load_matrix_sync(b, &Bs[0][0], LDB);")], "warp 1"),
+])
+def test_06_wmma_mistakes_are_named(cuda, words, capsys):
+    ns = _wmma(cuda)
+    _fails_with(ex.check_kernel(ns["launch"], ns["SHAPES"], fp16="float", locate=ns["where"]), capsys, words)
+
+
+def test_06_wmma_solution_passes(capsys):
+    ns = _wmma()
+    _passes(ex.check_kernel(ns["launch"], ns["SHAPES"], fp16="float", locate=ns["where"]), capsys)
+
+
+# ---- 09: profiling ----------------------------------------------------------------------------
+
+def _scale_check(changes=()):
+    ns = _exercise("09_profiling", "scale", changes, launch_cell="H = W")
+    x, y, H, W = ns["x"], ns["y"], ns["H"], ns["W"]
+    return ex.check_counters(lambda: ns["scale"].kernel("scale")(x, y, H, W, 2.0, grid=(1, H), block=W),
+                             ex.check_targets("09.scale"), result=lambda: (y, 2 * x), name="scale")
+
+
+def test_09_scale(capsys):
+    _passes(_scale_check(), capsys)
+    # the mapping left as it was: right, but a warp's loads are W floats apart
+    _fails_with(_scale_check([("    w = blockIdx.x * blockDim.x + threadIdx.x;\n    h = blockIdx.y;\n", "")]),
+                capsys, "not within the targets", "sectors per load request")
+    # a fault is a message, not a traceback
+    _fails_with(_scale_check([("y[h * W + w] = a * x[h * W + w];", "y[h * W + w] = a * x[h * W + w + 1];")]),
+                capsys, "out-of-range")
+
+
+def _colsum_check(changes=()):
+    ns = _exercise("09_profiling", "colsum", changes, launch_cell="x, sums")
+    x, sums = ns["x"], ns["sums"]
+    return ex.check_counters(lambda: ns["colsum"].kernel("column_sums")(x, sums, grid=1, block=32),
+                             ex.check_targets("09.colsum"), result=lambda: (sums, x.sum(0)), name="column_sums")
+
+
+def test_09_column_sums(capsys):
+    _passes(_colsum_check(), capsys)
+    _fails_with(_colsum_check([("#define ROW 33", "#define ROW 32")]), capsys, "shared bank conflicts (target 0) ✗")
+    _fails_with(_colsum_check([("    sums[tx] = s;", "    sums[tx] = s + tile[tx][0];")]), capsys, "wrong at")
+
+
+# ---- 11: mma fragments ------------------------------------------------------------------------
+
+def _fragments(cuda=()):
+    return _exercise("11_mma_fragments", "frag", cuda, launch_cell=("def a_element", "def labelled"))
+
+
+@pytest.mark.parametrize("cuda, check, words", [
+    ([("    col = 8 * (l / 16);", "    col = 8 * (l % 2);")], "a", "lane 0, register 2 holds A[0][0]"),
+    ([("    row = l / 4 + 8 * (i / 2);\n    col = 2 * (l % 4) + i % 2;", "    row = l / 4 + 8 * (i % 2);\n    col = 2 * (l % 4) + i / 2;")],
+     "d", "the layout puts lane"),
+])
+def test_11_fragment_mistakes_name_the_lane(cuda, check, words, capsys):
+    ns = _fragments(cuda)
+    if check == "a":
+        regs = ns["load"]("load_a", 16, 16, 4)
+        verdict = ex.check_fragment("ldmatrix_x4 -> A fragment", regs, ns["a_element"], "A")
+    else:
+        D = cl.empty(16, 8)
+        ns["frag"].kernel("store_d")(D, grid=1, block=32)
+        verdict = ex.check_placement("D", D.cpu(), ns["d_element"])
+    _fails_with(verdict, capsys, words)
+
+
+def test_06_wmma_misaligned_pointer_names_the_array_and_the_line(capsys):
+    ns = _wmma([("wmma::load_matrix_sync(b, &Bs[0][warp * 16], LDB);",
+                 "wmma::load_matrix_sync(b, &Bs[0][warp * 16 + 4], LDB);")])
+    out = _fails_with(ex.check_kernel(ns["launch"], ns["SHAPES"], fp16="float"), capsys,
+                      "32-byte (256-bit) aligned, but it points at __shared__ Bs[4]", "8 bytes past")
+    assert "0x7" not in out and re.search(r"my_wmma_m\d+\.cu:\d+", out), out
+
+
+def test_05_register_tile_counters_grade_the_shared_loads(capsys):
+    shape, targets = ex.counter_shape("05_register_tiles"), ex.check_targets("05_register_tiles")
+    out = _passes(ex.check_counters(_regtile()["launch"], targets, shape=shape), capsys)
+    assert "0.375 shared loads per multiply-add (target ≤ 0.375)" in out
+    # the micro-tile computed straight from shared memory: right, but 2 loads per multiply-add again
+    ns = _regtile([("acc[i][j] += a[i] * b[j];", "acc[i][j] += As[kk][tm * TM + i] * Bs[kk][tn * TN + j];")])
+    verdict = ex.check_counters(ns["launch"], targets, shape=shape)
+    out = capsys.readouterr().out
+    assert not verdict and "not within the targets" in out and "shared loads per multiply-add" in out
+
+
+# ---- untouched exercises: "not done yet", and only there -----------------------------------------
+
+def _exercise_cells(name, module, launch_cell="def launch", setup=()):
+    """Exercise `name` as scripts/make_exercises.py generates it: its TODO stubs in place."""
+    spec = __import__("importlib.util").util.spec_from_file_location("make_exercises",
+                                                                     ROOT / "scripts" / "make_exercises.py")
+    make = __import__("importlib.util").util.module_from_spec(spec)
+    spec.loader.exec_module(make)
+    nb = make.make_exercise(_nb(name), f"{name}.ipynb")
+    ns = {"cl": cl, "ex": ex, "torch": torch, "np": __import__("numpy")}
+    _run_cells(nb, ns, tuple(setup)) if setup else None
+    defines, body = _cuda_cell(nb, module, ns)
+    ns[module] = cl.load_source(body, name=f"{module}_x{next(_counter)}", defines=defines or None)
+    _run_cells(nb, ns, launch_cell if isinstance(launch_cell, tuple) else (launch_cell,))
+    return ns
+
+
+@pytest.mark.parametrize("name, module, launch_cell, check", [
+    ("02_naive_kernel", "my_conv", "def launch_4_blocks", lambda ns: ex.check_kernel(ns["launch_4_blocks"])),
+    ("02_naive_kernel", "my_conv", "def launch", lambda ns: ex.check_kernel(ns["launch"])),
+    ("03_tiled_halo", "my_tiled", "def launch", lambda ns: ex.check_kernel(ns["launch"], thread_orders=True)),
+    ("06_half2", "my_half2", "def pack_pairs", lambda ns: ex.check_kernel(ns["launch"], fp16="half")),
+    ("07_conv3d_coarse", "my_coarse", "KS, ZC, BY", lambda ns: ex.check_conv3d(ns["launch"], 3)),
+    ("08_dw_atomics", "my_dw_atomic", "def launch_atomic", lambda ns: ex.check_dw(ns["launch_atomic"])),
+    ("10_fused_epilogue", "my_epilogue", "def launch_epilogue", lambda ns: ex.check_stage(ns["launch_epilogue"])),
+])
+def test_untouched_exercises_are_not_done_yet(name, module, launch_cell, check, capsys):
+    assert not check(_exercise_cells(name, module, launch_cell))
+    out = capsys.readouterr().out
+    assert out.startswith("not done yet: the TODO in ") and out.count("\n") == 1, out
+
+
+def test_untouched_functions_unroll_and_fragments_are_not_done_yet(capsys):
+    ns = {"np": __import__("numpy")}
+    spec = __import__("importlib.util").util.spec_from_file_location("make_exercises",
+                                                                     ROOT / "scripts" / "make_exercises.py")
+    make = __import__("importlib.util").util.module_from_spec(spec)
+    spec.loader.exec_module(make)
+    _run_cells(make.make_exercise(_nb("01_conv2d_padding"), "01.ipynb"), ns, ("def conv2d_padded",))
+    assert not ex.check_function(ns["conv2d_padded"])
+    assert not ex.check_unroll(_exercise_cells("04_im2col_unroll", "my_unroll", "def unroll")["unroll"])
+    frag = _exercise_cells("11_mma_fragments", "frag", ("def a_element", "def labelled"))
+    assert not ex.check_fragment("A", frag["load"]("load_a", 16, 16, 4), frag["a_element"], "A", todo=frag["frag"])
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 3 and all(line.startswith("not done yet: the TODO in ") for line in lines), lines
+
+
+@pytest.mark.parametrize("cuda, words", [
+    ([(ROW_04, "const int row = (c * K + kx) * K + ky;")], "row 1 = (c=0, ky=0, kx=1)"),
+    ([("inside ? x[((b * C + c) * H + iy) * W + ix] : 0.0f", "x[((b * C + c) * H + iy) * W + ix]")], "out-of-range"),
+])
+def test_04_unroll_mistakes_name_the_entry(cuda, words, capsys):
+    ns = _exercise("04_im2col_unroll", "my_unroll", cuda, launch_cell="def unroll")
+    _fails_with(ex.check_unroll(ns["unroll"]), capsys, words)
+
+
+@pytest.mark.parametrize("cuda", [(), [("    col = 8 * (l / 16);", "    col = l < 16 ? 0 : 8;")]])
+def test_11_solution_and_an_alternative_pass(cuda, capsys):
+    ns = _fragments(cuda)
+    assert ex.check_fragment("A", ns["load"]("load_a", 16, 16, 4), ns["a_element"], "A", todo=ns["frag"])
+    assert ex.check_fragment("B", ns["load"]("load_b", 16, 8, 2), ns["b_element"], "B", todo=ns["frag"])
+    D = cl.empty(16, 8)
+    ns["frag"].kernel("store_d")(D, grid=1, block=32)
+    assert ex.check_placement("D", D.cpu(), ns["d_element"], todo=ns["frag"])
+    _passes(True, capsys)
+
+
+def test_07_counters_grade_the_tile_loads(capsys):
+    ns = _exercise("07_conv3d_coarse", "my_coarse", launch_cell="KS, ZC, BY")
+    out = _passes(ex.check_conv3d_counters(ns["launch"], 3, ex.check_targets("07")), capsys)
+    assert "0 shared bank conflicts (target 0)" in out
+    # the tile loaded down its columns: right, but a warp's loads are rows apart
+    ns = _exercise("07_conv3d_coarse", "my_coarse", [("const int r = i / TC, c = i % TC,", "const int r = i % TR, c = i / TR,")],
+                   launch_cell="KS, ZC, BY")
+    verdict = ex.check_conv3d_counters(ns["launch"], 3, ex.check_targets("07"))
+    out = capsys.readouterr().out
+    assert not verdict and "not within the targets" in out and "sectors per load request" in out, out
+
+
+def test_08_tree_with_assignment_is_named(capsys):
+    ns = _exercise("08_dw_atomics", "my_dw_reduce", [("partial[threadIdx.x] += partial[threadIdx.x + s];",
+                                                      "partial[threadIdx.x] = partial[threadIdx.x + s];")],
+                   launch_cell="def launch_reduce")
+    _fails_with(ex.check_dw(ns["launch_reduce"]), capsys, "with `=` partial[0] holds one thread's sum")
+    # on a shape where that thread has pixels, the mistake is named by its output
+    _fails_with(ex.check_dw(ns["launch_reduce"], ex.AWKWARD_SHAPES[1:]), capsys, "`=` where `+=` belongs in the tree")
