@@ -54,7 +54,7 @@ class Puzzle:
     mistakes: list = field(default_factory=list)    # (text, test(launch, got) -> bool), tried in order
     sectors_max: float | None = None   # every global access: sectors per request at most this
     conflicts_max: int | None = None   # every shared access: bank conflicts at most this
-    picture: dict | None = None        # cl.draw keywords for the picture shown when right
+    picture: dict | None = None        # cl.draw keywords for the picture shown when right ("case": which)
 
 
 PUZZLES: dict[str, Puzzle] = {}
@@ -80,6 +80,10 @@ def _floats(n, seed, *shape):
 
 def _blocks(n: int, block: int) -> int:
     return (n + block - 1) // block
+
+
+def _count(k: int, what: str) -> str:
+    return f"{k} {what}{'s' if k != 1 else ''}"
 
 
 def _never(got) -> np.ndarray:
@@ -113,7 +117,7 @@ _add(Puzzle(
     faults={"OutOfBoundsError": "is the element index blockIdx.x * blockDim.x + threadIdx.x?",
             "RaceError": "several blocks wrote the same elements: the element of a thread is "
                          "blockIdx.x * blockDim.x + threadIdx.x, different in every block"},
-    picture={"what": "threads", "block_id": (1, 0, 0)},
+    picture={"what": "threads", "block_id": (1, 0, 0), "shape": (3, 32)},
 ))
 
 
@@ -137,7 +141,7 @@ def _guard_case(n, block):
     a = _floats(n, 2)
     out = cl.empty(n)
     return Launch([_dev(a), out, n], (_blocks(n, block),), (block,), {"out": out}, {"out": a + 10},
-                  f"n={n}, {_blocks(n, block)} blocks of {block}")
+                  f"n={n}, {_count(_blocks(n, block), 'block')} of {block}")
 
 
 _add(Puzzle(
@@ -184,11 +188,11 @@ def _matches(got, want) -> bool:
 
 _add(Puzzle(
     "grid_stride", "ch2", "scale", "out[i] = alpha * a[i] for n far larger than the grid (2 blocks of 32)",
-    lambda: [_stride_case(n) for n in (1000, 45, 64)],
+    lambda: [_stride_case(n) for n in (1000, 45, 64, 320)],
     mistakes=[("only the first gridDim.x * blockDim.x elements were written: a grid-stride loop "
                "(i += gridDim.x * blockDim.x) lets the few threads cover all n", _only_first_grid)],
     faults={"OutOfBoundsError": "does the loop stop at n (`i < n`)?"},
-    picture={"what": "threads", "block_id": (0, 0, 0)},
+    picture={"what": "threads", "block_id": (0, 0, 0), "shape": (5, 64), "case": 3},
 ))
 
 
@@ -219,7 +223,7 @@ def _reverse_case(chunks):
     out = cl.empty(n)
     want = a.reshape(chunks, 64)[:, ::-1].reshape(-1).copy()
     return Launch([_dev(a), out], (chunks,), (64,), {"out": out}, {"out": want},
-                  f"n={n}, {chunks} blocks of 64")
+                  f"n={n}, {_count(chunks, 'block')} of 64")
 
 
 def _blur(a):
@@ -245,7 +249,7 @@ _add(Puzzle(
     faults={"OutOfBoundsError": "the halo of the first and last block lies outside the array: load 0 "
                                 "there instead of reading a[-1] or a[n]",
             "RaceError": _RACE},
-    picture={"what": "shared", "block_id": (1, 0, 0)},
+    picture={"what": "shared", "block_id": (1, 0, 0), "shape": (1, 34)},
 ))
 
 
@@ -344,7 +348,7 @@ def _reduce_case(n):
     a = _floats(n, 13)
     out = cl.empty(_blocks(n, 128))
     return Launch([_dev(a), out, n], (_blocks(n, 128),), (128,), {"out": out}, {"out": _sums(a, 128)},
-                  f"n={n}, {_blocks(n, 128)} blocks of 128")
+                  f"n={n}, {_count(_blocks(n, 128), 'block')} of 128")
 
 
 # ---- chapters 5 and 8: atomics and warp shuffles ----------------------------------------------
@@ -513,10 +517,10 @@ def _wmma_case(M, N, K, seed):
 
 # ---- the check -------------------------------------------------------------------------------
 
-def _say(ok: bool, text: str, figure=None) -> Verdict:
+def _say(ok: bool, text: str) -> Verdict:
     print(text)
     v = Verdict(ok, text)
-    v.figure = figure
+    v.figure = None   # the picture shown with it, if any
     return v
 
 
@@ -613,14 +617,15 @@ def _show(fig, caption: str):
 def _picture(kernel, case: Launch, keywords: dict, line=None):
     """cl.draw of one case; line: the source line (its number or text in it) for sectors and banks."""
     kw = dict(keywords, **({"line": line} if line is not None else {}))
+    kw.pop("case", None)
     return cl.draw(kernel, *case.args, grid=case.grid, block=case.block, **kw)
 
 
 _CAPTIONS = {
-    "threads": "Above: each output cell coloured by the warp of the thread that wrote it, numbered by thread.",
-    "shared": "Above: the block's __shared__ tile, each cell coloured by the warp that wrote it last.",
-    "sectors": "Above: one warp's request: each lane's bytes, coloured by their 32-byte sector.",
-    "banks": "Above: one warp's shared-memory request: each lane by bank; red banks hold several words.",
+    "threads": "The picture: each output cell coloured by the warp of the thread that wrote it, numbered by thread.",
+    "shared": "The picture: the block's __shared__ tile, each cell coloured by the warp that wrote it last.",
+    "sectors": "The picture: one warp's request: each lane's bytes, coloured by their 32-byte sector.",
+    "banks": "The picture: one warp's shared-memory request: each lane by bank; red banks hold several words.",
 }
 
 
@@ -651,12 +656,19 @@ def check(name: str, kernel, *, draw: bool = True) -> Verdict:
                 break
             if verdict == "wrong":
                 before = f"\n  ({i} case{'s' if i > 1 else ''} before it passed)" if i else ""
-                return _say(False, f"✗ {case.what}: {text}{before}")
+                wrong = _say(False, f"✗ {case.what}: {text}{before}")
+                if draw and puzzle.picture and puzzle.picture["what"] in ("threads", "shared") \
+                        and cl.device().backend == "emu":   # what the kernel touched, in that case
+                    try:
+                        wrong.figure = _show(_picture(kern, case, {**puzzle.picture, "case": None}),
+                                             _CAPTIONS[puzzle.picture["what"]])
+                    except (cl.ConvlabError, ValueError):
+                        pass   # this case has no such block, or another shape: the verdict says it all
+                return wrong
     if untouched == len(cases):
         return _say(False, f"not done yet: {puzzle.kernel} wrote none of its outputs (is it still a TODO?)")
     if untouched:
         return _say(False, f"✗ on {untouched} of {len(cases)} cases {puzzle.kernel} wrote nothing")
-    figure = None
     if cl.device().backend != "emu":   # the counters and pictures come from the emulator's record
         return _say(True, f"✓ correct values on {cl.device().name}: {puzzle.kernel} on all {len(cases)} cases; "
                           f"the counters and pictures need the emulator (CONVLAB_BACKEND=emu)")
@@ -665,16 +677,20 @@ def check(name: str, kernel, *, draw: bool = True) -> Verdict:
         over = _counters(puzzle, kern, cases[0])
         if over:
             view, line, text = over[0]
+            verdict = _say(False, f"✗ right values, but {text}")
             if draw:
-                figure = _show(_picture(kern, cases[0], {**puzzle.picture, "what": view}, line), _CAPTIONS[view])
-            return _say(False, f"✗ right values, but {text}", figure)
-    if draw:
-        figure = _show(_picture(kern, cases[0], puzzle.picture), _CAPTIONS[puzzle.picture["what"]])
+                verdict.figure = _show(_picture(kern, cases[0], {**puzzle.picture, "what": view}, line),
+                                       _CAPTIONS[view])
+            return verdict
     targets = []
     if puzzle.sectors_max is not None:
         targets.append(f"at most {puzzle.sectors_max:g} sectors per request")
     if puzzle.conflicts_max is not None:
         targets.append(f"{puzzle.conflicts_max} bank conflicts")
     extra = f", with {' and '.join(targets)}" if targets else ""
-    return _say(True, f"✓ correct: {puzzle.kernel} on all {len(cases)} cases ({'; '.join(c.what for c in cases)})"
-                      f"{extra}", figure)
+    verdict = _say(True, f"✓ correct: {kern.name} on all {len(cases)} cases ({'; '.join(c.what for c in cases)})"
+                         f"{extra}")
+    if draw:
+        verdict.figure = _show(_picture(kern, cases[puzzle.picture.get("case", 0)], puzzle.picture),
+                               _CAPTIONS[puzzle.picture["what"]])
+    return verdict
