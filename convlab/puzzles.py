@@ -117,7 +117,7 @@ _add(Puzzle(
     faults={"OutOfBoundsError": "is the element index blockIdx.x * blockDim.x + threadIdx.x?",
             "RaceError": "several blocks wrote the same elements: the element of a thread is "
                          "blockIdx.x * blockDim.x + threadIdx.x, different in every block"},
-    picture={"what": "threads", "block_id": (1, 0, 0), "shape": (3, 32)},
+    picture={"what": "threads", "block_id": (1, 0, 0), "shape": (6, 16)},
 ))
 
 
@@ -192,7 +192,7 @@ _add(Puzzle(
     mistakes=[("only the first gridDim.x * blockDim.x elements were written: a grid-stride loop "
                "(i += gridDim.x * blockDim.x) lets the few threads cover all n", _only_first_grid)],
     faults={"OutOfBoundsError": "does the loop stop at n (`i < n`)?"},
-    picture={"what": "threads", "block_id": (0, 0, 0), "shape": (5, 64), "case": 3},
+    picture={"what": "threads", "block_id": (0, 0, 0), "shape": (20, 16), "case": 3},
 ))
 
 
@@ -608,8 +608,8 @@ def _show(fig, caption: str):
     except ImportError:
         get_ipython = None
     if get_ipython is not None and get_ipython() is not None:
+        print(caption)   # before the picture: the page merges printed lines into one block above it
         display(fig)
-        print(caption)
     plt.close(fig)
     return fig
 
@@ -622,10 +622,10 @@ def _picture(kernel, case: Launch, keywords: dict, line=None):
 
 
 _CAPTIONS = {
-    "threads": "The picture: each output cell coloured by the warp of the thread that wrote it, numbered by thread.",
-    "shared": "The picture: the block's __shared__ tile, each cell coloured by the warp that wrote it last.",
-    "sectors": "The picture: one warp's request: each lane's bytes, coloured by their 32-byte sector.",
-    "banks": "The picture: one warp's shared-memory request: each lane by bank; red banks hold several words.",
+    "threads": "Below: each output cell coloured by the warp of the thread that wrote it, numbered by thread.",
+    "shared": "Below: the block's __shared__ tile, each cell coloured by the warp that wrote it last.",
+    "sectors": "Below: one warp's request: each lane's bytes, coloured by their 32-byte sector.",
+    "banks": "Below: one warp's shared-memory request: each lane by bank; red banks hold several words.",
 }
 
 
