@@ -4,8 +4,8 @@
     pz.check("map", add_ten)          # the %%cuda cell's module (or one of its kernels)
     pz.PUZZLES["map"].chapter         # every puzzle: name, chapter, kernel, what it checks
 
-check launches the kernel on small awkward sizes with its outputs poisoned (NaN, -1 for
-integers), compares every output with a numpy reference, and prints one verdict: "✓ correct",
+check launches the kernel on small awkward sizes with its outputs poisoned (NaN; 0 where the
+kernel adds into them), the race detector on, compares every output with a numpy reference, and prints one verdict: "✓ correct",
 "not done yet" (the untouched stub writes nothing), a named mistake (only the first block
 written, the halo never loaded, B read transposed, ...), the emulator's own fault message
 (out of bounds, race, barrier, warp mask: each with its line) with what it usually means in
@@ -16,7 +16,6 @@ Expected values live here, never in the notebook. A check never raises; it retur
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -372,10 +371,6 @@ def _hist_case(n):
                   {"bins": np.bincount(data, minlength=16).astype(np.int32)}, f"n={n}, blocks of 64")
 
 
-def _warp_sums(a):
-    return _sums(a, 32)
-
-
 def _some_lanes(launch: Launch, got: np.ndarray) -> bool:
     """The sums a shuffle tree with a step missing gives: lanes 0-15 (no offset 16), the even lanes
     (no offset 1), lanes 0-7 (neither 16 nor 8)."""
@@ -403,7 +398,7 @@ def _warp_case(n):
     a = _floats(n, 14)
     blocks = _blocks(n, 64)
     out = cl.empty(2 * blocks)
-    want = _warp_sums(np.pad(a, (0, 64 * blocks - n)))
+    want = _sums(np.pad(a, (0, 64 * blocks - n)), 32)
     return Launch([_dev(a), out, n], (blocks,), (64,), {"out": out}, {"out": want},
                   f"n={n}, {blocks} block{'s' if blocks > 1 else ''} of 64 ({2 * blocks} warps)")
 

@@ -145,12 +145,11 @@ def test_a_mistake_is_named(name, mistake, edit, says):
 
 @needs_emulator
 def test_a_picture_is_drawn_from_the_kernel():
-    verdict = _check("map_2d", _solution(CELLS["map_2d"][1]), "solution")
-    assert verdict
     module = cl.load_source(_solution(CELLS["map_2d"][1]), name="pz_map_2d_solution")
     verdict = pz.check("map_2d", module.kernel("add_bias_2d"), draw=True)
-    assert verdict.figure is not None and "written" in str(verdict.figure.convlab_data.keys()) or \
-        verdict.figure.convlab_data
+    assert verdict and verdict.figure is not None
+    warp = verdict.figure.convlab_data["warp"]          # block (1, 0) of the 13×21 case: columns 16-20
+    assert warp.shape == (13, 21) and (warp[:8, 16:] >= 0).all() and (warp[:, :16] < 0).all()
 
 
 def test_an_unknown_puzzle_and_a_wrong_kernel_name_are_said():
@@ -158,3 +157,10 @@ def test_an_unknown_puzzle_and_a_wrong_kernel_name_are_said():
     module = cl.load_source("__global__ void other(float* y) { y[0] = 1; }", name="pz_other")
     verdict = pz.check("map", module)
     assert not verdict and "add_ten" in verdict.text
+
+
+def test_a_cell_that_did_not_compile_is_said():
+    from convlab.magic import FailedModule
+
+    verdict = pz.check("map", FailedModule("add_ten", "error: expected ';'"), draw=False)
+    assert not verdict and "did not compile" in verdict.text
