@@ -24,7 +24,7 @@ import torch
 
 import convlab as cl
 
-from .exercise import CHECK_TIMEOUT_S, Verdict, describe_error
+from .exercise import CHECK_TIMEOUT_S, Verdict, _poison_mask, describe_error
 
 
 @dataclass
@@ -257,6 +257,31 @@ def _blur_case(n):
     out = cl.empty(n)
     return Launch([_dev(a), out, n], (_blocks(n, 32),), (32,), {"out": out}, {"out": _blur(a)},
                   f"n={n}, blocks of 32")
+
+
+def _box3x3(a):
+    p = np.pad(a.astype(np.float64), 1)
+    rows, cols = a.shape
+    return sum(p[dy:dy + rows, dx:dx + cols] for dy in range(3) for dx in range(3)).astype(np.float32)
+
+
+_add(Puzzle(
+    "tile_2d", "ch3", "box3x3",
+    "a 3×3 box sum from a 10×10 shared tile loaded by 64 threads: halo ring included, zeros outside",
+    lambda: [_box_case(13, 21, 21), _box_case(8, 8, 22), _box_case(3, 17, 23)],
+    rtol=1e-5,
+    faults={"OutOfBoundsError": "a halo cell outside the image: load 0 there (check 0 <= r < rows and "
+                                "0 <= c < cols for the image pixel of each tile cell)",
+            "RaceError": _RACE},
+    picture={"what": "shared", "block_id": (1, 0, 0), "shape": (10, 10)},
+))
+
+
+def _box_case(rows, cols, seed):
+    a = _floats(rows * cols, seed, rows, cols)
+    out = cl.empty(rows, cols)
+    return Launch([_dev(a), out, rows, cols], (_blocks(cols, 8), _blocks(rows, 8)), (8, 8), {"out": out},
+                  {"out": _box3x3(a)}, f"{rows}×{cols}, blocks of 8×8", index="row,col")
 
 
 _MASK5 = np.array([0.5, -1.25, 2.0, 0.75, -0.25], np.float32)
@@ -563,6 +588,12 @@ def _compare(puzzle: Puzzle, case: Launch, name: str, got: np.ndarray) -> tuple[
                 return "wrong", text
         except Exception:  # noqa: BLE001 (a diagnosis that does not apply to this output)
             pass
+    poison = _poison_mask(got)
+    if poison is not None and poison.any():
+        first = int(np.flatnonzero(poison)[0])
+        return "wrong", (f"{int(poison.sum())} of {got.size} elements of {name} were computed from __shared__ "
+                         f"memory that no thread wrote (the emulator fills it with NaN for each block), the first "
+                         f"at {_at(case, got.shape, first)}: does the load cover the whole tile, halo included?")
     first = int(np.flatnonzero(bad)[0])
     if never.any():
         first_never = int(np.flatnonzero(never)[0])

@@ -99,6 +99,11 @@ MUTANTS = {
                                     "    if (t == BLOCK - 1)\n        tile[BLOCK + 1] = i + 1 < n ? a[i + 1] : 0.0f;\n",
                                     ""), "the halo"),
              ("halo read past the ends", ("i > 0 ? a[i - 1] : 0.0f", "a[i - 1]"), "OutOfBoundsError")],
+    "tile_2d": [("one cell a thread: the halo ring never loaded",
+                 ("k < TILE * TILE; k += BLOCK * BLOCK", "k < TILE * TILE; k += TILE * TILE"),
+                 "no thread wrote"),
+                ("no zero outside the image", ("r >= 0 && r < rows && c >= 0 && c < cols", "true"),
+                 "OutOfBoundsError")],
     "constant_mask": [("window not centred", ("i + j - R", "i + j"), "the window is shifted")],
     "coalesced_transpose": [("the obvious kernel: rows read, columns written",
                              ("            tile[threadIdx.y + j][threadIdx.x] = a[(y + j) * cols + x];\n"
