@@ -116,7 +116,7 @@ _add(Puzzle(
     faults={"OutOfBoundsError": "is the element index blockIdx.x * blockDim.x + threadIdx.x?",
             "RaceError": "several blocks wrote the same elements: the element of a thread is "
                          "blockIdx.x * blockDim.x + threadIdx.x, different in every block"},
-    picture={"what": "threads", "block_id": (1, 0, 0), "shape": (6, 16)},
+    picture={"what": "threads", "block_id": (1, 0, 0), "shape": (6, 16), "height": 3.2},
 ))
 
 
@@ -212,7 +212,7 @@ _add(Puzzle(
     "each block reverses its 64 elements through shared memory: the barrier between store and read",
     lambda: [_reverse_case(k) for k in (3, 1)],
     faults={"RaceError": _RACE},
-    picture={"what": "shared", "block_id": (0, 0, 0)},
+    picture={"what": "shared", "block_id": (0, 0, 0), "height": 2.2},
 ))
 
 
@@ -248,7 +248,7 @@ _add(Puzzle(
     faults={"OutOfBoundsError": "the halo of the first and last block lies outside the array: load 0 "
                                 "there instead of reading a[-1] or a[n]",
             "RaceError": _RACE},
-    picture={"what": "shared", "block_id": (1, 0, 0), "shape": (1, 34)},
+    picture={"what": "shared", "block_id": (1, 0, 0), "shape": (1, 34), "height": 1.6},
 ))
 
 
@@ -642,8 +642,13 @@ def _show(fig, caption: str):
 
 def _picture(kernel, case: Launch, keywords: dict, line=None):
     """cl.draw of one case; line: the source line (its number or text in it) for sectors and banks."""
+    import matplotlib.pyplot as plt
+
     kw = dict(keywords, **({"line": line} if line is not None else {}))
     kw.pop("case", None)
+    height = kw.pop("height", None)   # a figure this many inches high, for a tile of a row or two
+    if height is not None and kw["what"] in ("threads", "shared"):
+        kw["ax"] = plt.subplots(figsize=(7.5, height), dpi=110)[1]
     return cl.draw(kernel, *case.args, grid=case.grid, block=case.block, **kw)
 
 
