@@ -50,7 +50,7 @@ test: $(ENV_STAMP)
 	$(MAKE) --no-print-directory book
 	$(MAKE) --no-print-directory chromium
 	$(PYTHON) -m pytest -n $(JOBS) tests/
-	$(PYTHON) -m pytest -n $(JOBS) --dist loadfile --nbval-lax book/ solutions/ exercises/
+	$(PYTHON) -m pytest -n $(JOBS) --dist loadfile --nbval-lax book/ solutions/ exercises/ puzzles/
 
 # MathJax for the site, served from its _static/mathjax (no CDN: the pages work offline). npm only
 # downloads the package; the components the pages load are copied out of it (not the speech

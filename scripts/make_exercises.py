@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Generate exercises/ from solutions/, the single source of the exercises.
+"""Generate exercises/ from solutions/, the single source of the exercises (and likewise the
+warm-up puzzles: puzzles/ from puzzles/solutions/).
 
 In code cells, a solution region is replaced by a TODO that says how long the answer is:
     ### BEGIN SOLUTION [hint]          (Python)       ->  # TODO: hint (about N lines)  + a stub
@@ -11,7 +12,8 @@ In code cells, a solution region is replaced by a TODO that says how long the an
 The TODO is wrapped to 88 columns (the site's code box). The solution shows only its answer: the
 exercise's stub (`grid = None`) comes from the answer, so the solution needs none.
 In markdown cells, <!-- BEGIN SOLUTION --> … <!-- END SOLUTION --> becomes "*Your answer here.*"
-(for written answers). A leading "# Solution N" heading becomes "# Exercise N". Outputs and
+(for written answers). A leading "# Solution N" heading becomes "# Exercise N" ("# Solutions to
+puzzles" becomes "# Puzzles"). Outputs and
 execution counts are cleared, and the "nbval-check-output" cell tag dropped (there is no output
 to compare with). Cell ids are kept, so the output is the same every time.
 
@@ -31,6 +33,8 @@ import nbformat
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTIONS = ROOT / "solutions"
 EXERCISES = ROOT / "exercises"
+#: (source folder, generated folder): each notebook of the first gives the one of the same name in the second
+PAIRS = [(SOLUTIONS, EXERCISES), (ROOT / "puzzles" / "solutions", ROOT / "puzzles")]
 
 CODE_REGION = re.compile(
     r"^(?P<indent>[ \t]*)(?P<marker>###|//)[ \t]*BEGIN SOLUTION[ \t]*(?P<hint>[^\n]*)\n"
@@ -41,6 +45,7 @@ CODE_REGION = re.compile(
 )
 MARKDOWN_REGION = re.compile(r"<!--\s*BEGIN SOLUTION\s*-->.*?<!--\s*END SOLUTION\s*-->", re.DOTALL)
 TITLE = re.compile(r"\A(#\s+)Solution(\s+\d+)")
+PUZZLE_TITLE = re.compile(r"\A(#\s+)Solutions to p(uzzles)")
 
 
 class SolutionMarkerError(ValueError):
@@ -91,10 +96,11 @@ def strip_markdown(source: str, where: str) -> str:
     out = MARKDOWN_REGION.sub("*Your answer here.*", source)
     if re.search(r"<!--\s*(BEGIN|END) SOLUTION", out):
         raise SolutionMarkerError(f"{where}: a BEGIN/END SOLUTION comment without its partner")
-    return TITLE.sub(r"\1Exercise\2", out)
+    return PUZZLE_TITLE.sub(r"\1P\2", TITLE.sub(r"\1Exercise\2", out))
 
 
 def make_exercise(solution: nbformat.NotebookNode, name: str) -> nbformat.NotebookNode:
+    """name: the solution's path under the root's solutions/ (or relative to the root)."""
     nb = nbformat.v4.new_notebook()
     # Fixed metadata: the solution's language_info records the Python that last executed it,
     # which would make the exercises drift after every GPU run.
@@ -102,9 +108,10 @@ def make_exercise(solution: nbformat.NotebookNode, name: str) -> nbformat.Notebo
         "kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"},
         "language_info": {"name": "python", "pygments_lexer": "ipython3"},
     }
-    nb.metadata["convlab"] = {"generated_from": f"solutions/{name}", "by": "scripts/make_exercises.py"}
+    source = name if "/" in name else f"solutions/{name}"
+    nb.metadata["convlab"] = {"generated_from": source, "by": "scripts/make_exercises.py"}
     for i, cell in enumerate(solution.cells):
-        where = f"solutions/{name}, cell {i}"
+        where = f"{source}, cell {i}"
         if cell.cell_type == "code":
             new = nbformat.v4.new_code_cell(strip_code(cell.source, where))
         elif cell.cell_type == "markdown":
@@ -125,28 +132,35 @@ def render(nb: nbformat.NotebookNode) -> str:
     return nbformat.writes(nb) + "\n"
 
 
-def expected_exercises() -> dict[str, str]:
-    """exercises/<name> -> the text it should have."""
+def _name(path: Path) -> str:
+    """How make_exercise names a solution: solutions/'s by file name, others by path from the root."""
+    return path.name if path.parent == SOLUTIONS else path.relative_to(ROOT).as_posix()
+
+
+def expected_exercises(source: Path = SOLUTIONS) -> dict[str, str]:
+    """<name> -> the text the generated notebook of that name should have."""
     out = {}
-    for path in sorted(SOLUTIONS.glob("*.ipynb")):
+    for path in sorted(source.glob("*.ipynb")):
         solution = nbformat.read(path, as_version=4)
-        out[path.name] = render(make_exercise(solution, path.name))
+        out[path.name] = render(make_exercise(solution, _name(path)))
     return out
 
 
 def drift() -> list[str]:
-    """What differs between exercises/ and solutions/ (empty when in sync)."""
+    """What differs between each generated folder and its source (empty when in sync)."""
     problems = []
-    expected = expected_exercises()
-    for name, text in expected.items():
-        target = EXERCISES / name
-        if not target.is_file():
-            problems.append(f"exercises/{name} is missing")
-        elif target.read_text() != text:
-            problems.append(f"exercises/{name} differs from what solutions/{name} generates")
-    for target in sorted(EXERCISES.glob("*.ipynb")):
-        if target.name not in expected:
-            problems.append(f"exercises/{target.name} has no solutions/{target.name}")
+    for source, target_dir in PAIRS:
+        src, dst = source.relative_to(ROOT).as_posix(), target_dir.relative_to(ROOT).as_posix()
+        expected = expected_exercises(source)
+        for name, text in expected.items():
+            target = target_dir / name
+            if not target.is_file():
+                problems.append(f"{dst}/{name} is missing")
+            elif target.read_text() != text:
+                problems.append(f"{dst}/{name} differs from what {src}/{name} generates")
+        for target in sorted(target_dir.glob("*.ipynb")):
+            if target.name not in expected:
+                problems.append(f"{dst}/{target.name} has no {src}/{target.name}")
     return problems
 
 
@@ -161,17 +175,19 @@ def main() -> int:
         if problems:
             print("run `make exercises` to regenerate exercises/ from solutions/")
             return 1
-        print(f"exercises/ is in sync with solutions/ ({len(expected_exercises())} notebooks)")
+        print(f"{', '.join(d.relative_to(ROOT).as_posix() + '/' for _, d in PAIRS)} in sync with their solutions")
         return 0
-    EXERCISES.mkdir(exist_ok=True)
-    expected = expected_exercises()
-    for name, text in expected.items():
-        (EXERCISES / name).write_text(text)
-        print(f"wrote exercises/{name}")
-    for stale in sorted(EXERCISES.glob("*.ipynb")):
-        if stale.name not in expected:
-            stale.unlink()
-            print(f"removed exercises/{stale.name} (no solution)")
+    for source, target_dir in PAIRS:
+        dst = target_dir.relative_to(ROOT).as_posix()
+        target_dir.mkdir(exist_ok=True)
+        expected = expected_exercises(source)
+        for name, text in expected.items():
+            (target_dir / name).write_text(text)
+            print(f"wrote {dst}/{name}")
+        for stale in sorted(target_dir.glob("*.ipynb")):
+            if stale.name not in expected:
+                stale.unlink()
+                print(f"removed {dst}/{stale.name} (no solution)")
     return 0
 
 

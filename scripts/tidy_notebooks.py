@@ -40,7 +40,7 @@ from pathlib import Path
 import nbformat
 
 ROOT = Path(__file__).resolve().parent.parent
-FOLDERS = ("book", "solutions")
+FOLDERS = ("book", "solutions", "puzzles/solutions")
 MAX_WIDTH = 88
 HARNESS_MIN_LINES = 8
 
@@ -357,7 +357,7 @@ def main() -> int:
         untidy.append(name)
         if not args.check:
             path.write_text(after)
-            solutions_changed |= path.parent.name == "solutions"
+            solutions_changed |= path.parent.name == "solutions"   # solutions/ and puzzles/solutions/
             print(f"tidied {name}")
     if args.check:
         for name in untidy:

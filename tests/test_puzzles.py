@@ -1,0 +1,171 @@
+"""The warm-up puzzles (convlab/puzzles.py, puzzles/solutions/*.ipynb): every solution passes its
+check, the untouched stub of every puzzle says "not done yet", and a realistic mistake in each
+puzzle fails with the mistake named (the emulator's fault, or the puzzle's own diagnosis)."""
+import importlib.util
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+
+import convlab as cl
+import convlab.puzzles as pz
+
+ROOT = Path(__file__).resolve().parent.parent
+spec = importlib.util.spec_from_file_location("make_exercises", ROOT / "scripts" / "make_exercises.py")
+make_exercises = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(make_exercises)
+
+needs_emulator = pytest.mark.skipif(cl.device().backend != "emu", reason="the checks' faults come from the emulator")
+
+
+def _cells():
+    """puzzle name -> (module name, the %%cuda cell's source without its first line), from the solutions."""
+    found = {}
+    for path in sorted((ROOT / "puzzles" / "solutions").glob("*.ipynb")):
+        cells = nbformat.read(path, as_version=4).cells
+        for cuda, check in zip(cells, cells[1:]):
+            m = re.fullmatch(r'pz\.check\("(\w+)", (\w+)\)', check.source.strip())
+            if m and cuda.source.startswith(f"%%cuda {m[2]}\n"):
+                found[m[1]] = (m[2], cuda.source.split("\n", 1)[1])
+    return found
+
+
+CELLS = _cells()
+
+
+def _solution(source: str) -> str:
+    return re.sub(r"^[ \t]*// (BEGIN|END) SOLUTION.*\n", "", source, flags=re.MULTILINE)
+
+
+def _check(name: str, source: str, tag: str):
+    module = cl.load_source(source, name=f"pz_{name}_{tag}")
+    return pz.check(name, module, draw=False)
+
+
+def test_every_puzzle_has_a_solution_cell_and_a_check():
+    assert sorted(CELLS) == sorted(pz.PUZZLES), "each puzzle of convlab.puzzles has one %%cuda cell and its check"
+    assert 15 <= len(pz.PUZZLES) <= 25
+
+
+def test_the_puzzles_are_in_sync_and_hold_no_solution():
+    problems = [p for p in make_exercises.drift() if p.startswith("puzzles/")]
+    assert not problems, "\n".join(problems) + "\nrun `make exercises`"
+    toc = (ROOT / "_toc.yml").read_text()
+    for path in sorted((ROOT / "puzzles").glob("*.ipynb")):
+        nb = nbformat.read(path, as_version=4)
+        assert f"puzzles/{path.stem}" in toc and f"puzzles/solutions/{path.stem}" in toc, path.name
+        assert nb.cells[0].source.startswith("# Puzzles")
+        for cell in nb.cells:
+            assert "SOLUTION" not in cell.source
+            if cell.cell_type == "code":
+                assert cell.outputs == []
+                assert all(len(line) <= 88 for line in cell.source.splitlines()), cell.source
+            elif cell.source.startswith("## Puzzle"):
+                assert ":::{dropdown} Hint" in cell.source
+
+
+@needs_emulator
+@pytest.mark.parametrize("name", sorted(pz.PUZZLES))
+def test_the_solution_passes(name, capsys):
+    verdict = _check(name, _solution(CELLS[name][1]), "solution")
+    assert verdict, verdict.text
+    assert verdict.text.startswith("✓ correct")
+
+
+@needs_emulator
+@pytest.mark.parametrize("name", sorted(pz.PUZZLES))
+def test_the_untouched_stub_is_not_done_yet(name):
+    stub = make_exercises.strip_code(CELLS[name][1], name)
+    assert "// TODO" in stub
+    verdict = _check(name, stub, "stub")
+    assert not verdict and verdict.text.startswith("not done yet"), verdict.text
+
+
+#: puzzle -> [(the mistake, (solution text, mistaken text), what the verdict must say)]
+MUTANTS = {
+    "map": [("every block uses threadIdx.x alone", ("blockIdx.x * blockDim.x + threadIdx.x", "threadIdx.x"),
+             "different in every block")],
+    "guard": [("no bounds check", ("    if (i < n)\n", ""), "OutOfBoundsError")],
+    "map_2d": [("bias indexed by row", ("bias[col]", "bias[row]"), "bias is indexed by the row"),
+               ("rows and cols swapped in the row stride", ("a[row * cols + col]", "a[row * rows + col]"),
+                "the rows are read `rows` apart")],
+    "grid_stride": [("one element per thread, no loop",
+                     ("for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)",
+                      "for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i = n)"),
+                     "only the first gridDim.x * blockDim.x")],
+    "reverse_block": [("no barrier", ("    __syncthreads();\n", ""), "RaceError")],
+    "halo": [("halo never loaded", ("    if (t == 0)\n        tile[0] = i > 0 ? a[i - 1] : 0.0f;\n"
+                                    "    if (t == BLOCK - 1)\n        tile[BLOCK + 1] = i + 1 < n ? a[i + 1] : 0.0f;\n",
+                                    ""), "the halo"),
+             ("halo read past the ends", ("i > 0 ? a[i - 1] : 0.0f", "a[i - 1]"), "OutOfBoundsError")],
+    "tile_2d": [("one cell a thread: the halo ring never loaded",
+                 ("k < TILE * TILE; k += BLOCK * BLOCK", "k < TILE * TILE; k += TILE * TILE"),
+                 "no thread wrote"),
+                ("no zero outside the image", ("r >= 0 && r < rows && c >= 0 && c < cols", "true"),
+                 "OutOfBoundsError")],
+    "constant_mask": [("window not centred", ("i + j - R", "i + j"), "the window is shifted")],
+    "coalesced_transpose": [("the obvious kernel: rows read, columns written",
+                             ("            tile[threadIdx.y + j][threadIdx.x] = a[(y + j) * cols + x];\n"
+                              "    __syncthreads();\n",
+                              "            out[x * rows + y + j] = a[(y + j) * cols + x];\n    return;\n"),
+                             "sectors per request")],
+    "padded_tile": [("unpadded tile", ("tile[TILE][TILE + 1]", "tile[TILE][TILE]"), "bank conflicts")],
+    "block_reduce": [("no barrier in the tree", ("            s[t] += s[t + stride];\n        __syncthreads();\n",
+                                                 "            s[t] += s[t + stride];\n"), "RaceError"),
+                     ("no guard on the load", ("s[t] = i < n ? a[i] : 0.0f;", "s[t] = a[i];"),
+                      "OutOfBoundsError")],
+    "histogram": [("a plain += instead of atomicAdd", ("atomicAdd(&bins[v], 1);", "bins[v] += 1;"), "RaceError")],
+    "warp_sum": [("lanes past n return before the shuffles", ("float v = i < n ? a[i] : 0.0f;",
+                                                              "if (i >= n) return;\n    float v = a[i];"),
+                  "WarpMaskError"),
+                 ("the first shuffle step left out", ("offset = 16", "offset = 8"), "only some lanes")],
+    "dot": [("a plain += instead of atomicAdd", ("atomicAdd(out, v);", "*out += v;"), "RaceError"),
+            ("every lane adds", ("    if (threadIdx.x % 32 == 0)\n", ""), "only lane 0 holds")],
+    "half2_axpy": [("no bounds check", ("    if (i < n2)\n", ""), "OutOfBoundsError"),
+                   ("a only in the low half", ("__float2half2_rn(a)", "__floats2half2_rn(a, 0.0f)"),
+                    "high half")],
+    "wmma_tile": [("B loaded column-major", ("half, wmma::row_major> fb", "half, wmma::col_major> fb"),
+                   "B was read transposed"),
+                  ("one step of K only", ("k < K; k += 16", "k < 16; k += 16"), "only the first 16 of K")],
+}
+
+
+def test_every_puzzle_has_a_mutant():
+    assert sorted(MUTANTS) == sorted(pz.PUZZLES)
+
+
+@needs_emulator
+@pytest.mark.parametrize("name,mistake,edit,says", [
+    (name, mistake, edit, says) for name, cases in sorted(MUTANTS.items()) for mistake, edit, says in cases],
+    ids=lambda v: v if isinstance(v, str) and " " not in v else None)
+def test_a_mistake_is_named(name, mistake, edit, says):
+    source = _solution(CELLS[name][1])
+    old, new = edit
+    assert old in source, f"{name}: the mutant's text is not in the solution: {old!r}"
+    verdict = _check(name, source.replace(old, new), "mutant" + str(abs(hash(new)) % 10**6))
+    assert not verdict, f"{name}, {mistake}: the mistake passed"
+    assert says in verdict.text, f"{name}, {mistake}: {verdict.text}"
+
+
+@needs_emulator
+def test_a_picture_is_drawn_from_the_kernel():
+    module = cl.load_source(_solution(CELLS["map_2d"][1]), name="pz_map_2d_solution")
+    verdict = pz.check("map_2d", module.kernel("add_bias_2d"), draw=True)
+    assert verdict and verdict.figure is not None
+    warp = verdict.figure.convlab_data["warp"]          # block (1, 0) of the 13×21 case: columns 16-20
+    assert warp.shape == (13, 21) and (warp[:8, 16:] >= 0).all() and (warp[:, :16] < 0).all()
+
+
+def test_an_unknown_puzzle_and_a_wrong_kernel_name_are_said():
+    assert not pz.check("no_such_puzzle", None)
+    module = cl.load_source("__global__ void other(float* y) { y[0] = 1; }", name="pz_other")
+    verdict = pz.check("map", module)
+    assert not verdict and "add_ten" in verdict.text
+
+
+def test_a_cell_that_did_not_compile_is_said():
+    from convlab.magic import FailedModule
+
+    verdict = pz.check("map", FailedModule("add_ten", "error: expected ';'"), draw=False)
+    assert not verdict and "did not compile" in verdict.text
