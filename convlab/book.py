@@ -46,21 +46,6 @@ def path(relative: str | os.PathLike) -> Path:
     return p if p.is_absolute() else repo_root() / p
 
 
-def show_source(relative: str | os.PathLike, start: int | None = None, end: int | None = None,
-                numbers: bool = True) -> None:
-    """Print a source file of the workbook (or lines start..end, 1-based, inclusive) with line numbers,
-    so the notebook shows exactly the file that was compiled. Plain text; show_listing shows the
-    same highlighted on the page."""
-    lines = path(relative).read_text().splitlines()
-    first = 1 if start is None else start
-    last = len(lines) if end is None else end
-    print(f"// {Path(relative).as_posix()}" + ("" if (start, end) == (None, None) else f", lines {first}-{last}"))
-    width = len(str(last))
-    for n in range(first, last + 1):
-        text = lines[n - 1]
-        print(f"{n:>{width}}  {text}" if numbers else text)
-
-
 def progress(iterable, desc: str = "", **kwargs):
     """A tqdm progress bar for sweeps that stays short in a saved notebook: it redraws at most every
     30 s, so the executed notebook (and the website) keep a few lines instead of every step."""

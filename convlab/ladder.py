@@ -268,7 +268,8 @@ def figure(upto: str, pass_: str = "forward"):
     ax.set_yscale("log")
     ax.axhline(1.0, color="black", lw=1, ls="--")
     ax.annotate("torch best", xy=(1.0, 1.0), xycoords=("axes fraction", "data"), xytext=(-3, 3),
-                textcoords="offset points", fontsize=9, ha="right")
+                textcoords="offset points", fontsize=9, ha="right",
+                bbox={"fc": "white", "ec": "none", "alpha": 0.85, "pad": 1})   # readable over the points
     labels = [short[k] + (" (fp16)" if k[2] == "fp16" else "") for k in keys]
     ax.set_xticks(range(len(keys)), labels, rotation=40, ha="right", rotation_mode="anchor", fontsize=9)
     for tick, k in zip(ax.get_xticklabels(), keys):

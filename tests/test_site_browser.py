@@ -43,6 +43,7 @@ PHONE = {"width": 390, "height": 844}
 TABLET = {"width": 800, "height": 1000}
 DESKTOP = {"width": 1280, "height": 900}
 LONG_READ = {"width": 1400, "height": 900}   # a chapter's length is counted in screens of this size
+MAX_SCREENS = 16                              # "about 15 screens" of main line, with a little slack
 # Chapter pages whose figures are not yet numbered and captioned: their figure check is expected
 # to fail. Remove a page here once its figures are `{figure}`s / glued figures with a caption.
 PAGES_WITHOUT_CAPTIONS_YET = frozenset({
@@ -392,7 +393,8 @@ def test_images_are_numbered_captioned_figures(page, site, browser):
 
 def test_chapter_lengths_in_screens(site, browser):
     """How long each chapter's main line is at 1400 px with every dropdown closed, in screens of
-    900 px: written to screens.txt for the authors (no limit is asserted yet)."""
+    900 px, written to screens.txt. A chapter's main line is meant to be about 15 screens: more
+    than MAX_SCREENS means something belongs in a folded details section."""
     rows = []
     for page in chapter_pages():
         tab = _open(browser, site, page, LONG_READ)
@@ -410,3 +412,7 @@ def test_chapter_lengths_in_screens(site, browser):
         f"{LONG_READ['height']} px\n" + "\n".join(lines) + "\n")
     short = [page for page, height in rows if height < LONG_READ["height"]]
     assert not short, f"chapters shorter than one screen (did the page render?): {short}"
+    long_ = [f"{page} ({height / LONG_READ['height']:.1f})" for page, height in rows
+             if height > MAX_SCREENS * LONG_READ["height"]]
+    assert not long_, (f"chapters longer than {MAX_SCREENS} screens at 1400 px with the dropdowns closed: "
+                       f"{long_}; fold sweeps, full cards and long tables into details")
