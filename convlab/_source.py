@@ -261,16 +261,21 @@ def _local_pointer_edits(clean: str) -> list[tuple[int, int, str]]:
     return edits
 
 
-def _shared_sizeof_edits(clean: str, start: int, name: str) -> list[tuple[int, int, str]]:
-    """`sizeof(tile)`, `sizeof(tile[0])`, `sizeof tile` in the rest of the block that declares the
-    static __shared__ array `tile`: the array's store (its real size), not its checked view's."""
-    depth, end = 0, len(clean)
+def _block_end(clean: str, start: int) -> int:
+    """Where the block around `start` closes (its `}`), or the end of the text."""
+    depth = 0
     for i in range(start, len(clean)):
         depth += clean[i] == "{"
         depth -= clean[i] == "}"
         if depth < 0:
-            end = i
-            break
+            return i
+    return len(clean)
+
+
+def _shared_sizeof_edits(clean: str, start: int, name: str) -> list[tuple[int, int, str]]:
+    """`sizeof(tile)`, `sizeof(tile[0])`, `sizeof tile` in the rest of the block that declares the
+    static __shared__ array `tile`: the array's store (its real size), not its checked view's."""
+    end = _block_end(clean, start)
     pattern = re.compile(rf"\bsizeof\s*(?:\(\s*)?\b{re.escape(name)}\b(?!\s*(?:\.|->|\())")
     return [(m.end(), m.end(), "__clemu.data") for m in pattern.finditer(clean, start, end)]
 
@@ -283,13 +288,7 @@ def _shared_decay_edits(clean: str, start: int, name: str, rank: int) -> list[tu
     a pointer, as in CUDA, so a template parameter `const T*` deduces T (g++ deduces nothing from the
     checked view, cuda_emu.h): `f(As[k], ...)` becomes `f(::clemu::decay(As[k]), ...)`. A plain
     pointer parameter got the same pointer before (the view converts to one)."""
-    depth, end = 0, len(clean)
-    for i in range(start, len(clean)):
-        depth += clean[i] == "{"
-        depth -= clean[i] == "}"
-        if depth < 0:
-            end = i
-            break
+    end = _block_end(clean, start)
     pattern = re.compile(rf"(?<=[(,])\s*(\b{re.escape(name)}\b((?:\s*\[[^\[\];]*\])*))\s*(?=[,)])")
     edits = []
     for m in pattern.finditer(clean, start, end):

@@ -78,17 +78,28 @@ class Shape:
     stride: int = 1
     pad: int = 0
     why: str = ""
+    dilation: int = 1      # chapter 9a's layers: the mask's taps `dilation` apart,
+    groups: int = 1        # and the mask (M, C/groups, K, K)
+
+    @property
+    def span(self) -> int:
+        """How wide the mask's window is on the input: K taps `dilation` apart."""
+        return self.dilation * (self.K - 1) + 1
 
     @property
     def Ho(self) -> int:
-        return out_size(self.H, self.K, self.stride, self.pad)
+        return out_size(self.H, self.span, self.stride, self.pad)
 
     @property
     def Wo(self) -> int:
-        return out_size(self.W, self.K, self.stride, self.pad)
+        return out_size(self.W, self.span, self.stride, self.pad)
 
     def __str__(self) -> str:
         s = f"B={self.B} C={self.C} M={self.M} {self.H}×{self.W} K={self.K}"
+        if self.groups != 1:
+            s += f" groups={self.groups}"
+        if self.dilation != 1:
+            s += f" dilation={self.dilation}"
         if self.stride != 1:
             s += f" stride={self.stride}"
         if self.pad:
@@ -804,50 +815,18 @@ def check_counters(launch, targets: dict, *, shape: Shape | None = None, result=
     return _say(met, f"{lead}: {name}: " + "; ".join(parts) + _costliest_line(card))
 
 
-@dataclass(frozen=True)
-class GeneralShape:
-    """One layer with groups and dilation (chapter 9a): input (B, C, H, W), mask (M, C/groups, K, K)."""
-
-    B: int
-    C: int
-    M: int
-    H: int
-    W: int
-    K: int
-    stride: int = 1
-    pad: int = 0
-    dilation: int = 1
-    groups: int = 1
-    why: str = ""
-
-    @property
-    def Ho(self) -> int:
-        return out_size(self.H, self.dilation * (self.K - 1) + 1, self.stride, self.pad)
-
-    @property
-    def Wo(self) -> int:
-        return out_size(self.W, self.dilation * (self.K - 1) + 1, self.stride, self.pad)
-
-    def __str__(self) -> str:
-        s = f"B={self.B} C={self.C} M={self.M} {self.H}×{self.W} K={self.K} groups={self.groups}"
-        s += f" dilation={self.dilation}"
-        if self.stride != 1:
-            s += f" stride={self.stride}"
-        return s + (f" pad={self.pad}" if self.pad else "")
-
-
 #: Layers that catch the mistakes of groups and dilation: depthwise, groups of several channels to
 #: several maps, dilation with stride and padding, an even mask, a window wider than the image.
 GENERAL_SHAPES = [
-    GeneralShape(1, 4, 4, 9, 8, 3, pad=1, groups=4, why="depthwise: groups = C"),
-    GeneralShape(2, 6, 4, 11, 10, 3, pad=2, dilation=2, groups=2, why="2 groups, dilation 2"),
-    GeneralShape(2, 6, 9, 10, 11, 2, dilation=2, groups=3, why="even K, 3 groups of 2 channels to 3 maps"),
-    GeneralShape(1, 8, 6, 13, 12, 3, stride=2, pad=1, dilation=3, groups=2, why="stride 2, dilation 3"),
-    GeneralShape(1, 3, 2, 7, 7, 3, pad=4, dilation=4, why="one group, a 9-wide window over a 7×7 image"),
+    Shape(1, 4, 4, 9, 8, 3, pad=1, groups=4, why="depthwise: groups = C"),
+    Shape(2, 6, 4, 11, 10, 3, pad=2, dilation=2, groups=2, why="2 groups, dilation 2"),
+    Shape(2, 6, 9, 10, 11, 2, dilation=2, groups=3, why="even K, 3 groups of 2 channels to 3 maps"),
+    Shape(1, 8, 6, 13, 12, 3, stride=2, pad=1, dilation=3, groups=2, why="stride 2, dilation 3"),
+    Shape(1, 3, 2, 7, 7, 3, pad=4, dilation=4, why="one group, a 9-wide window over a 7×7 image"),
 ]
 
 
-def _general_mistakes(x, w, s: GeneralShape):
+def _general_mistakes(x, w, s: Shape):
     """(what, the output it gives) for the usual mistakes of groups and dilation, on the reference."""
     import torch.nn.functional as F
 
@@ -887,7 +866,7 @@ def check_general_kernel(launch, shapes=None, *, name: str = "your kernel") -> V
                              "dilated, with stride, padding and an even mask)")
 
 
-def _general_reference(x, w, s: GeneralShape):
+def _general_reference(x, w, s: Shape):
     """torch's conv2d of layer s in fp64."""
     import torch.nn.functional as F
 
