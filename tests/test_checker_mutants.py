@@ -466,3 +466,48 @@ def test_ldmatrix_x2_ignores_the_addresses_of_lanes_16_to_31(unused):
         for i in range(2):
             k = 8 * i + 2 * (lane % 4)
             assert r[lane, i] == (k * 8 + lane // 4) | ((k + 1) * 8 + lane // 4) << 16, (lane, i)
+
+
+# ---- an index read from memory: `bins[data[i]]` is checked like `bins[v]` ---------------------
+
+GATHER_INDEX = r"""
+__global__ void hist_plain(const int* data, int* bins, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) bins[data[i]] += 1;              // the index is an element of data
+}
+__global__ void hist_atomic(const int* data, int* bins, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) atomicAdd(&bins[data[i]], 1);
+}
+__global__ void gather(const int* idx, const float* x, float* y, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = x[idx[i]];
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def gather_index():
+    return cl.load_source(GATHER_INDEX, name="mutant_gather_index")
+
+
+def test_a_histogram_indexed_by_an_element_races(gather_index):
+    """It used to take the built-in subscript through the pointer's conversion: unchecked, a false
+    pass of a racy kernel."""
+    data, bins = torch.randint(0, 4, (256,), dtype=torch.int32), torch.zeros(4, dtype=torch.int32)
+    with pytest.raises(cl.RaceError, match=r"bins\[\d\]"), cl.detect_races(True):
+        gather_index.kernel("hist_plain")(data, bins, 256, grid=2, block=128)
+
+
+def test_the_same_histogram_with_atomics_passes(gather_index):
+    data, bins = torch.randint(0, 4, (256,), dtype=torch.int32), torch.zeros(4, dtype=torch.int32)
+    with cl.detect_races(True):
+        gather_index.kernel("hist_atomic")(data, bins, 256, grid=2, block=128)
+    assert bins.tolist() == torch.bincount(data.long(), minlength=4).tolist()
+
+
+def test_an_index_read_from_memory_is_bounds_checked(gather_index):
+    idx = torch.tensor([0, 3, 17, 1], dtype=torch.int32)           # 17: past x's 8 elements
+    x, y = torch.randn(8), cl.empty(4)
+    with pytest.raises(cl.OutOfBoundsError, match=r"x\[17\]"):
+        gather_index.kernel("gather")(idx, x, y, 4, grid=1, block=32)

@@ -291,6 +291,12 @@ template <class T> struct is_plain : std::false_type {};
 template <class T> struct is_counted : std::false_type {};
 #endif
 template <class T> using elem = typename std::conditional<is_counted<T>::value, ref<T>, T&>::type;
+
+// An index: an integer, an enum, or a checked integer element that reads as one (`bins[data[i]]`,
+// `p + idx[k]`). Without the last, such an index took the built-in subscript through `operator T*`
+// and went unchecked: no bounds check, no race check.
+template <class I> struct is_index : std::integral_constant<bool, std::is_integral<I>::value || std::is_enum<I>::value> {};
+template <class J> struct is_index<ref<J>> : std::integral_constant<bool, std::is_integral<J>::value> {};
 template <class T> static CLEMU_INLINE typename std::enable_if<is_counted<T>::value, ref<T>>::type
 at(T* p, unsigned sp, const char* name, const void* base) {
     return ref<T>(p, name, base, sp | (is_plain<T>::value ? 0u : (unsigned)CLEMU_COUNT)); }
@@ -319,7 +325,7 @@ template <class E, size_t N> struct sview<E[N]> {
     E* p; const char* name; const void* base; int depth, rank; long long prefix[4];
     operator E*() const { return p; }
     template <class U> explicit operator U*() const { return (U*)p; }
-    template <class I, class = typename std::enable_if<std::is_integral<I>::value || std::is_enum<I>::value>::type>
+    template <class I, class = typename std::enable_if<is_index<I>::value>::type>
     typename std::conditional<std::is_array<E>::value, sview<E>, elem<E>>::type operator[](I i) const {
         long long k = (long long)i;
         if (__builtin_expect(k < 0 || k >= (long long)N, 0))
@@ -386,7 +392,7 @@ template <class T> struct ptr {
     }
     operator T*() const { return p; }
     template <class U> explicit operator U*() const { return (U*)p; }
-    template <class I, class U = T, class = typename std::enable_if<std::is_integral<I>::value || std::is_enum<I>::value>::type>
+    template <class I, class U = T, class = typename std::enable_if<is_index<I>::value>::type>
     elem<U> operator[](I i) const { check(p + (long long)i); return at(p + (long long)i, 0u, nullptr, (const void*)lo); }
     template <class U = T> elem<U> operator*() const { check(p); return at(p, 0u, nullptr, (const void*)lo); }
     T* operator->() const { check(p); return p; }
@@ -437,11 +443,11 @@ template <class T> struct lptr {
     static constexpr long long elem_bytes() { return (long long)sizeof(typename std::conditional<std::is_void<T>::value, char, T>::type); }
     CLEMU_INLINE operator T*() const { return p; }
     template <class U> CLEMU_INLINE explicit operator U*() const { return (U*)p; }
-    template <class I, class U = T, class = typename std::enable_if<std::is_integral<I>::value || std::is_enum<I>::value>::type>
+    template <class I, class U = T, class = typename std::enable_if<is_index<I>::value>::type>
     CLEMU_INLINE elem<U> operator[](I i) const { check(p + (long long)i); return at(p + (long long)i, CLEMU_ANY, nullptr, nullptr); }
     template <class U = T> CLEMU_INLINE elem<U> operator*() const { check(p); return at(p, CLEMU_ANY, nullptr, nullptr); }
     T* operator->() const { return p; }
-#define CLEMU_INT template <class I, class = typename std::enable_if<std::is_integral<I>::value || std::is_enum<I>::value>::type>
+#define CLEMU_INT template <class I, class = typename std::enable_if<is_index<I>::value>::type>
     CLEMU_INT lptr operator+(I i) const { lptr r = *this; r.p += (long long)i; return r; }
     CLEMU_INT lptr operator-(I i) const { lptr r = *this; r.p -= (long long)i; return r; }
     CLEMU_INT lptr& operator+=(I i) { p += (long long)i; return *this; }
@@ -453,7 +459,7 @@ template <class T> struct lptr {
     lptr& operator--() { --p; return *this; }
     lptr operator--(int) { lptr r = *this; --p; return r; }
 };
-template <class I, class T, class = typename std::enable_if<std::is_integral<I>::value || std::is_enum<I>::value>::type>
+template <class I, class T, class = typename std::enable_if<is_index<I>::value>::type>
 static inline lptr<T> operator+(I i, const lptr<T>& q) { return q + i; }
 #undef CLEMU_INT
 template <class T> static inline T* unref(const lptr<T>& p) { return p.p; }
