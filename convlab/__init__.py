@@ -23,8 +23,8 @@ import torch
 
 from . import _args, _source
 from ._errors import (ArgumentError, BackendUnavailable, BarrierError, CheckError, CompileError, ConvlabError,
-                      KernelFault, KernelInterrupted, KernelTimeout, LaunchError, OutOfBoundsError, RaceError,
-                      WarpMaskError)
+                      KernelFault, KernelInterrupted, KernelTimeout, LaunchError, OutOfBoundsError,
+                      RaceDetectorOff, RaceError, WarpMaskError)
 from . import _limits, book, ref
 from .bench import Timing, bench
 from .check import CheckResult, check
@@ -36,7 +36,7 @@ from .draw import draw
 
 __all__ = ["device", "backend", "load", "load_source", "load_cpu", "randn", "empty", "zeros", "to_device",
            "seed", "out_size", "check", "bench", "sync", "ref", "thread_order", "set_timeout", "find_race", "debug",
-           "poisoning", "detect_races", "RaceError", "KernelInterrupted",
+           "poisoning", "detect_races", "RaceError", "RaceDetectorOff", "KernelInterrupted",
            "profile", "profile_torch", "sass", "trace", "draw", "Trace", "ProfileCard", "ProfileUnavailable", "SassUnavailable",
            "Timing", "CheckResult", "ConvlabError", "CompileError", "LaunchError", "ArgumentError",
            "KernelFault", "BarrierError", "WarpMaskError", "OutOfBoundsError", "KernelTimeout", "CheckError",

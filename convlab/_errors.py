@@ -55,3 +55,8 @@ class RaceError(KernelFault):
 class KernelInterrupted(KeyboardInterrupt):
     """An emulator launch stopped by an interrupt (Jupyter's stop button, Ctrl-C); the message says
     where its threads were. A KeyboardInterrupt, so the cell stops as it would for Python code."""
+
+
+class RaceDetectorOff(UserWarning):
+    """The emulator could not build a kernel file with the race detector: its launches run, checked
+    for bounds, but not for races. The warning says why and what to change."""

@@ -511,3 +511,39 @@ def test_an_index_read_from_memory_is_bounds_checked(gather_index):
     x, y = torch.randn(8), cl.empty(4)
     with pytest.raises(cl.OutOfBoundsError, match=r"x\[17\]"):
         gather_index.kernel("gather")(idx, x, y, 4, grid=1, block=32)
+
+
+# ---- a file the race detector cannot build says so -----------------------------------------------
+
+REF_PARAM = r"""
+__device__ void store(float& dst, float v) { dst = v; }   // a reference to an element
+__global__ void fill(float* y, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) store(y[i], 1.0f);
+}
+"""
+
+
+def test_a_file_that_loses_its_race_checks_warns_and_still_runs():
+    """It used to fall back to the build without the detector in silence: a racy kernel written
+    this way would pass."""
+    with pytest.warns(cl.RaceDetectorOff, match=r"(?s)WITHOUT race checks.*mutant_ref_param.cu:5.*`T&` parameter"):
+        mod = cl.load_source(REF_PARAM, name="mutant_ref_param")
+    y = cl.empty(40)
+    mod.kernel("fill")(y, 40, grid=2, block=32)
+    assert torch.equal(y.cpu(), torch.ones(40))
+
+
+def test_the_course_kernels_all_build_with_the_race_detector():
+    import glob
+
+    from convlab import book
+
+    lost = []
+    for f in sorted(glob.glob(str(book.path("kernels") / "**" / "*.cu"), recursive=True)):
+        import warnings
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            cl.load(f)
+        lost += [f for w in caught if issubclass(w.category, cl.RaceDetectorOff)]
+    assert not lost, f"kernel files that run without race checks on the emulator: {lost}"

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import warnings
 import time
 from pathlib import Path
 
@@ -17,7 +18,7 @@ import torch
 
 
 from .._errors import (ArgumentError, BarrierError, CompileError, KernelFault, KernelInterrupted, KernelTimeout,
-                       LaunchError, OutOfBoundsError, RaceError, WarpMaskError)
+                       LaunchError, OutOfBoundsError, RaceDetectorOff, RaceError, WarpMaskError)
 from .._source import Source, display_name, locate, map_compiler_output, rewrite_for_emulator, where
 
 HERE = Path(__file__).resolve().parent
@@ -274,9 +275,17 @@ class EmuModule:
         self._build, self._libs = build, {}
         try:
             self._libs[True] = build(True)
-        except CompileError:
+        except CompileError as e:
             self._libs[False] = build(False)   # raises the student's own compile error
             self._libs[True] = None
+            # said out loud: a file that silently lost its race checks could pass with a race in it
+            first = next((line for line in str(e).splitlines() if "error" in line), str(e).splitlines()[0])
+            warnings.warn(
+                f"{display_name(src.path)}: the race detector cannot build this file, so its launches run "
+                f"WITHOUT race checks. g++ said: {first.strip()}\nThe usual cause: an element of a buffer "
+                "passed to a `T&` parameter (under the detector an element is a checked object, not a "
+                "plain reference): pass the value and return the result, or take the parameter as a "
+                "template (`template <class E> __device__ void f(E&& e)`).", RaceDetectorOff, stacklevel=2)
 
     @property
     def can_detect(self) -> bool:
