@@ -190,15 +190,20 @@ def test_a_card_without_a_precision_line_says_none():
 
 
 def test_the_worker_turns_tf32_off():
-    from convlab._profile_worker import configure
-    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark)
-    try:
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-        configure({"cudnn_benchmark": True})
-        assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
-        assert torch.backends.cudnn.benchmark
-    finally:
-        (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark) = saved
+    """In a process of its own, as ncu runs the worker (in this one, a test that imported
+    torch.testing may have frozen cuDNN's global flags)."""
+    import subprocess
+    import sys
+
+    code = ("import torch\n"
+            "from convlab._profile_worker import configure\n"
+            "torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True\n"
+            "configure({'cudnn_benchmark': True})\n"
+            "print(torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,"
+            " torch.backends.cudnn.benchmark)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "False", "True"]
 
 
 def test_every_stall_reason_has_a_meaning():
