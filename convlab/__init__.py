@@ -36,7 +36,7 @@ from .draw import draw
 
 __all__ = ["device", "backend", "load", "load_source", "load_cpu", "randn", "empty", "zeros", "to_device",
            "seed", "out_size", "check", "bench", "sync", "ref", "thread_order", "set_timeout", "find_race", "debug",
-           "poisoning", "detect_races", "RaceError", "RaceDetectorOff", "KernelInterrupted",
+           "poisoning", "detect_races", "time_limit", "RaceError", "RaceDetectorOff", "KernelInterrupted",
            "profile", "profile_torch", "sass", "trace", "draw", "Trace", "ProfileCard", "ProfileUnavailable", "SassUnavailable",
            "Timing", "CheckResult", "ConvlabError", "CompileError", "LaunchError", "ArgumentError",
            "KernelFault", "BarrierError", "WarpMaskError", "OutOfBoundsError", "KernelTimeout", "CheckError",
@@ -164,6 +164,12 @@ class Module:
         self._device_fills = set()    # (name, dtype) filled from device memory once: checked
 
     @property
+    def race_checked(self) -> bool:
+        """Whether the emulator's race detector can run this file's kernels (False after a
+        cl.RaceDetectorOff warning); the GPU has no race detector, so False there too."""
+        return bool(getattr(self._impl, "can_detect", False))
+
+    @property
     def kernels(self) -> list[str]:
         return list(self.src.kernels)
 
@@ -253,7 +259,7 @@ def set_timeout(seconds: float):
 
 
 @contextlib.contextmanager
-def _check_time_limit(seconds: float):
+def time_limit(seconds: float):
     """The emulator's time limit for the launches inside, unless cl.set_timeout changed the default."""
     old = _setting("timeout", None)
     _settings.timeout = seconds

@@ -156,10 +156,18 @@ _ALGORITHMS = (("fft", "FFT"), ("winograd", "Winograd"), ("implicit_gemm", "impl
                ("wgrad_alg0", "implicit GEMM, atomics (wgrad_alg0)"), ("direct", "direct"))
 
 
+def kernel_base_name(kernel: str) -> str:
+    """A kernel's name as a profiler prints it, without 'void', template arguments and parameters,
+    namespaces kept (`cudnn::winograd_nonfused::winogradWgradData4x4`). An anonymous namespace goes
+    first: its '(' is not the parameter list's."""
+    name = kernel.strip().removeprefix("void ").replace("(anonymous namespace)::", "")
+    return name.split("<")[0].split("(")[0].strip()
+
+
 def kernel_short_name(kernel: str) -> str:
-    """A kernel's name from torch's profiler without 'void', template arguments and parameters;
-    cuDNN's long xmma names cut after 'implicit_gemm' (sm80_xmma_fprop_implicit_gemm)."""
-    name = kernel.strip().removeprefix("void ").split("<")[0].split("(")[0].strip()
+    """kernel_base_name, with cuDNN's long xmma names cut after 'implicit_gemm'
+    (sm80_xmma_fprop_implicit_gemm)."""
+    name = kernel_base_name(kernel)
     cut = name.find("implicit_gemm")
     return name[:cut + len("implicit_gemm")] if cut >= 0 else name
 

@@ -134,7 +134,7 @@ _POISON_BITS = 0xFFFFFFFF
 _POISON_BITS_HALF = (0xFFFF, 0xFE00)
 
 
-def _poison_mask(y) -> np.ndarray | None:
+def poison_mask(y) -> np.ndarray | None:
     a = np.ascontiguousarray(_as_numpy(y))
     if a.dtype == np.float32:
         return a.view(np.uint32) == _POISON_BITS
@@ -144,7 +144,7 @@ def _poison_mask(y) -> np.ndarray | None:
 
 
 def _poisoned(y) -> int:
-    mask = _poison_mask(y)
+    mask = poison_mask(y)
     return 0 if mask is None else int(mask.sum())
 
 
@@ -243,7 +243,7 @@ def verdict(y, ref, *, rtol: float = 1e-4, atol: float | None = None, labels: st
         return f"{text} [{locate(index)}]" if locate is not None else text
 
     if n_poisoned:
-        first = tuple(int(i) for i in np.argwhere(_poison_mask(y))[0])
+        first = tuple(int(i) for i in np.argwhere(poison_mask(y))[0])
         questions = ("does the loop that loads the tile cover all of it, halo rows and columns included, does "
                      "every thread wait at a __syncthreads() before reading it, and does every read stay inside "
                      "what was written (an index, a fragment's leading dimension)?")
@@ -409,11 +409,11 @@ def _fault(run, error: str) -> str:
     return f"not done yet: {todo} is still there (running the code as it is: {error})" if todo else error
 
 
-def _launch(call):
+def checked_launch(call):
     """Run a student's launch under the race detector and the checks' time limit; its result."""
     import convlab as cl
 
-    with cl.detect_races(True), cl._check_time_limit(CHECK_TIMEOUT_S):
+    with cl.detect_races(True), cl.time_limit(CHECK_TIMEOUT_S):
         out = call()
     cl.sync()  # a GPU launch is asynchronous: its faults show here
     return out
@@ -449,7 +449,7 @@ def _run_cases(run, cases, *, name: str, labels: str = "bmhw", out_index: int | 
     for i, case in enumerate(cases):
         before = f"\n  ({i} shape{'s' if i > 1 else ''} before it passed)" if i else ""
         try:
-            result = _launch(case.call)
+            result = checked_launch(case.call)
         except Exception as e:  # noqa: BLE001 (a check must never stop the notebook)
             text = _fault(run, describe_error(e))
             return _say(False, text if text.startswith("not done") else f"✗ {case.text}: {text}")
@@ -1093,7 +1093,7 @@ def check_unroll(unroll) -> Verdict:
         x = cl.randn(s.B, s.C, s.H, s.W)
         want = F.unfold(x.cpu().double(), s.K, padding=s.pad, stride=s.stride)
         try:
-            got = _launch(lambda x=x, s=s: unroll(x, s.K, s.stride, s.pad))
+            got = checked_launch(lambda x=x, s=s: unroll(x, s.K, s.stride, s.pad))
         except Exception as e:  # noqa: BLE001 (a check must never stop the notebook)
             text = _fault(unroll, describe_error(e))
             return _say(False, text if text.startswith("not done") else f"✗ {s}: {text}")

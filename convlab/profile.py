@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ._errors import ConvlabError
+from .baselines import kernel_base_name
 
 __all__ = ["profile", "profile_torch", "committed", "ProfileCard", "KernelProfile", "ProfileUnavailable",
            "parse_ncu_csv", "count_trace", "emu_profiling", "NCU_METRICS", "TORCH_METRICS", "EMU_COUNTERS",
@@ -177,9 +178,7 @@ class KernelProfile:
     @property
     def short_name(self) -> str:
         """The name without its parameter list or template arguments' noise (`conv2d_naive_z`)."""
-        n = re.sub(r"^void\s+", "", self.name.strip())
-        n = re.split(r"[<(]", n, maxsplit=1)[0].strip()
-        n = n.rsplit("::", 1)[-1] or self.name
+        n = kernel_base_name(self.name).rsplit("::", 1)[-1] or self.name
         return n if len(n) <= 72 else n[:69] + "..."
 
     def get(self, metric: str):

@@ -24,7 +24,7 @@ import torch
 
 import convlab as cl
 
-from .exercise import CHECK_TIMEOUT_S, Verdict, _poison_mask, describe_error
+from .exercise import Verdict, checked_launch, describe_error, poison_mask
 
 
 @dataclass
@@ -560,9 +560,7 @@ def _kernel_of(puzzle: Puzzle, kernel):
 def _launch(kernel, case: Launch) -> None:
     for name, values in case.constants.items():
         kernel.module.set_constant(name, torch.from_numpy(np.asarray(values)))
-    with cl.detect_races(True), cl._check_time_limit(CHECK_TIMEOUT_S):
-        kernel(*case.args, grid=case.grid, block=case.block)
-    cl.sync()
+    checked_launch(lambda: kernel(*case.args, grid=case.grid, block=case.block))
 
 
 def _at(case: Launch, shape, flat: int) -> str:
@@ -588,7 +586,7 @@ def _compare(puzzle: Puzzle, case: Launch, name: str, got: np.ndarray) -> tuple[
                 return "wrong", text
         except Exception:  # noqa: BLE001 (a diagnosis that does not apply to this output)
             pass
-    poison = _poison_mask(got)
+    poison = poison_mask(got)
     if poison is not None and poison.any():
         first = int(np.flatnonzero(poison)[0])
         return "wrong", (f"{int(poison.sum())} of {got.size} elements of {name} were computed from __shared__ "

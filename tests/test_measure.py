@@ -237,3 +237,10 @@ def test_torch_algorithm_names_what_the_kernels_show():
     assert baselines.torch_algorithm("void at::native::elementwise_kernel<4>(int)") == (
         "other", "at::native::elementwise_kernel")
     assert baselines.torch_algorithm("") == ("", "") and baselines.torch_algorithm(float("nan")) == ("", "")
+
+
+def test_a_kernel_in_an_anonymous_namespace_keeps_its_name():
+    from convlab.profile import KernelProfile
+    name = "void at::native::(anonymous namespace)::conv_depthwise2d_forward_kernel<3, float>(float*, int)"
+    assert baselines.kernel_base_name(name) == "at::native::conv_depthwise2d_forward_kernel"
+    assert KernelProfile(name).short_name == "conv_depthwise2d_forward_kernel"
