@@ -28,8 +28,8 @@ ANSWERS = {
                                  lambda: ["days100", "resnet"]),
     "07.extra": ("extra planes per block", lambda: 4 / 36),
     "08.per_weight": ("atomics per weight on lenet_c1", lambda: 10000 * 80 * 80),
-    "09_groups_dilation.macs": ("multiply-adds of {0}", lambda name: _wl(name).flops // 2),
-    "09_groups_dilation.window": ("window of {0}",
+    "09a_groups_dilation.macs": ("multiply-adds of {0}", lambda name: _wl(name).flops // 2),
+    "09a_groups_dilation.window": ("window of {0}",
                                   lambda name: _wl(name).dilation * (_wl(name).K - 1) + 1),
     "10.saved_bytes": ("bytes of the conv output moved by the three-kernel path on lenet_c1",
                        lambda: 4 * 4 * 10000 * 4 * 80 * 80),
@@ -40,8 +40,8 @@ TARGETS: dict[str, dict] = {
     "02": {"sectors per load request": 2.8, "sectors per store request": 4.0},
     # ex.COUNTER_SHAPE, chapter 3's conv2d_tiled_halo_multi_pass with TILE=8 and the mask in
     # constant memory: 0.608 bytes of global loads per multiply-add, 6.51 sectors per load request
-    "03": {"global load bytes per multiply-add": 0.61, "sectors per load request": 6.52},
-    # the register-tiled loop of exercise 5 on ex.counter_shape("05_register_tiles"): a thread's
+    "03a": {"global load bytes per multiply-add": 0.61, "sectors per load request": 6.52},
+    # the register-tiled loop of exercise 5.2 on ex.counter_shape("05_register_tiles"): a thread's
     # TM + TN shared loads per step feed its TM x TN multiply-adds, (4 + 8) / (4 * 8) = 0.375
     # (chapter 5's kernel loads float4s: 0.84 per multiply-add counted by instruction on
     # ex.COUNTER_SHAPE, where 4 maps fill an eighth of its 32-map tile)
@@ -49,7 +49,7 @@ TARGETS: dict[str, dict] = {
     # ex.COUNTER_VOLUME, chapter 7's conv3d_coarse with TX=1, TY=1, BY=4, ZC=4: 3.98 sectors per
     # load request (coalesced rows of a plane), no bank conflicts
     "07": {"sectors per load request": 3.98, "shared bank conflicts": 0},
-    # exercise 9: a warp's 32 consecutive floats (4 sectors); a tile's column with no conflict
-    "09.scale": {"sectors per load request": 4},
-    "09.colsum": {"shared bank conflicts": 0},
+    # exercise 3b.1: a warp's 32 consecutive floats (4 sectors); a tile's column with no conflict
+    "03b.scale": {"sectors per load request": 4},
+    "03b.colsum": {"shared bank conflicts": 0},
 }

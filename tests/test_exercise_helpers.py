@@ -284,7 +284,7 @@ def test_save_refuses_on_the_emulator(tmp_path, monkeypatch, capsys):
     assert math.isfinite(_rows()[0]["floor_frac"])
 
 
-# ---- check_general_kernel (exercise 9a): groups and dilation --------------------------------------
+# ---- check_general_kernel (exercise 9a.1): groups and dilation --------------------------------------
 
 def _general(mistake=None):
     """A launch(x, w, y, stride, pad, dilation, groups) through torch, right or with one mistake."""

@@ -1,4 +1,4 @@
-// Exercise 8's two ways to sum products into one element, with one mistake by MISTAKE:
+// Exercise 8.1's two ways to sum products into one element, with one mistake by MISTAKE:
 // 1 `+=` where atomicAdd belongs (threads of many blocks add into one element),
 // 2 the tree starts at s = THREADS (reads partial[128..255] of a 128-element array),
 // 3 the tree adds partial[tid + 1] (one past the end for the last thread).

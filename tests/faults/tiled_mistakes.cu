@@ -1,4 +1,4 @@
-// Exercise 3's tiled conv2d (extern __shared__ tile, halo included) with one mistake by MISTAKE:
+// Exercise 3a.1's tiled conv2d (extern __shared__ tile, halo included) with one mistake by MISTAKE:
 // 1 no barrier between loading the tile and reading it, 2 no barrier before the next channel's
 // load overwrites it, 3 the load loop covers TILE*TILE values instead of the whole in_w*in_w tile.
 #define TILE 8
