@@ -9,8 +9,8 @@ floor, through the book's harness (convlab.measure).
     CONVLAB_BACKEND=emu python benchmarks/depthwise_layers.py    # emulator: small twins, checks only
 
 Per layer and dtype (edit CONFIGS below to try others):
-- ours NCHW: general.conv2d_depthwise (kernels/09_general/conv2d_depthwise.cu, general.DEPTHWISE),
-  its default (what the drop-in general.conv2d runs on an NCHW x) by measure.run, and the tunables
+- ours NCHW: depthwise.conv2d_depthwise (kernels/09_general/conv2d_depthwise.cu, depthwise.DEPTHWISE),
+  its default (what the drop-in dropin.conv2d runs on an NCHW x) by measure.run, and the tunables
   of CONFIGS["nchw"] by measure.sweep;
 - ours NHWC: depthwise.conv2d_depthwise_nhwc (conv2d_depthwise_nhwc.cu, depthwise.DEPTHWISE_NHWC)
   on channels_last inputs, its default and CONFIGS["nhwc"] likewise;
@@ -40,7 +40,7 @@ if str(ROOT) not in sys.path:
 import convlab as cl  # noqa: E402
 from benchmarks import sweep_tables as st  # noqa: E402
 from convlab import measure, results, workloads  # noqa: E402
-from convlab.ops import depthwise, general  # noqa: E402
+from convlab.ops import depthwise  # noqa: E402
 
 # Tunables tried besides each launcher's default. Keys: the launchers' keywords.
 CONFIGS = {
@@ -51,7 +51,7 @@ CONFIGS = {
 }
 KEYS = ("vec", "OY", "OX", "BX", "BY", "BZ", "CB", "PB")
 IMPLS = {  # (layout, dtype) -> the Impl
-    ("nchw", "fp32"): general.DEPTHWISE, ("nchw", "fp16"): general.DEPTHWISE_FP16,
+    ("nchw", "fp32"): depthwise.DEPTHWISE, ("nchw", "fp16"): depthwise.DEPTHWISE_FP16,
     ("channels_last", "fp32"): depthwise.DEPTHWISE_NHWC, ("channels_last", "fp16"): depthwise.DEPTHWISE_NHWC_FP16,
 }
 CONFIGS_OF = {"nchw": CONFIGS["nchw"], "channels_last": CONFIGS["nhwc"]}

@@ -30,7 +30,7 @@ import torch  # noqa: E402
 import convlab as cl  # noqa: E402
 from convlab import measure, results, workloads  # noqa: E402
 from convlab.baselines import TORCH_BEST  # noqa: E402
-from convlab.ops import Impl, dispatch, general  # noqa: E402
+from convlab.ops import Impl, dispatch, dropin  # noqa: E402
 
 TRAIN = "ours: autograd (general.conv2d)"
 
@@ -38,12 +38,12 @@ TRAIN = "ours: autograd (general.conv2d)"
 def train(x, w, dy, *, stride=1, padding=0, dilation=1, groups=1):
     """forward, dX and dW of the drop-in through autograd: (y, dx, dw)."""
     xg, wg = x.detach().requires_grad_(), w.detach().requires_grad_()
-    y = general.conv2d(xg, wg, None, stride, padding, dilation, groups)
+    y = dropin.conv2d(xg, wg, None, stride, padding, dilation, groups)
     dx, dw = torch.autograd.grad(y, (xg, wg), dy)
     return y.detach(), dx, dw
 
 
-train.accumulation = dispatch.conv2d.accumulation     # its forward sums as pick()'s kernel does
+train.accumulation = dispatch.forward.accumulation     # its forward sums as pick()'s kernel does
 
 
 def impls(dtype: str, every: bool, backward: bool) -> list:
@@ -51,7 +51,7 @@ def impls(dtype: str, every: bool, backward: bool) -> list:
     if every:
         out = list(dispatch.implementations(dtype)) + out
     if backward:
-        out.append(Impl(TRAIN, train, "conv2d_train", any_layer=True))
+        out.append(Impl(TRAIN, train, "conv2d_train", any_layer=True, key="dropin_train"))
     return out
 
 

@@ -41,7 +41,7 @@ import torch.nn.functional as F  # noqa: E402
 
 import convlab as cl  # noqa: E402
 from convlab.bench import time_caller, time_gpu  # noqa: E402
-from convlab.ops import backprop, conv3d, fp16, fused, general, im2col, naive, tiled  # noqa: E402
+from convlab.ops import backprop, conv3d, dropin, fp16, fused, im2col, naive, tiled  # noqa: E402
 from convlab.workloads import Workload  # noqa: E402
 
 CALLS = 300          # calls per timed loop
@@ -70,8 +70,8 @@ def cases():
         ("ch8 conv2d_weight_grad_best", lambda: backprop.conv2d_weight_grad_best(x, dy, padding=1)),
         ("ch8 Conv2dFunction forward+backward",
          lambda: backprop.Conv2dFunction.apply(xg, wg, None, 1, 1).backward(dy)),
-        ("ch9 general.conv2d forward+backward",
-         lambda: general.conv2d(xg, wg, None, 1, 1).backward(dy)),
+        ("ch9 dropin.conv2d forward+backward",
+         lambda: dropin.conv2d(xg, wg, None, 1, 1).backward(dy)),
         ("torch F.conv2d", lambda: F.conv2d(x, w, padding=1)),
         ("torch F.conv2d forward+backward", lambda: F.conv2d(xg, wg, padding=1).backward(dy)),
     ]

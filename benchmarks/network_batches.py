@@ -38,7 +38,7 @@ import pandas as pd  # noqa: E402
 
 import convlab as cl  # noqa: E402
 from convlab import network, results  # noqa: E402
-from convlab.ops import network as ops  # noqa: E402
+from convlab.ops import layers as ops  # noqa: E402
 
 BATCHES = (1, 10, 100, 1000, 10_000)
 STEPS = 100             # LeNet-5 training steps timed (batch 64: about 4 epochs of the digits' training set)

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .ops import out_size
+from .workloads import Workload
 
 
 #: The emulator's time limit for a launch inside a check (cl.set_timeout overrides it): the checks'
@@ -65,46 +66,13 @@ class Verdict:
         pass  # the check already printed its verdict
 
 
-@dataclass(frozen=True)
-class Shape:
-    """One convolution to check: input (B, C, H, W), mask (M, C, K, K), stride, padding."""
-
-    B: int
-    C: int
-    M: int
-    H: int
-    W: int
-    K: int
-    stride: int = 1
-    pad: int = 0
-    why: str = ""
-    dilation: int = 1      # chapter 9a's layers: the mask's taps `dilation` apart,
-    groups: int = 1        # and the mask (M, C/groups, K, K)
-
-    @property
-    def span(self) -> int:
-        """How wide the mask's window is on the input: K taps `dilation` apart."""
-        return self.dilation * (self.K - 1) + 1
-
-    @property
-    def Ho(self) -> int:
-        return out_size(self.H, self.span, self.stride, self.pad)
-
-    @property
-    def Wo(self) -> int:
-        return out_size(self.W, self.span, self.stride, self.pad)
-
-    def __str__(self) -> str:
-        s = f"B={self.B} C={self.C} M={self.M} {self.H}×{self.W} K={self.K}"
-        if self.groups != 1:
-            s += f" groups={self.groups}"
-        if self.dilation != 1:
-            s += f" dilation={self.dilation}"
-        if self.stride != 1:
-            s += f" stride={self.stride}"
-        if self.pad:
-            s += f" pad={self.pad}"
-        return s
+def Shape(B: int, C: int, M: int, H: int, W: int, K: int, stride: int = 1, pad: int = 0, why: str = "",
+          dilation: int = 1, groups: int = 1) -> Workload:
+    """One convolution to check, as the course's one shape type: input (B, C, H, W), mask
+    (M, C/groups, K, K), stride, padding `pad`, dilation, groups; `why` (the Workload's note) says
+    which mistake the shape catches."""
+    return Workload("", B=B, C=C, M=M, H=H, W=W, K=K, stride=stride, padding=pad, note=why, dilation=dilation,
+                    groups=groups)
 
 
 #: Shapes that catch the usual mistakes: sizes no multiple of a block, C=1, B=1, odd and even K,
@@ -119,7 +87,7 @@ AWKWARD_SHAPES = [
 ]
 
 #: The shapes without padding (chapter 1's loop nest takes a stride but no padding).
-VALID_SHAPES = [s for s in AWKWARD_SHAPES if s.pad == 0]
+VALID_SHAPES = [s for s in AWKWARD_SHAPES if s.padding == 0]
 
 
 def _fmt(v: float) -> str:
@@ -476,7 +444,7 @@ def _conv2d_cases(run, shapes, *, fp16: str | None, locate):
     for shape in shapes:
         x = cl.randn(shape.B, shape.C, shape.H, shape.W)
         w = cl.randn(shape.M, shape.C, shape.K, shape.K)
-        ref = cl.ref.conv2d(x, w, stride=shape.stride, padding=shape.pad)
+        ref = cl.ref.conv2d(x, w, stride=shape.stride, padding=shape.padding)
         y = cl.empty(shape.B, shape.M, shape.Ho, shape.Wo, dtype=torch.float16 if fp16 else torch.float32)
         xk, wk = (x.half(), w.half()) if fp16 else (x, w)
         bound = None
@@ -486,9 +454,9 @@ def _conv2d_cases(run, shapes, *, fp16: str | None, locate):
             rtol, atol_rms = fp16_tolerance(shape.C, shape.K, fp16)
             bound = {"rtol": rtol, "atol": atol_rms * float(ref.double().pow(2).mean().sqrt())}
         where = (lambda index, shape=shape: locate(shape, index)) if locate is not None else None
-        yield _Case(str(shape), shape.why,
-                    lambda xk=xk, wk=wk, y=y, shape=shape: run(xk, wk, y, shape.stride, shape.pad),
-                    y, ref, bound=bound, inputs=(x, w, shape.stride, shape.pad), locate=where)
+        yield _Case(str(shape), shape.note,
+                    lambda xk=xk, wk=wk, y=y, shape=shape: run(xk, wk, y, shape.stride, shape.padding),
+                    y, ref, bound=bound, inputs=(x, w, shape.stride, shape.padding), locate=where)
 
 
 def _same_in_every_order(launch) -> bool:
@@ -541,9 +509,9 @@ def check_function(fn, shapes=None, *, name: str = "your function") -> Verdict:
     shapes = list(AWKWARD_SHAPES if shapes is None else shapes)
     for i, shape in enumerate(shapes):
         x, w = cl.randn(shape.B, shape.C, shape.H, shape.W), cl.randn(shape.M, shape.C, shape.K, shape.K)
-        ref = cl.ref.conv2d(x, w, stride=shape.stride, padding=shape.pad)
+        ref = cl.ref.conv2d(x, w, stride=shape.stride, padding=shape.padding)
         try:
-            y = fn(x.cpu().numpy(), w.cpu().numpy(), shape.stride, shape.pad)
+            y = fn(x.cpu().numpy(), w.cpu().numpy(), shape.stride, shape.padding)
         except Exception as e:  # noqa: BLE001
             text = _fault(fn, describe_error(e))
             return _say(False, text if text.startswith("not done") else f"✗ {shape}: {text}")
@@ -551,10 +519,10 @@ def check_function(fn, shapes=None, *, name: str = "your function") -> Verdict:
             todo = _todo_left(fn)
             return _say(False, f"not done yet: {todo} is still there" if todo else
                                f"✗ {name} returned None for {shape}: does it end with `return y`?")
-        ok, text = verdict(y, ref, inputs=(x, w, shape.stride, shape.pad))
+        ok, text = verdict(y, ref, inputs=(x, w, shape.stride, shape.padding))
         if not ok:
             before = f"\n  ({i} shape{'s' if i > 1 else ''} before it passed)" if i else ""
-            return _say(False, f"✗ {shape} ({shape.why}): {text}{before}")
+            return _say(False, f"✗ {shape} ({shape.note}): {text}{before}")
     return _say(True, f"✓ correct: {name} matches the fp64 reference on all {len(shapes)} shapes "
                       f"(awkward sizes, C=1, B=1, odd and even K, stride 2, padding)")
 
@@ -644,9 +612,9 @@ def check_dw(launch, shapes=None, *, name: str = "your kernel") -> Verdict:
             x, dy = cl.randn(s.B, s.C, s.H, s.W), cl.randn(s.B, s.M, s.Ho, s.Wo)
             w_shape = (s.M, s.C, s.K, s.K)
             dw = cl.empty(*w_shape)
-            yield _Case(str(s), s.why, lambda x=x, dy=dy, dw=dw, s=s: launch(x, dy, dw, s.stride, s.pad), dw,
-                        cl.ref.conv2d_weight_grad(x, w_shape, dy, stride=s.stride, padding=s.pad),
-                        mistakes=list(_weight_grad_mistakes(x, dy, w_shape, s.stride, s.pad)))
+            yield _Case(str(s), s.note, lambda x=x, dy=dy, dw=dw, s=s: launch(x, dy, dw, s.stride, s.padding), dw,
+                        cl.ref.conv2d_weight_grad(x, w_shape, dy, stride=s.stride, padding=s.padding),
+                        mistakes=list(_weight_grad_mistakes(x, dy, w_shape, s.stride, s.padding)))
 
     return _run_cases(launch, cases(), name=name, labels=("m", "c", "ky", "kx"),
                       nothing_hint={
@@ -711,7 +679,7 @@ def check_stage(launch, shapes=None, *, name: str = "your kernel") -> Verdict:
 COUNTER_SHAPE = Shape(1, 2, 4, 24, 40, 5, pad=2, why="the counters' shape")
 
 
-def _macs(shape: Shape) -> int:
+def _macs(shape: Workload) -> int:
     return shape.B * shape.M * shape.Ho * shape.Wo * shape.C * shape.K * shape.K
 
 
@@ -754,7 +722,7 @@ def _costliest_line(card) -> str:
     return f"\n  the line that moves the most: {text}" if text else ""
 
 
-def check_counters(launch, targets: dict, *, shape: Shape | None = None, result=None,
+def check_counters(launch, targets: dict, *, shape: Workload | None = None, result=None,
                    macs: int | None = None, name: str = "your kernel") -> Verdict:
     """Correct first, then the emulator's memory counters against targets {quantity: most allowed}
     (quantities: COUNTERS). With shape, launch(x, w, y, stride, pad) is a conv2d launch, run once
@@ -775,7 +743,7 @@ def check_counters(launch, targets: dict, *, shape: Shape | None = None, result=
     if shape is not None:
         x, w = cl.randn(shape.B, shape.C, shape.H, shape.W), cl.randn(shape.M, shape.C, shape.K, shape.K)
         y = cl.empty(shape.B, shape.M, shape.Ho, shape.Wo)
-        call = lambda: launch(x, w, y, shape.stride, shape.pad)  # noqa: E731
+        call = lambda: launch(x, w, y, shape.stride, shape.padding)  # noqa: E731
         macs = _macs(shape)
     else:
         call = launch
@@ -785,8 +753,8 @@ def check_counters(launch, targets: dict, *, shape: Shape | None = None, result=
         text = _fault(launch, describe_error(e))
         return _say(False, text if text.startswith("not done") else f"✗ {text}")
     if shape is not None:
-        ok, text = verdict(y, cl.ref.conv2d(x, w, stride=shape.stride, padding=shape.pad),
-                           inputs=(x, w, shape.stride, shape.pad))
+        ok, text = verdict(y, cl.ref.conv2d(x, w, stride=shape.stride, padding=shape.padding),
+                           inputs=(x, w, shape.stride, shape.padding))
     else:
         try:
             got, want = result()
@@ -826,13 +794,13 @@ GENERAL_SHAPES = [
 ]
 
 
-def _general_mistakes(x, w, s: Shape):
+def _general_mistakes(x, w, s: Workload):
     """(what, the output it gives) for the usual mistakes of groups and dilation, on the reference."""
     import torch.nn.functional as F
 
     x, w = x.detach().cpu().double(), w.detach().cpu().double()
     Cg = s.C // s.groups
-    kw = dict(stride=s.stride, padding=s.pad)
+    kw = dict(stride=s.stride, padding=s.padding)
     if s.dilation > 1:
         yield ("the dilation is missing from the input's index: tap p reads row h*stride - pad + p, but it "
                f"must be h*stride - pad + p*dilation (dilation={s.dilation})",
@@ -857,7 +825,7 @@ def check_general_kernel(launch, shapes=None, *, name: str = "your kernel") -> V
         for s in shapes:
             x, w = cl.randn(s.B, s.C, s.H, s.W), cl.randn(s.M, s.C // s.groups, s.K, s.K)
             y = cl.empty(s.B, s.M, s.Ho, s.Wo)
-            yield _Case(str(s), s.why, lambda x=x, w=w, y=y, s=s: launch(x, w, y, s.stride, s.pad, s.dilation,
+            yield _Case(str(s), s.note, lambda x=x, w=w, y=y, s=s: launch(x, w, y, s.stride, s.padding, s.dilation,
                                                                           s.groups),
                         y, _general_reference(x, w, s), mistakes=list(_general_mistakes(x, w, s)))
 
@@ -866,11 +834,11 @@ def check_general_kernel(launch, shapes=None, *, name: str = "your kernel") -> V
                              "dilated, with stride, padding and an even mask)")
 
 
-def _general_reference(x, w, s: Shape):
+def _general_reference(x, w, s: Workload):
     """torch's conv2d of layer s in fp64."""
     import torch.nn.functional as F
 
-    return F.conv2d(x.detach().cpu().double(), w.detach().cpu().double(), stride=s.stride, padding=s.pad,
+    return F.conv2d(x.detach().cpu().double(), w.detach().cpu().double(), stride=s.stride, padding=s.padding,
                     dilation=s.dilation, groups=s.groups)
 
 
@@ -1091,9 +1059,9 @@ def check_unroll(unroll) -> Verdict:
 
     for i, s in enumerate(AWKWARD_SHAPES):
         x = cl.randn(s.B, s.C, s.H, s.W)
-        want = F.unfold(x.cpu().double(), s.K, padding=s.pad, stride=s.stride)
+        want = F.unfold(x.cpu().double(), s.K, padding=s.padding, stride=s.stride)
         try:
-            got = checked_launch(lambda x=x, s=s: unroll(x, s.K, s.stride, s.pad))
+            got = checked_launch(lambda x=x, s=s: unroll(x, s.K, s.stride, s.padding))
         except Exception as e:  # noqa: BLE001 (a check must never stop the notebook)
             text = _fault(unroll, describe_error(e))
             return _say(False, text if text.startswith("not done") else f"✗ {s}: {text}")
@@ -1107,11 +1075,11 @@ def check_unroll(unroll) -> Verdict:
         b, r, p = (int(v) for v in (~torch.isclose(got.cpu().double(), want, rtol=1e-6, atol=1e-6)).nonzero()[0])
         c, ky, kx = r // (s.K * s.K), r % (s.K * s.K) // s.K, r % s.K
         oy, ox = p // s.Wo, p % s.Wo
-        iy, ix = oy * s.stride - s.pad + ky, ox * s.stride - s.pad + kx
+        iy, ix = oy * s.stride - s.padding + ky, ox * s.stride - s.padding + kx
         where = f"x[{b}][{c}][{iy}][{ix}]" if 0 <= iy < s.H and 0 <= ix < s.W else \
             f"0 (pixel ({iy}, {ix}) is in the padding)"
         before = f"\n  ({i} shape{'s' if i > 1 else ''} before it passed)" if i else ""
-        return _say(False, f"✗ {s} ({s.why}): U[{b}][row {r} = (c={c}, ky={ky}, kx={kx})][column {p} = "
+        return _say(False, f"✗ {s} ({s.note}): U[{b}][row {r} = (c={c}, ky={ky}, kx={kx})][column {p} = "
                            f"(oy={oy}, ox={ox})] should be {where} = {want[b, r, p].item():.6g}, got "
                            f"{got[b, r, p].item():.6g}\n  ({text}){before}")
     return _say(True, f"✓ correct: U matches torch's unfold on all {len(AWKWARD_SHAPES)} shapes "

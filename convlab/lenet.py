@@ -8,8 +8,9 @@
     r2 = lenet.train(theirs, data, epochs=3)
 
 The network: conv -> activation -> pool -> conv -> activation -> pool -> linear -> activation ->
-linear -> activation -> linear. Its two convolutions are convlab.ops.backprop.CourseConv2d (forward
-with chapter 5's best kernel, backward with chapter 8's dX and dW kernels) or torch's nn.Conv2d;
+linear -> activation -> linear. Its two convolutions are the drop-in convlab.ops.dropin.Conv2d (the
+kernels the dispatcher routes each pass to: convlab.ops.dispatch.forward_impl, dx_impl and dw_impl
+say which) or torch's nn.Conv2d;
 everything else (activations, pooling, linear layers, loss, optimiser) is torch in both, so any
 difference between the twins is the convolutions'. The tensors live where the active convlab
 backend puts them: on the GPU with the cuda backend, on the CPU with the emulator.
@@ -26,6 +27,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from .ops import dropin
 
 # (kernel size, padding) of the two convolutions, and the hidden widths, by input size
 ARCHITECTURES = {
@@ -44,7 +47,7 @@ def _device():
 class LeNet5(nn.Module):
     """LeNet-5 style: two (conv, activation, 2x2 pool) stages, then three linear layers.
 
-    conv="course" uses CourseConv2d (the course's kernels), conv="torch" uses nn.Conv2d.
+    conv="course" uses the drop-in Conv2d (the course's kernels), conv="torch" uses nn.Conv2d.
     image_size 8 (the digits) or 28 (Fashion-MNIST) picks the masks and padding (ARCHITECTURES).
     activation "tanh" (LeNet-5's) or "relu"; pool "max" or "avg" (LeNet-5 averaged). With torch's
     default initialisation, tanh trains the digits faster and more steadily (20 epochs of SGD at lr
@@ -54,8 +57,6 @@ class LeNet5(nn.Module):
     def __init__(self, conv: str = "course", image_size: int = 28, in_channels: int = 1, num_classes: int = 10,
                  channels=(6, 16), activation: str = "tanh", pool: str = "max"):
         super().__init__()
-        from convlab.ops.backprop import CourseConv2d
-
         if conv not in ("course", "torch"):
             raise ValueError(f"conv must be 'course' or 'torch', got {conv!r}")
         if image_size not in ARCHITECTURES:
@@ -64,7 +65,7 @@ class LeNet5(nn.Module):
             raise ValueError("activation must be 'relu' or 'tanh', pool 'max' or 'avg'")
         arch = ARCHITECTURES[image_size]
         (k1, p1), (k2, p2) = arch["convs"]
-        make = CourseConv2d if conv == "course" else nn.Conv2d
+        make = dropin.Conv2d if conv == "course" else nn.Conv2d
         self.conv_kind, self.image_size, self.activation, self.pool = conv, image_size, activation, pool
         self.conv1 = make(in_channels, channels[0], k1, stride=1, padding=p1)
         self.conv2 = make(channels[0], channels[1], k2, stride=1, padding=p2)

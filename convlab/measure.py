@@ -197,7 +197,7 @@ def run(impls, workloads, *, dtype: str = "fp32", layout: str = "nchw", torch_ba
                     continue
                 fn = call(impl, wl, t, impl.config(wl))
                 check_output(impl, wl, t, fn(), dtype)
-                rows.append(results.row(wl, impl.name, time_impl(fn, reps), pass_=p, dtype=dtype, layout=layout,
+                rows.append(results.row(wl, impl.name, time_impl(fn, reps), key=impl.key or None, pass_=p, dtype=dtype, layout=layout,
                                         roof=roof))
             del t
             _free()
@@ -232,7 +232,7 @@ def sweep(impl, wl, configs, *, dtype: str = "fp32", layout: str = "nchw", reps:
             print(f"{cfg}: cannot run ({str(e).splitlines()[0]})")
             continue
         check_output(impl, wl, t, out, dtype)
-        rows.append(results.row(wl, impl.name, time_impl(fn, reps), pass_=p, dtype=dtype, layout=layout, roof=roof))
+        rows.append(results.row(wl, impl.name, time_impl(fn, reps), key=impl.key or None, pass_=p, dtype=dtype, layout=layout, roof=roof))
         tunables.append(cfg)
     del t
     _free()

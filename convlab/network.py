@@ -16,7 +16,7 @@ The networks:
 - LENET5: LeNet-5 at 28x28: conv 1->6, 5x5, padding 2, tanh, 2x2 average pool, conv 6->16, 5x5,
   tanh, pool (5x5), then 400 -> 120 -> 84 -> 10 with tanh.
 
-Each conv stage runs as one kernel (conv + bias + activation + pooling, ops.network's fused kernel)
+Each conv stage runs as one kernel (conv + bias + activation + pooling, ops.layers' fused kernel)
 or, with fused=False, as chapter 5's pick() convolution then the epilogue kernels. The backward
 pass uses chapter 8's dX and dW kernels for the convolutions and this chapter's kernels for the
 rest; the optimiser's update is a kernel too.
@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 import torch
 import torch.nn.functional as F
 
-from .ops import network as ops
+from .ops import layers as ops
 from .ops import new_output
 
 
@@ -583,7 +583,7 @@ class TorchAtItsBest:
 
 def measure_stages(impls, workloads, *, act: str = "relu", pool: str = "max", reps: int = 20,
                    torch_too: bool = True):
-    """Check each conv-stage implementation (ops.network's Impl records) on each layer against the
+    """Check each conv-stage implementation (ops.layers' Impl records) on each layer against the
     fp64 stage on sampled images, then time it (measure.time_impl); torch's stage beside them,
     timed in this process with cudnn.benchmark on. Rows of convlab.results' schema (no roofline
     floor: a stage writes a pooled output, not the conv's). On the emulator: the small twins,

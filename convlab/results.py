@@ -11,13 +11,14 @@ import datetime as _dt
 import functools
 import math
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from . import book
 
 COLUMNS = [
-    "workload", "shape", "pass", "dtype", "impl", "kind", "layout",
+    "workload", "shape", "pass", "dtype", "impl", "key", "kind", "layout",
     "ms", "p25", "p75", "caller_ms", "wall_ms",
     "gflops", "gbs", "floor_ms", "floor_frac", "torch_kernels",
     "gpu", "torch", "cudnn", "tf32", "date",
@@ -26,6 +27,7 @@ COLUMNS = [
 # caller_ms: one call as a caller sees it on an idle GPU (events, nothing held: Python's work counts);
 # wall_ms: per call in a loop of back-to-back calls (wall clock, synchronised at the end).
 # kind: "ours", "torch" (one layout), "torch best" (the faster layout), "cpu" (chapter 1).
+# impl: the label figures show; key: the identity code joins on (an Impl's key, else key_of(label)).
 
 ELEMENT_BYTES = {"fp32": 4, "fp16": 2, "fp64": 8}
 PASSES = ("forward", "dX", "dW", "forward+dX+dW")
@@ -63,10 +65,17 @@ def device_label() -> str:
     return cl.device().name
 
 
-def row(workload, impl: str, timing, *, kind: str = "ours", pass_: str = "forward", dtype: str = "fp32",
-        layout: str = "nchw", roof=None, device: str | None = None, tf32: str | None = None,
+def key_of(label: str) -> str:
+    """The key of a row that is no Impl's (torch's rows, derived rows): its label in lower case,
+    each run of other characters than letters and digits one '_' ("torch (NCHW)" -> "torch_nchw")."""
+    return re.sub(r"[^a-z0-9]+", "_", label.lower()).strip("_")
+
+
+def row(workload, impl: str, timing, *, key: str | None = None, kind: str = "ours", pass_: str = "forward",
+        dtype: str = "fp32", layout: str = "nchw", roof=None, device: str | None = None, tf32: str | None = None,
         torch_kernels: str = "", **overrides) -> dict:
-    """One result. workload: a convlab.workloads.Workload; timing: anything with .ms/.p25/.p75 and,
+    """One result. impl: the label; key: the Impl's key (key_of(impl) when left out).
+    workload: a convlab.workloads.Workload; timing: anything with .ms/.p25/.p75 and,
     optionally, .caller_ms/.wall_ms (Measured, cl.bench's Timing, baselines.CpuTiming); roof: a
     roofline.Roofline for the floor (GPU rows); device: what ran it (the active device by default);
     overrides: columns to set by hand (cudnn="n/a (CPU)" for CPU timings)."""
@@ -81,6 +90,7 @@ def row(workload, impl: str, timing, *, kind: str = "ours", pass_: str = "forwar
         "pass": pass_,
         "dtype": dtype,
         "impl": impl,
+        "key": key or key_of(impl),
         "kind": kind,
         "layout": {"nchw": "NCHW", "channels_last": "channels_last"}.get(layout, layout),
         "ms": ms,

@@ -53,6 +53,10 @@ class Workload:
     stride_w: int | None = None
     padding_w: int | None = None
     dilation_w: int | None = None
+    #: padding at the bottom and right where it differs from the top and left (torch's 'same'
+    #: with an even mask pads one more at the end); None: the same as padding, padding_w
+    padding_end: int | None = None
+    padding_w_end: int | None = None
 
     def __post_init__(self):
         # (height, width) pairs split into the height field and its _w twin; None widths = heights
@@ -66,6 +70,9 @@ class Workload:
                 object.__setattr__(self, w, vw)
             elif getattr(self, w) is None:
                 object.__setattr__(self, w, v)
+        for end, start in (("padding_end", "padding"), ("padding_w_end", "padding_w")):
+            if getattr(self, end) is None:
+                object.__setattr__(self, end, getattr(self, start))
         if self.D is not None and not self.plain:
             raise ValueError(f"{self.name}: a 3D workload has a cubic mask, one stride and padding, no groups")
         if self.groups < 1 or self.C % self.groups or self.M % self.groups:
@@ -96,7 +103,13 @@ class Workload:
         """One group, no dilation, a square mask, one stride and one padding for both axes: the
         layers of chapters 1-8, which their kernels take."""
         return (self.groups == 1 and self.dilation == self.dilation_w == 1 and self.K == self.Kw
-                and self.stride == self.stride_w and self.padding == self.padding_w)
+                and self.stride == self.stride_w and self.padding == self.padding_w and self.symmetric)
+
+    @property
+    def symmetric(self) -> bool:
+        """As much padding at the bottom and right as at the top and left (what torch's int and pair
+        forms of padding give, and what conv_kwargs() can say)."""
+        return self.padding_end == self.padding and self.padding_w_end == self.padding_w
 
     @property
     def family(self) -> str:
@@ -108,8 +121,9 @@ class Workload:
         return "nonsquare" if self.K != self.Kw else "standard"
 
     @staticmethod
-    def _out(n: int, K: int, stride: int, padding: int, dilation: int = 1) -> int:
-        return (n + 2 * padding - dilation * (K - 1) - 1) // stride + 1
+    def _out(n: int, K: int, stride: int, padding: int, dilation: int = 1, padding_end: int | None = None) -> int:
+        end = padding if padding_end is None else padding_end
+        return (n + padding + end - dilation * (K - 1) - 1) // stride + 1
 
     @property
     def Do(self) -> int | None:
@@ -117,11 +131,11 @@ class Workload:
 
     @property
     def Ho(self) -> int:
-        return self._out(self.H, self.K, self.stride, self.padding, self.dilation)
+        return self._out(self.H, self.K, self.stride, self.padding, self.dilation, self.padding_end)
 
     @property
     def Wo(self) -> int:
-        return self._out(self.W, self.Kw, self.stride_w, self.padding_w, self.dilation_w)
+        return self._out(self.W, self.Kw, self.stride_w, self.padding_w, self.dilation_w, self.padding_w_end)
 
     @property
     def kernel_size(self):
@@ -136,6 +150,11 @@ class Workload:
             return h if h == w else (h, w)
 
         kw = {"stride": one(self.stride, self.stride_w), "padding": one(self.padding, self.padding_w)}
+        if not self.symmetric:       # only torch's 'same' pads more at the end than at the start
+            if (self.stride, self.stride_w, self.Ho, self.Wo) != (1, 1, self.H, self.W):
+                raise ValueError(f"{self}: padding {self.padding}/{self.padding_end} (top/bottom), "
+                                 f"{self.padding_w}/{self.padding_w_end} (left/right) is no torch argument")
+            kw["padding"] = "same"
         if (self.dilation, self.dilation_w) != (1, 1):
             kw["dilation"] = one(self.dilation, self.dilation_w)
         if self.groups != 1:
@@ -207,8 +226,10 @@ class Workload:
         extra = []
         if (self.stride, self.stride_w) != (1, 1):
             extra.append(f"stride {one(self.stride, self.stride_w)}")
-        if (self.padding, self.padding_w) != (0, 0):
+        if (self.padding, self.padding_w) != (0, 0) or not self.symmetric:
             extra.append(f"pad {one(self.padding, self.padding_w)}")
+        if not self.symmetric:
+            extra.append(f"pad at the end {one(self.padding_end, self.padding_w_end)}")
         if (self.dilation, self.dilation_w) != (1, 1):
             extra.append(f"dilation {one(self.dilation, self.dilation_w)}")
         if self.groups != 1:
@@ -265,7 +286,7 @@ class Workload:
         )
 
     def __str__(self) -> str:
-        return f"{self.name}: {self.shape_text}"
+        return f"{self.name}: {self.shape_text}" if self.name else self.shape_text
 
 
 WORKLOADS: dict[str, Workload] = {

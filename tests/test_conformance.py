@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 import convlab as cl
-from convlab.ops import dispatch, general
+from convlab.ops import dispatch, dropin
 from convlab.ops.fp16 import check_fp16
 
 OP = "nn.functional.conv2d"
@@ -46,10 +46,10 @@ def _run(sample, dtype) -> list[str]:
     x = sample.input
     w, b = sample.args[0], sample.args[1] if len(sample.args) > 1 else sample.kwargs.get("bias")
     kw = {k: v for k, v in sample.kwargs.items() if k != "bias"}
-    reason = general.kernel_fallback_reason(x, w, b, **kw)
+    reason = dropin.kernel_fallback_reason(x, w, b, **kw)
     assert reason is None, f"handed to torch ({reason}), not run on the kernels"
 
-    y = general.conv2d(x, w, b, **kw)
+    y = dropin.conv2d(x, w, b, **kw)
     leaves = [t.detach().double().requires_grad_() for t in (x, w) + ((b,) if b is not None else ())]
     ref = F.conv2d(leaves[0], leaves[1], leaves[2] if b is not None else None, **kw)
     Cg, Kh, Kw = w.shape[1:]
@@ -89,7 +89,7 @@ def _run_gradgrad(sample) -> None:
         return torch.autograd.grad(loss, leaves, allow_unused=True)
 
     names = ["d/dx", "d/dw"] + (["d/dbias"] if b is not None else []) + ["d/ddy"]
-    for name, o, r in zip(names, second(general.conv2d, torch.float32), second(F.conv2d, torch.float64)):
+    for name, o, r in zip(names, second(dropin.conv2d, torch.float32), second(F.conv2d, torch.float64)):
         if r is None:
             assert o is None or not o.any(), name
         else:

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import convlab as cl
-from convlab.ops import depthwise, general
+from convlab.ops import depthwise, shapes
 from convlab.ops.fp16 import check_fp16
 
 DTYPES = [torch.float32, torch.float16]
@@ -43,7 +43,7 @@ def test_depthwise_nhwc(shape, dtype):
     kw = dict(stride=st, padding=pad, dilation=dil, groups=C)
     x = cl.randn(B, C, H, W, dtype=dtype).to(memory_format=torch.channels_last)
     w, b = cl.randn(C, 1, *K, dtype=dtype), cl.randn(C, dtype=dtype)
-    g = general.geometry(x.shape, w.shape, **kw)
+    g = shapes.layer(x.shape, w.shape, **kw)
     assert depthwise.nhwc_applies(g)
     ref = F.conv2d(x.double().cpu(), w.double().cpu(), b.double().cpu(), **kw)
     n = w[0].numel() + 1

@@ -12,18 +12,18 @@ import torch.nn.functional as F
 
 import convlab as cl
 from convlab import workloads
-from convlab.ops import dispatch, fp16
+from convlab.ops import depthwise, dispatch, dropin, fp16, general, igemm
 from convlab.workloads import Workload
 
 
 @pytest.mark.parametrize("dtype", list(dispatch.RULES))
 def test_every_rule_names_a_registered_kernel_and_the_last_takes_any_layer(dtype):
-    names = {i.name for i in dispatch.implementations(dtype)}
+    keys = {i.key for i in dispatch.implementations(dtype)}
     for rule in dispatch.RULES[dtype]:
-        assert rule.kernel in names, f"{dtype} rule {rule.condition!r} names {rule.kernel!r}, not a kernel of SOURCES"
-        assert rule.kernel in dispatch.dispatch_rule(dtype)
+        assert rule.kernel in keys, f"{dtype} rule {rule.condition!r} names {rule.kernel!r}, not a registered candidate"
+        assert dispatch.by_key(rule.kernel).name in dispatch.dispatch_rule(dtype)
     last = dispatch.RULES[dtype][-1]
-    kernel = next(i for i in dispatch.implementations(dtype) if i.name == last.kernel)
+    kernel = dispatch.by_key(last.kernel)
     for wl in [*workloads.WORKLOADS_2D, *workloads.LAYERS]:
         assert last.holds(wl) and kernel.takes(wl), f"the last {dtype} rule must take {wl}"
 
@@ -88,53 +88,41 @@ def test_picked_kernels_on_random_layers_match_the_reference(seed):
             ref0 = F.conv2d(x.double().cpu(), w.double().cpu(), **kw)
             with cl.debug():            # outputs poisoned with NaN: one never written cannot pass
                 y = impl(x, w, **kw, **impl.config(wl))                        # the kernel pick() names
-                y_dropin = dispatch.conv2d(x, w, bias=b, **kw)                  # the drop-in's route to it
+                y_dropin = dispatch.forward(x, w, bias=b, **kw)                  # the drop-in's route to it
             if dtype == "fp32":
                 cl.check(y, ref0, name=name)
-                cl.check(y_dropin, ref, name="dispatch.conv2d: " + name)
+                cl.check(y_dropin, ref, name="dispatch.forward: " + name)
             else:
                 acc = fp16.accumulation(impl)
                 assert dispatch.forward_accumulation(wl.x_shape, wl.w_shape, **kw) == acc
                 fp16.check_fp16(y, ref0, C=wl.reduction, K=1, accumulate=acc, rounded_inputs=True, name=name)
                 dispatch.check_fp16_forward(y_dropin, ref, wl.x_shape, wl.w_shape, b, **kw,
-                                            name="dispatch.conv2d: " + name)
+                                            name="dispatch.forward: " + name)
 
 
-def test_the_drop_in_routes_through_pick(monkeypatch):
-    """general.conv2d_forward (the drop-in's forward) runs the kernel pick() names."""
-    from convlab.ops import general
-
+def test_the_drop_in_routes_through_pick():
+    """dispatch.forward (the drop-in's forward) runs the kernel pick() names, and gives its result."""
     wl = Workload("t", B=2, C=4, M=4, H=9, W=8, K=3, padding=1, groups=4)
-    ran = []
-    impl = dispatch.pick(wl, "fp32")
-    monkeypatch.setattr(dispatch, "_route", lambda g, dtype, nhwc=False: (lambda *a, **k: ran.append(k)
-                                                                           or impl(*a, **k),
-                                                              wl.conv_kwargs(), True))
     x, w = cl.randn(*wl.x_shape), cl.randn(*wl.w_shape)
-    cl.check(general.conv2d_forward(x, w, padding=1, groups=4), F.conv2d(x, w, padding=1, groups=4))
-    assert ran and ran[0]["groups"] == 4
+    assert dispatch.forward_impl(x, w, padding=1, groups=4) is dispatch.pick(wl, "fp32") is depthwise.DEPTHWISE
+    cl.check(dispatch.forward(x, w, padding=1, groups=4), F.conv2d(x, w, padding=1, groups=4))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_a_channels_last_depthwise_layer_runs_the_nhwc_kernel_and_keeps_its_layout(dtype, monkeypatch):
-    from convlab.ops import depthwise
-
-    ran = []
-    real = depthwise.conv2d_depthwise_nhwc
-    monkeypatch.setattr(depthwise, "conv2d_depthwise_nhwc", lambda *a, **k: ran.append(1) or real(*a, **k))
-    dispatch._route.cache_clear()
+def test_a_channels_last_depthwise_layer_runs_the_nhwc_kernel_and_keeps_its_layout(dtype):
     x = cl.randn(2, 8, 9, 7, dtype=dtype).to(memory_format=torch.channels_last)
     w, b = cl.randn(8, 1, 3, 3, dtype=dtype), cl.randn(8, dtype=dtype)
+    kw = dict(stride=(2, 1), padding=1, groups=8)
+    assert dispatch.forward_impl(x, w, b, **kw).launcher is depthwise.conv2d_depthwise_nhwc, \
+        "a channels_last depthwise input must run depthwise.conv2d_depthwise_nhwc"
     with cl.debug():
-        y = dispatch.conv2d(x, w, stride=(2, 1), padding=1, groups=8, bias=b)
-    dispatch._route.cache_clear()
-    assert ran, "a channels_last depthwise input must run depthwise.conv2d_depthwise_nhwc"
+        y = dispatch.forward(x, w, bias=b, **kw)
     assert y.is_contiguous(memory_format=torch.channels_last), "the result keeps x's layout, as torch's"
-    ref = F.conv2d(x.double().cpu(), w.double().cpu(), b.double().cpu(), stride=(2, 1), padding=1, groups=8)
+    ref = F.conv2d(x.double().cpu(), w.double().cpu(), b.double().cpu(), **kw)
     if dtype == torch.float32:
         cl.check(y, ref)
     else:
-        dispatch.check_fp16_forward(y, ref, x.shape, w.shape, b, stride=(2, 1), padding=1, groups=8)
+        dispatch.check_fp16_forward(y, ref, x.shape, w.shape, b, **kw)
 
 
 @pytest.mark.parametrize("layout", [torch.contiguous_format, torch.channels_last])
@@ -152,28 +140,22 @@ def test_the_mma_route_takes_either_layout_and_returns_torchs(layout):
         w, b = cl.randn(*shape.w_shape, dtype=torch.float16), cl.randn(shape.M, dtype=torch.float16)
         kw = shape.conv_kwargs()
         with cl.debug():
-            y = dispatch.conv2d(x, w, bias=b, **kw)
+            y = dispatch.forward(x, w, bias=b, **kw)
         assert y.is_contiguous(memory_format=layout)
         ref = F.conv2d(x.double().cpu(), w.double().cpu(), b.double().cpu(), **kw)
         dispatch.check_fp16_forward(y, ref, x.shape, w.shape, b, **kw)
 
 
-def test_the_drop_ins_dx_runs_the_fp32_implicit_gemm_where_pick_gives_it_the_dx_convolution(monkeypatch):
-    from convlab.ops import general, igemm
-
-    ran = []
-    real = igemm.conv2d_igemm_f32_dx
-    monkeypatch.setattr(igemm, "conv2d_igemm_f32_dx", lambda *a, **k: ran.append(1) or real(*a, **k))
+def test_the_drop_ins_dx_runs_the_fp32_implicit_gemm_where_pick_gives_it_the_dx_convolution():
     x = cl.randn(2, 12, 6, 5).requires_grad_()
     w = cl.randn(16, 12, 3, 3)
-    y = general.conv2d(x, w, padding=1)
+    y = dropin.conv2d(x, w, padding=1)
     dy = cl.randn(*y.shape)
+    assert dispatch.dx_impl(dy, w, padding=1, input_size=(6, 5)) is igemm.IGEMM_F32_DX, \
+        "a stride-1 fp32 layer of 12 channels: dX by igemm.conv2d_igemm_f32_dx"
     (dx,) = torch.autograd.grad(y, x, dy)
-    assert ran, "a stride-1 fp32 layer of 12 channels: dX by igemm.conv2d_igemm_f32_dx"
     xd = x.detach().double().cpu().requires_grad_()
     (ref,) = torch.autograd.grad(F.conv2d(xd, w.double().cpu(), padding=1), xd, dy.double().cpu())
     cl.check(dx, ref, name="dx")
-    ran.clear()
-    xs = cl.randn(2, 1, 6, 5).requires_grad_()           # one channel: dX's 1 map is chapter 8's
-    torch.autograd.grad(general.conv2d(xs, cl.randn(4, 1, 3, 3), padding=1), xs, cl.randn(2, 4, 6, 5))
-    assert not ran
+    # one channel: dX's one map is chapter 8's gather
+    assert dispatch.dx_impl(cl.randn(2, 4, 6, 5), cl.randn(4, 1, 3, 3), padding=1, input_size=(6, 5)).key == "dx_gather"

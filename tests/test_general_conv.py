@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import convlab as cl
-from convlab.ops import dispatch, general
+from convlab.ops import depthwise, dispatch, dropin, general, shapes
 from convlab.ops.fp16 import check_fp16
 
 DTYPES = [torch.float32, torch.float16]
@@ -87,21 +87,21 @@ DEPTHWISE = [s for s in SHAPES if s[10] == s[1]] + [
 def test_depthwise_kernel(shape, dtype):
     x, w, b, kw = _tensors(shape, dtype)
     ref = F.conv2d(x.double().cpu(), w.double().cpu(), b.double().cpu(), **kw)
-    g = general.geometry(x.shape, w.shape, **kw)
-    assert general.depthwise_applies(g)
-    assert general.depthwise_vec(g, x) == (16 // x.element_size() if g.W % 8 == 0 else 1)
+    g = shapes.layer(x.shape, w.shape, **kw)
+    assert depthwise.depthwise_applies(g)
+    assert depthwise.depthwise_vec(g, x) == (16 // x.element_size() if g.W % 8 == 0 else 1)
     n = w[0].numel() + 1
-    y = general.conv2d_depthwise(x, w, cl.empty(*ref.shape, dtype=dtype), bias=b, **kw)
+    y = depthwise.conv2d_depthwise(x, w, cl.empty(*ref.shape, dtype=dtype), bias=b, **kw)
     _check(y, ref, dtype, n, "y")
     # other blocks (blockDim, no new compile): many per plane, strips cut by the bottom edge, and
     # 4 planes a block (the last block's partly past the planes); one plane a block
-    y = general.conv2d_depthwise(x, w, cl.empty(*ref.shape, dtype=dtype), bias=b, BX=4, BY=2, BZ=4, **kw)
+    y = depthwise.conv2d_depthwise(x, w, cl.empty(*ref.shape, dtype=dtype), bias=b, BX=4, BY=2, BZ=4, **kw)
     _check(y, ref, dtype, n, "y (BX=4, BY=2, BZ=4)")
-    y = general.conv2d_depthwise(x, w, cl.empty(*ref.shape, dtype=dtype), bias=b, BZ=1, **kw)
+    y = depthwise.conv2d_depthwise(x, w, cl.empty(*ref.shape, dtype=dtype), bias=b, BZ=1, **kw)
     _check(y, ref, dtype, n, "y (BZ=1)")
-    y = general.conv2d_depthwise(x, w, cl.empty(*ref.shape, dtype=dtype), bias=b, BX=5, BY=3, vec=1, **kw)
+    y = depthwise.conv2d_depthwise(x, w, cl.empty(*ref.shape, dtype=dtype), bias=b, BX=5, BY=3, vec=1, **kw)
     _check(y, ref, dtype, n, "y (BX=5, BY=3, one element per load)")
-    y = general.conv2d_depthwise(x, w, cl.empty(*ref.shape, dtype=dtype), **kw)
+    y = depthwise.conv2d_depthwise(x, w, cl.empty(*ref.shape, dtype=dtype), **kw)
     _check(y, F.conv2d(x.double().cpu(), w.double().cpu(), None, **kw), dtype, n, "y (no bias)")
 
 
@@ -109,15 +109,16 @@ def test_implementation_records():
     """Each Impl runs through its record, and says which of the course's workloads it takes."""
     from convlab import workloads
 
-    ops = {impl.op for impl in general.IMPLEMENTATIONS}
+    records = general.IMPLEMENTATIONS + depthwise.IMPLEMENTATIONS
+    ops = {impl.op for impl in records}
     assert ops == {"conv2d", "conv2d_fp16", "conv2d_dx", "conv2d_dw"}
     lenet_c1, resnet = workloads.get("lenet_c1"), workloads.get("resnet")
-    for impl in general.IMPLEMENTATIONS:
-        assert impl.applies(resnet) == ("depthwise" not in impl.name)
-        assert impl.applies(lenet_c1)                  # C=1: a depthwise layer too
+    for impl in records:
+        assert impl.applies(resnet) == ("depthwise" not in impl.key)
+        assert impl.applies(lenet_c1) == ("nhwc" not in impl.key)   # C=1: a depthwise layer too (NHWC: M = C too)
         assert impl.config(resnet) == {}
     x, w = cl.randn(2, 1, 9, 9), cl.randn(3, 1, 3, 3)
-    for impl in general.IMPLEMENTATIONS[:3:2]:
+    for impl in (general.GENERAL, depthwise.DEPTHWISE):
         cl.check(impl(x, w, padding=1), F.conv2d(x, w, padding=1), name=impl.name)
 
 
@@ -133,12 +134,12 @@ def test_implementation_records():
 ], ids=lambda c: str(c) if isinstance(c, tuple) else None)
 def test_input_grad_of_depthwise_layers(case, dtype):
     """dx of a stride-1 depthwise layer runs the depthwise forward on the flipped mask; the rest the gather."""
-    x_shape, w_shape, kw, depthwise = case
-    g = general.geometry(x_shape, w_shape, **kw)
-    assert (general.depthwise_dx_padding(g) is not None) == depthwise
+    x_shape, w_shape, kw, flipped = case
+    g = shapes.layer(x_shape, w_shape, **kw)
+    assert (depthwise.depthwise_dx_padding(g) is not None) == flipped
     w = cl.randn(*w_shape, dtype=dtype)
     dy = cl.randn(x_shape[0], w_shape[0], g.Ho, g.Wo, dtype=dtype)
-    dx = general.conv2d_input_grad(dy, w, cl.empty(*x_shape, dtype=dtype), input_size=x_shape[-2:], **kw)
+    dx = dispatch.input_grad(dy, w, cl.empty(*x_shape, dtype=dtype), input_size=x_shape[-2:], **kw)
     x64 = torch.randn(x_shape, dtype=torch.float64, requires_grad=True)
     (ref,) = torch.autograd.grad(F.conv2d(x64, w.double().cpu(), **kw), x64, dy.double().cpu())
     _check(dx, ref, dtype, w_shape[0] // kw["groups"] * w[0].numel(), "dx")
@@ -146,9 +147,9 @@ def test_input_grad_of_depthwise_layers(case, dtype):
 
 def test_forward_dispatch():
     """The drop-in's forward takes the depthwise kernel for groups == C, the general one otherwise."""
-    assert general.depthwise_applies(general.geometry((2, 8, 9, 9), (16, 1, 7, 7), padding=3, groups=8))
-    assert not general.depthwise_applies(general.geometry((2, 8, 9, 9), (8, 2, 3, 3), groups=4))
-    assert not general.depthwise_applies(general.geometry((2, 8, 19, 19), (8, 1, 9, 9), groups=8))   # 81 taps
+    assert depthwise.depthwise_applies(shapes.layer((2, 8, 9, 9), (16, 1, 7, 7), padding=3, groups=8))
+    assert not depthwise.depthwise_applies(shapes.layer((2, 8, 9, 9), (8, 2, 3, 3), groups=4))
+    assert not depthwise.depthwise_applies(shapes.layer((2, 8, 19, 19), (8, 1, 9, 9), groups=8))   # 81 taps
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "fp16"])
@@ -156,7 +157,7 @@ def test_conv2d_autograd_unbatched_and_without_bias(dtype):
     x, w, _, kw = _tensors(SHAPES[0], dtype)
     x = x[0].clone().requires_grad_()             # (C, H, W)
     w.requires_grad_()
-    y = general.conv2d(x, w, None, **kw)
+    y = dropin.conv2d(x, w, None, **kw)
     xd, wd = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
     ref = F.conv2d(xd, wd, None, **kw)
     assert y.shape == ref.shape and y.dtype == dtype
@@ -185,7 +186,7 @@ def test_second_derivatives(shape):
         loss = (gx * vx.to(dtype)).sum() + (gw * vw.to(dtype)).sum() + (gb * vb.to(dtype)).sum()
         return torch.autograd.grad(loss, leaves, allow_unused=True)
 
-    ours, ref = second(general.conv2d, torch.float32), second(F.conv2d, torch.float64)
+    ours, ref = second(dropin.conv2d, torch.float32), second(F.conv2d, torch.float64)
     for name, o, r in zip(("d/dx", "d/dw", "d/dbias", "d/ddy"), ours, ref):
         if r is None:
             assert o is None or not o.any(), name      # bias enters the gradients only through dy
@@ -200,7 +201,7 @@ def test_conv2d_module_is_nn_conv2d():
     for mode in ("zeros", "reflect", "circular"):
         theirs = torch.nn.Conv2d(4, 6, (3, 2), stride=(1, 2), padding=(1, 1), dilation=(2, 1), groups=2,
                                  padding_mode=mode).to(cl.device().torch_device)
-        ours = general.Conv2d.from_torch(theirs)
+        ours = dropin.Conv2d.from_torch(theirs)
         assert isinstance(ours, torch.nn.Conv2d) and ours.state_dict().keys() == theirs.state_dict().keys()
         x = cl.randn(2, 4, 9, 8).requires_grad_()
         y, ref = ours(x), theirs(x)
@@ -214,10 +215,10 @@ def test_conv2d_module_is_nn_conv2d():
 def test_inputs_the_kernels_do_not_take_get_torchs_result():
     """float64, mixed with nothing else, and a zero-size batch: torch computes, bit for bit."""
     x, w, b = cl.randn(2, 4, 7, 7, dtype=torch.float64), cl.randn(6, 2, 3, 3, dtype=torch.float64), None
-    assert general.kernel_fallback_reason(x, w, b, groups=2) is not None
-    assert torch.equal(general.conv2d(x, w, b, groups=2), F.conv2d(x, w, b, groups=2))
+    assert dropin.kernel_fallback_reason(x, w, b, groups=2) is not None
+    assert torch.equal(dropin.conv2d(x, w, b, groups=2), F.conv2d(x, w, b, groups=2))
     x0, w0 = cl.randn(0, 4, 7, 7), cl.randn(6, 4, 3, 3)
-    y0 = general.conv2d(x0, w0, padding=1)
+    y0 = dropin.conv2d(x0, w0, padding=1)
     assert y0.shape == F.conv2d(x0, w0, padding=1).shape == (0, 6, 7, 7)
 
 
@@ -243,16 +244,16 @@ def test_invalid_arguments_raise_torchs_error(case):
     b = cl.randn(*case.pop("bias_shape", (6,)), dtype=case.pop("bias_dtype", torch.float32))
     want = _torch_error(F.conv2d, x, w, b, **case)
     assert want is not None, f"torch takes {case}: not an invalid case"
-    assert _torch_error(general.conv2d, x, w, b, **case) == want
+    assert _torch_error(dropin.conv2d, x, w, b, **case) == want
 
 
 def test_equal_arguments_of_other_types_get_torchs_answer():
     """padding=1 runs; 1.0 and (1.0, 1) equal it and hash alike, but torch rejects them."""
     x, w = cl.randn(2, 4, 7, 7), cl.randn(6, 4, 3, 3)
-    cl.check(general.conv2d(x, w, padding=1), F.conv2d(x, w, padding=1))
+    cl.check(dropin.conv2d(x, w, padding=1), F.conv2d(x, w, padding=1))
     for bad in (1.0, (1.0, 1)):
         want = _torch_error(F.conv2d, x, w, padding=bad)
-        assert want is not None and _torch_error(general.conv2d, x, w, padding=bad) == want
+        assert want is not None and _torch_error(dropin.conv2d, x, w, padding=bad) == want
 
 
 def test_launchers_reject_what_they_cannot_take():
@@ -289,10 +290,10 @@ def test_launchers_respect_the_launch_limits(record_launches, shape):
     B, C, H, W, M, Kh, Kw, st, pad, dil, g = shape
     kw = dict(stride=st, padding=pad, dilation=dil, groups=g)
     x, w = torch.empty(B, C, H, W, device="meta"), torch.empty(M, C // g, Kh, Kw, device="meta")
-    geo = general.geometry(x.shape, w.shape, **kw)
+    geo = shapes.layer(x.shape, w.shape, **kw)
     dy = torch.empty(B, M, geo.Ho, geo.Wo, device="meta")
     launches = record_launches()
-    calls = [lambda: general.conv2d_general(x, w, **kw), lambda: general.conv2d_forward(x, w, **kw),
+    calls = [lambda: general.conv2d_general(x, w, **kw), lambda: dispatch.forward(x, w, **kw),
              lambda: general.conv2d_general_dx(dy, w, input_size=(H, W), **kw),
              lambda: general.conv2d_general_dw(x, dy, kernel_size=(Kh, Kw), **kw)]
     for call in calls:
@@ -301,9 +302,9 @@ def test_launchers_respect_the_launch_limits(record_launches, shape):
         assert launches
         for kname, grid, block, shared, _ in launches:
             check_launch(kname, grid, block, shared)       # raises cl.LaunchError past a limit
-    if general.depthwise_applies(geo):
+    if depthwise.depthwise_applies(geo):
         launches.clear()
-        general.conv2d_depthwise(x, w, **kw)
+        depthwise.conv2d_depthwise(x, w, **kw)
         blocks = [(grid[2], block[2]) for _, grid, block, _, _ in launches]   # gridDim.z <= 65,535 per launch
         covered = sum(gz * bz for gz, bz in blocks)
         assert B * M <= covered < B * M + blocks[-1][1], f"{covered} plane slots for {B * M} planes"
@@ -320,6 +321,6 @@ def test_no_race_under_other_thread_orders(what):
         launch = lambda: general.conv2d_general_dw(x, dy, out, kernel_size=w.shape[-2:], splits=2, **kw)  # noqa: E731
     else:
         out = cl.empty(*F.conv2d(x, w, **kw).shape)
-        launch = lambda: general.conv2d_depthwise(x, w, out, bias=b, BX=4, BY=2, BZ=2, **kw)  # noqa: E731
+        launch = lambda: depthwise.conv2d_depthwise(x, w, out, bias=b, BX=4, BY=2, BZ=2, **kw)  # noqa: E731
     problem = cl.find_race(launch, out)
     assert problem is None, problem

@@ -26,7 +26,7 @@ def _ascii(shape) -> str:
 
 def _cases():
     for s in AWKWARD_SHAPES:
-        yield pytest.param(dict(B=s.B, C=s.C, M=s.M, H=s.H, W=s.W, K=s.K, stride=s.stride, padding=s.pad), id=_ascii(s))
+        yield pytest.param(dict(B=s.B, C=s.C, M=s.M, H=s.H, W=s.W, K=s.K, stride=s.stride, padding=s.padding), id=_ascii(s))
     for d in MORE_SHAPES:
         yield pytest.param(d, id=" ".join(f"{k}={v}" for k, v in d.items()))
 

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 import convlab as cl
 from convlab import lenet
 from convlab.ops import backprop as bp
+from convlab.ops import dropin
 
 # (B, C, M, H, W, K, stride, padding)
 SHAPES = [
@@ -307,12 +308,12 @@ def test_function_adjoint(shape):
     B, C, M, H, W, K, s, p = _unpack(shape)
     x, w, u_x, u_w = cl.randn(B, C, H, W), cl.randn(M, C, K, K), cl.randn(B, C, H, W), cl.randn(M, C, K, K)
     xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
-    y = bp.conv2d(xr, wr, None, s, p)
+    y = dropin.conv2d(xr, wr, None, s, p)
     dy = cl.randn(*y.shape)
     y.backward(dy)
     d = lambda a, b: float((a.cpu().double() * b.cpu().double()).sum())  # noqa: E731
-    lhs_x = d(dy, bp.conv2d(u_x, w, None, s, p))
-    lhs_w = d(dy, bp.conv2d(x, u_w, None, s, p))
+    lhs_x = d(dy, dropin.conv2d(u_x, w, None, s, p))
+    lhs_w = d(dy, dropin.conv2d(x, u_w, None, s, p))
     assert abs(lhs_x - d(xr.grad, u_x)) <= 1e-4 * (abs(lhs_x) + 1)
     assert abs(lhs_w - d(wr.grad, u_w)) <= 1e-4 * (abs(lhs_w) + 1)
 
@@ -326,7 +327,7 @@ def test_function_gradcheck(stride, pad):
     x = cl.randn(1, 2, 7, 6).requires_grad_()
     w = cl.randn(3, 2, 3, 3).requires_grad_()
     b = cl.randn(3).requires_grad_()
-    assert torch.autograd.gradcheck(lambda x, w, b: bp.conv2d(x, w, b, stride, pad), (x, w, b),
+    assert torch.autograd.gradcheck(lambda x, w, b: dropin.conv2d(x, w, b, stride, pad), (x, w, b),
                                     eps=1e-2, atol=1e-2, rtol=1e-2)
 
 
@@ -335,7 +336,7 @@ def test_function_computes_only_the_gradients_asked_for(monkeypatch):
     called = []
     real = bp.conv2d_input_grad_best
     monkeypatch.setattr(bp, "conv2d_input_grad_best", lambda *a, **k: called.append(1) or real(*a, **k))
-    y = bp.conv2d(x, w, b, 1, 1)
+    y = dropin.conv2d(x, w, b, 1, 1)
     y.sum().backward()
     assert not called, "dx was computed for an input that needs no gradient"
     assert x.grad is None and w.grad is not None and b.grad is not None
@@ -344,13 +345,13 @@ def test_function_computes_only_the_gradients_asked_for(monkeypatch):
 
 def test_course_conv2d_is_nn_conv2d():
     torch.manual_seed(3)
-    ours = bp.CourseConv2d(2, 5, 3, stride=2, padding=1)
+    ours = dropin.Conv2d(2, 5, 3, stride=2, padding=1)
     torch.manual_seed(3)
     theirs = torch.nn.Conv2d(2, 5, 3, stride=2, padding=1)
     assert torch.equal(ours.weight, theirs.weight) and torch.equal(ours.bias, theirs.bias), "not the same init"
     assert set(ours.state_dict()) == set(theirs.state_dict())
     dev = cl.device().torch_device
-    twin = bp.CourseConv2d.from_torch(theirs.to(dev))
+    twin = dropin.Conv2d.from_torch(theirs.to(dev))
     x = cl.randn(3, 2, 11, 10)
     with torch.no_grad():
         cl.check(twin(x), torch.nn.functional.conv2d(x.cpu().double(), theirs.weight.cpu().double(),
@@ -367,7 +368,7 @@ def digits():
 
 def test_lenet_twins_agree_on_a_forward_pass(digits):
     ours, theirs = lenet.twins(digits.image_size, seed=1)
-    assert isinstance(ours.conv1, bp.CourseConv2d) and isinstance(theirs.conv1, torch.nn.Conv2d)
+    assert isinstance(ours.conv1, dropin.Conv2d) and isinstance(theirs.conv1, torch.nn.Conv2d)
     xb = digits.x_test[:40].to(cl.device().torch_device)
     with torch.no_grad():
         a, b = ours(xb), theirs(xb)

@@ -301,7 +301,7 @@ def test_a_constant_mask_follows_every_change_of_the_weights():
     next result, as it does with torch's conv."""
     import torch.nn.functional as F
 
-    from convlab.ops import conv3d, fused, network, tiled
+    from convlab.ops import conv3d, fused, layers, tiled
 
     x, w = cl.randn(1, 2, 12, 12), cl.randn(3, 2, 3, 3)
     x3, w3 = cl.randn(1, 1, 6, 8, 8), cl.randn(1, 1, 3, 3, 3)
@@ -312,7 +312,7 @@ def test_a_constant_mask_follows_every_change_of_the_weights():
         "direct, coarsened": (lambda: fused.conv2d_direct_coarse(x, w, padding=1),
                               lambda: F.conv2d(x.double(), w.double(), padding=1), w),
         "conv3d best": (lambda: conv3d.conv3d_best(x3, w3), lambda: F.conv3d(x3.double(), w3.double()), w3),
-        "fused stage": (lambda: network.conv2d_bias_act_pool(x, w, padding=1, bias=b),
+        "fused stage": (lambda: layers.conv2d_bias_act_pool(x, w, padding=1, bias=b),
                         lambda: F.max_pool2d(torch.relu(F.conv2d(x.double(), w.double(), b.double(), padding=1)), 2),
                         w),
     }
@@ -321,5 +321,5 @@ def test_a_constant_mask_follows_every_change_of_the_weights():
         weights.data.mul_(-0.5)                        # invisible to weights._version
         cl.check(ours(), ref(), name=f"{name}, after w.data changed")
         zero = torch.zeros_like(weights)
-        network.sgd_momentum(weights, torch.ones_like(weights), zero, lr=0.25, momentum=0.0)   # a kernel of ours
+        layers.sgd_momentum(weights, torch.ones_like(weights), zero, lr=0.25, momentum=0.0)   # a kernel of ours
         cl.check(ours(), ref(), name=f"{name}, after a kernel changed w")

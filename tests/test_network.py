@@ -13,7 +13,7 @@ import torch.nn.functional as F
 import convlab as cl
 from convlab import network as net
 from convlab._args import check_launch
-from convlab.ops import network as ops
+from convlab.ops import layers as ops
 from convlab.workloads import Workload
 
 ACT = {"none": lambda t: t, "relu": torch.relu, "tanh": torch.tanh}

@@ -29,7 +29,7 @@ import torch
 
 import convlab as cl
 
-from .._limits import INT32_MAX
+from .shapes import conv2d_shapes, out_size  # noqa: F401 (the launchers' shape helpers, re-exported)
 
 
 def _always(shape) -> bool:
@@ -49,12 +49,14 @@ class Impl:
     masks, per-axis stride and padding, as keywords: Workload.conv_kwargs). Without it an Impl is
     offered only the chapters' plain layers (Workload.plain), whatever its `applies` says."""
 
-    name: str                   # the one name used by figures, CSV files and text
+    name: str                   # the label figures and tables show (free to change)
     launcher: Callable          # the contract above
     op: str = "conv2d"          # "conv2d" | "conv2d_fp16" | "conv3d" | "conv2d_dx" | "conv2d_dw" | "conv2d_train"
     applies: Callable = _always         # Workload -> bool: which shapes it can take
     config: Callable = _no_tunables     # Workload -> dict: its default tunables
     any_layer: bool = False
+    key: str = ""               # the identity code, rules and CSV files join on (short, never changes)
+    candidate: bool = True      # one the dispatcher may choose (False: a teaching step, or not strict fp32)
 
     def __call__(self, *args, **kwargs):
         return self.launcher(*args, **kwargs)
@@ -68,30 +70,6 @@ def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def out_size(n: int, K: int, stride: int = 1, padding: int = 0) -> int:
-    """(n + 2·padding − K) // stride + 1, the output size of a convolution along one axis."""
-    return (n + 2 * padding - K) // stride + 1
-
-
-def conv2d_shapes(x, w, stride: int = 1, padding: int = 0):
-    """(B, C, M, H, W, K, Ho, Wo) from an NCHW input and an MCKK mask; checks that they fit."""
-    if x.dim() != 4 or w.dim() != 4:
-        raise ValueError(f"expected x (B, C, H, W) and w (M, C, K, K), got {tuple(x.shape)} and {tuple(w.shape)}")
-    B, C, H, W = (int(s) for s in x.shape)
-    M, Cw, K, K2 = (int(s) for s in w.shape)
-    if Cw != C or K2 != K:
-        raise ValueError(f"w {tuple(w.shape)} does not fit x {tuple(x.shape)}: need (M, {C}, K, K)")
-    if stride < 1 or padding < 0:
-        raise ValueError(f"stride {stride} and padding {padding}: need stride >= 1, padding >= 0")
-    Ho, Wo = out_size(H, K, stride, padding), out_size(W, K, stride, padding)
-    if Ho < 1 or Wo < 1:
-        raise ValueError(f"no output: input {H}×{W}, K={K}, stride {stride}, padding {padding}")
-    for name, n in (("x", B * C * H * W), ("y", B * M * Ho * Wo)):
-        if n > INT32_MAX // 2:  # the kernels index with int; keep headroom for the grid stride
-            raise ValueError(f"{name} has {n:,} elements: too many for int indices")
-    return B, C, M, H, W, K, Ho, Wo
-
-
 def new_output(shape, like: torch.Tensor, dtype=None) -> torch.Tensor:
     """An output on like's device: torch.empty, or NaN-filled under cl.debug and on the emulator."""
     dtype = dtype or like.dtype
@@ -101,11 +79,14 @@ def new_output(shape, like: torch.Tensor, dtype=None) -> torch.Tensor:
 
 
 def output(y, shape, like: torch.Tensor, dtype=None, name: str = "y") -> torch.Tensor:
-    """y when given (checked: its shape and layout), else a new output (new_output)."""
+    """y when given (checked: its shape, dtype and layout), else a new output (new_output). The one
+    place a launcher gets its output."""
     if y is None:
         return new_output(shape, like, dtype)
-    if y.shape != shape:
+    if tuple(y.shape) != tuple(shape):
         raise ValueError(f"{name} has shape {tuple(y.shape)}, expected {tuple(shape)}")
+    if y.dtype != (dtype or like.dtype):
+        raise TypeError(f"{name} is {y.dtype}, expected {dtype or like.dtype}: convert it, or leave it out")
     if not y.is_contiguous():
         raise ValueError(f"{name} must be contiguous: pass {name}.contiguous(), or leave it out")
     return y

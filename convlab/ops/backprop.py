@@ -25,9 +25,9 @@ dE/dW (the weight gradient), f(x, dy, dw=None, *, stride=1, padding=0, kernel_si
 
 Conv2dFunction (autograd): forward with convlab.ops.fused.conv2d_best, backward with the two
 *_best launchers; the bias, if any, is added and reduced with torch (the course's kernels have
-none). conv2d and CourseConv2d are chapter 9's drop-ins for F.conv2d and nn.Conv2d
-(convlab.ops.general), which run the layers these kernels take on them. CPU tensors on the
-emulator, CUDA tensors on a GPU: whatever device the active backend puts tensors on.
+none). float32, plain layers: the drop-in for every layer torch takes is convlab.ops.dropin
+(conv2d, Conv2d), which runs the layers these kernels take on them. CPU tensors on the emulator,
+CUDA tensors on a GPU: whatever device the active backend puts tensors on.
 """
 from __future__ import annotations
 
@@ -37,8 +37,9 @@ import torch
 
 from .._limits import GRID_X_MAX, GRID_YZ_MAX, INT32_MAX, SHARED_DEFAULT_MAX
 from ..workloads import Workload
-from . import Impl, ceil_div, fused, general, new_output, out_size, output
-from ._kernels import Launch, remember
+from . import Impl, ceil_div, fused, new_output, out_size, output
+from ._kernels import Launch, remember, sm_count
+from .shapes import check_tensor
 
 DX_SCATTER_FILE = "kernels/08_backprop/conv2d_dx_scatter.cu"
 DX_GATHER_FILE = "kernels/08_backprop/conv2d_dx_gather.cu"
@@ -107,17 +108,8 @@ def _w_shape(x, dy, stride, padding, kernel_size):
 
 
 def _check_in(t, name):
-    if not isinstance(t, torch.Tensor) or t.dtype != torch.float32:
-        raise TypeError(f"{name} must be a float32 tensor (the course's kernels are fp32), got "
-                        f"{getattr(t, 'dtype', type(t).__name__)}")
-    if not t.is_contiguous():
-        raise ValueError(f"{name} must be contiguous (NCHW); call .contiguous() first")
-
-
-def _sms() -> int:
-    """SMs on a GPU; on the emulator its OS threads (only sets how many blocks a grid-stride kernel gets)."""
-    import convlab as cl
-    return max(1, int(cl.device().threads))
+    """The course's chapter-8 kernels are fp32: a float32 tensor, on the backend's device, contiguous."""
+    check_tensor(t, name, torch.float32)
 
 
 def reduce_partials(partial, out, nparts: int, n: int, PARTS_Y: int | None = None):
@@ -372,7 +364,7 @@ def _direct_dw_plan(x, dy, stride, padding, w_shape, MT=None, ROWS=None, BLOCK=N
             raise ValueError(f"MT={mt}, K={K}, BLOCK={block}: the per-warp sums need more than 48 KB of shared memory")
         pairs = ceil_div(M, mt) * C
         tasks = B * ceil_div(Ho, rows) * Wo
-        n_chunks = int(chunks or direct_dw_chunks(tasks, pairs, block, min_blocks, _sms()))
+        n_chunks = int(chunks or direct_dw_chunks(tasks, pairs, block, min_blocks, sm_count()))
         if n_chunks * pairs > GRID_X_MAX:
             raise ValueError(f"{n_chunks} chunks x {pairs} (map group, channel) pairs: over the grid's x limit")
         defines = {"KSIZE": K, "STRIDE": stride, "MT": mt, "ROWS": rows, "BLOCK": block, "MIN_BLOCKS": min_blocks,
@@ -446,7 +438,7 @@ def _gemm_dw_plan(x, dy, stride, padding, w_shape, BM=None, BN=None, BK=None, TM
         tiles = ceil_div(KD, t["BN"]) * ceil_div(M, t["BM"])
         n_splits = splits
         if n_splits is None:   # about 2 x 2,048 resident threads per SM in all, at least 16 steps per split
-            n_splits = min(ceil_div(2 * 2048 * _sms() // nthreads, tiles), ceil_div(N, 16 * t["BK"]))
+            n_splits = min(ceil_div(2 * 2048 * sm_count() // nthreads, tiles), ceil_div(N, 16 * t["BK"]))
         n_splits = max(1, min(int(n_splits), ceil_div(N, t["BK"]), GRID_YZ_MAX))
         n_per = ceil_div(ceil_div(N, n_splits), t["BK"]) * t["BK"]
         n_splits = ceil_div(N, n_per)
@@ -461,20 +453,20 @@ def _gemm_dw_plan(x, dy, stride, padding, w_shape, BM=None, BN=None, BK=None, TM
 
 # ---- the implementations and the picks -----------------------------------------------------------
 
-DX_SCATTER = Impl("dX scatter (atomics)", conv2d_input_grad_scatter, op="conv2d_dx", config=lambda s: {"BLOCK": 256})
+DX_SCATTER = Impl("dX scatter (atomics)", conv2d_input_grad_scatter, op="conv2d_dx", config=lambda s: {"BLOCK": 256}, key="dx_scatter")
 DX_GATHER = Impl("dX gather (transposed conv)", conv2d_input_grad_gather, op="conv2d_dx",
-                 config=lambda s: gather_config(s.C, s.M, s.K, s.stride, s.H))
+                 config=lambda s: gather_config(s.C, s.M, s.K, s.stride, s.H), key="dx_gather")
 DX_FORWARD = Impl("dX forward of flipped mask", conv2d_input_grad_forward, op="conv2d_dx",
-                  applies=lambda s: s.stride == 1 and s.padding <= s.K - 1)
-DW_ATOMIC = Impl("dW atomics (per product)", conv2d_weight_grad_atomic, op="conv2d_dw", config=lambda s: {"BLOCK": 256})
+                  applies=lambda s: s.stride == 1 and s.padding <= s.K - 1, key="dx_forward")
+DW_ATOMIC = Impl("dW atomics (per product)", conv2d_weight_grad_atomic, op="conv2d_dw", config=lambda s: {"BLOCK": 256}, key="dw_atomic")
 DW_DIRECT = Impl("dW direct (second pass)", conv2d_weight_grad_direct, op="conv2d_dw",
-                 config=lambda s: direct_dw_config(s.C, s.M, s.K, s.stride, s.Ho))
+                 config=lambda s: direct_dw_config(s.C, s.M, s.K, s.stride, s.Ho), key="dw_direct")
 DW_DIRECT_ATOMIC = Impl("dW direct (block atomics)", functools.partial(conv2d_weight_grad_direct, final="atomic"),
-                        op="conv2d_dw", config=lambda s: direct_dw_config(s.C, s.M, s.K, s.stride, s.Ho))
+                        op="conv2d_dw", config=lambda s: direct_dw_config(s.C, s.M, s.K, s.stride, s.Ho), key="dw_direct_atomic")
 DW_GEMM = Impl("dW GEMM (second pass)", conv2d_weight_grad_gemm, op="conv2d_dw",
-               config=lambda s: gemm_dw_config(s.C, s.M, s.K))
+               config=lambda s: gemm_dw_config(s.C, s.M, s.K), key="dw_gemm")
 DW_GEMM_ATOMIC = Impl("dW GEMM (block atomics)", functools.partial(conv2d_weight_grad_gemm, final="atomic"),
-                      op="conv2d_dw", config=lambda s: gemm_dw_config(s.C, s.M, s.K))
+                      op="conv2d_dw", config=lambda s: gemm_dw_config(s.C, s.M, s.K), key="dw_gemm_atomic")
 #: The chapter's implementations, by the name the figures use: dX (op "conv2d_dx"), then dW ("conv2d_dw").
 IMPLEMENTATIONS = (DX_SCATTER, DX_GATHER, DX_FORWARD, DW_ATOMIC, DW_DIRECT, DW_DIRECT_ATOMIC, DW_GEMM, DW_GEMM_ATOMIC)
 
@@ -594,17 +586,3 @@ class Conv2dFunction(torch.autograd.Function):
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = dy.sum(dim=(0, 2, 3))
         return dx, dw, db, None, None
-
-
-def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
-    """torch.nn.functional.conv2d on the course's kernels, with every argument torch takes: chapter
-    9's drop-in (convlab.ops.general.conv2d), which runs the layers this chapter's kernels take
-    (float32, one group, square masks) on Conv2dFunction's kernels and the rest on the general ones."""
-    return general.conv2d(input, weight, bias, stride, padding, dilation, groups)
-
-
-class CourseConv2d(general.Conv2d):
-    """nn.Conv2d on the course's kernels (its constructor, parameters, initialisation, state dict,
-    padding modes): chapter 9's drop-in, convlab.ops.general.Conv2d. CourseConv2d.from_torch(m)
-    copies an nn.Conv2d."""
-

@@ -230,13 +230,13 @@ def _valid(shape: Workload) -> bool:
 
 
 NAIVE = Impl("naive (one thread per output)", conv3d_naive, op="conv3d", applies=_valid,
-             config=lambda s: {"BX": 32, "BY": 4, "BZ": 2})
+             config=lambda s: {"BX": 32, "BY": 4, "BZ": 2}, key="conv3d_naive")
 TILED = Impl("shared tile with halo, const mask", conv3d_tiled, op="conv3d",
-             applies=lambda s: _valid(s) and s.K ** 3 <= CONSTANT_FLOATS, config=lambda s: {"TX": 32, "TY": 4, "TZ": 4})
+             applies=lambda s: _valid(s) and s.K ** 3 <= CONSTANT_FLOATS, config=lambda s: {"TX": 32, "TY": 4, "TZ": 4}, key="conv3d_tiled")
 CUBE = Impl("shared tile, a 2×2×2 cube per thread", conv3d_cube, op="conv3d",
             applies=lambda s: _valid(s) and s.K ** 3 <= CONSTANT_FLOATS and tiled_shared(64, 8, 8, s.K, s.K, s.K)
-            <= SHARED_DEFAULT_MAX, config=lambda s: {"TX": 32, "TY": 4, "TZ": 4, "CX": 2, "CY": 2, "CZ": 2})
-COARSE = Impl("coarsened along z (rolling window)", conv3d_coarse, op="conv3d", applies=_valid, config=_config)
+            <= SHARED_DEFAULT_MAX, config=lambda s: {"TX": 32, "TY": 4, "TZ": 4, "CX": 2, "CY": 2, "CZ": 2}, key="conv3d_cube")
+COARSE = Impl("coarsened along z (rolling window)", conv3d_coarse, op="conv3d", applies=_valid, config=_config, key="conv3d_coarse")
 #: The chapter's implementations, by the name the figures use.
 IMPLEMENTATIONS = (NAIVE, TILED, CUBE, COARSE)
 

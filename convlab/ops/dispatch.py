@@ -1,18 +1,22 @@
-"""The dispatcher for any layer: pick(shape, dtype) chooses among every forward kernel of the course
-that takes the layer, by an explicit rule derived from the chapters' measurements.
+"""The routing layer: which kernel runs a layer, forward, dE/dX and dE/dW, by explicit rules derived
+from the chapters' measurements. Below it the launchers (one module per kernel family), above it
+the drop-in (dropin.py).
 
-- SOURCES: the modules whose IMPLEMENTATIONS pick() chooses from (chapter 5's fp32 kernels,
-  chapter 6's fp16 kernels, chapter 9's general and depthwise ones, its fp32 implicit GEMM and its
-  mma.sync one). A new module joins with one line; a rule naming its kernel decides where pick()
-  takes it.
-- candidates(shape, dtype): every registered kernel of that dtype that takes the layer (the
-  chapters' own kernels take only plain layers: Impl.takes).
-- RULES / dispatch_rule(): the rule, an ordered table of conditions -> kernel: the first row whose
-  condition holds and whose kernel takes the layer wins. Printable.
-- pick(shape, dtype) -> Impl; conv2d(x, w, ...): the forward the drop-in runs (pick()'s kernel
-  with its tunables, the bias added where the kernel has none). The layout of x decides one thing
-  more: a channels_last x of a depthwise layer goes to the NHWC depthwise kernel, and the mma.sync
-  kernel reads it without a conversion; the result has x's layout, as torch's.
+- implementations(dtype): every forward kernel of that dtype ('fp32', 'fp16') the launcher modules
+  register (each module's IMPLEMENTATIONS; a new module of convlab/ops joins by having them).
+- candidates(shape, dtype): those that take the layer (the chapters' own kernels take only plain
+  layers: Impl.takes).
+- RULES / dispatch_rule(): the forward rule, an ordered table of conditions -> kernel (by Impl.key):
+  the first row whose condition holds and whose kernel takes the layer wins. Printable.
+- pick(shape, dtype, layout) -> Impl.
+- forward(x, w, y=None, *, stride, padding, dilation, groups, bias): the forward the drop-in runs
+  (pick()'s kernel with its tunables, the bias added where the kernel has none). The layout of x
+  decides one thing more: a channels_last x of a depthwise layer goes to the NHWC depthwise
+  kernel, and the mma.sync kernel reads it without a conversion; the result has x's layout.
+- input_grad(dy, w, dx=None, ...), weight_grad(x, dy, dw=None, ...): the dX and dW the drop-in
+  runs (dx_route / dw_route say which kernel, and why).
+- Every route is worked out once per call signature (shapes, dtype, layout, the arguments as given)
+  and kept: a repeated call is one dictionary lookup, then the kernel's own kept launch.
 - evidence(): pick()'s choice beside the fastest kernel measured on each shape of the chapters'
   committed results (book/data/05_fused.csv, 06_fp16.csv, 09_general.csv): the rule holds where
   every choice is the fastest, within the measurement's spread.
@@ -22,36 +26,65 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import pkgutil
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
+import convlab as cl
+
+from .. import workloads
 from .._limits import INT32_MAX
 from ..workloads import Workload
-
-#: The modules of convlab.ops whose IMPLEMENTATIONS are candidates (one line per module).
-SOURCES = ["fused", "fp16", "general", "igemm", "tensor_core"]
+from . import Impl
+from .backprop import conv2d_input_grad_best, conv2d_weight_grad_best, pick_input_grad, pick_weight_grad
+from .depthwise import (DEPTHWISE, DEPTHWISE_FP16, conv2d_depthwise, conv2d_depthwise_nhwc, depthwise_applies,
+                        depthwise_dx_padding, nhwc_applies)
+from .fp16 import U16, accumulation, fp16_tolerance
+from .general import GENERAL, GENERAL_DW, GENERAL_DX, GENERAL_FP16, conv2d_general_dw, conv2d_general_dx
+from .igemm import IGEMM_F32, IGEMM_F32_DX, conv2d_igemm_f32_dx, dx_workload
+from .shapes import layer, plain_arg, two
+from .tensor_core import conv2d_mma
 
 LAYOUTS = ("nchw", "channels_last")                 # x's memory format, as pick() takes it
 OPS = {"fp32": "conv2d", "fp16": "conv2d_fp16"}      # the forward op of each dtype's kernels
 DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16"}
-#: float32 in and out, but half arithmetic: not a candidate for a strict-fp32 layer
-NOT_CANDIDATES = {"ours, float32 in and out: to_half + pick() + to_float"}
 #: The chapters whose committed results are pick()'s evidence.
 EVIDENCE = ("05_fused", "06_fp16", "09_general")
-#: The name of pick()'s own rows in those results (not a candidate).
+#: The label and key of pick()'s own rows in those results (not a candidate).
 BEST = "best: pick()"
+BEST_KEY = "pick"
+#: convlab.ops modules that are not launchers: the layers above and below them
+NOT_LAUNCHERS = {"shapes", "_kernels", "dispatch", "dropin"}
+
+
+@functools.cache
+def registered() -> tuple:
+    """Every Impl of every launcher module of convlab.ops, in module order: the records the
+    dispatcher, the measuring harness and the docs' kernel tables read."""
+    out = []
+    package = importlib.import_module(__package__)
+    for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
+        if info.name not in NOT_LAUNCHERS:
+            out += getattr(importlib.import_module(f"{__package__}.{info.name}"), "IMPLEMENTATIONS", ())
+    return tuple(out)
+
+
+def by_key(key: str) -> Impl:
+    """The registered Impl of that key."""
+    for impl in registered():
+        if impl.key == key:
+            return impl
+    raise KeyError(f"no kernel with key {key!r}; there are: {', '.join(i.key for i in registered())}")
 
 
 @functools.cache
 def implementations(dtype: str) -> tuple:
-    """Every registered forward kernel of a dtype ('fp32' or 'fp16'), in SOURCES' order."""
-    out = []
-    for name in SOURCES:
-        mod = importlib.import_module(f"{__package__}.{name}")
-        out += [i for i in mod.IMPLEMENTATIONS if i.op == OPS[dtype] and i.name not in NOT_CANDIDATES]
-    return tuple(out)
+    """Every registered forward kernel of a dtype ('fp32' or 'fp16') that pick() may choose (its
+    record says candidate: not the chapters' teaching steps, not the float32 path in half, not the
+    NHWC depthwise kernels, where forward() sends a channels_last depthwise layer itself)."""
+    return tuple(i for i in registered() if i.op == OPS[dtype] and i.candidate)
 
 
 def _fits_int(shape: Workload) -> bool:
@@ -72,7 +105,7 @@ def candidates(shape: Workload, dtype: str = "fp32") -> list:
 class Rule:
     condition: str                  # the condition, as the printed table says it
     holds: Callable                 # Workload -> bool
-    kernel: str                     # an Impl's name
+    kernel: str                     # an Impl's key
     why: str                        # the measured reason, and where the data is
     layouts: tuple = LAYOUTS        # the layouts of x the row is for
 
@@ -90,39 +123,39 @@ def _pads_cheaply(s: Workload) -> bool:
 RULES = {
     "fp32": [
         Rule("plain, stride 1, C < 8, M ≤ 64", lambda s: s.plain and s.stride == 1 and s.C < 8 and s.M <= 64,
-             "direct, register-tiled (mask in shared)",
+             "direct_regtile",
              "few channels: a GEMM tile would be mostly padding (05_fused: lenet_c1, lenet_c3, fa17)"),
-        Rule("plain", lambda s: s.plain, "implicit GEMM fp32, warp-tiled",
+        Rule("plain", lambda s: s.plain, "igemm_f32",
              "long reductions: warp tiles of 8x8 outputs (benchmarks/f32_layers.py: faster than chapter 5's "
              "best on every layer it measured)"),
-        Rule("plain", lambda s: s.plain, "implicit GEMM, register-tiled",
+        Rule("plain", lambda s: s.plain, "igemm_reg",
              "where the warp-tiled kernel does not take the layer (05_fused: days100, resnet)"),
-        Rule("depthwise (groups = C)", lambda s: s.groups == s.C, "depthwise (input tile in shared, column strips)",
+        Rule("depthwise (groups = C)", lambda s: s.groups == s.C, "depthwise",
              "memory-bound: each input read once into shared memory (09_general)"),
-        Rule("any layer", lambda s: True, "general direct (any layer)", "the only kernel that takes every layer"),
+        Rule("any layer", lambda s: True, "general", "the only kernel that takes every layer"),
     ],
     "fp16": [
-        Rule("plain, C = 1, M ≤ 8", lambda s: s.plain and s.C == 1 and s.M <= 8, "half (direct, register-tiled)",
+        Rule("plain, C = 1, M ≤ 8", lambda s: s.plain and s.C == 1 and s.M <= 8, "half",
              "one channel, few maps: faster than half2 and tensor cores (06_fp16: lenet_c1)"),
-        Rule("plain, C = 1, M ≤ 64", lambda s: s.plain and s.C == 1 and s.M <= 64, "half2 (direct, register-tiled)",
+        Rule("plain, C = 1, M ≤ 64", lambda s: s.plain and s.C == 1 and s.M <= 64, "half2",
              "one channel: a reduction of K² taps, too short for tensor cores (06_fp16: fa17)"),
         Rule("plain, C ≤ 8, stride 1", lambda s: s.plain and s.C <= 8 and s.stride == 1,
-             "WMMA, few channels (no im2col)", "fragments read straight from the input tile (06_fp16: lenet_c3)"),
+             "wmma_smallc", "fragments read straight from the input tile (06_fp16: lenet_c3)"),
         Rule("x channels_last, groups 1, C·Kh·Kw ≥ 64, C pads to 8 cheaply",
-             lambda s: s.groups == 1 and _taps(s) >= 64 and _pads_cheaply(s), "mma.sync implicit GEMM (NHWC)",
+             lambda s: s.groups == 1 and _taps(s) >= 64 and _pads_cheaply(s), "mma",
              "many channels: mma.sync fed by ldmatrix from a cp.async pipeline (benchmarks/tensor_core_layers.py; "
              "needs sm_80); from NCHW, converting x costs more than WMMA loses (09_general)",
              layouts=("channels_last",)),
-        Rule("plain", lambda s: s.plain, "WMMA implicit GEMM",
+        Rule("plain", lambda s: s.plain, "wmma",
              "tensor cores through WMMA (06_fp16: days100, resnet); the stem's 3 channels, an older GPU"),
         Rule("groups 1, C·Kh·Kw ≥ 64, C pads to 8 cheaply", lambda s: s.groups == 1 and _taps(s) >= 64 and
-             _pads_cheaply(s), "mma.sync implicit GEMM (NHWC)",
+             _pads_cheaply(s), "mma",
              "a layer WMMA does not take (dilated, non-square): faster than the general kernel even with x "
              "converted from NCHW (09_general)"),
         Rule("depthwise (groups = C)", lambda s: s.groups == s.C,
-             "depthwise fp16 (input tile in shared, column strips)",
+             "depthwise_fp16",
              "memory-bound: each input read once into shared memory (09_general)"),
-        Rule("any layer", lambda s: True, "general direct fp16 (any layer)", "the only kernel that takes every layer"),
+        Rule("any layer", lambda s: True, "general_fp16", "the only kernel that takes every layer"),
     ],
 }
 
@@ -133,10 +166,11 @@ def dispatch_rule(dtype: str | None = None) -> str:
     for dt in ([dtype] if dtype else list(RULES)):
         rules = RULES[dt]
         wc = max(len(r.condition) for r in rules)
-        wk = max(len(r.kernel) for r in rules)
+        names = [by_key(r.kernel).name for r in rules]
+        wk = max(map(len, names))
         lines.append(f"{dt}: the first row whose condition holds and whose kernel takes the layer")
         lines.append(f"  {'condition':<{wc}}  {'kernel':<{wk}}  why")
-        lines += [f"  {r.condition:<{wc}}  {r.kernel:<{wk}}  {r.why}" for r in rules]
+        lines += [f"  {r.condition:<{wc}}  {n:<{wk}}  {r.why}" for r, n in zip(rules, names)]
     return "\n".join(lines)
 
 
@@ -146,13 +180,12 @@ def pick(shape: Workload, dtype: str = "fp32", layout: str = "nchw"):
     'channels_last'); best = pick(shape, dtype); best(x, w, **shape.conv_kwargs(), **best.config(shape))
     runs it."""
     if isinstance(shape, str):
-        from .. import workloads
         shape = workloads.get(shape)
     if dtype not in RULES:
         raise ValueError(f"dtype {dtype!r}: one of {', '.join(RULES)}")
     if layout not in LAYOUTS:
         raise ValueError(f"layout {layout!r}: one of {', '.join(LAYOUTS)}")
-    takes = {i.name: i for i in candidates(shape, dtype)}
+    takes = {i.key: i for i in candidates(shape, dtype)}
     for rule in RULES[dtype]:
         if layout in rule.layouts and rule.holds(shape) and rule.kernel in takes:
             return takes[rule.kernel]
@@ -161,35 +194,26 @@ def pick(shape: Workload, dtype: str = "fp32", layout: str = "nchw"):
 
 # ---- the forward the drop-in runs --------------------------------------------------------------------
 
-def _workload_of(g) -> Workload:
-    """A convlab.ops.general.Geometry as a Workload (its padding: the top/left one)."""
-    return Workload("", B=g.B, C=g.C, M=g.M, H=g.H, W=g.W, K=(g.Kh, g.Kw), stride=(g.sh, g.sw),
-                    padding=(g.ph, g.pw), dilation=(g.dh, g.dw), groups=g.groups)
+def course_applies(s: Workload, dtype) -> bool:
+    """Whether the chapters' own kernels take the layer (chapter 5's pick forward, chapter 8's best
+    dX and dW): float32, a plain layer (one group, no dilation, a square mask, one stride and one
+    symmetric padding) and tensors their int indices reach (the general kernels index with 64 bits)."""
+    return dtype == torch.float32 and s.plain and _fits_int(s)
 
 
 @functools.lru_cache(maxsize=4096)
-def _route(g, dtype: str, nhwc: bool = False):
-    """(launcher, keyword arguments, whether it adds the bias) for a Geometry and x's layout (nhwc:
-    channels_last); None for the arguments as given (torch's 'same' with an even mask pads one
-    more at the end, which only chapter 9's kernels take: their pick among themselves; the NHWC
-    depthwise kernel takes any depthwise layer's arguments)."""
-    from .depthwise import conv2d_depthwise_nhwc, nhwc_applies
-
-    if nhwc and nhwc_applies(g):
-        return conv2d_depthwise_nhwc, None, True
-    shape = _workload_of(g)
-    if (shape.Ho, shape.Wo) != (g.Ho, g.Wo):
-        from .general import DEPTHWISE, DEPTHWISE_FP16, GENERAL, GENERAL_FP16, depthwise_applies
-
+def _forward_route(s: Workload, dtype: str, nhwc: bool):
+    """(Impl, keyword arguments or None for the arguments as given) for a layer and x's layout
+    (nhwc: channels_last). Only chapter 9's kernels take torch's 'same' with an even mask (which
+    pads one more at the end): they pick among themselves."""
+    if nhwc and nhwc_applies(s):
+        return by_key("depthwise_nhwc_fp16" if dtype == "fp16" else "depthwise_nhwc"), None
+    if not s.symmetric:
         fp16 = dtype == "fp16"
-        impl = (DEPTHWISE_FP16 if fp16 else DEPTHWISE) if depthwise_applies(g) else (GENERAL_FP16 if fp16 else GENERAL)
-        return impl.launcher, None, True
-    impl = pick(shape, dtype, "channels_last" if nhwc else "nchw")
-    kw = {**shape.conv_kwargs(), **impl.config(shape)}
-    return impl.launcher, kw, "bias" in inspect.signature(impl.launcher).parameters
-
-
-_routes: dict = {}      # (shapes, dtype, layout, plain arguments) -> the route: a repeated call's one lookup
+        impl = (DEPTHWISE_FP16 if fp16 else DEPTHWISE) if depthwise_applies(s) else (GENERAL_FP16 if fp16 else GENERAL)
+        return impl, None
+    impl = pick(s, dtype, "channels_last" if nhwc else "nchw")
+    return impl, {**s.conv_kwargs(), **impl.config(s)}
 
 
 def _channels_last(x) -> bool:
@@ -197,67 +221,174 @@ def _channels_last(x) -> bool:
     return x.dim() == 4 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last)
 
 
-def conv2d(x, w, y=None, *, stride=1, padding=0, dilation=1, groups: int = 1, bias=None):
+_routes: dict = {}      # call signature -> the route: a repeated call's one lookup
+
+
+def forward(x, w, y=None, *, stride=1, padding=0, dilation=1, groups: int = 1, bias=None):
     """y = conv2d(x, w, bias) by pick()'s kernel for the layer (x 4-D, float32 or float16, NCHW or
     channels_last); stride, padding and dilation in any form torch takes. y comes back in x's
     layout, as torch's does (a given y: NCHW contiguous)."""
-    from .general import _plain, geometry
-
     nhwc = _channels_last(x)
-    b_shape = None if bias is None else bias.shape
-    key = (x.shape, w.shape, b_shape, x.dtype, nhwc, stride, padding, dilation, groups)
-    plain = _plain(stride) and _plain(padding) and _plain(dilation) and _plain(groups)
-    hit = _routes.get(key) if plain else None
-    if hit is None:
-        from .depthwise import conv2d_depthwise_nhwc
-        from .tensor_core import conv2d_mma
+    key = (x.shape, w.shape, bias is None, x.dtype, nhwc, stride, padding, dilation, groups)
+    run = _routes.get(key)
+    if run is None:
+        run = _forward_runner(x, w, bias, nhwc, stride, padding, dilation, groups)
+        if all(map(plain_arg, key[5:])):
+            _routes[key] = run
+    return run(x, w, y, bias)
 
-        g = geometry(x.shape, w.shape, stride, padding, dilation, groups, b_shape)
-        dtype = DTYPE_NAMES.get(x.dtype)
-        if dtype is None:
-            raise TypeError(f"x is {x.dtype}: pick() has float32 and float16 kernels")
-        launcher, kw, takes_bias = _route(g, dtype, nhwc)
-        if kw is None:
-            kw = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
-        hit = (launcher, kw, takes_bias, launcher in (conv2d_mma, conv2d_depthwise_nhwc))
-        if plain:
-            _routes[key] = hit
-    launcher, kw, takes_bias, nhwc_kernel = hit
-    if nhwc_kernel:                                    # NHWC kernels: channels_last out
-        out = launcher(x, w.contiguous(), bias=bias, **kw)
-    else:
-        xc = x.contiguous()
-        if takes_bias:
-            out = launcher(xc, w, None if nhwc else y, bias=bias, **kw)
-        else:
-            out = launcher(xc, w, None if nhwc else y, **kw)
-            out = out if bias is None else out.add_(bias.view(1, -1, 1, 1))
-    if y is not None:
-        return y if out is y else y.copy_(out)
-    return out.contiguous(memory_format=torch.channels_last if nhwc else torch.contiguous_format)
 
+def forward_impl(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups: int = 1) -> Impl:
+    """The Impl forward() runs for these arguments (its kept route's kernel)."""
+    return _forward_runner(x, w, bias, _channels_last(x), stride, padding, dilation, groups).impl
+
+
+def _tagged(run, impl: Impl):
+    run.impl = impl          # what the route runs: forward_impl, dx_impl and dw_impl read it
+    return run
+
+
+def _forward_runner(x, w, bias, nhwc, stride, padding, dilation, groups):
+    """f(x, w, y, bias): the route of forward() for one call signature, every choice made; f.impl
+    the kernel it runs."""
+    dtype = DTYPE_NAMES.get(x.dtype)
+    if dtype is None:
+        raise TypeError(f"x is {x.dtype}: pick() has float32 and float16 kernels")
+    s = layer(x.shape, w.shape, stride, padding, dilation, groups, None if bias is None else bias.shape)
+    impl, kw = _forward_route(s, dtype, nhwc)
+    if kw is None:
+        kw = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
+    f = impl.launcher
+    layout = torch.channels_last if nhwc else torch.contiguous_format
+    if f in (conv2d_mma, conv2d_depthwise_nhwc):            # NHWC kernels: channels_last out
+
+        def run(x, w, y, bias):
+            out = f(x, w.contiguous(), bias=bias, **kw)
+            return y.copy_(out) if y is not None else out.contiguous(memory_format=layout)
+        return _tagged(run, impl)
+    if "bias" in inspect.signature(f).parameters:
+
+        def run(x, w, y, bias):
+            out = f(x.contiguous(), w, None if nhwc else y, bias=bias, **kw)
+            if y is not None:
+                return y if out is y else y.copy_(out)
+            return out.contiguous(memory_format=layout) if nhwc else out
+        return _tagged(run, impl)
+
+    def run(x, w, y, bias):
+        out = f(x.contiguous(), w, None if nhwc else y, **kw)
+        if bias is not None:
+            out.add_(bias.view(1, -1, 1, 1))
+        if y is not None:
+            return y if out is y else y.copy_(out)
+        return out.contiguous(memory_format=layout) if nhwc else out
+    return _tagged(run, impl)
+
+
+# ---- dE/dX and dE/dW ---------------------------------------------------------------------------------
+
+def igemm_dx_applies(s: Workload) -> bool:
+    """A stride-1 plain layer (padding at most K-1) whose dX, itself a convolution of dy by the
+    flipped mask (M channels to C maps), goes to the fp32 implicit GEMM. Its dX was faster than
+    torch's on the layers benchmarks/f32_layers.py measured; its dW was not, so dW stays on
+    weight_grad's kernels."""
+    if not (s.plain and IGEMM_F32_DX.applies(s)):
+        return False
+    return pick(dx_workload(s), "fp32") is IGEMM_F32
+
+
+def dx_route(dy, w, stride, padding, input_size, dilation, groups):
+    """f(dy, w, dx): the dX kernel for this layer, with its arguments resolved (f.impl: which): the
+    fp32 implicit GEMM's dX where igemm_dx_applies, chapter 8's best dX where course_applies, the
+    depthwise forward on dy with the flipped mask where depthwise_dx_padding allows (MobileNet and
+    ConvNeXt layers), else the general dX kernel."""
+    H, W = (int(v) for v in two(input_size))
+    s = layer((dy.shape[0], w.shape[1] * groups, H, W), w.shape, stride, padding, dilation, groups)
+    if dy.dtype == torch.float32 and igemm_dx_applies(s):
+        return _tagged(lambda dy, w, dx: conv2d_igemm_f32_dx(dy, w, dx, padding=s.padding, input_size=(H, W)),
+                       IGEMM_F32_DX)
+    if course_applies(s, dy.dtype):
+        return _tagged(lambda dy, w, dx: conv2d_input_grad_best(dy, w, dx, stride=s.stride, padding=s.padding,
+                                                                input_size=(H, W)), pick_input_grad(s))
+    pad = depthwise_dx_padding(s)
+    if pad is not None and depthwise_applies(s):
+        return _tagged(lambda dy, w, dx: conv2d_depthwise(dy, torch.flip(w, (2, 3)), dx, padding=pad,
+                                                          dilation=(s.dilation, s.dilation_w), groups=s.C),
+                       DEPTHWISE)
+    return _tagged(lambda dy, w, dx: conv2d_general_dx(dy, w, dx, stride=stride, padding=padding, input_size=(H, W),
+                                                       dilation=dilation, groups=groups), GENERAL_DX)
+
+
+def dw_route(x, dy, stride, padding, kernel_size, dilation, groups):
+    """f(x, dy, dw): the dW kernel for this layer (f.impl: which): chapter 8's best dW where
+    course_applies, else the general dW kernel."""
+    Kh, Kw = (int(k) for k in two(kernel_size))
+    s = layer(x.shape, (dy.shape[1], x.shape[1] // groups, Kh, Kw), stride, padding, dilation, groups)
+    if course_applies(s, x.dtype):
+        return _tagged(lambda x, dy, dw: conv2d_weight_grad_best(x, dy, dw, stride=s.stride, padding=s.padding,
+                                                                 kernel_size=Kh), pick_weight_grad(s))
+    return _tagged(lambda x, dy, dw: conv2d_general_dw(x, dy, dw, stride=stride, padding=padding,
+                                                       kernel_size=(Kh, Kw), dilation=dilation, groups=groups),
+                   GENERAL_DW)
+
+
+_grad_routes: dict = {}     # ("dx" | "dw", shapes, dtype, arguments as given) -> the route
+
+
+def _grad_route(key: tuple, build):
+    """_grad_routes[key], built by build() the first time; kept only when the arguments after the
+    tensors' shapes and dtype (key[4:]) are plain."""
+    route = _grad_routes.get(key)
+    if route is None:
+        route = build()
+        if all(map(plain_arg, key[4:])):
+            _grad_routes[key] = route
+    return route
+
+
+def dx_impl(dy, w, *, stride=1, padding=0, input_size, dilation=1, groups: int = 1) -> Impl:
+    """The Impl input_grad() runs for these arguments."""
+    key = ("dx", dy.shape, w.shape, dy.dtype, input_size, stride, padding, dilation, groups)
+    return _grad_route(key, lambda: dx_route(dy, w, stride, padding, input_size, dilation, groups)).impl
+
+
+def dw_impl(x, dy, *, stride=1, padding=0, kernel_size, dilation=1, groups: int = 1) -> Impl:
+    """The Impl weight_grad() runs for these arguments."""
+    key = ("dw", x.shape, dy.shape, x.dtype, kernel_size, stride, padding, dilation, groups)
+    return _grad_route(key, lambda: dw_route(x, dy, stride, padding, kernel_size, dilation, groups)).impl
+
+
+def input_grad(dy, w, dx=None, *, stride=1, padding=0, input_size, dilation=1, groups: int = 1):
+    """dx of conv2d by dx_route's kernel (the choice kept per call signature)."""
+    key = ("dx", dy.shape, w.shape, dy.dtype, input_size, stride, padding, dilation, groups)
+    return _grad_route(key, lambda: dx_route(dy, w, stride, padding, input_size, dilation, groups))(dy, w, dx)
+
+
+def weight_grad(x, dy, dw=None, *, stride=1, padding=0, kernel_size, dilation=1, groups: int = 1):
+    """dw of conv2d by dw_route's kernel (the choice kept per call signature)."""
+    key = ("dw", x.shape, dy.shape, x.dtype, kernel_size, stride, padding, dilation, groups)
+    return _grad_route(key, lambda: dw_route(x, dy, stride, padding, kernel_size, dilation, groups))(x, dy, dw)
+
+
+# ---- fp16: how the routed forward adds ---------------------------------------------------------------
 
 def _accumulation(shape: Workload) -> str:
-    from .fp16 import accumulation
-
     return accumulation(pick(shape, "fp16"))
 
 
-conv2d.accumulation = _accumulation      # fp16.accumulation: how the kernel pick() runs adds (fp16)
+forward.accumulation = _accumulation      # fp16.accumulation: how the kernel pick() runs adds (fp16)
 
 
 def _fp16_route(x_shape, w_shape, stride, padding, dilation, groups):
-    from .general import geometry
-
+    """(launcher, whether it adds the bias) of forward() in float16 for NCHW x."""
     x_shape = tuple(x_shape) if len(x_shape) == 4 else (1, *x_shape)
-    return _route(geometry(x_shape, w_shape, stride, padding, dilation, groups), "fp16")
+    impl, _ = _forward_route(layer(x_shape, w_shape, stride, padding, dilation, groups), "fp16", False)
+    return impl.launcher, "bias" in inspect.signature(impl.launcher).parameters
 
 
 def forward_accumulation(x_shape, w_shape, stride=1, padding=0, dilation=1, groups: int = 1) -> str:
     """'half' or 'float': how the kernel conv2d runs in float16 on this layer keeps its sums (chapter
     6's direct kernels add in half where pick() chooses them): what fp16.fp16_tolerance needs."""
-    from .fp16 import accumulation
-
     return accumulation(_fp16_route(x_shape, w_shape, stride, padding, dilation, groups)[0])
 
 
@@ -267,11 +398,7 @@ def check_fp16_forward(y, ref, x_shape, w_shape, bias=None, stride=1, padding=0,
     with the bound derived for the kernel conv2d runs (fp16.fp16_tolerance: its sums, in half or
     float, of C/groups·Kh·Kw terms and the bias). Where that kernel adds no bias, conv2d adds it to
     the kernel's half output, which is rounded once more: u·|y - bias| <= u·|ref| + u·|bias| more."""
-    import convlab as cl
-
-    from .fp16 import U16, accumulation, fp16_tolerance
-
-    launcher, _, takes_bias = _fp16_route(x_shape, w_shape, stride, padding, dilation, groups)
+    launcher, takes_bias = _fp16_route(x_shape, w_shape, stride, padding, dilation, groups)
     n = w_shape[1] * w_shape[2] * w_shape[3] + (bias is not None)
     rtol, atol_rms = fp16_tolerance(n, 1, accumulation(launcher), rounded_inputs=True)
     r = ref.detach().double().cpu()
@@ -280,11 +407,10 @@ def check_fp16_forward(y, ref, x_shape, w_shape, bias=None, stride=1, padding=0,
         rtol, atol = 2 * rtol, atol + U16 * float(bias.detach().double().abs().max())
     return cl.check(y, r, rtol=rtol, atol=atol, name=name)
 
-def picked(dtype: str = "fp32"):
-    """An Impl named BEST that runs pick()'s kernel on any layer, for measure.run."""
-    from . import Impl
 
-    return Impl(BEST, conv2d, OPS[dtype], any_layer=True)
+def picked(dtype: str = "fp32"):
+    """An Impl labelled BEST that runs pick()'s kernel on any layer, for measure.run."""
+    return Impl(BEST, forward, OPS[dtype], any_layer=True, key=BEST_KEY)
 
 
 # ---- the evidence ------------------------------------------------------------------------------------
@@ -292,7 +418,7 @@ def picked(dtype: str = "fp32"):
 def measured(chapters=EVIDENCE):
     """The committed forward rows of our kernels in the chapters' results, one per (chapter,
     workload, dtype, impl), for the kernels pick() chooses among; None when there are none."""
-    import pandas as pd
+    import pandas as pd                    # optional heavy dependencies: only the evidence reads results
 
     from .. import results
 
@@ -302,8 +428,8 @@ def measured(chapters=EVIDENCE):
         if df is None:
             continue
         df = df[(df["kind"] == "ours") & (df["pass"] == "forward") & df["dtype"].isin(list(RULES))]
-        names = {d: {i.name for i in implementations(d)} for d in RULES}
-        df = df[[n in names[d] for n, d in zip(df["impl"], df["dtype"])]]
+        keys = {d: {i.key for i in implementations(d)} for d in RULES}
+        df = df[[k in keys[d] for k, d in zip(df["key"], df["dtype"])]]
         frames.append(df.assign(chapter=ch))
     return pd.concat(frames, ignore_index=True) if frames else None
 
@@ -314,9 +440,7 @@ def evidence(chapters=EVIDENCE):
     measurement's spread). A (chapter, workload, dtype) whose results lack pick()'s kernel (chapters
     5 and 6 measure their own kernels; chapter 9's run measures every registered one on the course's
     layers too) is left out. None when no results are committed."""
-    import pandas as pd
-
-    from .. import workloads
+    import pandas as pd                    # optional heavy dependency: only the evidence needs it
 
     df = measured(chapters)
     if df is None:
@@ -329,13 +453,13 @@ def evidence(chapters=EVIDENCE):
                              f"is now {shape.shape_text!r}: re-run the chapter on a GPU")
         fastest = sub.loc[sub["ms"].idxmin()]
         layout = str(sub["layout"].iloc[0]) if "layout" in sub and sub["layout"].iloc[0] in LAYOUTS else "nchw"
-        chosen = pick(shape, dtype, layout).name
-        mine = sub[sub["impl"] == chosen]
+        chosen = pick(shape, dtype, layout)
+        mine = sub[sub["key"] == chosen.key]
         if not len(mine):                # a kernel newer than the chapter's run: chapter 9's run measures it
             continue
         ms = float(mine["ms"].iloc[0])
         rows.append({"chapter": ch, "workload": name, "family": shape.family, "dtype": dtype,
-                     "pick()": chosen, "pick() ms": ms, "fastest": fastest["impl"], "fastest ms": fastest["ms"],
+                     "pick()": chosen.name, "pick() ms": ms, "fastest": by_key(fastest["key"]).name, "fastest ms": fastest["ms"],
                      "pick() / fastest": ms / fastest["ms"], "agrees": bool(ms <= fastest["p75"]),
                      "kernels measured": len(sub)})
     return pd.DataFrame(rows) if rows else None

@@ -341,12 +341,12 @@ def _smallc_tunables(s: Workload) -> dict:
 
 
 HALF = Impl("half (direct, register-tiled)", conv2d_half, op="conv2d_fp16",
-            applies=lambda s: direct_fits(s.M, s.C, s.K), config=lambda s: direct_config(s.M, s.C, s.K, s.Ho))
+            applies=lambda s: direct_fits(s.M, s.C, s.K), config=lambda s: direct_config(s.M, s.C, s.K, s.Ho), key="half")
 HALF2 = Impl("half2 (direct, register-tiled)", conv2d_half2, op="conv2d_fp16",
-             applies=lambda s: direct_fits(s.M, s.C, s.K), config=lambda s: direct_config(s.M, s.C, s.K, s.Ho))
-WMMA = Impl("WMMA implicit GEMM", conv2d_wmma, op="conv2d_fp16", config=lambda s: wmma_config(s.M, s.C, s.K))
+             applies=lambda s: direct_fits(s.M, s.C, s.K), config=lambda s: direct_config(s.M, s.C, s.K, s.Ho), key="half2")
+WMMA = Impl("WMMA implicit GEMM", conv2d_wmma, op="conv2d_fp16", config=lambda s: wmma_config(s.M, s.C, s.K), key="wmma")
 WMMA_SMALLC = Impl("WMMA, few channels (no im2col)", conv2d_wmma_smallc, op="conv2d_fp16",
-                   applies=lambda s: smallc_fits(s.C, s.K, s.H, s.W, s.padding, s.stride), config=_smallc_tunables)
+                   applies=lambda s: smallc_fits(s.C, s.K, s.H, s.W, s.padding, s.stride), config=_smallc_tunables, key="wmma_smallc")
 
 
 def pick(shape: Workload) -> Impl:
@@ -403,7 +403,7 @@ def conv2d_fp16(x, w, y=None, *, stride: int = 1, padding: int = 0, impl=None, *
 
 
 FP16_PATH = Impl("ours, float32 in and out: to_half + pick() + to_float", conv2d_fp16,
-                 applies=lambda s: s.dims == 2)
+                 applies=lambda s: s.dims == 2, key="fp16_path", candidate=False)
 #: The chapter's implementations, by the name the figures use: the four kernels (half in and out),
 #: then the whole float32 path through the pick.
 IMPLEMENTATIONS = (HALF, HALF2, WMMA, WMMA_SMALLC, FP16_PATH)

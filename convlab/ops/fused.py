@@ -214,13 +214,13 @@ def _regtile_plan(x, w, stride, padding, MT=None, ROWS=None, BLOCK=None):
 
 # ---- the implementations and the dispatcher ----------------------------------------------------------
 
-IMPLICIT_GEMM = Impl("implicit GEMM", conv2d_implicit_gemm, config=lambda s: {"TILE": 16, "KSIZE": 0})
-IMPLICIT_GEMM_REG = Impl("implicit GEMM, register-tiled", conv2d_implicit_gemm_reg, config=lambda s: gemm_config(s.M))
+IMPLICIT_GEMM = Impl("implicit GEMM", conv2d_implicit_gemm, config=lambda s: {"TILE": 16, "KSIZE": 0}, key="igemm")
+IMPLICIT_GEMM_REG = Impl("implicit GEMM, register-tiled", conv2d_implicit_gemm_reg, config=lambda s: gemm_config(s.M), key="igemm_reg")
 DIRECT_COARSE = Impl("direct, coarsened (mask in constant)", conv2d_direct_coarse,
                      applies=lambda s: direct_fits(s.M, s.C, s.K),
-                     config=lambda s: {"ROWS": direct_rows(s.M, s.C, s.K), "BLOCK": 256})
+                     config=lambda s: {"ROWS": direct_rows(s.M, s.C, s.K), "BLOCK": 256}, key="direct_coarse")
 DIRECT_REGTILE = Impl("direct, register-tiled (mask in shared)", conv2d_direct_regtile,
-                      applies=lambda s: regtile_fits(s.M, s.C, s.K), config=lambda s: regtile_config(s.M, s.C, s.K))
+                      applies=lambda s: regtile_fits(s.M, s.C, s.K), config=lambda s: regtile_config(s.M, s.C, s.K), key="direct_regtile")
 #: The chapter's implementations, by the name the figures use.
 IMPLEMENTATIONS = (IMPLICIT_GEMM, IMPLICIT_GEMM_REG, DIRECT_COARSE, DIRECT_REGTILE)
 

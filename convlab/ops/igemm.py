@@ -328,13 +328,13 @@ def _run(x, mask_of, w_shape, y, stride, padding, bias, tunables, name="y"):
 # ---- the implementation -------------------------------------------------------------------------
 
 IGEMM_F32 = Impl("implicit GEMM fp32, warp-tiled", conv2d_igemm_f32, applies=lambda s: s.D is None,
-                 config=igemm_config)
+                 config=igemm_config, key="igemm_f32")
 IGEMM_F32_DX = Impl("implicit GEMM fp32 dX, flipped mask", conv2d_igemm_f32_dx, op="conv2d_dx",
                     applies=lambda s: s.D is None and s.stride == 1 and s.padding <= s.K - 1,
-                    config=lambda s: igemm_config(dx_workload(s)))
+                    config=lambda s: igemm_config(dx_workload(s)), key="igemm_f32_dx")
 IGEMM_F32_DW = Impl("implicit GEMM fp32 dW, over the batch", conv2d_igemm_f32_dw, op="conv2d_dw",
                     applies=lambda s: s.D is None and s.stride == 1 and s.Ho == s.Wo,
-                    config=lambda s: igemm_config(dw_workload(s)))
+                    config=lambda s: igemm_config(dw_workload(s)), key="igemm_f32_dw")
 #: The module's implementations, by the name the figures use.
 IMPLEMENTATIONS = (IGEMM_F32, IGEMM_F32_DX, IGEMM_F32_DW)
 

@@ -151,8 +151,8 @@ def conv2d_im2col_matmul(x, w, y=None, *, stride: int = 1, padding: int = 0, BLO
 
 #: The chapter's implementations, by the name the figures use.
 IM2COL_GEMM = Impl("im2col + tiled GEMM", conv2d_im2col_gemm,
-                   config=lambda s: {"TILE": 16, "BLOCK": 256, "workspace_mb": 512})
-IM2COL_MATMUL = Impl("im2col + torch.matmul", conv2d_im2col_matmul, config=lambda s: {"BLOCK": 256, "workspace_mb": 512})
+                   config=lambda s: {"TILE": 16, "BLOCK": 256, "workspace_mb": 512}, key="im2col_gemm", candidate=False)
+IM2COL_MATMUL = Impl("im2col + torch.matmul", conv2d_im2col_matmul, config=lambda s: {"BLOCK": 256, "workspace_mb": 512}, key="im2col_matmul", candidate=False)
 IMPLEMENTATIONS = (IM2COL_GEMM, IM2COL_MATMUL)
 
 

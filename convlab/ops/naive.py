@@ -77,11 +77,11 @@ def conv2d_naive_flat(x, w, y=None, *, stride: int = 1, padding: int = 0, block:
 
 #: The chapter's implementations, by the name the figures use.
 NAIVE_Z = Impl("naive z (B·M on grid z)", conv2d_naive_z, applies=lambda s: s.B * s.M <= GRID_YZ_MAX,
-               config=lambda s: {"block": (16, 16)})
-NAIVE_FLAT = Impl("naive flat (1D grid)", conv2d_naive_flat, config=lambda s: {"block": 256})
+               config=lambda s: {"block": (16, 16)}, key="naive_z", candidate=False)
+NAIVE_FLAT = Impl("naive flat (1D grid)", conv2d_naive_flat, config=lambda s: {"block": 256}, key="naive_flat", candidate=False)
 NAIVE_TEXTBOOK = Impl("naive textbook (B, M, tiles)", conv2d_naive_textbook,
                       applies=lambda s: s.M <= GRID_YZ_MAX and grid_textbook(s.B, s.M, s.Ho, s.Wo)[0][2] <= GRID_YZ_MAX,
-                      config=lambda s: {"block": (16, 16)})
+                      config=lambda s: {"block": (16, 16)}, key="naive_textbook", candidate=False)
 IMPLEMENTATIONS = (NAIVE_Z, NAIVE_FLAT, NAIVE_TEXTBOOK)
 
 

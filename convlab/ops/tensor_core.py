@@ -297,6 +297,6 @@ def _takes(shape) -> bool:
 
 #: any_layer: stride, padding and dilation per axis and non-square masks (groups=1: _takes).
 MMA = Impl("mma.sync implicit GEMM (NHWC)", conv2d_mma, op="conv2d_fp16", applies=_takes, config=mma_config,
-           any_layer=True)
+           any_layer=True, key="mma")
 #: The chapter's tensor-core implementations, by the names the figures use.
 IMPLEMENTATIONS: tuple[Impl, ...] = (MMA,)

@@ -149,11 +149,11 @@ def _mask_config(s) -> dict:
 #: The chapter's implementations, by the name the figures use (the mask in constant memory where it
 #: fits, else read from global memory).
 IMPLEMENTATIONS = (
-    Impl("tiled, multi-pass halo load", conv2d_tiled_halo_multi_pass, config=lambda s: {**_mask_config(s), "TILE": 16}),
+    Impl("tiled, multi-pass halo load", conv2d_tiled_halo_multi_pass, config=lambda s: {**_mask_config(s), "TILE": 16}, key="tiled_multi_pass", candidate=False),
     Impl("tiled, input-sized blocks", conv2d_tiled_input_block,
-         applies=lambda s: s.K <= 32, config=lambda s: {**_mask_config(s), "IN_TILE": 32}),
+         applies=lambda s: s.K <= 32, config=lambda s: {**_mask_config(s), "IN_TILE": 32}, key="tiled_input_block", candidate=False),
     Impl("tiled, halo from cache", conv2d_tiled_cached_halo,
-         applies=lambda s: s.stride == 1, config=lambda s: {**_mask_config(s), "TILE": 16}),
+         applies=lambda s: s.stride == 1, config=lambda s: {**_mask_config(s), "TILE": 16}, key="tiled_cached_halo", candidate=False),
 )
 
 

@@ -446,6 +446,6 @@ def _fused_applies(shape) -> bool:
 #: A conv stage (conv + bias + activation + pooling) both ways. op "conv2d_stage": the launcher
 #: takes bias= (and act=, pool=) besides the forward contract.
 FUSED = Impl("conv + bias + act + pool, one kernel", conv2d_bias_act_pool, op="conv2d_stage", applies=_fused_applies,
-             config=fused_config)
-SEPARATE = Impl("conv (pick) + bias/act + pool, three kernels", conv2d_separate_epilogue, op="conv2d_stage")
+             config=fused_config, key="stage_fused")
+SEPARATE = Impl("conv (pick) + bias/act + pool, three kernels", conv2d_separate_epilogue, op="conv2d_stage", key="stage_separate")
 IMPLEMENTATIONS = (FUSED, SEPARATE)

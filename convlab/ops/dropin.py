@@ -1,0 +1,179 @@
+"""The drop-in: torch.nn.functional.conv2d and torch.nn.Conv2d on the course's kernels, the top layer
+of convlab.ops (shapes -> launchers -> dispatch -> here).
+
+- conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1): the same arguments,
+  results, gradients (dX, dW, dbias) and errors as torch.nn.functional.conv2d; the kernels are
+  dispatch.forward's, dispatch.input_grad's and dispatch.weight_grad's.
+- Conv2d: an nn.Conv2d (same parameters, initialisation, state dict, padding modes) whose forward
+  runs conv2d above. Conv2d.from_torch(m) copies an nn.Conv2d.
+- DropInFunction, InputGradFunction, WeightGradFunction: the autograd Functions behind them,
+  differentiable to any order.
+
+What the kernels do not take is computed by torch itself, so conv2d gives torch's result or
+torch's error for every input (kernel_fallback_reason() says which inputs, and why):
+- a dtype other than float32/float16, or x, w and bias of different dtypes (torch raises on the
+  mix) or not on the backend's device;
+- an empty x or w (a zero-size batch, zero channels or maps: no arithmetic, and torch's own shape
+  rules in those corner cases);
+- a plane too large for the kernels' int indices (H*W, Ho*Wo or a map's C/groups*Kh*Kw over 2^31 - 1).
+Arguments are checked by torch: the meta-tensor twin of the call (no data, no arithmetic) gives
+torch's error and the output's shape; the few checks meta tensors skip (non-positive stride,
+dilation or groups, negative padding, too many values, maps not divisible by groups, the bias's
+shape) are made in shapes.py, and those inputs go to torch, which raises its own error.
+
+The output has x's memory format, as torch's. The bias gradient is a torch sum over dy (in float32,
+then rounded to the dtype). Gradients of gradients (double backward, Hessian-vector products) run
+on the same kernels.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+import convlab as cl
+
+from . import dispatch
+from .shapes import DTYPES, TorchMustAnswer, plane_too_large, resolve
+
+
+def kernel_fallback_reason(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1) -> str | None:
+    """Why conv2d hands this call to torch.nn.functional.conv2d instead of the kernels (torch then
+    gives its result or its error); None when the kernels run."""
+    ts = (input, weight) if bias is None else (input, weight, bias)
+    if not all(isinstance(t, torch.Tensor) for t in ts):
+        return "not all tensors"
+    if any(t.dtype != input.dtype for t in ts):
+        return "mixed dtypes"
+    if input.dtype not in DTYPES:
+        return f"dtype {input.dtype} (the kernels take float32 and float16)"
+    where = cl.device().torch_device
+    if any(t.device.type != where for t in ts):
+        return f"not on the backend's device ({where})"
+    if input.numel() == 0 or weight.numel() == 0:
+        return "an empty input or mask"
+    if input.dim() not in (3, 4):
+        return f"a {input.dim()}-D input"
+    try:
+        s = resolve(input.shape, weight.shape, None if bias is None else bias.shape, stride, padding, dilation, groups)
+    except (TorchMustAnswer, TypeError) as e:
+        return f"torch rejects the arguments ({e})"
+    return plane_too_large(s)
+
+
+class DropInFunction(torch.autograd.Function):
+    """y = conv2d(x, w, bias) by dispatch.forward's kernel; its backward: dx by InputGradFunction
+    (dispatch.input_grad), dw by WeightGradFunction (dispatch.weight_grad), dbias a torch sum over
+    dy. x 4-D; stride, padding, dilation in any form torch takes (checked before).
+
+    Differentiable to any order, like torch's conv2d: the gradients of dx and dw are again a
+    forward, a dX and a dW of the same layer (dx = dX(dy, w): d/d(dy) is conv2d(g, w) and d/dw is
+    dW(g, dy); dw = dW(x, dy): d/dx is dX(dy, G) and d/d(dy) is conv2d(x, G))."""
+
+    @staticmethod
+    def forward(ctx, x, w, bias, stride, padding, dilation, groups):
+        # x as given: the dispatcher makes it NCHW contiguous, or keeps channels_last for its NHWC kernels
+        y = dispatch.forward(x, w.contiguous(), stride=stride, padding=padding, dilation=dilation,
+                           groups=groups, bias=None if bias is None else bias.contiguous())
+        ctx.save_for_backward(x, w)          # the inputs themselves: second derivatives flow back to them
+        ctx.conf = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
+        ctx.has_bias = bias is not None
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, w = ctx.saved_tensors
+        dx = dw = db = None
+        # create_graph=True (grad mode on here): differentiable gradients; otherwise the kernels
+        # straight away, without the cost of two more autograd nodes per backward
+        graph = torch.is_grad_enabled()
+        if ctx.needs_input_grad[0]:
+            size = tuple(x.shape[-2:])
+            dx = (InputGradFunction.apply(dy, w, size, ctx.conf) if graph
+                  else dispatch.input_grad(dy.contiguous(), w.contiguous(), input_size=size, **ctx.conf))
+        if ctx.needs_input_grad[1]:
+            size = tuple(w.shape[-2:])
+            dw = (WeightGradFunction.apply(x, dy, size, ctx.conf) if graph
+                  else dispatch.weight_grad(x.contiguous(), dy.contiguous(), kernel_size=size, **ctx.conf))
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            db = dy.sum(dim=(0, 2, 3), dtype=torch.float32).to(x.dtype)
+        return dx, dw, db, None, None, None, None
+
+
+def _conv(x, w, conf):
+    return DropInFunction.apply(x, w, None, conf["stride"], conf["padding"], conf["dilation"], conf["groups"])
+
+
+class InputGradFunction(torch.autograd.Function):
+    """dx = dispatch.input_grad(dy, w) for an input of input_size, as a differentiable function."""
+
+    @staticmethod
+    def forward(ctx, dy, w, input_size, conf):
+        ctx.save_for_backward(dy, w)
+        ctx.conf = conf
+        return dispatch.input_grad(dy.contiguous(), w.contiguous(), input_size=input_size, **conf)
+
+    @staticmethod
+    def backward(ctx, g):
+        dy, w = ctx.saved_tensors
+        gdy = gw = None
+        if ctx.needs_input_grad[0]:
+            gdy = _conv(g, w, ctx.conf)
+        if ctx.needs_input_grad[1]:
+            gw = WeightGradFunction.apply(g, dy, tuple(w.shape[-2:]), ctx.conf)
+        return gdy, gw, None, None
+
+
+class WeightGradFunction(torch.autograd.Function):
+    """dw = dispatch.weight_grad(x, dy) for a mask of kernel_size, as a differentiable function."""
+
+    @staticmethod
+    def forward(ctx, x, dy, kernel_size, conf):
+        ctx.save_for_backward(x, dy)
+        ctx.conf = conf
+        return dispatch.weight_grad(x.contiguous(), dy.contiguous(), kernel_size=kernel_size, **conf)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, dy = ctx.saved_tensors
+        gx = gdy = None
+        if ctx.needs_input_grad[0]:
+            gx = InputGradFunction.apply(dy, g, tuple(x.shape[-2:]), ctx.conf)
+        if ctx.needs_input_grad[1]:
+            gdy = _conv(x, g, ctx.conf)
+        return gx, gdy, None, None
+
+
+def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    """torch.nn.functional.conv2d, on the course's kernels: the same arguments (ints or tuples,
+    'same'/'valid', unbatched (C, H, W) inputs, bias None or (M,)), results, gradients and errors."""
+    args = (stride, padding, dilation, groups)
+    if kernel_fallback_reason(input, weight, bias, *args) is not None:
+        # only what differs from the defaults, as keywords: torch's argument errors then read as
+        # for F.conv2d(x, w[, b], name=value), the usual way to call it
+        given = {k: v for k, v, d in zip(("stride", "padding", "dilation", "groups"), args, (1, 0, 1, 1))
+                 if type(v) is not type(d) or v != d}
+        return F.conv2d(input, weight, *([] if bias is None else [bias]), **given)
+    x = input if input.dim() == 4 else input.unsqueeze(0)
+    y = DropInFunction.apply(x, weight, bias, stride, padding, dilation, groups)
+    return y if input.dim() == 4 else y.squeeze(0)
+
+
+class Conv2d(torch.nn.Conv2d):
+    """torch.nn.Conv2d (its constructor, parameters, initialisation, state dict and padding modes)
+    with the forward pass, and so the gradients, of the drop-in conv2d."""
+
+    def _conv_forward(self, input, weight, bias):
+        # as nn.Conv2d._conv_forward, with conv2d in place of F.conv2d
+        if self.padding_mode != "zeros":
+            return conv2d(F.pad(input, self._reversed_padding_repeated_twice, mode=self.padding_mode),
+                          weight, bias, self.stride, 0, self.dilation, self.groups)
+        return conv2d(input, weight, bias, self.stride, self.padding, self.dilation, self.groups)
+
+    @classmethod
+    def from_torch(cls, conv: torch.nn.Conv2d) -> "Conv2d":
+        """A Conv2d with the same configuration as an nn.Conv2d and a copy of its parameters."""
+        m = cls(conv.in_channels, conv.out_channels, conv.kernel_size, conv.stride, conv.padding, conv.dilation,
+                conv.groups, conv.bias is not None, conv.padding_mode, device=conv.weight.device,
+                dtype=conv.weight.dtype)
+        m.load_state_dict(conv.state_dict())
+        return m

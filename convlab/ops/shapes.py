@@ -1,0 +1,187 @@
+"""The bottom layer of the launchers: a layer's sizes as the one shape type, convlab.workloads.Workload,
+from the forms torch's conv2d takes its arguments in, and the checks every launcher makes of its
+tensors.
+
+- out_size(n, K, stride, padding): the output size along one axis (the one definition).
+- conv2d_shapes(x, w, stride, padding) -> (B, C, M, H, W, K, Ho, Wo): the chapters' plain layers.
+- layer(x_shape, w_shape, stride, padding, dilation, groups, bias_shape=None) -> Workload: any
+  layer, with torch's argument forms resolved (ints, 1- and 2-sequences, 'same' and 'valid'); an
+  argument torch rejects gives torch's own error. Cached by the arguments' values and types.
+- plain_arg(v): whether an argument's value alone says what torch makes of it (so it can key a cache).
+- check_tensor(t, name, dtype=None): float32/float16, on the backend's device, contiguous.
+- plane_too_large(s) / check_plane_sizes(s): the kernels index inside a plane with int.
+- suffix(dtype): the entry point of a kernel file for a dtype (_f32, _f16).
+"""
+from __future__ import annotations
+
+import functools
+import warnings
+
+import torch
+import torch.nn.functional as F
+
+import convlab as cl
+
+from .._limits import INT32_MAX
+from ..workloads import Workload
+
+DTYPES = (torch.float32, torch.float16)
+
+
+def out_size(n: int, K: int, stride: int = 1, padding: int = 0) -> int:
+    """(n + 2·padding − K) // stride + 1, the output size of a convolution along one axis."""
+    return (n + 2 * padding - K) // stride + 1
+
+
+def conv2d_shapes(x, w, stride: int = 1, padding: int = 0):
+    """(B, C, M, H, W, K, Ho, Wo) from an NCHW input and an MCKK mask; checks that they fit."""
+    if x.dim() != 4 or w.dim() != 4:
+        raise ValueError(f"expected x (B, C, H, W) and w (M, C, K, K), got {tuple(x.shape)} and {tuple(w.shape)}")
+    B, C, H, W = (int(s) for s in x.shape)
+    M, Cw, K, K2 = (int(s) for s in w.shape)
+    if Cw != C or K2 != K:
+        raise ValueError(f"w {tuple(w.shape)} does not fit x {tuple(x.shape)}: need (M, {C}, K, K)")
+    if stride < 1 or padding < 0:
+        raise ValueError(f"stride {stride} and padding {padding}: need stride >= 1, padding >= 0")
+    Ho, Wo = out_size(H, K, stride, padding), out_size(W, K, stride, padding)
+    if Ho < 1 or Wo < 1:
+        raise ValueError(f"no output: input {H}×{W}, K={K}, stride {stride}, padding {padding}")
+    for name, n in (("x", B * C * H * W), ("y", B * M * Ho * Wo)):
+        if n > INT32_MAX // 2:  # the kernels index with int; keep headroom for the grid stride
+            raise ValueError(f"{name} has {n:,} elements: too many for int indices")
+    return B, C, M, H, W, K, Ho, Wo
+
+
+# ---- torch's argument forms --------------------------------------------------------------------
+
+def two(v) -> tuple:
+    """torch's expansion of an int or a 1-sequence to both axes."""
+    v = tuple(v) if isinstance(v, (list, tuple)) else (v,)
+    return v * 2 if len(v) == 1 else v
+
+
+def _key(v):
+    """v as a cache key that keeps every type: torch takes padding=1 but not 1.0 or True, which are
+    equal to 1 and hash alike."""
+    if isinstance(v, (list, tuple)):
+        return (type(v).__name__, tuple(_key(e) for e in v))
+    return (type(v).__name__, v)
+
+
+def _unkey(k):
+    t, v = k
+    if t in ("list", "tuple", "Size"):
+        return (list if t == "list" else tuple)(_unkey(e) for e in v)
+    return v
+
+
+class TorchMustAnswer(Exception):
+    """An argument torch rejects but its meta tensors let through (or that meta tensors reject
+    with an error of their own): the drop-in asks torch itself, which raises its real error."""
+
+
+@functools.lru_cache(maxsize=4096)
+def _layer_of(key: tuple) -> Workload:
+    x_shape, w_shape, b_shape, stride, padding, dilation, groups = (_unkey(k) for k in key)
+    x_shape, w_shape = tuple(x_shape), tuple(w_shape)
+    b_shape = None if b_shape is None else tuple(b_shape)
+    meta = dict(device="meta")
+    try:
+        with warnings.catch_warnings():   # torch's note on 'same' copying the input is about its own kernels
+            warnings.simplefilter("ignore", UserWarning)
+            y = F.conv2d(torch.empty(x_shape, **meta), torch.empty(w_shape, **meta),
+                         None if b_shape is None else torch.empty(b_shape, **meta), stride, padding, dilation, groups)
+    except Exception as e:     # torch's message for the meta call; the drop-in re-asks torch on the real tensors
+        raise TorchMustAnswer(str(e)) from e
+    s, d = two(stride), two(dilation)
+    if len(s) != 2 or len(d) != 2 or min(s) < 1 or min(d) < 1 or groups < 1 or w_shape[0] % groups:
+        raise TorchMustAnswer(f"stride {stride}, dilation {dilation}, groups {groups}: torch rejects these")
+    if b_shape is not None and b_shape != (w_shape[0],):
+        raise TorchMustAnswer(f"a bias of shape {b_shape} for {w_shape[0]} maps: torch rejects it")
+    M, Cg, Kh, Kw = w_shape
+    if isinstance(padding, str):
+        # torch: 'same' pads d*(k-1) in all, the smaller half before; 'valid' pads nothing
+        total = tuple(d[i] * (k - 1) for i, k in enumerate((Kh, Kw))) if padding == "same" else (0, 0)
+        p = tuple(t // 2 for t in total)
+        end = tuple(t - t // 2 for t in total)
+    else:
+        p = end = two(padding)
+        if len(p) != 2 or min(p) < 0:
+            raise TorchMustAnswer(f"padding {padding}: torch rejects it")
+    B, C, H, W = x_shape if len(x_shape) == 4 else (1, *x_shape)
+    s_ = Workload("", B=B, C=C, M=M, H=H, W=W, K=(Kh, Kw), stride=s, padding=p, dilation=d, groups=groups,
+                  padding_end=end[0], padding_w_end=end[1])
+    assert (s_.Ho, s_.Wo) == tuple(y.shape[-2:]), (s_, y.shape)
+    return s_
+
+
+def plain_arg(v) -> bool:
+    """An argument whose value alone says what torch makes of it: an int, a str, None, a shape, a
+    tuple of ints (True or 1.0 equal 1 and hash alike, but torch takes them differently)."""
+    t = type(v)
+    return t is int or t is str or v is None or t is torch.Size or (t is tuple and all(type(e) is int for e in v))
+
+
+_plain_layers: dict = {}      # plain arguments, as given -> Workload: a repeated call's one lookup
+
+
+def resolve(x_shape, w_shape, b_shape, stride, padding, dilation, groups) -> Workload:
+    """layer(), raising TorchMustAnswer (or TypeError for unhashable arguments) where torch must
+    answer: what the drop-in uses to decide between the kernels and torch."""
+    args = (x_shape, w_shape, b_shape, stride, padding, dilation, groups)
+    plain = all(map(plain_arg, args))
+    if plain:
+        s = _plain_layers.get(args)
+        if s is not None:
+            return s
+    s = _layer_of(tuple(_key(v) for v in args))
+    if plain:
+        _plain_layers[args] = s
+    return s
+
+
+def layer(x_shape, w_shape, stride=1, padding=0, dilation=1, groups=1, bias_shape=None) -> Workload:
+    """The Workload of conv2d(x, w, bias, stride, padding, dilation, groups) for an input of x_shape
+    (4-D, or 3-D unbatched), a mask of w_shape and a bias of bias_shape (None: no bias); torch's
+    error (a RuntimeError) for arguments it rejects."""
+    try:
+        return resolve(x_shape, w_shape, bias_shape, stride, padding, dilation, groups)
+    except TorchMustAnswer as e:
+        raise RuntimeError(f"torch.nn.functional.conv2d rejects these arguments: {e}") from None
+    except TypeError as e:       # unhashable or ill-typed arguments: torch's own TypeError
+        raise TypeError(f"torch.nn.functional.conv2d rejects these arguments: {e}") from None
+
+
+def plane_too_large(s: Workload) -> str | None:
+    """Indices inside one plane (and a map's reduction) are int in the kernels."""
+    for what, n in (("an input plane H*W", s.H * s.W), ("an output plane Ho*Wo", s.Ho * s.Wo),
+                    ("a map's mask C/groups*Kh*Kw", s.reduction)):
+        if n > INT32_MAX:
+            return f"{what} has {n:,} elements, over the kernels' int indices (2^31 - 1)"
+    return None
+
+
+def check_plane_sizes(s: Workload) -> None:
+    why = plane_too_large(s)
+    if why:
+        raise ValueError(why + ": split the input, or use torch.nn.functional.conv2d (the drop-in does)")
+
+
+# ---- tensors -----------------------------------------------------------------------------------
+
+def check_tensor(t, name: str, dtype=None) -> None:
+    """t is a float32 or float16 tensor (of dtype, when given), on the backend's device, contiguous."""
+    if not isinstance(t, torch.Tensor) or t.dtype not in DTYPES:
+        raise TypeError(f"{name} must be a float32 or float16 tensor, got {getattr(t, 'dtype', type(t).__name__)}")
+    if dtype is not None and t.dtype != dtype:
+        raise TypeError(f"{name} is {t.dtype}, expected {dtype}: convert it with .to({dtype})")
+    if t.device.type not in (cl.device().torch_device, "meta"):     # meta: launches recorded, nothing runs
+        raise ValueError(f"{name} is on {t.device}, the {cl.backend()} backend runs on "
+                         f"{cl.device().torch_device}: move it with cl.to_device({name})")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous (NCHW): call {name}.contiguous() first")
+
+
+def suffix(dtype) -> str:
+    """Each chapter-9 kernel file has a float entry point (_f32) and a half one (_f16) around one body."""
+    return "_f16" if dtype == torch.float16 else "_f32"
