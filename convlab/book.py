@@ -22,8 +22,8 @@ from typing import Callable
 # paths and the page's tables live below (the runtime and the profiler use them too); the
 # notebooks find them here as book.repo_root, book.path, book.sig, book.table
 from ._paths import path, repo_root
+from . import runtime
 from .profile import card_value, column_head
-from .runtime import device
 from .tables import Table, sig, table, table_html  # noqa: F401 - re-exported for the notebooks
 
 
@@ -79,7 +79,7 @@ def figure_on_emulator(make: Callable[[], object], timeout: float = 600):
     CONVLAB_BACKEND=emu (as on_emulator: `make` is a function that takes no arguments and imports
     what it uses), and the figure comes back pickled, its `convlab_data` included.
     """
-    if device().backend == "emu":
+    if runtime.device().backend == "emu":
         return make()
     if not callable(make):
         raise TypeError("figure_on_emulator(make): pass a function that returns a Figure")

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import importlib
 
+from . import runtime
 from .bench import strict_fp32
 from .profile import card_value
-from .runtime import backend
 
 # the modules (cl.profile and cl.sass are the functions of the same names)
 _P = importlib.import_module("convlab.profile")
@@ -24,7 +24,7 @@ _S = importlib.import_module("convlab.sass")
 
 
 def _on_gpu() -> bool:
-    return backend() == "cuda"
+    return runtime.backend() == "cuda"
 
 
 def _missing(kind: str, name: str, where: str) -> None:
