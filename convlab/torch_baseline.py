@@ -19,6 +19,8 @@ from __future__ import annotations
 import json
 import sys
 
+from .bench import time_caller, time_gpu, wall_per_call
+
 DTYPES = {"fp32": "float32", "fp16": "float16"}
 
 
@@ -91,8 +93,6 @@ def _passes(spec, x, w):
 
 def main(argv) -> int:
     import torch
-
-    from .bench import time_caller, time_gpu, wall_per_call   # (convlab.bench is the function)
 
     spec = json.loads(argv[0])
     torch.backends.cudnn.benchmark = True
