@@ -342,7 +342,7 @@ def cards(cards: dict, rows=None, *, caption: str | None = None) -> _Html:
     for r, label in enumerate(labels):
         cells = "".join(f"<td>{html.escape(card_value(v))}</td>" for df in frames.values() for v in df.iloc[r])
         body.append(f'<tr><th title="{html.escape(metric_of.get(label, ""))}">{html.escape(label)}</th>{cells}</tr>')
-    sources = "; ".join(f"{name}: {card._caption()}" for name, card in cards.items())
+    sources = "; ".join(f"{name}: {card.caption()}" for name, card in cards.items())
     cap = caption or ", ".join(cards)
     full = "".join(f"<h4>{html.escape(name)}</h4>{card._repr_html_()}" for name, card in cards.items())
     page = (f'<div class="table-wrap"><table class="convlab-card"><caption>{html.escape(cap)}</caption>'

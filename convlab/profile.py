@@ -330,19 +330,20 @@ class ProfileCard:
         df = self.table()
         return df.apply(lambda col: col.map(card_value)) if len(df.columns) else df
 
-    def _caption(self) -> str:
+    def caption(self) -> str:
+        """Where the numbers come from (ncu on which GPU, or the emulator) and their precision."""
         s = self.source
         if self.precision:
             s += f"; precision: {self.precision}"
         if self.reference is not None:
-            s += f"; (ncu) columns: {self.reference._caption()}"
+            s += f"; (ncu) columns: {self.reference.caption()}"
         return s
 
     def __repr__(self):
-        return f"{self._caption()}\n{self._shown().to_string()}"
+        return f"{self.caption()}\n{self._shown().to_string()}"
 
     def _repr_html_(self):
-        return _html_table(self.table(), self._caption(), dict(self.rows))
+        return _html_table(self.table(), self.caption(), dict(self.rows))
 
     def select(self, rows) -> "pandas.DataFrame":  # noqa: F821
         """table() restricted to `rows` (labels or ncu metric names), in that order; a row no kernel
@@ -362,7 +363,7 @@ class ProfileCard:
         numbers come from (or `caption`)."""
         from IPython.display import HTML
 
-        return HTML(_html_table(self.select(rows), caption or self._caption(), dict(self.rows)))
+        return HTML(_html_table(self.select(rows), caption or self.caption(), dict(self.rows)))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -76,6 +76,7 @@ def device() -> DeviceInfo:
 
 
 def backend() -> str:
+    """The active backend's name: "cuda" or "emu"."""
     return backend_impl().name
 
 
@@ -200,6 +201,9 @@ class Module:
     def __repr__(self):
         return f"<convlab.Module {self.path.name}: {', '.join(self.kernels)} on {backend()}>"
 
+
+# ---------------------------------------------------------------------------------------------
+# The settings launches run under (per thread where a context sets them)
 
 def _setting(name, default):
     return getattr(_settings, name, default)
