@@ -41,7 +41,7 @@ def exercise_check(detect: bool):
         x, w = cl.randn(shape.B, shape.C, shape.H, shape.W), cl.randn(shape.M, shape.C, shape.K, shape.K)
         y = cl.empty(shape.B, shape.M, shape.Ho, shape.Wo)
         with cl.detect_races(detect):
-            tiled.conv2d_tiled_input_block(x, w, y, stride=shape.stride, pad=shape.pad, IN_TILE=16)
+            tiled.conv2d_tiled_input_block(x, w, y, stride=shape.stride, padding=shape.pad, IN_TILE=16)
         ok, text = ex.verdict(y, cl.ref.conv2d(x, w, stride=shape.stride, padding=shape.pad))
         assert ok, text
 
@@ -49,15 +49,15 @@ def exercise_check(detect: bool):
 def main():
     print(cl.device())
     t0 = time.perf_counter()
-    cl.emu._Runtime.get()
+    cl.emu.runtime_library()
     runtime_ms = (time.perf_counter() - t0) * 1e3
     t0 = time.perf_counter()
     mod = cl.load(KERNEL, defines={"TILE": TILE})
     cold_ms = (time.perf_counter() - t0) * 1e3
-    cl._modules.clear()                                   # forget the in-memory module, keep the disk cache
+    cl.runtime.clear_module_cache()                       # forget the in-memory module, keep the disk cache
     cached = []
     for _ in range(5):
-        cl._modules.clear()
+        cl.runtime.clear_module_cache()
         t0 = time.perf_counter()
         mod = cl.load(KERNEL, defines={"TILE": TILE})
         cached.append((time.perf_counter() - t0) * 1e3)

@@ -144,7 +144,7 @@ def device_facts() -> dict:
     """name, SMs, L2 bytes, shared memory per SM, read from the driver."""
     import pycuda.driver as drv
 
-    dev, attr = cl._get_backend().dev, drv.device_attribute
+    dev, attr = cl.runtime.backend_impl().dev, drv.device_attribute
     return {"name": dev.name(), "sms": dev.get_attribute(attr.MULTIPROCESSOR_COUNT),
             "l2_bytes": dev.get_attribute(attr.L2_CACHE_SIZE),
             "shared_per_sm": dev.get_attribute(attr.MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)}

@@ -83,7 +83,7 @@ _emu_launches = [0]
 
 def count_launches(fn) -> int:
     """Kernels of ours that one call of fn launches."""
-    b = cl._get_backend()
+    b = cl.runtime.backend_impl()
     before = _emu_launches[0]
     if b.name != "cuda":
         fn()
@@ -218,7 +218,7 @@ def breakdown():
     key = (x.shape, w.shape, 1, 1)
     shape, launch = fused._best[key]
     bound, ref = launch.bound, launch.ref
-    b = cl._get_backend()
+    b = cl.runtime.backend_impl()
     steps = [("whole call: fused.conv2d_best(x, w, padding=1)", lambda: fused.conv2d_best(x, w, padding=1)),
              ("  plan lookup (dict keyed by the shapes)", lambda: fused._best.get(key)),
              ("  output: ops.output (torch.empty on a GPU)", lambda: new_or_given(None, shape, x)),

@@ -60,3 +60,7 @@ class KernelInterrupted(KeyboardInterrupt):
 class RaceDetectorOff(UserWarning):
     """The emulator could not build a kernel file with the race detector: its launches run, checked
     for bounds, but not for races. The warning says why and what to change."""
+
+
+class ProfileUnavailable(ConvlabError):
+    """No profile can be taken here and none was committed; the message says why and what to do."""

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ._errors import CompileError
+from ._paths import repo_root
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,7 @@ def strip_comments(text: str) -> str:
     return "".join(out)
 
 
-_TYPE_ALIASES = {
+TYPE_ALIASES = {
     "unsigned": "unsigned int", "signed": "int", "signed int": "int", "uint": "unsigned int",
     "__half": "half", "__half2": "half2", "long int": "long", "long long int": "long long",
     "unsigned long int": "unsigned long", "unsigned long long int": "unsigned long long",
@@ -92,7 +93,7 @@ def _parse_param(text: str, typedefs: dict[str, str]) -> Param:
     core = [w for w in words if w not in ("const", "volatile", "__restrict__", "__restrict", "restrict", "struct")]
     base = " ".join(core)
     base = typedefs.get(base, base)
-    base = _TYPE_ALIASES.get(base, base)
+    base = TYPE_ALIASES.get(base, base)
     if type_part.count("*") > 1:
         base = "pointer"
     return Param(type_part, name, base, pointer, const)
@@ -389,8 +390,6 @@ def display_name(path) -> str:
     if p in _CELLS:
         return f"cell {_CELLS[p]}"
     try:
-        from .book import repo_root
-
         return str(Path(p).resolve().relative_to(repo_root()))
     except ValueError:
         return p

@@ -15,12 +15,15 @@ import threading
 from pathlib import Path
 
 from . import arch
+from ._args import ctype_of
 from ._errors import ArgumentError, BackendUnavailable, CompileError, LaunchError
 from ._limits import SHARED_DEFAULT_MAX
+from ._paths import repo_root
 from ._source import Source, map_compiler_output, rewrite_for_nvcc
 
 
-def _why_not() -> str | None:
+def why_not() -> str | None:
+    """None when PyCUDA can drive a GPU here, else why not, in words."""
     try:
         import pycuda.driver as drv
     except Exception as e:   # noqa: BLE001 - any import failure means no GPU backend
@@ -142,7 +145,7 @@ class CudaBackend:
     device_type = "cuda"
 
     def __init__(self):
-        why = _why_not()
+        why = why_not()
         if why:
             raise BackendUnavailable(f"the cuda backend cannot run here: {why}")
         import torch
@@ -205,7 +208,6 @@ class CudaBackend:
             raise CompileError(too_old)
         from pycuda.compiler import compile as nvcc
 
-        from .book import repo_root
         text = f'#line 1 "{src.path}"\n' + rewrite_for_nvcc(src)
         opts = ["-std=c++17", "-lineinfo"]
         opts += [f"-D{k}" if v is None else f"-D{k}={v}" for k, v in defines.items()] + list(options)
@@ -377,8 +379,6 @@ class BoundLaunch:
 
     def __init__(self, launcher: KernelLauncher, scalars, grid, block, shared, slow):
         import torch
-
-        from ._args import ctype_of
 
         n = launcher.n - len(scalars)         # the pointers come first (Kernel.bind sees to it)
         everything = tuple(v for v in vars(torch).values() if isinstance(v, torch.dtype))

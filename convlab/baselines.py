@@ -10,55 +10,19 @@ Also a plain wall-clock timer for chapter 1, whose contenders run on the CPU.
 """
 from __future__ import annotations
 
-import contextlib
 import os
 import platform
 import time
 from dataclasses import dataclass, field
 
-@contextlib.contextmanager
-def strict_fp32(benchmark: bool | None = None):
-    """TF32 off for cuDNN convolutions and for matmul inside the block (and cudnn.benchmark set,
-    when given); the old settings after. Through cuDNN's flags() context, which works also where
-    torch.testing has frozen the global flags."""
-    import torch
-
-    cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
-    saved = matmul.allow_tf32
-    bench = cudnn.benchmark if benchmark is None else benchmark
-    try:
-        matmul.allow_tf32 = False
-        with cudnn.flags(enabled=cudnn.enabled, benchmark=bench, deterministic=cudnn.deterministic,
-                         allow_tf32=False):
-            yield
-    finally:
-        matmul.allow_tf32 = saved
-
-
-def tf32_setting() -> str:
-    """How the timings here were taken: always strict fp32 (the figure says so)."""
-    return "TF32 off"
-
+from . import results
+from ._paths import repo_root
+from .bench import spread, strict_fp32, wall_clock_ms  # noqa: F401 - strict_fp32: the chapters' baselines.strict_fp32
+from .results import versions      # chapter 8 also reads it as baselines.versions
 
 TORCH_BEST = "torch best"
 LAYOUTS = {"nchw": "torch (NCHW)", "channels_last": "torch (channels_last)"}
-#: float32 in and out through half (torch_baseline's conv2d_via_half, NCHW): chapter 6's torch row
-TORCH_VIA_HALF = "torch, float32 in and out: .half() + conv2d + .float()"
 TORCH_CACHE = "torch"       # book/data/torch.csv
-
-
-def versions() -> dict:
-    """torch and cuDNN versions, as written on figures and in book/data."""
-    import torch
-
-    cudnn = "n/a"
-    if torch.backends.cudnn.is_available():
-        v = torch.backends.cudnn.version()  # e.g. 91900 for 9.19.0
-        if v:
-            cudnn = f"{v // 10000}.{v % 10000 // 100}.{v % 100}"
-    return {"torch": torch.__version__, "cudnn": cudnn}
-
-
 SPEC_FIELDS = ("B", "C", "M", "H", "W", "K", "stride", "padding", "D", "Kw", "stride_w", "padding_w", "dilation",
                "dilation_w", "groups")
 
@@ -75,9 +39,7 @@ def measure_torch(wl, op: str = "conv2d", dtype: str = "fp32", layout: str = "nc
     import subprocess
     import sys
 
-    from . import book
-
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(book.repo_root()), os.environ.get("PYTHONPATH", "")]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(repo_root()), os.environ.get("PYTHONPATH", "")]))
     spec = json.dumps(_spec(wl, op, dtype, layout, reps))
     done = subprocess.run([sys.executable, "-m", "convlab.torch_baseline", spec], capture_output=True, text=True,
                           env=env, timeout=600)
@@ -101,18 +63,10 @@ def torch_rows(wl, pass_: str = "forward", dtype: str = "fp32", *, roof=None, re
     return mine + [best_of(mine)]
 
 
-def torch_via_half_row(wl, *, roof=None, refresh: bool = False) -> dict:
-    """torch on a float32 layer run in half, conversions included (TORCH_VIA_HALF): one row,
-    timed in a fresh process like torch_rows' and kept in book/data/torch.csv under its own name."""
-    return _cached_or_measured(wl, "forward", "fp32", {"nchw": TORCH_VIA_HALF}, "conv2d_via_half", roof, refresh)[0]
-
-
 def _cached_or_measured(wl, pass_, dtype, layouts: dict, op: str, roof, refresh) -> list:
     """The rows of layouts (layout -> impl name) for one layer, pass and dtype: from the cache, or
     measured by `op` and added to it."""
     import pandas as pd
-
-    from . import results
 
     meta = {"gpu": results.device_label(), **versions()}
     cached = results.load(TORCH_CACHE)
@@ -229,8 +183,6 @@ def time_cpu(fn, reps: int = 5, warmup: int = 1, settle_s: float = 0.3) -> CpuTi
     It first waits settle_s: the BLAS threads of whatever ran before (numpy's OpenBLAS) keep
     spinning for a while after their last call and would steal the cores from torch's threads
     (seen here: torch 20x slower right after numpy on 2 cores)."""
-    from .bench import spread, wall_clock_ms
-
     time.sleep(settle_s)
     samples = wall_clock_ms(fn, reps, warmup)
     median, p25, p75 = spread(samples)

@@ -9,14 +9,20 @@ Without it a launcher that does 50-100 us of Python work between two ~0.1 ms ker
 
 The events, the flush and the hold all go on torch's current stream, where convlab's kernels
 launch too (as torch's ops do): timed from inside `with torch.cuda.stream(s):`, the events bracket
-the call's kernels on s."""
+the call's kernels on s.
+
+torch's own contenders (and the roofline's GEMM) are timed under strict_fp32(): TF32 off, the
+arithmetic our kernels do."""
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from dataclasses import dataclass, field
 
 import torch
+
+from .runtime import backend, device
 
 
 @dataclass
@@ -59,7 +65,6 @@ def _hold_gpu():
 
 def bench(fn, reps: int | None = None, warmup: int | None = None, flush_l2: bool = True) -> Timing:
     """GPU time of fn() (see the module's doc); on the emulator, wall time labelled as such."""
-    from . import backend, device
     if backend() == "cuda":
         t = time_gpu(fn, reps=reps or 20, warmup=3 if warmup is None else warmup, flush_l2=flush_l2)
         return Timing(t.ms, t.p25, t.p75, t.min, t.max, t.samples, True, device().name)
@@ -134,3 +139,20 @@ def spread(samples: list) -> tuple:
     """(median, 25th, 75th percentile)."""
     q = statistics.quantiles(samples, n=4) if len(samples) > 1 else [samples[0]] * 3
     return statistics.median(samples), q[0], q[2]
+
+
+@contextlib.contextmanager
+def strict_fp32(benchmark: bool | None = None):
+    """TF32 off for cuDNN convolutions and for matmul inside the block (and cudnn.benchmark set,
+    when given); the old settings after. Through cuDNN's flags() context, which works also where
+    torch.testing has frozen the global flags."""
+    cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
+    saved = matmul.allow_tf32
+    bench = cudnn.benchmark if benchmark is None else benchmark
+    try:
+        matmul.allow_tf32 = False
+        with cudnn.flags(enabled=cudnn.enabled, benchmark=bench, deterministic=cudnn.deterministic,
+                         allow_tf32=False):
+            yield
+    finally:
+        matmul.allow_tf32 = saved

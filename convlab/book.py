@@ -1,10 +1,9 @@
-"""Small helpers the chapters' notebooks share: where the repository is, showing a kernel file (a
-listing, or what changed from another kernel), tables, profile cards side by side and glued
-figures for the page, and running a demonstration on the CPU emulator even when the notebook runs
-on a GPU.
+"""Small helpers the chapters' notebooks share: showing a kernel file (a listing, or what changed
+from another kernel), tables, profile cards side by side and glued figures for the page, and
+running a demonstration on the CPU emulator even when the notebook runs on a GPU.
 
-Notebooks run with their own folder as the working directory (book/, solutions/, exercises/),
-so paths are resolved from the repository root, found by walking up to ``_toc.yml``.
+Also where the repository is (repo_root, path: convlab._paths) and the page's number format and
+tables (sig, table, Table, table_html: convlab.tables), so a notebook finds them all here.
 """
 from __future__ import annotations
 
@@ -12,8 +11,6 @@ import ast
 import difflib
 import html
 import inspect
-import math
-import numbers
 import os
 import re
 import subprocess
@@ -22,28 +19,12 @@ import textwrap
 from pathlib import Path
 from typing import Callable
 
-_PACKAGE_ROOT = Path(__file__).resolve().parent.parent
-
-
-def repo_root() -> Path:
-    """The workbook's root: the first folder above the working directory with _toc.yml and kernels/.
-
-    Falls back to the folder that holds the convlab package (an editable install).
-    """
-    env = os.environ.get("CONVLAB_ROOT")
-    if env:
-        return Path(env).resolve()
-    here = Path.cwd().resolve()
-    for folder in (here, *here.parents):
-        if (folder / "_toc.yml").is_file() and (folder / "kernels").is_dir():
-            return folder
-    return _PACKAGE_ROOT
-
-
-def path(relative: str | os.PathLike) -> Path:
-    """A path inside the workbook, absolute."""
-    p = Path(relative)
-    return p if p.is_absolute() else repo_root() / p
+# paths and the page's tables live below (the runtime and the profiler use them too); the
+# notebooks find them here as book.repo_root, book.path, book.sig, book.table
+from ._paths import path, repo_root
+from . import runtime
+from .profile import card_value, column_head
+from .tables import Table, sig, table, table_html  # noqa: F401 - re-exported for the notebooks
 
 
 def progress(iterable, desc: str = "", **kwargs):
@@ -98,9 +79,7 @@ def figure_on_emulator(make: Callable[[], object], timeout: float = 600):
     CONVLAB_BACKEND=emu (as on_emulator: `make` is a function that takes no arguments and imports
     what it uses), and the figure comes back pickled, its `convlab_data` included.
     """
-    from . import device
-
-    if device().backend == "emu":
+    if runtime.device().backend == "emu":
         return make()
     if not callable(make):
         raise TypeError("figure_on_emulator(make): pass a function that returns a Figure")
@@ -325,74 +304,6 @@ def show_diff(old, new, *, context: int = 2, caption: str | None = None) -> None
     _show(b["text/markdown"], b["text/plain"])
 
 
-def sig(value, digits: int = 3) -> str:
-    """A number as a reader wants it in a table: floats to `digits` significant figures (thousands
-    separated, no exponent), integers exact, None and NaN as a dash, text as it is."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "—"
-    if isinstance(value, str) or isinstance(value, bool):
-        return str(value)
-    if isinstance(value, numbers.Integral):
-        return f"{int(value):,}"
-    if not isinstance(value, numbers.Real):
-        return str(value)
-    v = float(value)
-    if not math.isfinite(v):
-        return str(v)
-    if v == 0:
-        return "0"
-    decimals = digits - 1 - math.floor(math.log10(abs(v)))
-    if abs(round(v, decimals)) >= 10 ** (digits - decimals):   # 99.96 rounds up to 100: one decimal fewer
-        decimals -= 1
-    v = round(v, decimals)
-    return f"{v:,.{max(decimals, 0)}f}"
-
-
-def _index_as_columns(df):
-    """df with its index as ordinary columns, unless it is the plain 0..n-1 row number."""
-    plain = type(df.index).__name__ == "RangeIndex" and df.index.name is None
-    return df if plain else df.reset_index()
-
-
-def table_html(df, *, sig_digits: int = 3, caption: str | None = None) -> str:
-    """df as an HTML table with no pandas index column (a named index becomes ordinary columns),
-    numbers to sig_digits significant figures and right-aligned, text left-aligned, the caption
-    inside, in a <div class="table-wrap"> that the site's stylesheet lets scroll sideways when wide."""
-    df = _index_as_columns(df)
-
-    def cell(v):
-        kind = ' class="text"' if isinstance(v, str) else ""
-        return f"<td{kind}>{html.escape(sig(v, sig_digits))}</td>"
-
-    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in df.columns)
-    body = "".join("<tr>" + "".join(cell(v) for v in row) + "</tr>" for row in df.itertuples(index=False))
-    cap = f"<caption>{html.escape(caption)}</caption>" if caption else ""
-    return (f'<div class="table-wrap"><table class="convlab-table">{cap}<thead><tr>{head}</tr></thead>'
-            f"<tbody>{body}</tbody></table></div>")
-
-
-class Table:
-    """A table for the page: shown as HTML (table_html) and as aligned text."""
-
-    def __init__(self, df, *, sig_digits: int = 3, caption: str | None = None):
-        self.df, self.sig_digits, self.caption = df, sig_digits, caption
-
-    def _repr_html_(self) -> str:
-        return table_html(self.df, sig_digits=self.sig_digits, caption=self.caption)
-
-    def __repr__(self) -> str:
-        df = _index_as_columns(self.df)
-        shown = df.apply(lambda col: col.map(lambda v: sig(v, self.sig_digits))) if len(df.columns) else df
-        return (f"{self.caption}\n" if self.caption else "") + shown.to_string(index=False)
-
-
-def table(df, *, sig: int = 3, caption: str | None = None) -> Table:
-    """A DataFrame for the page: no index column (a named index becomes ordinary columns), numbers
-    to `sig` significant figures, the caption inside the same output. Put it last in a cell or
-    pass it to display()."""
-    return Table(df, sig_digits=sig, caption=caption)
-
-
 class _Html:
     """An output that is HTML on the page and text in a terminal."""
 
@@ -415,8 +326,6 @@ def cards(cards: dict, rows=None, *, caption: str | None = None) -> _Html:
         book.cards({"input-sized blocks": card_ib, "cached halo": card_ch},
                    ["duration (us)", "DRAM throughput (% of peak)", "L1 hit rate (%)"])
     """
-    from .profile import _fmt, _head
-
     if not cards:
         raise ValueError("book.cards: no cards given")
     metric_of = {}
@@ -428,12 +337,12 @@ def cards(cards: dict, rows=None, *, caption: str | None = None) -> _Html:
     frames = {name: card.select(rows) for name, card in cards.items()}
     labels = [key[0] for key in next(iter(frames.values())).index]
     top = "".join(f'<th colspan="{max(len(df.columns), 1)}">{html.escape(name)}</th>' for name, df in frames.items())
-    sub = "".join(_head(c) for df in frames.values() for c in df.columns)
+    sub = "".join(column_head(c) for df in frames.values() for c in df.columns)
     body = []
     for r, label in enumerate(labels):
-        cells = "".join(f"<td>{html.escape(_fmt(v))}</td>" for df in frames.values() for v in df.iloc[r])
+        cells = "".join(f"<td>{html.escape(card_value(v))}</td>" for df in frames.values() for v in df.iloc[r])
         body.append(f'<tr><th title="{html.escape(metric_of.get(label, ""))}">{html.escape(label)}</th>{cells}</tr>')
-    sources = "; ".join(f"{name}: {card._caption()}" for name, card in cards.items())
+    sources = "; ".join(f"{name}: {card.caption()}" for name, card in cards.items())
     cap = caption or ", ".join(cards)
     full = "".join(f"<h4>{html.escape(name)}</h4>{card._repr_html_()}" for name, card in cards.items())
     page = (f'<div class="table-wrap"><table class="convlab-card"><caption>{html.escape(cap)}</caption>'
@@ -442,7 +351,7 @@ def cards(cards: dict, rows=None, *, caption: str | None = None) -> _Html:
             f"<details><summary>The full profile cards</summary>{full}</details>")
     text = [cap]
     for name, df in frames.items():
-        text += [f"{name}:", df.droplevel(1).apply(lambda col: col.map(_fmt)).to_string()]
+        text += [f"{name}:", df.droplevel(1).apply(lambda col: col.map(card_value)).to_string()]
     return _Html(page, "\n".join(text))
 
 

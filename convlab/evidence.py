@@ -14,14 +14,17 @@ from __future__ import annotations
 
 import importlib
 
+from . import runtime
+from .bench import strict_fp32
+from .profile import card_value
+
 # the modules (cl.profile and cl.sass are the functions of the same names)
 _P = importlib.import_module("convlab.profile")
 _S = importlib.import_module("convlab.sass")
 
 
 def _on_gpu() -> bool:
-    from . import backend
-    return backend() == "cuda"
+    return runtime.backend() == "cuda"
 
 
 def _missing(kind: str, name: str, where: str) -> None:
@@ -38,7 +41,6 @@ def card(name: str, fn, *args, **kwargs):
 
 def torch_strict(fn, *args, **kwargs):
     """fn(*args, **kwargs) as the book times torch: strict fp32 (TF32 off), cudnn.benchmark on."""
-    from .baselines import strict_fp32
     with strict_fp32(benchmark=True):
         return fn(*args, **kwargs)
 
@@ -147,10 +149,9 @@ def table(columns: dict, rows=SUMMARY):
     that some column has; None when no column has a card."""
     import pandas as pd
 
-    from .profile import _fmt
     cols = {label: [value(c, part, m) for _, m in rows] for label, (c, part) in columns.items() if c is not None}
     if not cols:
         return None
     keep = [i for i in range(len(rows)) if any(v[i] is not None for v in cols.values())]
     index = pd.MultiIndex.from_tuples([rows[i] for i in keep], names=["what", "ncu metric"])
-    return pd.DataFrame({k: [_fmt(v[i]) for i in keep] for k, v in cols.items()}, index=index)
+    return pd.DataFrame({k: [card_value(v[i]) for i in keep] for k, v in cols.items()}, index=index)

@@ -22,9 +22,13 @@ import math
 
 import torch
 
-from . import baselines, results
+import convlab as cl
+
+from . import baselines, results, roofline
+from .bench import bench, time_caller, time_gpu, wall_per_call
 from .book import progress
 from .check import DW_INDEX
+from .ops.fp16 import accumulation, fp16_tolerance
 
 SAMPLED_IMAGES = 4
 
@@ -38,8 +42,6 @@ def named(impls, name: str):
 
 
 def _is_gpu() -> bool:
-    import convlab as cl
-
     return cl.backend() == "cuda"
 
 
@@ -58,8 +60,6 @@ def inputs(wl, pass_: str, dtype: str = "fp32", layout: str = "nchw") -> dict:
     """Fresh random tensors for one pass over a layer, on the backend's device; layout
     "channels_last": every 4D tensor in that memory format (what a kernel reading NHWC takes without
     a conversion, as torch's channels_last rows get it)."""
-    import convlab as cl
-
     if layout not in LAYOUTS:
         raise ValueError(f"layout {layout!r}: one of {', '.join(LAYOUTS)}")
     dt = _dtype(dtype)
@@ -91,7 +91,8 @@ PASS_OF_OP = {"conv2d": "forward", "conv3d": "forward", "conv2d_fp16": "forward"
               "conv2d_dw": "dW", "conv2d_train": "forward+dX+dW"}
 
 
-def _sample(B: int) -> list:
+def sample_images(B: int) -> list:
+    """The images a check compares for a batch of B: the first, the last and two at random (seeded by B)."""
     g = torch.Generator().manual_seed(B)
     picks = [0, B - 1] + torch.randint(0, B, (SAMPLED_IMAGES - 2,), generator=g).tolist()
     return sorted(set(picks))
@@ -102,7 +103,7 @@ def check_output(impl, wl, t: dict, out, dtype: str = "fp32") -> None:
     images for the forward pass and dX, whole for dW (every image contributes to each element)."""
     kw = wl.conv_kwargs()
     d = lambda v: v.double()  # noqa: E731
-    idx = _sample(wl.B)
+    idx = sample_images(wl.B)
     what = f"{impl.name} on {wl.name}"
     p = PASS_OF_OP[impl.op]
     if p == "forward":
@@ -132,10 +133,7 @@ def _check(impl, wl, out, ref, what: str, dtype: str, length: int, derived: bool
     generic one for float sums. fp32, and dW: _atol's generic bound (dW sums over the whole batch,
     where the derived bound's term for a tensor core's truncating adds, length·2^-24, grows past it).
     index: the names of out's axes in messages (dW: DW_INDEX)."""
-    import convlab as cl
-
     if dtype == "fp16" and derived:
-        from .ops.fp16 import accumulation, fp16_tolerance
 
         rtol, atol_rms = fp16_tolerance(max(length, 1), 1, accumulation(impl, wl), rounded_inputs=True)
         rms = float(ref.pow(2).mean().sqrt()) if ref.numel() else 1.0
@@ -160,8 +158,6 @@ def _atol(ref, dtype: str, length: int) -> float:
 
 def time_impl(fn, reps: int = 20) -> results.Measured:
     """GPU time, the time a caller sees, and the time per call in a loop (see convlab.results)."""
-    from .bench import bench, time_caller, time_gpu, wall_per_call   # (convlab.bench is the function)
-
     if not _is_gpu():
         t = bench(fn, reps=1, warmup=0)
         return results.Measured(t.ms, t.p25, t.p75)
@@ -180,8 +176,6 @@ def run(impls, workloads, *, dtype: str = "fp32", layout: str = "nchw", torch_ba
     """Check and time each implementation on each layer it applies to; torch's rows after ours.
     layout: the memory format of the inputs ours get (inputs()); torch's rows time both.
     On the emulator, each layer's small twin is checked and nothing is timed for a figure."""
-    from . import roofline
-
     gpu = _is_gpu()
     if gpu and roof is None:
         roof = roofline.current(dtype)
@@ -212,9 +206,6 @@ def sweep(impl, wl, configs, *, dtype: str = "fp32", layout: str = "nchw", reps:
     columns (a tunable a dict leaves out: empty, the launcher's default). layout: as run's.
     A setting that cannot launch is reported in a line and gets no row."""
     import pandas as pd
-
-    import convlab as cl
-    from . import roofline
 
     gpu = _is_gpu()
     if gpu and roof is None:

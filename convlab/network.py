@@ -29,8 +29,15 @@ from dataclasses import dataclass, field, replace
 import torch
 import torch.nn.functional as F
 
+import convlab as cl
+
+from . import measure, results, runtime
+from .bench import strict_fp32
+from .lenet import Dataset, load_digits
+from .ops import backprop
 from .ops import layers as ops
 from .ops import new_output
+from .workloads import Workload
 
 
 @dataclass(frozen=True)
@@ -73,7 +80,6 @@ class Architecture:
 
     def conv_workloads(self, B: int) -> list:
         """Each conv stage as a convlab.workloads.Workload for a batch of B images."""
-        from .workloads import Workload
 
         side, out = self.image_size, []
         for i, (s, (conv, pooled)) in enumerate(zip(self.convs, self.sizes())):
@@ -143,8 +149,6 @@ def _torch_act(t, act):
 
 
 def _device():
-    import convlab as cl
-
     return torch.device(cl.device().torch_device)
 
 
@@ -200,8 +204,6 @@ def forward(arch: Architecture, params: dict, x, *, keep: bool = False, fused: b
 
 def backward(arch: Architecture, params: dict, tape: dict, labels):
     """(per-image losses (N,), gradients by parameter name) from forward(..., keep=True)'s tape."""
-    from .ops import backprop
-
     n = len(arch.widths)
     loss, dz = ops.softmax_xent(tape[f"fc{n}.out"], labels)
     grads = {}
@@ -237,8 +239,6 @@ def mean_loss(loss) -> float:
 def digits(image_size: int, test_fraction: float = 0.25, seed: int = 0):
     """scikit-learn's 8x8 digits (convlab.lenet.load_digits: shipped inside the package, normalised),
     resized to image_size x image_size with bilinear interpolation (torch's F.interpolate)."""
-    from .lenet import Dataset, load_digits
-
     d = load_digits(test_fraction, seed)
 
     def up(t):
@@ -272,7 +272,6 @@ class TrainResult:
 
 class _EpochClock:
     """Wall time of each epoch of a training loop, synchronised at its ends, into a TrainResult."""
-
     def __init__(self, result: TrainResult):
         self.result, self.epoch = result, None
         _sync()
@@ -314,8 +313,6 @@ def _batches(n: int, batch_size: int, epochs: int, seed: int, max_steps: int | N
 
 
 def _sync():
-    import convlab as cl
-
     cl.sync()
 
 
@@ -465,8 +462,6 @@ class Pipeline:
     """
 
     def __init__(self, forward, x_host, *, classes: int = 10, chunks=1):
-        import convlab as cl
-
         if x_host.device.type != "cpu":
             raise ValueError("x_host must be in host memory (a CPU tensor): the pipeline times its copy to the device")
         self.forward, self.x_host, self.gpu = forward, x_host, cl.backend() == "cuda"
@@ -562,18 +557,9 @@ def torch_stage(x, w, b, padding: int, act: str, pool: str):
     return {"max": lambda t: F.max_pool2d(t, 2), "avg": lambda t: F.avg_pool2d(t, 2), "none": lambda t: t}[pool](a)
 
 
-def _sampled(B: int) -> list:
-    from .measure import _sample
-
-    return _sample(B)
-
-
 class TorchAtItsBest:
     """torch at its best in this process: cudnn.benchmark on and TF32 off inside the block."""
-
     def __enter__(self):
-        from .baselines import strict_fp32
-
         self._strict = strict_fp32(benchmark=True)
         self._strict.__enter__()
 
@@ -588,15 +574,12 @@ def measure_stages(impls, workloads, *, act: str = "relu", pool: str = "max", re
     timed in this process with cudnn.benchmark on. Rows of convlab.results' schema (no roofline
     floor: a stage writes a pooled output, not the conv's). On the emulator: the small twins,
     checked, nothing timed for a figure."""
-    import convlab as cl
-    from . import measure, results
-
     gpu = cl.backend() == "cuda"
     rows = []
     for full in workloads:
         wl = full if gpu else full.small()
         x, w, b = cl.randn(*wl.x_shape), cl.randn(*wl.w_shape), cl.randn(wl.M)
-        idx = _sampled(wl.B)
+        idx = measure.sample_images(wl.B)
         ref = torch_stage(x[idx].double(), w.double(), b.double(), wl.padding, act, pool)
         for impl in impls:
             if not impl.applies(wl):
@@ -618,16 +601,13 @@ def measure_networks(arch: Architecture, batches, *, reps: int = 10, torch_too: 
     size: ours with fused stages, ours with the separate epilogue, and torch (in this process,
     cudnn.benchmark on, TF32 off); each checked against the fp64 torch network on sampled images
     first. Rows of convlab.results' schema, workload "<arch.key>", shape "B=..., whole network"."""
-    import convlab as cl
-    from . import measure, results
-
     params = init(arch, seed)
     model = load_into(torch_model(arch), params).to(_device())
     model64 = load_into(torch_model(arch), params).to(_device()).double()
     rows = []
     for B in batches:
         x = cl.randn(B, 1, arch.image_size, arch.image_size)
-        idx = _sampled(B)
+        idx = measure.sample_images(B)
         with torch.no_grad():
             ref = model64(x[idx].double())
         wl = arch.conv_workloads(B)[0]
@@ -650,11 +630,9 @@ def occupancy(registers: int | None, block: int, shared: int = 0) -> float:
     """The share of an SM's thread slots a kernel can fill, from its registers per thread, block
     size and shared memory per block, with this GPU's limits (registers allocated per warp in
     steps of 256). NaN on the emulator, which has no registers to count."""
-    import convlab as cl
-
     if registers is None or cl.backend() != "cuda":
         return float("nan")
-    b = cl._get_backend()
+    b = runtime.backend_impl()
     a = b.drv.device_attribute
     regs_sm = b.dev.get_attribute(a.MAX_REGISTERS_PER_MULTIPROCESSOR)
     threads_sm = b.dev.get_attribute(a.MAX_THREADS_PER_MULTIPROCESSOR)

@@ -23,6 +23,7 @@ import matplotlib.pyplot as plt
 import seaborn as sns
 
 from . import results
+from .runtime import device
 from .baselines import TORCH_BEST
 
 MARKERS = "osD^vP*X"
@@ -121,27 +122,9 @@ def plot_times(df, *, title: str | None = None, note: str | None = None, ax=None
     return fig
 
 
-def plot_committed(chapter: str, *, title: str | None = None):
-    """Plot book/data/<chapter>.csv, the results of the last GPU run, or say plainly there are none."""
-    import convlab as cl
-
-    df = results.load(chapter)
-    if df is None:
-        print(f"No GPU results are committed yet for chapter {chapter}: book/data/{chapter}.csv does not exist.\n"
-              f"Run `make gpu-run` on a machine with a GPU to measure them. Nothing is plotted: the emulator's wall\n"
-              f"times say nothing about a GPU.")
-        return None
-    note = None
-    if cl.device().backend != "cuda":
-        note = ("committed results of a GPU run, read from book/data/"
-                f"{chapter}.csv; nothing on this figure was timed on this machine (it runs the emulator)")
-    return plot_times(df, title=title, note=note)
-
-
-def _committed_note(name: str) -> str | None:
-    import convlab as cl
-
-    if cl.device().backend == "cuda":
+def committed_note(name: str) -> str | None:
+    """The figure note for committed results shown off a GPU (None on a GPU, where they were just measured)."""
+    if device().backend == "cuda":
         return None
     return (f"committed results of a GPU run (book/data/{name}.csv); nothing on this figure was timed on "
             "this machine (it runs the emulator)")
@@ -203,7 +186,7 @@ def show_committed(chapter: str, draw=None, *, data=None, title: str | None = No
               "wall times say nothing about a GPU.")
         return None
     df = df[df["pass"].isin(passes) & df["kind"].isin(["ours", "torch best", "cpu"])]
-    (draw or plot_times)(df, title=title, note=None if data is not None else _committed_note(chapter), **kwargs)
+    (draw or plot_times)(df, title=title, note=None if data is not None else committed_note(chapter), **kwargs)
     plt.show()
     return df
 
@@ -236,6 +219,6 @@ def show_sweep(name: str, rows: str, cols: str, title: str, *, data=None, labels
     if df is None:
         print(f"No results of the current harness are committed yet for {name} (book/data/{name}.csv).")
         return None
-    heatmap(df, rows, cols, title, note=None if data is not None else _committed_note(name), labels=labels)
+    heatmap(df, rows, cols, title, note=None if data is not None else committed_note(name), labels=labels)
     plt.show()
     return df

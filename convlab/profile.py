@@ -24,6 +24,7 @@ issues the instruction, and where nvcc turns a short `if` into a predicated inst
 from __future__ import annotations
 
 import csv
+import ctypes
 import datetime as _dt
 import io
 import math
@@ -34,13 +35,15 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ._errors import ConvlabError
+from . import emu, runtime
+from ._errors import ProfileUnavailable
+from ._paths import path as workbook_path
 from .baselines import kernel_base_name
+from .tables import sig
 
 __all__ = ["profile", "profile_torch", "committed", "ProfileCard", "KernelProfile", "ProfileUnavailable",
            "parse_ncu_csv", "count_trace", "emu_profiling", "NCU_METRICS", "TORCH_METRICS", "EMU_COUNTERS",
@@ -48,10 +51,6 @@ __all__ = ["profile", "profile_torch", "committed", "ProfileCard", "KernelProfil
            "stored_precision"]
 
 PROFILES_DIR = "book/data/profiles"
-
-
-class ProfileUnavailable(ConvlabError):
-    """No profile can be taken here and none was committed; the message says why and what to do."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -230,16 +229,14 @@ class KernelProfile:
         return v
 
 
-def _fmt(v) -> str:
+def card_value(v) -> str:
     """A card's value: counts exact, other numbers to three significant figures."""
-    from .book import sig
-
     if isinstance(v, float) and math.isfinite(v) and v.is_integer() and abs(v) < 1e15:
         return f"{int(v):,}"
     return sig(v, 3)
 
 
-def _head(kernel) -> str:
+def column_head(kernel) -> str:
     """A kernel's column head: a long (library) kernel name cut short, whole in its tooltip."""
     from html import escape
 
@@ -253,12 +250,12 @@ def _html_table(df, caption: str | None, metric_of: dict) -> str:
     name only as its tooltip, one value column per kernel, the caption inside the table."""
     from html import escape
 
-    head = "".join(_head(c) for c in df.columns)
+    head = "".join(column_head(c) for c in df.columns)
     rows = []
     for key, values in zip(df.index, df.itertuples(index=False)):
         label = key[0] if isinstance(key, tuple) else key
         metric = metric_of.get(label, "")
-        cells = "".join(f"<td>{escape(_fmt(v))}</td>" for v in values)
+        cells = "".join(f"<td>{escape(card_value(v))}</td>" for v in values)
         rows.append(f'<tr><th title="{escape(metric)}">{escape(label)}</th>{cells}</tr>')
     cap = f"<caption>{escape(caption)}</caption>" if caption else ""
     return (f'<div class="table-wrap"><table class="convlab-card">{cap}<thead><tr><th></th>{head}</tr></thead>'
@@ -331,21 +328,22 @@ class ProfileCard:
 
     def _shown(self):
         df = self.table()
-        return df.apply(lambda col: col.map(_fmt)) if len(df.columns) else df
+        return df.apply(lambda col: col.map(card_value)) if len(df.columns) else df
 
-    def _caption(self) -> str:
+    def caption(self) -> str:
+        """Where the numbers come from (ncu on which GPU, or the emulator) and their precision."""
         s = self.source
         if self.precision:
             s += f"; precision: {self.precision}"
         if self.reference is not None:
-            s += f"; (ncu) columns: {self.reference._caption()}"
+            s += f"; (ncu) columns: {self.reference.caption()}"
         return s
 
     def __repr__(self):
-        return f"{self._caption()}\n{self._shown().to_string()}"
+        return f"{self.caption()}\n{self._shown().to_string()}"
 
     def _repr_html_(self):
-        return _html_table(self.table(), self._caption(), dict(self.rows))
+        return _html_table(self.table(), self.caption(), dict(self.rows))
 
     def select(self, rows) -> "pandas.DataFrame":  # noqa: F821
         """table() restricted to `rows` (labels or ncu metric names), in that order; a row no kernel
@@ -365,7 +363,7 @@ class ProfileCard:
         numbers come from (or `caption`)."""
         from IPython.display import HTML
 
-        return HTML(_html_table(self.select(rows), caption or self._caption(), dict(self.rows)))
+        return HTML(_html_table(self.select(rows), caption or self.caption(), dict(self.rows)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -509,9 +507,8 @@ def _job(fn, args, kwargs) -> dict:
     """What the worker needs to run fn(*args, **kwargs) again: a Kernel by its module's source, or
     any function Python can pickle by name (a launcher, an Impl, torch's own functions)."""
     import torch
-    from . import Kernel
     args, kwargs = _to_cpu(list(args)), _to_cpu(dict(kwargs))
-    if isinstance(fn, Kernel):
+    if isinstance(fn, runtime.Kernel):
         m = fn.module
         return {"kind": "kernel", "text": m.src.text, "path": str(m.path), "defines": m.defines,
                 "options": m.options,
@@ -581,8 +578,7 @@ def run_ncu(job: dict, metrics, *, timeout: float = 600.0) -> tuple[str, str]:
 # Committed results
 
 def _profiles_dir() -> Path:
-    from . import book
-    return book.path(PROFILES_DIR)
+    return workbook_path(PROFILES_DIR)
 
 
 # What a card's call ran in, written as a "# precision: ..." line of its stored CSV. The worker
@@ -634,8 +630,7 @@ def _store(name: str, csv_text: str, what: str, precision: str) -> str:
 
 
 def _describe(fn, args) -> str:
-    from . import Kernel
-    if isinstance(fn, Kernel):
+    if isinstance(fn, runtime.Kernel):
         return f"{fn.module.path.name}:{fn.name}"
     name = getattr(fn, "name", None) or getattr(fn, "__qualname__", None) or repr(fn)
     shapes = ", ".join("x".join(str(s) for s in a.shape) for a in args if hasattr(a, "shape"))
@@ -661,16 +656,15 @@ def profile(fn, *args, name: str | None = None, metrics=None, **kwargs) -> Profi
     launches, measured in a subprocess (the tensors here are left as they are), stored as
     book/data/profiles/NAME.csv when name is given. On the emulator: the call runs here and its
     memory counters are taken, with ncu's committed numbers beside them when name is given."""
-    import convlab
-    if convlab.backend() == "emu":
+    if runtime.backend() == "emu":
         # counting makes a launch several times slower: give it ten times the usual time limit
-        limit = convlab.DEFAULT_TIMEOUT
-        convlab.set_timeout(10 * limit)
+        limit = runtime.default_timeout()
+        runtime.set_timeout(10 * limit)
         try:
             with emu_profiling() as launches:
                 fn(*args, **kwargs)
         finally:
-            convlab.set_timeout(limit)
+            runtime.set_timeout(limit)
         ref = committed(name) if name else None
         return ProfileCard(launches, "emulator counters (memory requests, sectors, bank conflicts; no timing)",
                            reference=ref)
@@ -686,8 +680,7 @@ def profile_torch(fn, *args, name: str | None = None, **kwargs) -> ProfileCard:
     """torch's own call under ncu, e.g. profile_torch(torch.nn.functional.conv2d, x, w, padding=1):
     which cuDNN or cuBLAS kernels ran, how long each took and how busy it kept the GPU. Without a
     GPU, the result a GPU run committed under name."""
-    from . import backend
-    if backend() == "emu":
+    if runtime.backend() == "emu":
         return _fallback(name, "no GPU here, so torch runs its CPU code and has no cuDNN kernels to profile")
     csv_text, why = run_ncu(_job(fn, args, kwargs), TORCH_METRICS)
     if why:
@@ -710,9 +703,9 @@ EMU_COUNTERS = ("l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum", "l1tex__t_sec
 KINDS = {"global_ld": 0, "global_st": 1, "shared_ld": 2, "shared_st": 3, "global_atom": 4, "shared_atom": 5}
 
 
-def _counters_lib(lib):
-    """Declare profile.cpp's C functions on a ctypes library that contains them."""
-    import ctypes
+def counters_lib(lib):
+    """Declare profile.cpp's C functions (its counters and cl.trace's records) on a ctypes library
+    that contains them."""
     lib.clprof_site.argtypes = [ctypes.c_ulonglong, ctypes.c_int]
     lib.clprof_site.restype = ctypes.c_int
     lib.clprof_access.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_ulonglong]
@@ -724,12 +717,16 @@ def _counters_lib(lib):
     lib.clprof_site_info.restype = ctypes.c_int
     lib.clprof_site_where.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
     lib.clprof_site_where.restype = ctypes.c_int
+    lib.clprof_trace_blocks.argtypes = [ctypes.POINTER(ctypes.c_uint), ctypes.c_int]
+    lib.clprof_trace_take.argtypes = [ctypes.c_void_p, ctypes.c_longlong]
+    lib.clprof_trace_take.restype = ctypes.c_longlong
+    lib.clprof_trace_array.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
+    lib.clprof_trace_array.restype = ctypes.c_int
     return lib
 
 
 def emu_totals(lib) -> dict:
     """The counters since the last clprof_reset, by ncu metric name."""
-    import ctypes
     out = (ctypes.c_longlong * len(EMU_COUNTERS))()
     lib.clprof_totals(out)
     return {name: float(out[i]) for i, name in enumerate(EMU_COUNTERS)}
@@ -746,14 +743,12 @@ def count_trace(events, n_threads: int) -> dict:
     int naming the loop iteration the thread is in, by default 0, none), and "barrier" where the
     block's threads all meet a __syncthreads(). Returns ncu metric name -> count for that one block."""
     global _standalone
-    import ctypes
     import hashlib
-    from .emu import HERE, INCLUDE, _compile
     if _standalone is None:
-        text = (HERE / "profile.cpp").read_text() + (INCLUDE / "clemu_profile.h").read_text()
+        text = emu.PROFILE_SRC.read_text() + (emu.INCLUDE / "clemu_profile.h").read_text()
         key = "profile-" + hashlib.sha256(text.encode()).hexdigest()[:20]
-        so = _compile((HERE / "profile.cpp").read_text(), key, ["-I", str(INCLUDE)], "emulator profiler")
-        _standalone = _counters_lib(ctypes.CDLL(str(so)))
+        so = emu.compile_library(emu.PROFILE_SRC.read_text(), key, ["-I", str(emu.INCLUDE)], "emulator profiler")
+        _standalone = counters_lib(ctypes.CDLL(str(so)))
     lib = _standalone
     lib.clprof_reset()
     sites = {}
@@ -773,29 +768,34 @@ def count_trace(events, n_threads: int) -> dict:
     return emu_totals(lib)
 
 
-_sink = threading.local()
+class EmuRecorder:
+    """What emu_profiling() hands the emulator (convlab.emu.recording): it arms the runtime before
+    each launch and keeps each finished launch's counters, as a KernelProfile, in `launches`."""
 
+    blocks: tuple = ()    # blockIdx triples whose accesses to record (cl.trace's recorder sets them)
 
-def profile_sink():
-    """The list the emulator appends each launch's counters to, inside emu_profiling(); else None."""
-    return getattr(_sink, "launches", None)
+    def __init__(self):
+        self.launches = []
+
+    def arm(self, lib):
+        xyz = (ctypes.c_uint * max(3 * len(self.blocks), 1))(*[int(v) for b in self.blocks for v in b])
+        counters_lib(lib).clprof_trace_blocks(xyz, len(self.blocks))
+
+    def record(self, lib, name, grid, block, src, checked):
+        self.launches.append(emu_kernel_profile(lib, name, grid, block))
 
 
 @contextmanager
-def emu_profiling():
+def emu_profiling(recorder: EmuRecorder | None = None):
     """Count every emulator launch made inside: yields the list of their KernelProfiles."""
-    old, launches = profile_sink(), []
-    _sink.launches = launches
-    try:
-        yield launches
-    finally:
-        _sink.launches = old
+    rec = recorder or EmuRecorder()
+    with emu.recording(rec):
+        yield rec.launches
 
 
 def emu_kernel_profile(lib, name: str, grid, block) -> KernelProfile:
     """One finished emulator launch's counters (the runtime library holds them until the next)."""
-    import ctypes
-    lib = _counters_lib(lib)
+    lib = counters_lib(lib)
     metrics = emu_totals(lib)
     metrics["launch__block_size"] = float(block[0] * block[1] * block[2])
     metrics["launch__grid_size"] = float(grid[0] * grid[1] * grid[2])
@@ -822,9 +822,8 @@ _KIND_COUNTERS = {0: (0, 1, None), 1: (2, 3, None), 2: (4, 5, 6), 3: (7, 8, 9), 
 def site_table(kernel: KernelProfile):
     """The emulator's counts per source line of one kernel: which access makes the traffic."""
     import pandas as pd
-    from .emu import resolve_sites
 
-    where = resolve_sites("\n".join(w or "{{site:?+0x0}}" for w, _, _ in kernel.sites)).split("\n")
+    where = emu.resolve_sites("\n".join(w or "{{site:?+0x0}}" for w, _, _ in kernel.sites)).split("\n")
     rows = {}
     for line, (_, kind, c) in zip(where, kernel.sites):
         req_i, unit_i, confl_i = _KIND_COUNTERS[kind]

@@ -15,7 +15,10 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import book
+from . import roofline, workloads
+from ._paths import repo_root
+from .runtime import device
+from .tables import Table
 
 COLUMNS = [
     "workload", "shape", "pass", "dtype", "impl", "key", "kind", "layout",
@@ -60,9 +63,24 @@ def cost(workload, pass_: str = "forward", dtype: str = "fp32") -> tuple:
 
 
 def device_label() -> str:
-    import convlab as cl
+    return device().name
 
-    return cl.device().name
+
+def tf32_setting() -> str:
+    """How the timings here were taken: always strict fp32 (bench.strict_fp32; the figure says so)."""
+    return "TF32 off"
+
+
+def versions() -> dict:
+    """torch and cuDNN versions, as written on figures and in book/data."""
+    import torch
+
+    cudnn = "n/a"
+    if torch.backends.cudnn.is_available():
+        v = torch.backends.cudnn.version()  # e.g. 91900 for 9.19.0
+        if v:
+            cudnn = f"{v // 10000}.{v % 10000 // 100}.{v % 100}"
+    return {"torch": torch.__version__, "cudnn": cudnn}
 
 
 def key_of(label: str) -> str:
@@ -79,8 +97,6 @@ def row(workload, impl: str, timing, *, key: str | None = None, kind: str = "our
     optionally, .caller_ms/.wall_ms (Measured, cl.bench's Timing, baselines.CpuTiming); roof: a
     roofline.Roofline for the floor (GPU rows); device: what ran it (the active device by default);
     overrides: columns to set by hand (cudnn="n/a (CPU)" for CPU timings)."""
-    from .baselines import tf32_setting, versions
-
     ms = float(timing.ms)
     flops, nbytes = cost(workload, pass_, dtype)
     floor = roof.floor_ms(flops, nbytes) if roof is not None else math.nan
@@ -124,16 +140,14 @@ def frame(rows):
 
 def data_path(chapter: str) -> Path:
     """book/data/<chapter>.csv, e.g. data_path('02_naive')."""
-    return book.repo_root() / "book" / "data" / f"{chapter}.csv"
+    return repo_root() / "book" / "data" / f"{chapter}.csv"
 
 
 def may_save() -> bool:
     """True on the GPU backend, or when CONVLAB_SAVE_RESULTS=1 says so explicitly."""
     if os.environ.get("CONVLAB_SAVE_RESULTS") == "1":
         return True
-    import convlab as cl
-
-    return cl.device().backend == "cuda"
+    return device().backend == "cuda"
 
 
 def save(df_or_rows, chapter: str, *, force: bool = False, quiet: bool = False) -> Path | None:
@@ -157,7 +171,7 @@ def save_benchmark(df, name: str, folder=None) -> Path | None:
     default), on a GPU run only, as save(); the path written, or None."""
     if not may_save():
         return None
-    folder = Path(folder) if folder else book.repo_root() / "benchmarks" / "results"
+    folder = Path(folder) if folder else repo_root() / "benchmarks" / "results"
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / f"{name}_{str(df['gpu'].iloc[0]).replace(' ', '_')}.csv"
     df.to_csv(target, index=False, float_format="%.6g")
@@ -189,8 +203,6 @@ def refloor_fp16(df, roof16=None, tolerance: float = 0.05):
     by default). Only rows whose floor is more than `tolerance` above that one change: those were
     given the fp32 GEMM rate; rows already on an fp16 floor (measured live) keep it. Conversion rows
     (no FLOPs) keep their copy floor. Returns (new frame, number of rows changed)."""
-    from . import roofline, workloads
-
     roof16 = roof16 or roofline.REFERENCE_H200_FP16
     out = df.copy()
     changed = 0
@@ -229,8 +241,6 @@ def provenance(df) -> str:
 def _report_frame():
     """The DataFrame class results.report returns (built on first use: pandas loads lazily)."""
     import pandas as pd
-
-    from .book import Table
 
     class ReportFrame(pd.DataFrame):
         @property

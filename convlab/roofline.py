@@ -16,7 +16,9 @@ import datetime as _dt
 import json
 from dataclasses import asdict, dataclass
 
-from . import book
+from ._paths import repo_root
+from .bench import bench, strict_fp32
+from .runtime import device
 
 
 @dataclass(frozen=True)
@@ -66,7 +68,7 @@ _measured_fp16: Roofline | None = None
 
 
 def _cache_file():
-    return book.repo_root() / ".convlab-cache" / "roofline.json"
+    return repo_root() / ".convlab-cache" / "roofline.json"
 
 
 def measure(force: bool = False, copy_mib: int = 1024, gemm_n: int = 8192) -> Roofline:
@@ -74,10 +76,7 @@ def measure(force: bool = False, copy_mib: int = 1024, gemm_n: int = 8192) -> Ro
     global _measured
     import torch
 
-    import convlab as cl
-    from .baselines import strict_fp32
-
-    dev = cl.device()
+    dev = device()
     if dev.backend != "cuda":
         raise RuntimeError("roofline.measure() needs the GPU backend; use REFERENCE_H200 for napkin math")
     key = f"{dev.name} | torch {torch.__version__}"
@@ -96,7 +95,7 @@ def measure(force: bool = False, copy_mib: int = 1024, gemm_n: int = 8192) -> Ro
     n = copy_mib * 2**20 // 4
     src = torch.empty(n, dtype=torch.float32, device="cuda").normal_()
     dst = torch.empty_like(src)
-    copy = cl.bench(lambda: dst.copy_(src), reps=10, warmup=2)
+    copy = bench(lambda: dst.copy_(src), reps=10, warmup=2)
     bandwidth = 2 * src.numel() * 4 / (copy.ms * 1e-3)
     del src, dst
 
@@ -104,7 +103,7 @@ def measure(force: bool = False, copy_mib: int = 1024, gemm_n: int = 8192) -> Ro
     b = torch.randn(gemm_n, gemm_n, device="cuda")
     c = torch.empty_like(a)
     with strict_fp32():
-        gemm = cl.bench(lambda: torch.matmul(a, b, out=c), reps=10, warmup=2)
+        gemm = bench(lambda: torch.matmul(a, b, out=c), reps=10, warmup=2)
     flop_rate = 2 * gemm_n**3 / (gemm.ms * 1e-3)
     del a, b, c
     torch.cuda.empty_cache()
@@ -129,14 +128,12 @@ def measure_fp16(gemm_n: int = 8192) -> Roofline:
 
     import torch
 
-    import convlab as cl
-
     if _measured_fp16 is None:
         base = measure()
         a = torch.randn(gemm_n, gemm_n, device="cuda", dtype=torch.float16)
         b = torch.randn(gemm_n, gemm_n, device="cuda", dtype=torch.float16)
         c = torch.empty_like(a)
-        gemm = cl.bench(lambda: torch.matmul(a, b, out=c), reps=10, warmup=2)
+        gemm = bench(lambda: torch.matmul(a, b, out=c), reps=10, warmup=2)
         del a, b, c
         torch.cuda.empty_cache()
         _measured_fp16 = dataclasses.replace(base, flop_rate=2 * gemm_n**3 / (gemm.ms * 1e-3),
@@ -147,11 +144,9 @@ def measure_fp16(gemm_n: int = 8192) -> Roofline:
 def current(dtype: str = "fp32") -> Roofline:
     """This GPU's measured roofline on the GPU backend, the H200 reference on the emulator; for
     dtype "fp16" the fp16 one (FLOPs at the tensor-core rate)."""
-    import convlab as cl
-
     if dtype not in ("fp32", "fp16"):
         raise ValueError(f"no roofline for dtype {dtype!r}: fp32 or fp16")
-    if cl.device().backend != "cuda":
+    if device().backend != "cuda":
         return REFERENCE_H200_FP16 if dtype == "fp16" else REFERENCE_H200
     return measure_fp16() if dtype == "fp16" else measure()
 

@@ -22,6 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ._errors import CompileError, ConvlabError
+from ._paths import path as workbook_path, repo_root
+from ._source import parse, rewrite_for_nvcc
+from .runtime import resolve_path
 
 __all__ = ["sass", "parse_sass", "compile_cubin", "disassemble", "Sass", "Instruction", "SassUnavailable",
            "SASS_DIR", "KEY_OPCODES", "compact"]
@@ -200,14 +203,11 @@ def _tool(name: str) -> str | None:
 
 def compile_cubin(path, out: Path, defines: dict | None = None, arch: str = "sm_90") -> Path:
     """nvcc -cubin of a kernel file, after the same rewrite the GPU backend compiles."""
-    from . import _resolve
-    from ._source import parse, rewrite_for_nvcc
-    from .book import repo_root
     nvcc = _tool("nvcc")
     if nvcc is None:
         raise SassUnavailable("nvcc (the CUDA compiler) is not installed here: install the CUDA toolkit, "
                               "or set CUDA_HOME to it")
-    p = _resolve(path)
+    p = resolve_path(path)
     src = parse(p.read_text(), p, [repo_root() / "kernels"])
     text = rewrite_for_nvcc(src)
     flags = [f"-D{k}" if v is None else f"-D{k}={v}" for k, v in (defines or {}).items()]
@@ -245,8 +245,7 @@ def compact(text: str) -> str:
 
 
 def committed(name: str) -> Sass | None:
-    from . import book
-    p = book.path(SASS_DIR) / f"{name}.sass"
+    p = workbook_path(SASS_DIR) / f"{name}.sass"
     return parse_sass(p.read_text(), f"committed {SASS_DIR}/{name}.sass") if p.exists() else None
 
 
@@ -268,8 +267,7 @@ def sass(path, defines: dict | None = None, *, name: str | None = None, arch: st
             print(f"cl.sass: {e}; showing the committed SASS ({old.source}).")
             return old
     if name:
-        from . import book
-        d = book.path(SASS_DIR)
+        d = workbook_path(SASS_DIR)
         d.mkdir(parents=True, exist_ok=True)
         (d / f"{name}.sass").write_text(compact(text))
     return parse_sass(text, f"nvcc -cubin -arch={arch} {Path(path).name} | cuobjdump --dump-sass")

@@ -6,20 +6,20 @@ torch configuration the book compares with is timed in a process of its own: cud
 from the first call, TF32 off, the layout asked for (NCHW or channels_last), the same timing as
 our kernels (convlab.bench), and the names of the kernels torch ran, from its profiler.
 
-SPEC is JSON: {"op": "conv2d"|"conv3d"|"conv2d_train"|"conv2d_via_half", "dtype": "fp32"|"fp16",
+SPEC is JSON: {"op": "conv2d"|"conv3d"|"conv2d_train", "dtype": "fp32"|"fp16",
 "layout": "nchw"|"channels_last", "shape": {B, C, M, H, W, K, stride, padding, D, and for a 2D
 layer optionally Kw, stride_w, padding_w, dilation, dilation_w, groups (a convlab Workload's
 fields; a missing width is the height's value, dilation and groups default to 1)}, "reps": 20}.
 The answer is one JSON line per pass on stdout: {"pass", "ms", "p25", "p75", "caller_ms",
 "wall_ms", "kernels"}. conv2d_train times forward, dX, dW and forward+dX+dW (autograd) of one
-layer in that one process. conv2d_via_half (dtype fp32): float32 tensors in and out, the
-convolution in half, x.half(), w.half() and .float() included (what a float32 network pays to run
-a layer in fp16 with torch).
+layer in that one process.
 """
 from __future__ import annotations
 
 import json
 import sys
+
+from .bench import time_caller, time_gpu, wall_per_call
 
 DTYPES = {"fp32": "float32", "fp16": "float16"}
 
@@ -73,8 +73,6 @@ def _passes(spec, x, w):
     kw = conv_kwargs(spec["shape"], x.dim() == 4)
     if spec["op"] in ("conv2d", "conv3d"):
         return [("forward", lambda: conv(x, w, **kw))]
-    if spec["op"] == "conv2d_via_half":
-        return [("forward", lambda: conv(x.half(), w.half(), **kw).float())]
     if spec["op"] != "conv2d_train":
         raise ValueError(f"unknown op {spec['op']!r}")
     y = conv(x, w, **kw)
@@ -95,8 +93,6 @@ def _passes(spec, x, w):
 
 def main(argv) -> int:
     import torch
-
-    from .bench import time_caller, time_gpu, wall_per_call   # (convlab.bench is the function)
 
     spec = json.loads(argv[0])
     torch.backends.cudnn.benchmark = True

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import ctypes
 import re
-import threading
 from dataclasses import dataclass
 
-from ._errors import ConvlabError
+from . import emu, runtime
+from ._errors import ConvlabError, ProfileUnavailable
+from ._source import where
+from .profile import EmuRecorder, counters_lib, emu_profiling
 
 __all__ = ["trace", "Trace", "Buffer", "request_sectors", "request_wavefronts"]
 
@@ -75,47 +77,35 @@ class Trace:
 
 
 # ---------------------------------------------------------------------------------------------
-# The emulator's side: arm the blocks before a launch, take the records after it
+# The emulator's side: the profiler's recorder, which also takes the chosen blocks' records
 
-_want = threading.local()
+class _TraceRecorder(EmuRecorder):
+    """cl.profile's recorder (convlab.profile.EmuRecorder) that also keeps the chosen blocks'
+    accesses of each launch, as a Trace on its KernelProfile (kprofile.trace)."""
 
+    def __init__(self, blocks):
+        super().__init__()
+        self.blocks = blocks
 
-def _lib(lib):
-    lib.clprof_trace_blocks.argtypes = [ctypes.POINTER(ctypes.c_uint), ctypes.c_int]
-    lib.clprof_trace_take.argtypes = [ctypes.c_void_p, ctypes.c_longlong]
-    lib.clprof_trace_take.restype = ctypes.c_longlong
-    lib.clprof_trace_array.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
-    lib.clprof_trace_array.restype = ctypes.c_int
-    return lib
-
-
-def trace_arm(lib) -> None:
-    """Before an emulator launch under the profiler: record the blocks cl.trace asked for (or none)."""
-    blocks = getattr(_want, "blocks", None) or []
-    xyz = (ctypes.c_uint * max(3 * len(blocks), 1))(*[int(v) for b in blocks for v in b])
-    _lib(lib).clprof_trace_blocks(xyz, len(blocks))
-
-
-def trace_take(lib, kprofile, src, checked) -> None:
-    """After it: the records, as a Trace on the launch's KernelProfile (kprofile.trace)."""
-    import numpy as np
-    blocks = getattr(_want, "blocks", None)
-    if not blocks:
-        return
-    lib = _lib(lib)
-    n = lib.clprof_trace_take(None, 0)
-    recs = (_Rec * max(n, 1))()
-    lib.clprof_trace_take(ctypes.addressof(recs), n)
-    names, buf = [], ctypes.create_string_buffer(512)
-    while lib.clprof_trace_array(len(names), buf, len(buf)) >= 0:
-        names.append(buf.value.decode())
-    lib.clprof_trace_blocks(None, 0)
-    kprofile.trace = _build(kprofile, src, checked, blocks, np.ctypeslib.as_array(recs)[:n], names)
+    def record(self, lib, name, grid, block, src, checked):
+        import numpy as np
+        super().record(lib, name, grid, block, src, checked)
+        if not self.blocks:
+            return
+        lib = counters_lib(lib)
+        n = lib.clprof_trace_take(None, 0)
+        recs = (_Rec * max(n, 1))()
+        lib.clprof_trace_take(ctypes.addressof(recs), n)
+        names, buf = [], ctypes.create_string_buffer(512)
+        while lib.clprof_trace_array(len(names), buf, len(buf)) >= 0:
+            names.append(buf.value.decode())
+        lib.clprof_trace_blocks(None, 0)
+        kprofile = self.launches[-1]
+        kprofile.trace = _build(kprofile, src, checked, self.blocks, np.ctypeslib.as_array(recs)[:n], names)
 
 
 def _where_to_code(src) -> dict:
     """where()'s name of each line of the kernel's file -> the line's text."""
-    from ._source import where
     return {where(src.path, i + 1): text.strip() for i, text in enumerate(src.text.splitlines())}
 
 
@@ -148,9 +138,6 @@ def _build(kprofile, src, checked, blocks, recs, names) -> Trace:
     import numpy as np
     import pandas as pd
 
-    from .emu import _Runtime, resolve_sites
-    from .profile import _counters_lib
-
     bx, by, bz = (int(v) for v in kprofile.block.strip("()").split(","))
     ptrs = {p.name: v for p, _, v in checked if p.pointer and hasattr(v, "data_ptr")}
     scalars = {p.name: v for p, _, v in checked if not p.pointer}
@@ -180,12 +167,12 @@ def _build(kprofile, src, checked, blocks, recs, names) -> Trace:
     df["phase"] = df.groupby("block").epoch.rank(method="dense").astype(int) - 1 if len(df) else 0
     # where each site is in the source
     buf = ctypes.create_string_buffer(2048)
-    rt = _counters_lib(_Runtime.get())
+    rt = counters_lib(emu.runtime_library())
     tokens = []
     sites = sorted(df.site.unique()) if len(df) else []
     for s in sites:
         tokens.append(buf.value.decode() if rt.clprof_site_where(int(s), buf, len(buf)) else "{{site:?+0x0}}")
-    where = dict(zip(sites, resolve_sites("\n".join(tokens)).split("\n"))) if sites else {}
+    where = dict(zip(sites, emu.resolve_sites("\n".join(tokens)).split("\n"))) if sites else {}
     code = _where_to_code(src)
     df["line"] = df.site.map(where)
     df["lineno"] = df.line.map(lambda w: int(m[1]) if (m := re.search(r"(\d+)$", str(w))) else -1)
@@ -245,22 +232,17 @@ def trace(fn, *args, blocks=((0, 0, 0),), launch: int | str = 0, **kwargs) -> Tr
     kwargs, or a launcher such as cl.ops.naive.conv2d_naive_z) and record every memory access of
     the blocks given (blockIdx triples; a shorter tuple is padded with 0s). launch: which of the
     call's kernel launches (its index, or part of its kernel's name). Returns a Trace."""
-    import convlab
-    from .profile import ProfileUnavailable, emu_profiling
-    if convlab.backend() != "emu":
+    if runtime.backend() != "emu":
         raise ProfileUnavailable("cl.trace records accesses on the emulator only: run with CONVLAB_BACKEND=emu "
                                  "(the same kernel file runs there)")
     blocks = [tuple(int(v) for v in b) + (0,) * (3 - len(tuple(b))) for b in blocks]
-    limit = convlab.DEFAULT_TIMEOUT
-    convlab.set_timeout(10 * limit)
-    old = getattr(_want, "blocks", None)
-    _want.blocks = blocks
+    limit = runtime.default_timeout()
+    runtime.set_timeout(10 * limit)
     try:
-        with emu_profiling() as launches:
+        with emu_profiling(_TraceRecorder(blocks)) as launches:
             fn(*args, **kwargs)
     finally:
-        _want.blocks = old
-        convlab.set_timeout(limit)
+        runtime.set_timeout(limit)
     traced = [k for k in launches if getattr(k, "trace", None) is not None]
     if isinstance(launch, str):
         traced = [k for k in traced if launch in k.name]

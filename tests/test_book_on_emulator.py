@@ -42,7 +42,7 @@ def test_a_failing_demonstration_raises_with_its_output():
 
 def test_a_figure_made_on_the_emulator_comes_back_with_its_data(monkeypatch):
     monkeypatch.setenv("CONVLAB_BACKEND", "cuda")
-    monkeypatch.setattr("convlab.device", lambda: type("D", (), {"backend": "cuda"})())
+    monkeypatch.setattr("convlab.runtime.device", lambda: type("D", (), {"backend": "cuda"})())
 
     def make():
         import convlab as cl

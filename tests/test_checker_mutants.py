@@ -402,16 +402,16 @@ def test_a_hung_kernel_in_an_exercise_check_stops_after_a_few_seconds(capsys):
 
 
 def test_set_timeout_overrides_the_checks_limit():
-    assert cl._timeout() == cl.DEFAULT_TIMEOUT
+    assert cl.launch_timeout() == cl.DEFAULT_TIMEOUT
     with cl.time_limit(ex.CHECK_TIMEOUT_S):
-        assert cl._timeout() == ex.CHECK_TIMEOUT_S
+        assert cl.launch_timeout() == ex.CHECK_TIMEOUT_S
         old = cl.DEFAULT_TIMEOUT
         cl.set_timeout(60)
         try:
-            assert cl._timeout() == 60
+            assert cl.launch_timeout() == 60
         finally:
             cl.set_timeout(old)
-        assert cl._timeout() == ex.CHECK_TIMEOUT_S
+        assert cl.launch_timeout() == ex.CHECK_TIMEOUT_S
 
 
 def test_progress_line_is_emptied_in_a_notebook(monkeypatch, capsys):

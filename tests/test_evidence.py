@@ -67,8 +67,8 @@ def test_committed_sass_is_compact_and_reads_the_same():
 
 def test_on_a_gpu_without_ncu_and_nothing_committed_one_line(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(P, "_profiles_dir", lambda: tmp_path)
-    import convlab
-    monkeypatch.setattr(convlab, "backend", lambda: "cuda")     # as on a GPU machine
+    from convlab import runtime
+    monkeypatch.setattr(runtime, "backend", lambda: "cuda")     # as on a GPU machine
     monkeypatch.setattr(P, "run_ncu", lambda job, metrics, **kw: ("", "ncu is not installed here"))
     monkeypatch.setattr(P, "_job", lambda fn, args, kwargs: {})
     assert evidence.card("ch0_none", print) is None

@@ -83,7 +83,7 @@ def test_device_and_backend_forcing(monkeypatch):
 
 def test_forcing_cuda_without_gpu_says_why(monkeypatch):
     from convlab import backend_cuda
-    if backend_cuda._why_not() is None:
+    if backend_cuda.why_not() is None:
         pytest.skip("a GPU is here")
     with pytest.raises(cl.BackendUnavailable) as e:
         backend_cuda.CudaBackend()

@@ -10,15 +10,17 @@ import subprocess
 import sys
 import tempfile
 import threading
-import warnings
 import time
+import warnings
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
 
 from .._errors import (ArgumentError, BarrierError, CompileError, KernelFault, KernelInterrupted, KernelTimeout,
-                       LaunchError, OutOfBoundsError, RaceDetectorOff, RaceError, WarpMaskError)
+                       LaunchError, OutOfBoundsError, ProfileUnavailable, RaceDetectorOff, RaceError, WarpMaskError)
+from .._paths import repo_root
 from .._source import Source, display_name, locate, map_compiler_output, rewrite_for_emulator, where
 
 HERE = Path(__file__).resolve().parent
@@ -44,6 +46,7 @@ AUTO_DETECT_THREADS = 1 << 14
 PROGRESS_AFTER_S = 2.0        # a launch running longer shows a progress line
 _detect = threading.local()
 _one_launch = threading.Lock()   # the runtime runs one launch at a time; others wait their turn
+_recorder = threading.local()
 
 
 def detect_setting():
@@ -53,6 +56,25 @@ def detect_setting():
 
 def set_detect(value):
     _detect.value = value
+
+
+def recorder():
+    """What records this thread's emulator launches now (cl.profile's counters, cl.trace's
+    accesses), or None. A recorder has arm(lib), called before each launch, and record(lib, name,
+    grid, block, src, checked), called after each that finished: lib is the runtime library, which
+    holds the launch's counters (convlab/emu/profile.cpp) until the next launch."""
+    return getattr(_recorder, "value", None)
+
+
+@contextmanager
+def recording(rec):
+    """Every emulator launch inside goes through the per-access hooks and is recorded by `rec`."""
+    old = recorder()
+    _recorder.value = rec
+    try:
+        yield rec
+    finally:
+        _recorder.value = old
 
 
 def cache_dir() -> Path:
@@ -74,8 +96,10 @@ class _Launch(ctypes.Structure):
                 ("detect", ctypes.c_int), ("profile", ctypes.c_int), ("status", ctypes.c_int), ("message", ctypes.c_char * 4096)]
 
 
-def _compile(cpp_text: str, key: str, flags: list[str], display: str, libs: list[str] = (), source=None) -> Path:
-    """Compile once per content hash; concurrent processes race harmlessly (atomic rename)."""
+def compile_library(cpp_text: str, key: str, flags: list[str], display: str, libs: list[str] = (),
+                    source=None) -> Path:
+    """g++ cpp_text into a shared library named by `key` in the cache, once per key (a content
+    hash); concurrent processes race harmlessly (atomic rename). Errors name `display`."""
     out = cache_dir() / f"{key}.so"
     if out.exists():
         return out
@@ -111,9 +135,9 @@ class _Runtime:
                 text += PROFILE_SRC.read_text() + (INCLUDE / "clemu_profile.h").read_text()
                 key = "runtime-" + hashlib.sha256((text + " ".join(CXXFLAGS)).encode()).hexdigest()[:20]
                 # the profiler (profile.cpp) is a second translation unit of the same library
-                so = _compile(RUNTIME_SRC.read_text(), key, ["-I", str(INCLUDE), "-pthread", "-fvisibility=hidden",
-                                                             "-fvisibility-inlines-hidden"], "emulator runtime",
-                              [str(PROFILE_SRC)])
+                so = compile_library(RUNTIME_SRC.read_text(), key,
+                                     ["-I", str(INCLUDE), "-pthread", "-fvisibility=hidden",
+                                      "-fvisibility-inlines-hidden"], "emulator runtime", [str(PROFILE_SRC)])
                 # RTLD_LOCAL: kernel modules link against this file by path instead (see compile)
                 lib = ctypes.CDLL(str(so), mode=ctypes.RTLD_LOCAL)
                 cls.path = so
@@ -127,6 +151,11 @@ class _Runtime:
                 lib.clemu_take_output.restype = ctypes.c_longlong
                 cls._lib = lib
             return cls._lib
+
+
+def runtime_library():
+    """The emulator's runtime (runtime.cpp and profile.cpp) as a ctypes library, built on first use."""
+    return _Runtime.get()
 
 
 _SITE_RE = re.compile(r"\{\{site:(.+?)\+(0x[0-9a-f]+)\}\}")
@@ -221,7 +250,6 @@ class EmuBackend:
         text = (f'#line 1 "{src.path}"\n{body}\n#line 1 "<convlab launchers>"\n' + "\n".join(launchers) + "\n")
         flags = ["-I", str(INCLUDE), "-include", "cuda_emu.h", f"-Wstack-usage={STACK_BYTES - 16 * 1024}"]
         libs = ["-Wl,--no-as-needed", str(_Runtime.path)]
-        from ..book import repo_root
         flags += ["-I", str(src.path.parent), "-I", str(repo_root() / "kernels")]
         flags += [f"-D{k}" if v is None else f"-D{k}={v}" for k, v in defines.items()] + list(options)
         header = "".join(p.read_text() for p in sorted(INCLUDE.iterdir()))
@@ -231,7 +259,7 @@ class EmuBackend:
 
         def build(hooks: bool):
             key = f"{src.path.stem}-{'hooks-' if hooks else ''}{digest}"
-            so = _compile(text, key, flags + (["-DCLEMU_HOOKS"] if hooks else []), display_name(src.path), libs, src)
+            so = compile_library(text, key, flags + (["-DCLEMU_HOOKS"] if hooks else []), display_name(src.path), libs, src)
             return ctypes.CDLL(str(so))
         uses_barriers = bool(_BARRIER_RE.search(src.all_text()))
         return EmuModule(self, rt, build, src, uses_barriers)
@@ -254,7 +282,7 @@ class EmuBackend:
         flags = ["-I", str(INCLUDE), "-I", str(src.path.parent), "-O3"]
         flags += [f"-D{k}" if v is None else f"-D{k}={v}" for k, v in defines.items()] + list(options)
         key = src.path.stem + "-cpu-" + hashlib.sha256((text + " ".join(flags + CXXFLAGS)).encode()).hexdigest()[:20]
-        so = _compile(text, key, flags, display_name(src.path), source=src)
+        so = compile_library(text, key, flags, display_name(src.path), source=src)
         return EmuModule(self, rt, ctypes.CDLL(str(so)), src, False, cpu=True)
 
 
@@ -357,11 +385,9 @@ class EmuModule:
         small = grid[0] * grid[1] * grid[2] * block[0] * block[1] * block[2] <= AUTO_DETECT_THREADS
         detect = detect_setting()
         detect = bool(small if detect is None else detect) and self.can_detect
-        # cl.profile counts through the same hooks (convlab/emu/profile.cpp)
-        from ..profile import ProfileUnavailable, emu_kernel_profile, profile_sink
-        from ..trace import trace_arm, trace_take
-        sink = profile_sink()
-        profiling = sink is not None and not self._cpu
+        # cl.profile and cl.trace count through the same hooks (convlab/emu/profile.cpp)
+        rec = recorder()
+        profiling = rec is not None and not self._cpu
         if profiling and not self.can_detect:
             raise ProfileUnavailable(f"{name}: this file compiles only without the emulator's per-access hooks, "
                                      f"so the emulator cannot count its memory accesses")
@@ -379,11 +405,10 @@ class EmuModule:
         L.profile = int(profiling)
         with _one_launch:
             if profiling:
-                trace_arm(self.rt)            # the blocks cl.trace asked for, if any
+                rec.arm(self.rt)
             status, elapsed = self._run(L, name, grid, timeout)
             if profiling and not status:      # the runtime keeps the counts until the next launch
-                sink.append(emu_kernel_profile(self.rt, name, grid, block))
-                trace_take(self.rt, sink[-1], self.src, checked)
+                rec.record(self.rt, name, grid, block, self.src, checked)
         _flush_printf(self.rt)
         if status:
             text = locate(resolve_sites(L.message.decode(errors="replace")), self.src)
