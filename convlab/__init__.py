@@ -38,8 +38,6 @@ __all__ = ["device", "backend", "load", "load_source", "load_cpu", "randn", "emp
            "KernelFault", "BarrierError", "WarpMaskError", "OutOfBoundsError", "KernelTimeout", "CheckError",
            "BackendUnavailable"]
 
-# convlab/ops still calls cl._get_backend(); it moves to runtime.backend_impl(), then this goes
-_get_backend = runtime.backend_impl
 
 
 def __getattr__(name):

@@ -34,7 +34,7 @@ from matplotlib.patches import Rectangle
 
 from . import workloads
 from ._limits import GRID_YZ_MAX
-from .ops import backprop, ceil_div, conv3d, fp16, fused, igemm, im2col, naive, network
+from .ops import backprop, ceil_div, conv3d, fp16, fused, igemm, im2col, layers, naive
 
 ROOT = Path(__file__).resolve().parent.parent
 WIDTH = 7.5          # inches: ~780 px at 110 dpi
@@ -723,7 +723,7 @@ def epilogue_bytes(workload: str = "lenet_c1") -> dict:
     s = workloads.get(workload)
     xb = 4 * s.B * s.C * s.H * s.W
     yb = 4 * s.B * s.M * s.Ho * s.Wo
-    pb = 4 * s.B * s.M * network.pooled_size(s.Ho, "max") * network.pooled_size(s.Wo, "max")
+    pb = 4 * s.B * s.M * layers.pooled_size(s.Ho, "max") * layers.pooled_size(s.Wo, "max")
     unfused = [("conv", xb, yb), ("bias + act", yb, yb), ("pool 2×2", yb, pb)]
     fused_ = [("conv + bias + act + pool", xb, pb)]
     return {"workload": workload, "unfused": unfused, "fused": fused_,

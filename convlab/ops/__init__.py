@@ -27,8 +27,7 @@ from typing import Callable
 
 import torch
 
-import convlab as cl
-
+from .. import runtime
 from .shapes import conv2d_shapes, out_size  # noqa: F401 (the launchers' shape helpers, re-exported)
 
 
@@ -73,7 +72,7 @@ def ceil_div(a: int, b: int) -> int:
 def new_output(shape, like: torch.Tensor, dtype=None) -> torch.Tensor:
     """An output on like's device: torch.empty, or NaN-filled under cl.debug and on the emulator."""
     dtype = dtype or like.dtype
-    if cl.poisoning():
+    if runtime.poisoning():
         return torch.full(shape, float("nan"), dtype=dtype, device=like.device)
     return torch.empty(shape, dtype=dtype, device=like.device)
 

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import os
 
+from .. import runtime
+from .._paths import path as repo_path
 from .._limits import GRID_YZ_MAX
 
 EMULATED_SMS = 132      # H100/H200 SXM: the GPU the committed results and tuned choices come from
@@ -35,9 +37,7 @@ class _ModuleRef:
     __slots__ = ("path", "defines", "files", "stamp", "mod")
 
     def __init__(self, path: str, defines: tuple):
-        from convlab import book
-
-        self.path, self.defines = str(book.path(path)), dict(defines)
+        self.path, self.defines = str(repo_path(path)), dict(defines)
         self.files, self.stamp, self.mod = (self.path,), None, None
 
     def get(self):
@@ -47,9 +47,7 @@ class _ModuleRef:
         else:
             stamp = [(s.st_mtime_ns, s.st_size) for s in map(os.stat, self.files)]
         if stamp != self.stamp:
-            import convlab as cl
-
-            self.mod = cl.load(self.path, defines=self.defines)
+            self.mod = runtime.load(self.path, defines=self.defines)
             self.files = (self.path, *(str(p) for p in self.mod.src.includes))
             self.stamp = [(s.st_mtime_ns, s.st_size) for s in map(os.stat, self.files)]
         return self.mod
@@ -132,9 +130,7 @@ def remember(cache: dict, key, build):
 
 def sm_count() -> int:
     """The active GPU's SM count; EMULATED_SMS on the emulator."""
-    import convlab as cl
-
-    dev = cl.device()
+    dev = runtime.device()
     return dev.threads if dev.backend == "cuda" else EMULATED_SMS
 
 

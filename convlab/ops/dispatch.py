@@ -32,9 +32,8 @@ from typing import Callable
 
 import torch
 
-import convlab as cl
-
-from .. import workloads
+from .. import results, workloads
+from ..check import check
 from .._limits import INT32_MAX
 from ..workloads import Workload
 from . import Impl
@@ -405,7 +404,7 @@ def check_fp16_forward(y, ref, x_shape, w_shape, bias=None, stride=1, padding=0,
     atol = atol_rms * max(float(r.pow(2).mean().sqrt()) if r.numel() else 1.0, 1e-30)
     if bias is not None and not takes_bias:
         rtol, atol = 2 * rtol, atol + U16 * float(bias.detach().double().abs().max())
-    return cl.check(y, r, rtol=rtol, atol=atol, name=name)
+    return check(y, r, rtol=rtol, atol=atol, name=name)
 
 
 def picked(dtype: str = "fp32"):
@@ -418,9 +417,7 @@ def picked(dtype: str = "fp32"):
 def measured(chapters=EVIDENCE):
     """The committed forward rows of our kernels in the chapters' results, one per (chapter,
     workload, dtype, impl), for the kernels pick() chooses among; None when there are none."""
-    import pandas as pd                    # optional heavy dependencies: only the evidence reads results
-
-    from .. import results
+    import pandas as pd                    # optional heavy dependency: only the evidence needs it
 
     frames = []
     for ch in chapters:

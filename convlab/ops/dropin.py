@@ -30,8 +30,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-import convlab as cl
-
+from .. import runtime
 from . import dispatch
 from .shapes import DTYPES, TorchMustAnswer, plane_too_large, resolve
 
@@ -46,7 +45,7 @@ def kernel_fallback_reason(input, weight, bias=None, stride=1, padding=0, dilati
         return "mixed dtypes"
     if input.dtype not in DTYPES:
         return f"dtype {input.dtype} (the kernels take float32 and float16)"
-    where = cl.device().torch_device
+    where = runtime.device().torch_device
     if any(t.device.type != where for t in ts):
         return f"not on the backend's device ({where})"
     if input.numel() == 0 or weight.numel() == 0:

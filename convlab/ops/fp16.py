@@ -27,6 +27,8 @@ import math
 import torch
 
 from .._limits import SHARED_DEFAULT_MAX
+from ..check import check
+from .. import workloads
 from ..workloads import Workload
 from . import Impl, ceil_div, conv2d_shapes, new_output, output
 from ._kernels import Launch, remember
@@ -360,7 +362,6 @@ def pick(shape: Workload) -> Impl:
     - Otherwise (resnet, days100): conv2d_wmma with wmma_config.
     """
     if isinstance(shape, str):
-        from .. import workloads
         shape = workloads.get(shape)
     return WMMA_SMALLC if WMMA_SMALLC.applies(shape) else WMMA
 
@@ -468,9 +469,7 @@ def fp16_tolerance(C: int, K: int, accumulate: str = "half", rounded_inputs: boo
 def check_fp16(y, ref, C: int, K: int, accumulate: str = "half", rounded_inputs: bool = False,
                name: str = "y", **kw):
     """cl.check with fp16_tolerance's bound (atol = atol_rms·RMS(ref))."""
-    import convlab as cl
-
     rtol, atol_rms = fp16_tolerance(C, K, accumulate, rounded_inputs)
     r = ref if isinstance(ref, torch.Tensor) else torch.as_tensor(ref)
     rms = float(r.double().pow(2).mean().sqrt()) if r.numel() else 1.0
-    return cl.check(y, ref, rtol=rtol, atol=atol_rms * max(rms, 1e-30), name=name, **kw)
+    return check(y, ref, rtol=rtol, atol=atol_rms * max(rms, 1e-30), name=name, **kw)

@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 from .._limits import SHARED_DEFAULT_MAX
+from .. import workloads
 from ..workloads import Workload
 from . import Impl, ceil_div, conv2d_shapes, output
 from ._kernels import Launch, batch_chunks, remember
@@ -241,7 +242,6 @@ def pick(shape: Workload) -> Impl:
 
     best = pick(shape); best(x, w) runs it with best.config(shape)'s tunables."""
     if isinstance(shape, str):
-        from .. import workloads
         shape = workloads.get(shape)
     if shape.C * shape.K * shape.K <= 256 and shape.M <= 64 and DIRECT_REGTILE.applies(shape):
         return DIRECT_REGTILE

@@ -23,8 +23,8 @@ from __future__ import annotations
 import torch
 
 from ..workloads import Workload
-from . import Impl, ceil_div, conv2d_shapes, new_output, output
-from . import _kernels
+from . import Impl, _kernels, ceil_div, conv2d_shapes, fused, new_output, output
+from .igemm import conv2d_igemm_f32
 from ._kernels import Launch, remember, sm_count
 
 FUSED_FILE = "kernels/10_network/conv2d_bias_act_pool.cu"
@@ -208,8 +208,6 @@ def _fused_plan(x, w, bias, stride, padding, act, pool, write_act, UNROLL, BLOCK
 def conv2d_separate_epilogue(x, w, y=None, *, stride: int = 1, padding: int = 0, bias, act: str = "relu",
                              pool: str = "max", act_out=None):
     """Three kernels: chapter 5's pick() convolution, bias_act, pool2x2 (the last skipped for pool="none")."""
-    from . import fused
-
     y, act_out = _no_pool_output(y, act_out, pool)
     z = fused.conv2d_best(x, w, stride=stride, padding=padding)
     if pool == "none":
@@ -361,8 +359,6 @@ def reference_linear(x, w, bias, act: str):
 
 
 def _linear_igemm(x, w, y, bias, act, N, fin, fout):
-    from .igemm import conv2d_igemm_f32
-
     x4, w4 = x.view(N, fin, 1, 1), w.view(fout, fin, 1, 1)
     if act == "none":
         y = _output(y, (N, fout), x)

@@ -20,8 +20,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-import convlab as cl
-
+from .. import runtime
 from .._limits import INT32_MAX
 from ..workloads import Workload
 
@@ -175,9 +174,9 @@ def check_tensor(t, name: str, dtype=None) -> None:
         raise TypeError(f"{name} must be a float32 or float16 tensor, got {getattr(t, 'dtype', type(t).__name__)}")
     if dtype is not None and t.dtype != dtype:
         raise TypeError(f"{name} is {t.dtype}, expected {dtype}: convert it with .to({dtype})")
-    if t.device.type not in (cl.device().torch_device, "meta"):     # meta: launches recorded, nothing runs
-        raise ValueError(f"{name} is on {t.device}, the {cl.backend()} backend runs on "
-                         f"{cl.device().torch_device}: move it with cl.to_device({name})")
+    if t.device.type not in (runtime.device().torch_device, "meta"):     # meta: launches recorded, nothing runs
+        raise ValueError(f"{name} is on {t.device}, the {runtime.backend()} backend runs on "
+                         f"{runtime.device().torch_device}: move it with cl.to_device({name})")
     if not t.is_contiguous():
         raise ValueError(f"{name} must be contiguous (NCHW): call {name}.contiguous() first")
 

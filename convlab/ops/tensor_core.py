@@ -25,6 +25,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from .. import runtime
 from .._limits import GRID_X_MAX, INT32_MAX, SHARED_DEFAULT_MAX
 from ..workloads import Workload
 from . import Impl, ceil_div, new_output
@@ -283,9 +284,7 @@ def _plan(x_shape, w_shape, stride, padding, dilation, tunables):
 
 def runs_here() -> bool:
     """mma.sync and cp.async need sm_80: False on an older GPU (the emulator runs them)."""
-    import convlab as cl
-
-    dev = cl.device()
+    dev = runtime.device()
     return dev.backend != "cuda" or tuple(dev.cc) >= (8, 0)
 
 
