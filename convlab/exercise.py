@@ -20,7 +20,10 @@
 
 Verdicts: "correct"; a named common mistake when the output matches one of them on the
 reference (flipped mask, swapped axes, padding or stride ignored, `=` for `+=`, a tile not fully
-loaded, the result rebound instead of written into y); "wrong at (b,m,h,w): expected … got …";
+loaded, the result rebound instead of written into y); "wrong at (b,m,h,w): expected … got …",
+and when the wrong outputs hold other outputs' right values, how the two differ (by the index and
+the fields locate() names: warp 1 holds what warp 0 computes, acc[i][j] holds acc[i][j+1]'s, a
+leading dimension of 16 where the row holds 36);
 "N outputs never written"; the emulator's fault messages (cl.ConvlabError subclasses: out of
 range, races, barriers, timeouts, each at its source line) as they are. "not done yet" only while
 a TODO stub that scripts/make_exercises.py left (`TODO: … (about N lines)`) is still in the code
@@ -221,6 +224,177 @@ def _edge_only(bad: np.ndarray, pad: int, K: int) -> bool:
     return not inner.any()
 
 
+#: A field of a locate() text: a word and a number ("warp 1", "row 0"), a tuple ("block (0,1)")
+#: or subscripts ("acc[0][7]").
+_FIELD = re.compile(r"([A-Za-z_]\w*)\s*(\(\d+(?:,\s*\d+)*\)|(?:\[\d+\])+|\d+)")
+
+
+def _fields(index, labels, locate) -> dict:
+    """An output's coordinates by name: the index's (b, m, h, w) and the fields its locate text
+    names, each a tuple of ints."""
+    out = {n: (int(i),) for n, i in zip(labels, index)}
+    if locate is not None:
+        for name, value in _FIELD.findall(str(locate(index))):
+            out.setdefault(name, tuple(int(v) for v in re.findall(r"\d+", value)))
+    return out
+
+
+def _sub(name: str, v: tuple) -> str:
+    """A field's value as a locate text shows it: warp 1, acc[0][7]."""
+    return f"{name}[{']['.join(map(str, v))}]" if len(v) > 1 else f"{name} {v[0]}"
+
+
+def _shifted(name: str, d: tuple) -> str:
+    """A field of any value and the one d away: "acc[i][j] holds the value of acc[i][j+1]"."""
+    if len(d) == 1:
+        return f"{name} n holds the value of {name} n{d[0]:+d}"
+    letters = "ijkl"
+    return (name + "".join(f"[{letters[k]}]" for k in range(len(d))) + " holds the value of " + name
+            + "".join(f"[{letters[k]}{f'{dk:+d}' if dk else ''}]" for k, dk in enumerate(d)))
+
+
+def _only(bad, labels, locate, named) -> str:
+    """"; every wrong output is warp 1's" when one value of a field is common to every wrong output
+    and at least 9 in 10 of that value's outputs are wrong (a few may be right by chance)."""
+    wrong = [_fields(tuple(i), labels, locate) for i in np.argwhere(bad)[:4096]]
+    right = [_fields(tuple(i), labels, locate) for i in np.argwhere(~bad)[:4096]]
+    for n in named:
+        values = {f.get(n) for f in wrong}
+        if len(values) != 1 or not right:
+            continue
+        v = values.pop()
+        n_right = sum(f.get(n) == v for f in right)
+        if v is not None and n_right <= 0.1 * (n_right + len(wrong)) and len(right) > n_right:
+            return (f"; every wrong output is {_sub(n, v)}'s ({len(wrong)} of its {len(wrong) + n_right}), "
+                    f"no other {n}'s")
+    return ""
+
+
+def _moved(got, want, bad, tol, labels, locate) -> str | None:
+    """When most wrong outputs hold the right value of another output (a tile or a fragment in the
+    wrong place, an index off by a constant), say which output's value they hold and how the two
+    differ, by the index and by the fields locate() names (warp, thread, the accumulator's row and
+    column), derived from the outputs: which warp or thread wrote them, which index is off, or the
+    row length two row-major layouts disagree on (a leading dimension)."""
+    flat_want, order = want.ravel(), np.argsort(want.ravel(), kind="stable")
+    sorted_want = flat_want[order]
+    where_bad = np.argwhere(bad & np.isfinite(got))
+    if len(where_bad) < 4 or want.size < 2:
+        return None
+    # every output whose right value is within the bound of a wrong one (a few where values are close)
+    cands = []
+    for idx in where_bad[:4096]:
+        g, t = got[tuple(idx)], tol[tuple(idx)]
+        if g == 0:
+            continue   # an output left at 0 holds no other output's value
+        lo, hi = np.searchsorted(sorted_want, g - t), np.searchsorted(sorted_want, g + t, side="right")
+        if hi > lo:
+            near = order[lo:hi][np.argsort(np.abs(sorted_want[lo:hi] - g), kind="stable")[:16]]
+            cands.append((tuple(int(i) for i in idx),
+                          [tuple(int(i) for i in np.unravel_index(j, want.shape)) for j in near]))
+    if len(cands) < max(4, 0.2 * min(len(where_bad), 4096)):
+        return None
+    fields = {}
+
+    def fld(index):
+        if index not in fields:
+            fields[index] = _fields(index, labels, locate)
+        return fields[index]
+
+    first = fld(cands[0][0])
+    names = [n for n in first if all(n in fld(d) and len(fld(d)[n]) == len(first[n]) for d, _ in cands)]
+    # the locate fields when there are any (who computes it), else the index's own
+    named = [n for n in names if n not in labels] or names
+
+    def pattern(d, s):
+        f, g = fld(d), fld(s)
+        if any(n not in g or len(g[n]) != len(f[n]) for n in named):
+            return None
+        return tuple((n, tuple(b - a for a, b in zip(f[n], g[n]))) for n in named if f[n] != g[n])
+
+    # each wrong output votes for how it differs from the outputs whose values it holds
+    votes: dict = {}
+    for d, near in cands:
+        ps = {pattern(d, s) for s in near} - {None}
+        for p in ps:
+            votes[p] = votes.get(p, 0.0) + 1 / len(ps)
+    key = max(votes, key=votes.get)
+    pairs, members = [], []
+    for d, near in cands:
+        s = next((s for s in near if pattern(d, s) == key), near[0])
+        pairs.append((d, s))
+        if pattern(d, s) == key:
+            members.append(((d, s), fld(d), fld(s)))
+    dest, src = [fld(d) for d, _ in pairs], [fld(s) for _, s in pairs]
+    (d0, s0), _, _ = members[0]
+
+    def at(index):
+        text = "(" + ",".join(f"{n}={i}" for n, i in zip(labels, index)) + ")"
+        return f"{text} [{locate(index)}]" if locate is not None else text
+
+    lead = (f"{len(pairs)} of the {len(where_bad)} wrong outputs hold the right value of another output, "
+            f"e.g. {at(d0)} holds that of {at(s0)}")
+    members = [(f, g) for _, f, g in members]
+    if len(members) >= 0.5 * min(len(where_bad), 4096) and key:
+        same = [n for n in named if all(f[n] == g[n] for f, g in members)]
+        parts = []
+        for n, d in key:
+            dv, sv = {f[n] for f, _ in members}, {g[n] for _, g in members}
+            if len(dv) == 1 and len(sv) == 1:
+                parts.append(f"{_sub(n, dv.pop())} holds what {_sub(n, sv.pop())} computes")
+            else:
+                parts.append(f"{_shifted(n, d)}: {n} is off by {', '.join(f'{x:+d}' for x in d)}")
+        tail = f" (the same {', '.join(same)})" if same else ""
+        return f"{lead}. In {len(members)} of them {'; '.join(parts)}{tail}{_only(bad, labels, locate, named)}"
+    # right values in the wrong places, not by a constant: two fields read as a row-major layout of
+    # one row length and written as another (a leading dimension)
+    # right values in the wrong places, not by a constant: the fields (a row, a column, a warp's
+    # offset) add up to one memory offset as written and another as read, a row-major layout with
+    # rows L1 apart read with rows L2 apart (a leading dimension)
+    moved = [n for n in named if len(first[n]) == 1 and any(f[n] != g[n] for f, g in zip(dest, src))]
+    scalars = [n for n in named if len(first[n]) == 1]
+    best = None
+    for unit in reversed(moved[:4]):
+        others = [n for n in scalars if n != unit and n in moved]
+        rest = [n for n in named if n not in moved]
+        sure = [(fld(d), fld(near[0])) for d, near in cands if len(near) == 1]
+        sure = [(f, g) for f, g in sure if all(f[n] == g[n] for n in rest)]
+        if not others or len(sure) < 2 * len(others) + 2:
+            continue
+        A = np.array([[f[n][0] for n in others] + [-g[n][0] for n in others] for f, g in sure], dtype=float)
+        rhs = np.array([g[unit][0] - f[unit][0] for f, g in sure], dtype=float)
+        coef = [int(round(v)) for v in np.linalg.lstsq(A, rhs, rcond=None)[0]]
+        a_, b_ = dict(zip(others, coef[:len(others)])), dict(zip(others, coef[len(others):]))
+
+        def offset(f, k):
+            return sum(k[n] * f[n][0] for n in others) + f[unit][0]
+
+        def fits(d, s_):
+            f, g = fld(d), fld(s_)
+            return all(f[n] == g[n] for n in rest) and offset(f, a_) == offset(g, b_)
+
+        fit = [(d, next(s_ for s_ in near if fits(d, s_))) for d, near in cands if any(fits(d, s_) for s_ in near)]
+        if best is None or len(fit) > len(best[0]):
+            best = (fit, unit, others, a_, b_)
+    if best is None:
+        return None
+    fit, unit, others, a_, b_ = best
+    strides = [n for n in others if a_[n] != b_[n]]
+    if len(fit) < 0.5 * len(cands) or len(strides) != 1 or a_[strides[0]] <= 0 or b_[strides[0]] <= 0:
+        return None
+    r_, L1, L2 = strides[0], a_[strides[0]], b_[strides[0]]
+
+    def formula(k, prime):
+        return " + ".join([f"{k[n]}·{n}{prime}" for n in others] + [f"{unit}{prime}"])
+
+    (d0, s0), f0, g0 = fit[0], fld(fit[0][0]), fld(fit[0][1])
+    return (f"{len(cands)} of the {len(where_bad)} wrong outputs hold the right value of another output, "
+            f"e.g. {at(d0)} holds that of {at(s0)}. They are right values in the wrong places: in {len(fit)} "
+            f"of them the output at {formula(a_, '')} holds what {formula(b_, chr(39))} computes: the rows "
+            f"({r_}) were taken {L2} elements apart where they are {L1} apart, a leading dimension of {L2} where "
+            f"a row of the array holds {L1} (a load's or a store's ldm is the row length of the array as "
+            f"declared, not the tile's width)")
+
 def verdict(y, ref, *, rtol: float = 1e-4, atol: float | None = None, labels: str = "bmhw",
             inputs: tuple | None = None, locate=None, mistakes=None) -> tuple[bool, str]:
     """Compare an output with the fp64 reference: (ok, a one-line verdict). Like cl.check, atol
@@ -274,6 +448,7 @@ def verdict(y, ref, *, rtol: float = 1e-4, atol: float | None = None, labels: st
             return False, mistake
 
     first = tuple(int(i) for i in np.argwhere(bad)[0])
+    moved = None if n_never else _moved(got, want, bad, atol + rtol * np.abs(got), labels, locate)
     if n_never:
         first_never = tuple(int(i) for i in np.argwhere(never)[0])
         return False, (f"{n_never} of {got.size} outputs never written, the first at {at(first_never)}: "
@@ -283,7 +458,7 @@ def verdict(y, ref, *, rtol: float = 1e-4, atol: float | None = None, labels: st
         edge = (": only outputs at the image's edge are wrong, whose windows reach outside the image: check "
                 "the bounds test (ih < H, not ih <= H; ih >= 0) and where the padding is subtracted")
     return False, (f"wrong at {at(first)}: expected {_fmt(want[first])} got {_fmt(got[first])} "
-                   f"({n_bad} of {got.size} outputs wrong){edge}")
+                   f"({n_bad} of {got.size} outputs wrong){edge}" + (f"\n  {moved}" if moved else ""))
 
 
 def _as_numpy(a) -> np.ndarray:

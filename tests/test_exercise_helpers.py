@@ -320,3 +320,33 @@ def test_general_shapes_cover_groups_dilation_and_stride():
     assert any(s.groups == s.C for s in shapes) and any(1 < s.groups < s.C for s in shapes)
     assert any(s.dilation > 1 and s.stride > 1 for s in shapes) and any(s.K % 2 == 0 for s in shapes)
     assert all(s.C % s.groups == 0 and s.M % s.groups == 0 for s in shapes)
+
+
+def _micro_tile(shape, index):
+    # a made-up owner: thread t of each row computes 4 consecutive columns, acc[0][w % 4]
+    return f"thread {index[3] // 4} of row {index[2]}, in acc[0][{index[3] % 4}]"
+
+
+def test_values_one_column_over_name_the_index_that_is_off(capsys):
+    # each output holds its right neighbour's value (the last column of a row keeps its own):
+    # within a thread's micro-tile, acc[0][j] holds acc[0][j+1]'s
+    def shift(y):
+        y[..., :-1] = y[..., 1:].clone()
+    assert not ex.check_kernel(_torch_launch(change=shift), locate=_micro_tile)
+    out = capsys.readouterr().out
+    assert "acc[i][j] holds the value of acc[i][j+1]: acc is off by +0, +1 (the same thread, row)" in out, out
+
+
+def test_values_in_other_places_by_a_row_length_name_the_leading_dimension(capsys):
+    # a 4 x 8 output tile, rows 8 apart, written by a store that took its rows 5 apart: output
+    # (r, c) holds what (r', c') computes where r * 8 + c = r' * 5 + c'
+    def relaid(y):
+        old = y.clone()
+        for f in range(20):
+            y[..., f // 8, f % 8] = old[..., f // 5, f % 5]
+    where = lambda shape, index: f"row {index[2]}, column {index[3]}"  # noqa: E731
+    shape = ex.Shape(2, 2, 3, 6, 10, 3)     # 4 x 8 outputs
+    assert not ex.check_kernel(_torch_launch(change=relaid), [shape], locate=where)
+    out = capsys.readouterr().out
+    assert "8·row + column holds what 5·row' + column' computes" in out, out
+    assert "a leading dimension of 5 where a row of the array holds 8" in out, out
