@@ -334,7 +334,7 @@ def test_values_one_column_over_name_the_index_that_is_off(capsys):
         y[..., :-1] = y[..., 1:].clone()
     assert not ex.check_kernel(_torch_launch(change=shift), locate=_micro_tile)
     out = capsys.readouterr().out
-    assert "acc[i][j] holds the value of acc[i][j+1]: acc is off by +0, +1 (the same thread, row)" in out, out
+    assert "acc[i][j] holds the value of acc[i][j+1]: its index j is off by +1 (the same thread, row)" in out, out
 
 
 def test_values_in_other_places_by_a_row_length_name_the_leading_dimension(capsys):

@@ -2,6 +2,7 @@
 launched over the grid by runtime.cpp. The same file runs on a GPU through PyCUDA."""
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import os
@@ -53,6 +54,19 @@ def detect_setting():
 
 def set_detect(value):
     _detect.value = value
+
+
+@contextlib.contextmanager
+def flat_shared():
+    """Inside, a static __shared__ index past its dimension but inside the array reads on into the
+    array, as a GPU does (Bs[0][64] of a float Bs[8][64] is Bs[1][0]), instead of faulting: the
+    exercise checks run a launch that faulted so once more, to show what the read computes."""
+    flag = ctypes.c_int.in_dll(_Runtime.get(), "clemu_flat_shared")
+    old, flag.value = flag.value, 1
+    try:
+        yield
+    finally:
+        flag.value = old
 
 
 def cache_dir() -> Path:
