@@ -1135,6 +1135,141 @@ def check_prediction(what: str, predicted: dict, measured: dict, *, rel: float =
     return _say(True, f"✓ correct: every predicted {what} matches the profiler ({len(measured)} cases)")
 
 
+#: Fewer timed runs than this say no spread: a quartile of 5 numbers is about one of them.
+TIMING_RUNS = 10
+
+
+def _timed(log) -> tuple[list, list]:
+    """From a simulated GPU's log: the samples a harness read (elapsed_time's, and the host clock's
+    differences around a call of fn) and, for each, the launches inside it."""
+    samples = [(ms, [L for L in log.launches if a <= L.start_ms - L.other_ms and L.end_ms <= b + 1e-9])
+               for a, b, ms in log.elapsed]
+    for c0, c1 in zip(log.clock, log.clock[1:]):
+        inside = [L for L in log.launches if c0 <= L.begin_ms and L.host_ms <= c1]
+        if inside:
+            samples.append((c1 - c0, inside))
+    return [ms for ms, _ in samples], [ls for _, ls in samples]
+
+
+def check_timing(time_it, *, seed: int | None = None) -> Verdict:
+    """time_it(fn, gpu) -> (median ms, 25th, 75th percentile): a timing harness, graded on a
+    simulated GPU (convlab.simgpu.SimGPU) whose kernel's cold-cache time is known, and named by its
+    mistake: a host clock read without synchronize, events read before they completed, the first
+    (compiling) call timed, a hot L2, the mean, too few runs. On a GPU it is then compared with
+    cl.bench on chapter 2's flat naive kernel (lenet_c1)."""
+    import random
+    import statistics
+
+    from . import simgpu
+
+    rng = random.Random(seed)
+    true_ms = round(rng.uniform(0.4, 1.6), 3)
+    gpu = simgpu.SimGPU(ms=true_ms, seed=rng.randrange(1 << 30))
+    kernel = gpu.kernel()
+    try:
+        result = time_it(kernel, gpu)
+    except simgpu.NotReady as e:
+        unfinished = _unfinished(time_it)
+        return unfinished if unfinished is not None else _say(False, (
+            f"✗ events recorded but not waited for: {e}. An event completes when the GPU reaches it, "
+            f"after the kernel; the host gets there first, since a launch returns at once"))
+    except Exception as e:  # noqa: BLE001 (a check must never stop the notebook)
+        text = _fault(time_it, describe_error(e))
+        return _say(False, text if text.startswith("not done") else f"✗ {text}")
+    if result is None or (isinstance(result, (tuple, list)) and None in result):
+        unfinished = _unfinished(time_it)
+        return unfinished if unfinished is not None else _say(
+            False, f"✗ time_it returned {result!r}: does it end with `return median, p25, p75`, each a number?")
+    try:
+        ms, p25, p75 = (float(v) for v in result)
+    except (TypeError, ValueError):
+        return _say(False, f"✗ time_it returns the median and the quartiles, (ms, p25, p75); it returned "
+                           f"{type(result).__name__} {result!r:.60}")
+    log = gpu.log
+    if not log.launches:
+        return _say(False, "✗ time_it never called fn: nothing was launched")
+    samples, inside = _timed(log)
+    if not samples:
+        return _say(False, "✗ no run of fn was timed: read the clock, or record events, before and after fn()")
+    timed = [L for ls in inside for L in ls]
+    # the host's clock read when fn() returns, before the GPU ran the kernel
+    early = [L for c0, c1 in zip(log.clock, log.clock[1:]) for L in log.launches
+             if c0 <= L.begin_ms and L.host_ms <= c1 < L.end_ms]
+    if early and not log.elapsed:
+        short = statistics.median(samples)
+        return _say(False, (
+            f"✗ the host's clock times only the launch: {short:.3g} ms, while the kernel takes about "
+            f"{true_ms:g} ms. fn() queues the kernel and returns at once; the GPU runs it later. Wait for "
+            f"it (gpu.synchronize()) before reading the clock, or time it on the GPU with events"))
+    if any(L.compiled for L in timed):
+        return _say(False, (
+            f"✗ no warm-up: the first call of fn was timed, and it compiles the kernel "
+            f"({simgpu.COMPILE_MS:g} ms here, before the GPU even starts). Call fn once (or a few times) "
+            f"before the timed runs"))
+    hot = sum(L.hot for L in timed)
+    if hot > len(timed) / 2:
+        return _say(False, (
+            f"✗ a hot-cache time: {hot} of the {len(timed)} timed runs found their data still in L2 from the "
+            f"run before ({ms:.3g} ms against a cold {true_ms:g} ms). A layer runs once per step, after other "
+            f"layers have filled L2 with theirs: flush L2 before each run (gpu.flush_l2(), or zero a buffer "
+            f"of at least gpu.L2_BYTES)"))
+    if len(samples) < TIMING_RUNS:
+        per = f" ({len(timed)} calls in one interval: their mean, with no spread)" if len(timed) > len(samples) else ""
+        return _say(False, (
+            f"✗ {len(samples)} timed run{'s' if len(samples) != 1 else ''}{per}: too few to say a spread. With "
+            f"a few runs, one slowed by other work moves the median and the quartiles are each about one "
+            f"run; the course takes 20"))
+    median, mean = statistics.median(samples), statistics.mean(samples)
+    if abs(ms - mean) < abs(ms - median) and abs(mean - median) > 0.05 * median:
+        slow = sum(L.other_ms > 0 for L in timed)
+        return _say(False, (
+            f"✗ {ms:.3g} ms is the mean of your {len(samples)} runs: {slow} of them waited behind other work "
+            f"on the GPU and pull the mean up; the median ({median:.3g} ms) is what a run takes, whatever a "
+            f"few outliers do (statistics.median)"))
+    qs = sorted(samples)
+
+    def rank(v):
+        return sum(x <= v + 1e-12 for x in qs) / len(qs)
+    if not (0.1 <= rank(p25) <= 0.4 and 0.6 <= rank(p75) <= 0.9 and p25 <= ms <= p75):
+        return _say(False, (
+            f"✗ the quartiles: p25 = {p25:.3g} and p75 = {p75:.3g} ms should cut off the fastest and the "
+            f"slowest quarter of your runs (statistics.quantiles(times, n=4) gives [p25, median, p75]); "
+            f"{rank(p25):.0%} of the runs are at most p25, {rank(p75):.0%} at most p75"))
+    if abs(ms - true_ms) > 0.05 * true_ms:
+        return _say(False, f"✗ time_it gives {ms:.3g} ms, but the simulated kernel takes {true_ms:g} ms cold")
+    ok = _say(True, (
+        f"✓ correct: on the simulated GPU time_it gives {ms:.3g} ms (IQR {p25:.3g}–{p75:.3g}) for a kernel "
+        f"whose cold-cache time is {true_ms:g} ms"))
+    return _timing_on_gpu(time_it) if ok else ok
+
+
+def _timing_on_gpu(time_it) -> Verdict:
+    """On a GPU: time_it and cl.bench on chapter 2's flat naive kernel on lenet_c1, side by side."""
+    import convlab as cl
+
+    from . import simgpu
+    from .ops import naive
+    from .workloads import get
+
+    if cl.backend() == "emu":
+        return _say(True, "  (on the emulator: comparing time_it with cl.bench on the chapter's kernel needs a GPU)")
+    wl = get("lenet_c1")
+    x, w = cl.randn(*wl.x_shape), cl.randn(*wl.w_shape)
+    y = cl.empty(*wl.y_shape)
+    run = lambda: naive.conv2d_naive_flat(x, w, y)  # noqa: E731
+    try:
+        ms, p25, p75 = (float(v) for v in time_it(run, simgpu.cuda()))
+    except Exception as e:  # noqa: BLE001 (a check must never stop the notebook)
+        return _say(False, f"✗ on {cl.device().name}: {describe_error(e)}")
+    ref = cl.bench(run)
+    agree = p25 <= ref.p75 and ref.p25 <= p75 or abs(ms - ref.ms) <= 0.05 * ref.ms
+    return _say(agree, (
+        f"  on {cl.device().name}, chapter 2's flat naive kernel on lenet_c1: time_it {ms:.4g} ms "
+        f"(IQR {p25:.4g}–{p75:.4g}), cl.bench {ref.ms:.4g} ms (IQR {ref.p25:.4g}–{ref.p75:.4g})"
+        + ("" if agree else ": they disagree by more than their spreads; what does cl.bench do that time_it "
+                            "does not (convlab/bench.py)?")))
+
+
 def _layer_text(shape) -> str:
     return (f"C={shape.C}, K={shape.K}, M={shape.M}, {shape.Ho}×{shape.Wo} output pixels per image, "
             f"B={shape.B}")

@@ -19,6 +19,7 @@ ANSWERS = {
     "01.flops": ("FLOPs of {0}", lambda name: _wl(name).flops),
     "01.bytes": ("bytes of {0}", lambda name: _wl(name).bytes),
     "02.too_big_for_z": ("the z map's failures", lambda: ["lenet_c3", "fa17"]),
+    "02_timing.quartiles": ("the true statements about the quartiles", lambda: ["a", "c", "d"]),
     "03.reuse": ("multiply-adds per global load", lambda: 16 ** 2 * 49 / 22 ** 2),
     "04.u_bytes": ("bytes of U for lenet_c1", lambda: 12_544_000_000),
     "05_implicit_gemm.saved": ("bytes saved on fa17", lambda: 2 * 4 * 10000 * 25 * 24 * 24),
