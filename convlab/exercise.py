@@ -979,8 +979,11 @@ def check_counters(launch, targets: dict, *, shape: Shape | None = None, result=
         if what not in COUNTERS:
             raise ValueError(f"check_counters grades {', '.join(COUNTERS)}; not {what!r}")
     if cl.backend() != "emu":
-        return _say(False, "the counters are graded on the emulator: run this notebook with "
-                           "CONVLAB_BACKEND=emu (on a GPU, cl.profile gives ncu's counters to read yourself)")
+        verdict_ = _say(False, "the counters are graded on the emulator: run this notebook with "
+                               "CONVLAB_BACKEND=emu (on a GPU, cl.profile gives ncu's counters to read yourself)")
+        if shape is not None:
+            compare_on_gpu(launch, targets, name=name)
+        return verdict_
     if shape is not None:
         x, w = cl.randn(shape.B, shape.C, shape.H, shape.W), cl.randn(shape.M, shape.C, shape.K, shape.K)
         y = cl.empty(shape.B, shape.M, shape.Ho, shape.Wo)
@@ -1021,7 +1024,93 @@ def check_counters(launch, targets: dict, *, shape: Shape | None = None, result=
         shown = f"{got:,.0f}" if float(got).is_integer() else f"{got:.3g}"
         parts.append(f"{shown} {what} (target {'≤ ' if most else ''}{most:g}){'' if good else ' ✗'}")
     lead = "✓ correct" if met else "✗ correct, but not within the targets"
-    return _say(met, f"{lead}: {name}: " + "; ".join(parts) + _costliest_line(card))
+    verdict_ = _say(met, f"{lead}: {name}: " + "; ".join(parts) + _costliest_line(card))
+    if shape is not None:
+        compare_on_gpu(launch, targets, name=name)
+    return verdict_
+
+
+def _comparison(key):
+    """(workload, the chapter's Impl) an exercise's kernel is timed against, or None."""
+    import importlib
+
+    from .exercise_answers import COMPARE
+    from .workloads import get
+
+    if key not in COMPARE:
+        return None
+    wl_name, module, impl_name = COMPARE[key]
+    mod = importlib.import_module(f"convlab.ops.{module}")
+    impls = [v for v in vars(mod).values() if hasattr(v, "launcher")] + list(getattr(mod, "IMPLEMENTATIONS", ()))
+    return get(wl_name), next(i for i in impls if i.name == impl_name)
+
+
+def torch_best_row(workload: str) -> dict | None:
+    """book/data/torch.csv's fastest fp32 forward row of a layer (either layout), or None."""
+    import csv
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "book" / "data" / "torch.csv"
+    if not path.is_file():
+        return None
+    with open(path, newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r["workload"] == workload and r["pass"] == "forward"
+                and r["dtype"] == "fp32" and r["kind"] == "torch"]
+    return min(rows, key=lambda r: float(r["ms"])) if rows else None
+
+
+def side_by_side(wl, device: str, chapter: str, yours, theirs, torch_row: dict | None) -> str:
+    """The three GPU times of check_counters's comparison as lines of text: your kernel, the
+    chapter's (each a cl.bench Timing), torch best from book/data/torch.csv (its GPU and kernel named)."""
+    from .baselines import torch_algorithm
+
+    lines = [f"  on {device}, {wl.name} ({wl.shape_text}), GPU time (median of 20, IQR):"]
+
+    def line(who, ms, p25, p75, note=""):
+        lines.append(f"    {who:<22}{ms:>9.4g} ms ({p25:.4g}–{p75:.4g}){note}")
+    line("your kernel", yours.ms, yours.p25, yours.p75, f", {yours.ms / theirs.ms:.2f}× the chapter's")
+    line("the chapter's kernel", theirs.ms, theirs.p25, theirs.p75, f": {chapter}")
+    if torch_row is None:
+        lines.append("    torch best            (not in book/data/torch.csv)")
+    else:
+        algorithm, kernel = torch_algorithm(torch_row["torch_kernels"])
+        where = "" if torch_row["gpu"] == device else f", measured on {torch_row['gpu']}, not this GPU"
+        line("torch best", float(torch_row["ms"]), float(torch_row["p25"]), float(torch_row["p75"]),
+             f": {torch_row['impl']}, {algorithm} ({kernel}){where}")
+    return "\n".join(lines)
+
+
+def compare_on_gpu(launch, targets, *, name: str = "your kernel") -> None:
+    """On a GPU: launch(x, w, y, stride, pad) timed with cl.bench on the exercise's course layer
+    beside the chapter's own kernel and torch best (exercise_answers.COMPARE, by the key
+    check_targets gave targets); on the emulator, one line saying so. Prints; never raises."""
+    import torch
+
+    import convlab as cl
+
+    from .measure import call, inputs
+
+    found = _comparison(getattr(targets, "key", None))
+    if found is None:
+        return
+    wl, impl = found
+    if cl.backend() == "emu":
+        print(f"  (timing {name} against the chapter's kernel and torch best on {wl.name} needs a GPU)")
+        return
+    try:
+        t = inputs(wl, "forward")
+        y = cl.empty(*wl.y_shape)
+        ours = cl.bench(lambda: launch(t["x"], t["w"], y, wl.stride, wl.padding))
+        chapter = call(impl, wl, t, impl.config(wl))
+        want = chapter()
+        theirs = cl.bench(chapter)
+    except Exception as e:  # noqa: BLE001 (a check must never stop the notebook)
+        print(f"  timing on {wl.name}: {describe_error(e)}")
+        return
+    if not torch.allclose(y, want, rtol=1e-3, atol=1e-3 * float(want.abs().max())):
+        print(f"  on {wl.name} your kernel's output differs from the chapter's kernel's: not timed")
+        return
+    print(side_by_side(wl, cl.device().name, impl.name, ours, theirs, torch_best_row(wl.name)))
 
 
 #: Layers that catch the mistakes of groups and dilation: depthwise, groups of several channels to
@@ -1407,11 +1496,18 @@ def check_answer(key: str, got, *args) -> Verdict:
     return check_value(what.format(*args), got, answer(*args))
 
 
+class Targets(dict):
+    """An exercise's counter targets, and the exercise's key (check_counters's GPU comparison)."""
+    key: str | None = None
+
+
 def check_targets(key: str) -> dict:
     """The counter targets kept for an exercise's kernel (convlab.exercise_answers.TARGETS)."""
     from .exercise_answers import TARGETS
 
-    return dict(TARGETS[key])
+    targets = Targets(TARGETS[key])
+    targets.key = key
+    return targets
 
 
 def counter_shape(key: str) -> Shape:

@@ -36,6 +36,15 @@ ANSWERS = {
                        lambda: 4 * 4 * 10000 * 4 * 80 * 80),
 }
 
+#: On a GPU, ex.check_counters also times an exercise's kernel on a course layer beside the
+#: chapter's own kernel and torch best: key of TARGETS -> (workload, module of convlab.ops, the
+#: chapter's Impl by its name).
+COMPARE = {
+    "02": ("lenet_c1", "naive", "naive flat (1D grid)"),
+    "03a": ("lenet_c1", "tiled", "tiled, multi-pass halo load"),
+    "05_register_tiles": ("resnet", "fused", "implicit GEMM, register-tiled"),
+}
+
 TARGETS: dict[str, dict] = {
     # ex.COUNTER_SHAPE, chapter 2's conv2d_naive_flat: 2.80 sectors per load request, 4 per store
     "02": {"sectors per load request": 2.8, "sectors per store request": 4.0},
