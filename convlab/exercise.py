@@ -290,8 +290,11 @@ def _moved(got, want, bad, tol, labels, locate) -> str | None:
         lo, hi = np.searchsorted(sorted_want, g - t), np.searchsorted(sorted_want, g + t, side="right")
         if hi > lo:
             near = order[lo:hi][np.argsort(np.abs(sorted_want[lo:hi] - g), kind="stable")[:16]]
-            cands.append((tuple(int(i) for i in idx),
-                          [tuple(int(i) for i in np.unravel_index(j, want.shape)) for j in near]))
+            here = tuple(int(i) for i in idx)
+            others = [tuple(int(i) for i in np.unravel_index(j, want.shape)) for j in near]
+            others = [o for o in others if o != here]
+            if others:
+                cands.append((here, others))
     if len(cands) < max(4, 0.2 * min(len(where_bad), 4096)):
         return None
     fields = {}
@@ -318,6 +321,8 @@ def _moved(got, want, bad, tol, labels, locate) -> str | None:
         ps = {pattern(d, s) for s in near} - {None}
         for p in ps:
             votes[p] = votes.get(p, 0.0) + 1 / len(ps)
+    if not votes:
+        return None
     key = max(votes, key=votes.get)
     pairs, members = [], []
     for d, near in cands:
@@ -347,8 +352,6 @@ def _moved(got, want, bad, tol, labels, locate) -> str | None:
                 parts.append(f"{_shifted(n, d)}: its index {' and '.join(off)}")
         tail = f" (the same {', '.join(same)})" if same else ""
         return f"{lead}. In {len(members)} of them {'; '.join(parts)}{tail}{_only(bad, labels, locate, named)}"
-    # right values in the wrong places, not by a constant: two fields read as a row-major layout of
-    # one row length and written as another (a leading dimension)
     # right values in the wrong places, not by a constant: the fields (a row, a column, a warp's
     # offset) add up to one memory offset as written and another as read, a row-major layout with
     # rows L1 apart read with rows L2 apart (a leading dimension)
@@ -388,13 +391,14 @@ def _moved(got, want, bad, tol, labels, locate) -> str | None:
     def formula(k, prime):
         return " + ".join([f"{k[n]}·{n}{prime}" for n in others] + [f"{unit}{prime}"])
 
-    (d0, s0), f0, g0 = fit[0], fld(fit[0][0]), fld(fit[0][1])
+    d0, s0 = fit[0]
     return (f"{len(cands)} of the {len(where_bad)} wrong outputs hold the right value of another output, "
             f"e.g. {at(d0)} holds that of {at(s0)}. They are right values in the wrong places: in {len(fit)} "
             f"of them the output at {formula(a_, '')} holds what {formula(b_, chr(39))} computes: the rows "
             f"({r_}) were taken {L2} elements apart where they are {L1} apart, a leading dimension of {L2} where "
             f"a row of the array holds {L1} (a load's or a store's ldm is the row length of the array as "
             f"declared, not the tile's width)")
+
 
 def verdict(y, ref, *, rtol: float = 1e-4, atol: float | None = None, labels: str = "bmhw",
             inputs: tuple | None = None, locate=None, mistakes=None) -> tuple[bool, str]:
