@@ -1248,7 +1248,7 @@ def check_timing(time_it, *, seed: int | None = None) -> Verdict:
     """time_it(fn, gpu) -> (median ms, 25th, 75th percentile): a timing harness, graded on a
     simulated GPU (convlab.simgpu.SimGPU) whose kernel's cold-cache time is known, and named by its
     mistake: a host clock read without synchronize, events read before they completed, the first
-    (compiling) call timed, a hot L2, the mean, too few runs. On a GPU it is then compared with
+    (compiling) call timed, too few runs, the flush timed with the kernel, a hot L2, the mean. On a GPU it is then compared with
     cl.bench on chapter 2's flat naive kernel (lenet_c1)."""
     import random
     import statistics
@@ -1299,6 +1299,19 @@ def check_timing(time_it, *, seed: int | None = None) -> Verdict:
             f"✗ no warm-up: the first call of fn was timed, and it compiles the kernel "
             f"({simgpu.COMPILE_MS:g} ms here, before the GPU even starts). Call fn once (or a few times) "
             f"before the timed runs"))
+    if len(samples) < TIMING_RUNS:
+        per = f" ({len(timed)} calls in one interval: their mean, with no spread)" if len(timed) > len(samples) else ""
+        return _say(False, (
+            f"✗ {len(samples)} timed run{'s' if len(samples) != 1 else ''}{per}: too few to say a spread. With "
+            f"a few runs, one slowed by other work moves the median and the quartiles are each about one "
+            f"run; the course takes 20"))
+    # a flush (a buffer as large as L2 zeroed) between the start event and the kernel
+    flushed = [(a, b) for a, b, _ in log.elapsed for z0, _, n in log.zeroed if n >= gpu.L2_BYTES and a <= z0 < b]
+    if len(flushed) > len(samples) / 2:
+        return _say(False, (
+            f"✗ the L2 flush is inside the timed interval: {len(flushed)} of your {len(samples)} runs time the "
+            f"flush too (zeroing {2 * gpu.L2_BYTES >> 20} MB), then the kernel. Flush before recording the start "
+            f"event"))
     hot = sum(L.hot for L in timed)
     if hot > len(timed) / 2:
         return _say(False, (
@@ -1306,12 +1319,6 @@ def check_timing(time_it, *, seed: int | None = None) -> Verdict:
             f"run before ({ms:.3g} ms against a cold {true_ms:g} ms). A layer runs once per step, after other "
             f"layers have filled L2 with theirs: flush L2 before each run (gpu.flush_l2(), or zero a buffer "
             f"of at least gpu.L2_BYTES)"))
-    if len(samples) < TIMING_RUNS:
-        per = f" ({len(timed)} calls in one interval: their mean, with no spread)" if len(timed) > len(samples) else ""
-        return _say(False, (
-            f"✗ {len(samples)} timed run{'s' if len(samples) != 1 else ''}{per}: too few to say a spread. With "
-            f"a few runs, one slowed by other work moves the median and the quartiles are each about one "
-            f"run; the course takes 20"))
     median, mean = statistics.median(samples), statistics.mean(samples)
     if abs(ms - mean) < abs(ms - median) and abs(mean - median) > 0.05 * median:
         slow = sum(L.other_ms > 0 for L in timed)

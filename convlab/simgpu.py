@@ -26,7 +26,8 @@ gpu.now() -> the host's clock in ms. What the simulated one models, as a GPU beh
 - a small jitter (JITTER of the time), the same for the same seed.
 
 The simulated GPU keeps a log the exercise check reads: each launch (when it ran, cold or hot,
-compiled, held up by other work), each elapsed_time read and each host clock read.
+compiled, held up by other work), each elapsed_time read, each host clock read and each buffer
+zeroed (a flush).
 """
 from __future__ import annotations
 
@@ -66,6 +67,7 @@ class Log:
     launches: list = field(default_factory=list)
     elapsed: list = field(default_factory=list)   # (start event's GPU time, end's, the ms returned)
     clock: list = field(default_factory=list)     # the host clock's reads (ms)
+    zeroed: list = field(default_factory=list)    # buffers zeroed (flushes): (GPU start, end, bytes)
 
 
 class SimEvent:
@@ -103,7 +105,9 @@ class SimBuffer:
     def zero_(self) -> "SimBuffer":
         g = self.gpu
         g._host += LAUNCH_MS
-        g._free = max(g._host, g._free) + FLUSH_MS_PER_MB * self.nbytes / 2 ** 20
+        start = max(g._host, g._free)
+        g._free = start + FLUSH_MS_PER_MB * self.nbytes / 2 ** 20
+        g.log.zeroed.append((start, g._free, self.nbytes))
         # what it writes passes through L2: a buffer as large as L2 leaves nothing else there
         g._l2 = {id(self)} if self.nbytes >= g.L2_BYTES else g._l2 | {id(self)}
         return self
