@@ -677,8 +677,10 @@ def _read_on(e: BaseException, case: _Case, labels: str) -> str:
                        locate=case.locate, **(case.bound or {}))
     n_past = int(past.sum()) if past is not None else 0
     more = f"\n  ({n_past} more outputs read past the array's end)" if n_past else ""
-    return "" if ok else (f"\n  On a GPU that index reads on into the array's next row; run so, the rest of the "
-                          f"outputs are {text}{more}")
+    if ok or text.startswith(NOTHING):
+        return ""
+    return (f"\n  On a GPU that index reads on into the array's next row; run so, the rest of the outputs are "
+            f"{text}{more}")
 
 
 def _conv2d_cases(run, shapes, *, fp16: str | None, locate):
