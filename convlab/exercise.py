@@ -346,7 +346,10 @@ def _moved(got, want, bad, tol, labels, locate) -> str | None:
         for n, d in key:
             dv, sv = {f[n] for f, _ in members}, {g[n] for _, g in members}
             if len(dv) == 1 and len(sv) == 1:
-                parts.append(f"{_sub(n, dv.pop())} holds what {_sub(n, sv.pop())} computes")
+                v, u = dv.pop(), sv.pop()
+                # the outputs of n 0 where those of another n belong: an offset by n left out
+                why = f", as if an offset by {n} were left out" if not any(u) and any(v) else ""
+                parts.append(f"{_sub(n, v)} holds what {_sub(n, u)} computes{why}")
             else:
                 off = [f"{'ijkl'[k] if len(d) > 1 else n} is off by {x:+d}" for k, x in enumerate(d) if x]
                 parts.append(f"{_shifted(n, d)}: its index {' and '.join(off)}")

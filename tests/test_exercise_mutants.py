@@ -480,7 +480,8 @@ def _wmma(cuda=()):
     ([("wmma::load_matrix_sync(a, &As[0][0], LDA);", "wmma::load_matrix_sync(a, &As[0][0], 16);")], "leading dimension"),
     # every warp reads warp 0's columns: the outputs of warp 1 are warp 0's (derived from the values)
     ([("wmma::load_matrix_sync(b, &Bs[0][warp * 16], LDB);", "wmma::load_matrix_sync(b, &Bs[0][0], LDB);")],
-     "warp 1 holds what warp 0 computes (the same block, row, column); every wrong output is warp 1's"),
+     "warp 1 holds what warp 0 computes, as if an offset by warp were left out (the same block, row, column); "
+     "every wrong output is warp 1's"),
     # a legal store with the tile's width as its leading dimension: right values in the wrong places
     ([("wmma::store_matrix_sync(&Cs[0][warp * 16], acc, LDC,", "wmma::store_matrix_sync(&Cs[0][warp * 16], acc, 16,")],
      "a leading dimension of 16 where a row of the array holds 36"),
