@@ -20,7 +20,10 @@
 
 Verdicts: "correct"; a named common mistake when the output matches one of them on the
 reference (flipped mask, swapped axes, padding or stride ignored, `=` for `+=`, a tile not fully
-loaded, the result rebound instead of written into y); "wrong at (b,m,h,w): expected … got …";
+loaded, the result rebound instead of written into y); "wrong at (b,m,h,w): expected … got …",
+and when the wrong outputs hold other outputs' right values, how the two differ (by the index and
+the fields locate() names: warp 1 holds what warp 0 computes, acc[i][j] holds acc[i][j+1]'s, a
+leading dimension of 16 where the row holds 36);
 "N outputs never written"; the emulator's fault messages (cl.ConvlabError subclasses: out of
 range, races, barriers, timeouts, each at its source line) as they are. "not done yet" only while
 a TODO stub that scripts/make_exercises.py left (`TODO: … (about N lines)`) is still in the code
@@ -189,6 +192,185 @@ def _edge_only(bad: np.ndarray, pad: int, K: int) -> bool:
     return not inner.any()
 
 
+#: A field of a locate() text: a word and a number ("warp 1", "row 0"), a tuple ("block (0,1)")
+#: or subscripts ("acc[0][7]").
+_FIELD = re.compile(r"([A-Za-z_]\w*)\s*(\(\d+(?:,\s*\d+)*\)|(?:\[\d+\])+|\d+)")
+
+
+def _fields(index, labels, locate) -> dict:
+    """An output's coordinates by name: the index's (b, m, h, w) and the fields its locate text
+    names, each a tuple of ints."""
+    out = {n: (int(i),) for n, i in zip(labels, index)}
+    if locate is not None:
+        for name, value in _FIELD.findall(str(locate(index))):
+            out.setdefault(name, tuple(int(v) for v in re.findall(r"\d+", value)))
+    return out
+
+
+def _sub(name: str, v: tuple) -> str:
+    """A field's value as a locate text shows it: warp 1, acc[0][7]."""
+    return f"{name}[{']['.join(map(str, v))}]" if len(v) > 1 else f"{name} {v[0]}"
+
+
+def _shifted(name: str, d: tuple) -> str:
+    """A field of any value and the one d away: "acc[i][j] holds the value of acc[i][j+1]"."""
+    if len(d) == 1:
+        return f"{name} n holds the value of {name} n{d[0]:+d}"
+    letters = "ijkl"
+    return (name + "".join(f"[{letters[k]}]" for k in range(len(d))) + " holds the value of " + name
+            + "".join(f"[{letters[k]}{f'{dk:+d}' if dk else ''}]" for k, dk in enumerate(d)))
+
+
+def _only(bad, labels, locate, named) -> str:
+    """"; every wrong output is warp 1's" when one value of a field is common to every wrong output
+    and at least 9 in 10 of that value's outputs are wrong (a few may be right by chance)."""
+    wrong = [_fields(tuple(i), labels, locate) for i in np.argwhere(bad)[:4096]]
+    right = [_fields(tuple(i), labels, locate) for i in np.argwhere(~bad)[:4096]]
+    for n in named:
+        values = {f.get(n) for f in wrong}
+        if len(values) != 1 or not right:
+            continue
+        v = values.pop()
+        n_right = sum(f.get(n) == v for f in right)
+        if v is not None and n_right <= 0.1 * (n_right + len(wrong)) and len(right) > n_right:
+            return (f"; every wrong output is {_sub(n, v)}'s ({len(wrong)} of its {len(wrong) + n_right}), "
+                    f"no other {n}'s")
+    return ""
+
+
+def _moved(got, want, bad, tol, labels, locate) -> str | None:
+    """When most wrong outputs hold the right value of another output (a tile or a fragment in the
+    wrong place, an index off by a constant), say which output's value they hold and how the two
+    differ, by the index and by the fields locate() names (warp, thread, the accumulator's row and
+    column), derived from the outputs: which warp or thread wrote them, which index is off, or the
+    row length two row-major layouts disagree on (a leading dimension)."""
+    flat_want, order = want.ravel(), np.argsort(want.ravel(), kind="stable")
+    sorted_want = flat_want[order]
+    where_bad = np.argwhere(bad & np.isfinite(got))
+    if len(where_bad) < 4 or want.size < 2:
+        return None
+    # every output whose right value is within the bound of a wrong one (a few where values are close)
+    cands = []
+    for idx in where_bad[:4096]:
+        g, t = got[tuple(idx)], tol[tuple(idx)]
+        if g == 0:
+            continue   # an output left at 0 holds no other output's value
+        lo, hi = np.searchsorted(sorted_want, g - t), np.searchsorted(sorted_want, g + t, side="right")
+        if hi > lo:
+            near = order[lo:hi][np.argsort(np.abs(sorted_want[lo:hi] - g), kind="stable")[:16]]
+            here = tuple(int(i) for i in idx)
+            others = [tuple(int(i) for i in np.unravel_index(j, want.shape)) for j in near]
+            others = [o for o in others if o != here]
+            if others:
+                cands.append((here, others))
+    if len(cands) < max(4, 0.2 * min(len(where_bad), 4096)):
+        return None
+    fields = {}
+
+    def fld(index):
+        if index not in fields:
+            fields[index] = _fields(index, labels, locate)
+        return fields[index]
+
+    first = fld(cands[0][0])
+    names = [n for n in first if all(n in fld(d) and len(fld(d)[n]) == len(first[n]) for d, _ in cands)]
+    # the locate fields when there are any (who computes it), else the index's own
+    named = [n for n in names if n not in labels] or names
+
+    def pattern(d, s):
+        f, g = fld(d), fld(s)
+        if any(n not in g or len(g[n]) != len(f[n]) for n in named):
+            return None
+        return tuple((n, tuple(b - a for a, b in zip(f[n], g[n]))) for n in named if f[n] != g[n])
+
+    # each wrong output votes for how it differs from the outputs whose values it holds
+    votes: dict = {}
+    for d, near in cands:
+        ps = {pattern(d, s) for s in near} - {None}
+        for p in ps:
+            votes[p] = votes.get(p, 0.0) + 1 / len(ps)
+    if not votes:
+        return None
+    key = max(votes, key=votes.get)
+    pairs, members = [], []
+    for d, near in cands:
+        s = next((s for s in near if pattern(d, s) == key), near[0])
+        pairs.append((d, s))
+        if pattern(d, s) == key:
+            members.append(((d, s), fld(d), fld(s)))
+    dest, src = [fld(d) for d, _ in pairs], [fld(s) for _, s in pairs]
+    (d0, s0), _, _ = members[0]
+
+    def at(index):
+        text = "(" + ",".join(f"{n}={i}" for n, i in zip(labels, index)) + ")"
+        return f"{text} [{locate(index)}]" if locate is not None else text
+
+    lead = (f"{len(pairs)} of the {len(where_bad)} wrong outputs hold the right value of another output, "
+            f"e.g. {at(d0)} holds that of {at(s0)}")
+    members = [(f, g) for _, f, g in members]
+    if len(members) >= 0.5 * min(len(where_bad), 4096) and key:
+        same = [n for n in named if all(f[n] == g[n] for f, g in members)]
+        parts = []
+        for n, d in key:
+            dv, sv = {f[n] for f, _ in members}, {g[n] for _, g in members}
+            if len(dv) == 1 and len(sv) == 1:
+                v, u = dv.pop(), sv.pop()
+                # the outputs of n 0 where those of another n belong: an offset by n left out
+                why = f", as if an offset by {n} were left out" if not any(u) and any(v) else ""
+                parts.append(f"{_sub(n, v)} holds what {_sub(n, u)} computes{why}")
+            else:
+                off = [f"{'ijkl'[k] if len(d) > 1 else n} is off by {x:+d}" for k, x in enumerate(d) if x]
+                parts.append(f"{_shifted(n, d)}: its index {' and '.join(off)}")
+        tail = f" (the same {', '.join(same)})" if same else ""
+        return f"{lead}. In {len(members)} of them {'; '.join(parts)}{tail}{_only(bad, labels, locate, named)}"
+    # right values in the wrong places, not by a constant: the fields (a row, a column, a warp's
+    # offset) add up to one memory offset as written and another as read, a row-major layout with
+    # rows L1 apart read with rows L2 apart (a leading dimension)
+    moved = [n for n in named if len(first[n]) == 1 and any(f[n] != g[n] for f, g in zip(dest, src))]
+    scalars = [n for n in named if len(first[n]) == 1]
+    best = None
+    for unit in reversed(moved[:4]):
+        others = [n for n in scalars if n != unit and n in moved]
+        rest = [n for n in named if n not in moved]
+        sure = [(fld(d), fld(near[0])) for d, near in cands if len(near) == 1]
+        sure = [(f, g) for f, g in sure if all(f[n] == g[n] for n in rest)]
+        if not others or len(sure) < 2 * len(others) + 2:
+            continue
+        A = np.array([[f[n][0] for n in others] + [-g[n][0] for n in others] for f, g in sure], dtype=float)
+        rhs = np.array([g[unit][0] - f[unit][0] for f, g in sure], dtype=float)
+        coef = [int(round(v)) for v in np.linalg.lstsq(A, rhs, rcond=None)[0]]
+        a_, b_ = dict(zip(others, coef[:len(others)])), dict(zip(others, coef[len(others):]))
+
+        def offset(f, k):
+            return sum(k[n] * f[n][0] for n in others) + f[unit][0]
+
+        def fits(d, s_):
+            f, g = fld(d), fld(s_)
+            return all(f[n] == g[n] for n in rest) and offset(f, a_) == offset(g, b_)
+
+        fit = [(d, next(s_ for s_ in near if fits(d, s_))) for d, near in cands if any(fits(d, s_) for s_ in near)]
+        if best is None or len(fit) > len(best[0]):
+            best = (fit, unit, others, a_, b_)
+    if best is None:
+        return None
+    fit, unit, others, a_, b_ = best
+    strides = [n for n in others if a_[n] != b_[n]]
+    if len(fit) < 0.5 * len(cands) or len(strides) != 1 or a_[strides[0]] <= 0 or b_[strides[0]] <= 0:
+        return None
+    r_, L1, L2 = strides[0], a_[strides[0]], b_[strides[0]]
+
+    def formula(k, prime):
+        return " + ".join([f"{k[n]}·{n}{prime}" for n in others] + [f"{unit}{prime}"])
+
+    d0, s0 = fit[0]
+    return (f"{len(cands)} of the {len(where_bad)} wrong outputs hold the right value of another output, "
+            f"e.g. {at(d0)} holds that of {at(s0)}. They are right values in the wrong places: in {len(fit)} "
+            f"of them the output at {formula(a_, '')} holds what {formula(b_, chr(39))} computes: the rows "
+            f"({r_}) were taken {L2} elements apart where they are {L1} apart, a leading dimension of {L2} where "
+            f"a row of the array holds {L1} (a load's or a store's ldm is the row length of the array as "
+            f"declared, not the tile's width)")
+
+
 def verdict(y, ref, *, rtol: float = 1e-4, atol: float | None = None, labels: str = "bmhw",
             inputs: tuple | None = None, locate=None, mistakes=None) -> tuple[bool, str]:
     """Compare an output with the fp64 reference: (ok, a one-line verdict). Like cl.check, atol
@@ -242,16 +424,17 @@ def verdict(y, ref, *, rtol: float = 1e-4, atol: float | None = None, labels: st
             return False, mistake
 
     first = tuple(int(i) for i in np.argwhere(bad)[0])
+    moved = None if n_never else _moved(got, want, bad, atol + rtol * np.abs(got), labels, locate)
     if n_never:
         first_never = tuple(int(i) for i in np.argwhere(never)[0])
         return False, (f"{n_never} of {got.size} outputs never written, the first at {at(first_never)}: "
                        f"does every output get a thread?")
     edge = ""
-    if inputs is not None and _edge_only(bad, inputs[3], np.shape(inputs[1])[-1]):
+    if inputs is not None and not moved and _edge_only(bad, inputs[3], np.shape(inputs[1])[-1]):
         edge = (": only outputs at the image's edge are wrong, whose windows reach outside the image: check "
                 "the bounds test (ih < H, not ih <= H; ih >= 0) and where the padding is subtracted")
     return False, (f"wrong at {at(first)}: expected {_fmt(want[first])} got {_fmt(got[first])} "
-                   f"({n_bad} of {got.size} outputs wrong){edge}")
+                   f"({n_bad} of {got.size} outputs wrong){edge}" + (f"\n  {moved}" if moved else ""))
 
 
 def _as_numpy(a) -> np.ndarray:
@@ -420,7 +603,9 @@ def _run_cases(run, cases, *, name: str, labels: str = "bmhw", out_index: int | 
             result = checked_launch(case.call)
         except Exception as e:  # noqa: BLE001 (a check must never stop the notebook)
             text = _fault(run, describe_error(e))
-            return _say(False, text if text.startswith("not done") else f"✗ {case.text}: {text}")
+            if text.startswith("not done"):
+                return _say(False, text)
+            return _say(False, f"✗ {case.text}: {text}{_read_on(e, case, labels)}")
         out = result if isinstance(result, torch.Tensor) and out_index is not None else case.out
         ok, text = verdict(out, case.ref, labels=labels, inputs=case.inputs, mistakes=case.mistakes,
                            locate=case.locate, **(case.bound or {}))
@@ -434,6 +619,39 @@ def _run_cases(run, cases, *, name: str, labels: str = "bmhw", out_index: int | 
             why = f" ({case.why})" if case.why else ""
             return _say(False, f"✗ {case.text}{why}: {text}{before}")
     return _say(True, f"✓ correct: {name} {passed}")
+
+
+def _read_on(e: BaseException, case: _Case, labels: str) -> str:
+    """After the emulator stopped a read of a static __shared__ array past one of its dimensions
+    (Bs[0][64] of Bs[8][64]), what the outputs are when it reads on into the array as a GPU does:
+    run once more so, the verdict names which outputs that read made wrong and how ("" when it
+    still faults, or comes out right)."""
+    import torch
+
+    import convlab as cl
+    from . import emu
+
+    if cl.backend() != "emu" or not isinstance(e, cl.OutOfBoundsError) or " of dimension " not in str(e):
+        return ""
+    try:
+        case.out.fill_(float("nan"))
+        with emu.flat_shared():
+            checked_launch(case.call)
+    except Exception:  # noqa: BLE001 (the fault above is the verdict)
+        return ""
+    # outputs that read past the whole array (NaN bytes there) are told apart from the rest
+    past = poison_mask(case.out)
+    got = case.out.detach().cpu().clone()
+    if past is not None and past.any():
+        got[torch.from_numpy(past)] = torch.as_tensor(_as_numpy(case.ref)).to(got.dtype)[torch.from_numpy(past)]
+    ok, text = verdict(got, case.ref, labels=labels, inputs=case.inputs, mistakes=case.mistakes,
+                       locate=case.locate, **(case.bound or {}))
+    n_past = int(past.sum()) if past is not None else 0
+    more = f"\n  ({n_past} more outputs read past the array's end)" if n_past else ""
+    if ok or text.startswith(NOTHING):
+        return ""
+    return (f"\n  On a GPU that index reads on into the array's next row; run so, the rest of the outputs are "
+            f"{text}{more}")
 
 
 def _conv2d_cases(run, shapes, *, fp16: str | None, locate):
@@ -738,8 +956,11 @@ def check_counters(launch, targets: dict, *, shape: Workload | None = None, resu
         if what not in COUNTERS:
             raise ValueError(f"check_counters grades {', '.join(COUNTERS)}; not {what!r}")
     if cl.backend() != "emu":
-        return _say(False, "the counters are graded on the emulator: run this notebook with "
-                           "CONVLAB_BACKEND=emu (on a GPU, cl.profile gives ncu's counters to read yourself)")
+        verdict_ = _say(False, "the counters are graded on the emulator: run this notebook with "
+                               "CONVLAB_BACKEND=emu (on a GPU, cl.profile gives ncu's counters to read yourself)")
+        if shape is not None:
+            compare_on_gpu(launch, targets, name=name)
+        return verdict_
     if shape is not None:
         x, w = cl.randn(shape.B, shape.C, shape.H, shape.W), cl.randn(shape.M, shape.C, shape.K, shape.K)
         y = cl.empty(shape.B, shape.M, shape.Ho, shape.Wo)
@@ -780,7 +1001,93 @@ def check_counters(launch, targets: dict, *, shape: Workload | None = None, resu
         shown = f"{got:,.0f}" if float(got).is_integer() else f"{got:.3g}"
         parts.append(f"{shown} {what} (target {'≤ ' if most else ''}{most:g}){'' if good else ' ✗'}")
     lead = "✓ correct" if met else "✗ correct, but not within the targets"
-    return _say(met, f"{lead}: {name}: " + "; ".join(parts) + _costliest_line(card))
+    verdict_ = _say(met, f"{lead}: {name}: " + "; ".join(parts) + _costliest_line(card))
+    if shape is not None:
+        compare_on_gpu(launch, targets, name=name)
+    return verdict_
+
+
+def _comparison(key):
+    """(workload, the chapter's Impl) an exercise's kernel is timed against, or None."""
+    import importlib
+
+    from .exercise_answers import COMPARE
+    from .workloads import get
+
+    if key not in COMPARE:
+        return None
+    wl_name, module, impl_name = COMPARE[key]
+    mod = importlib.import_module(f"convlab.ops.{module}")
+    impls = [v for v in vars(mod).values() if hasattr(v, "launcher")] + list(getattr(mod, "IMPLEMENTATIONS", ()))
+    return get(wl_name), next(i for i in impls if i.name == impl_name)
+
+
+def torch_best_row(workload: str) -> dict | None:
+    """book/data/torch.csv's fastest fp32 forward row of a layer (either layout), or None."""
+    import csv
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "book" / "data" / "torch.csv"
+    if not path.is_file():
+        return None
+    with open(path, newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r["workload"] == workload and r["pass"] == "forward"
+                and r["dtype"] == "fp32" and r["kind"] == "torch"]
+    return min(rows, key=lambda r: float(r["ms"])) if rows else None
+
+
+def side_by_side(wl, device: str, chapter: str, yours, theirs, torch_row: dict | None) -> str:
+    """The three GPU times of check_counters's comparison as lines of text: your kernel, the
+    chapter's (each a cl.bench Timing), torch best from book/data/torch.csv (its GPU and kernel named)."""
+    from .baselines import torch_algorithm
+
+    lines = [f"  on {device}, {wl.name} ({wl.shape_text}), GPU time (median of 20, IQR):"]
+
+    def line(who, ms, p25, p75, note=""):
+        lines.append(f"    {who:<22}{ms:>9.4g} ms ({p25:.4g}–{p75:.4g}){note}")
+    line("your kernel", yours.ms, yours.p25, yours.p75, f", {yours.ms / theirs.ms:.2f}× the chapter's")
+    line("the chapter's kernel", theirs.ms, theirs.p25, theirs.p75, f": {chapter}")
+    if torch_row is None:
+        lines.append("    torch best            (not in book/data/torch.csv)")
+    else:
+        algorithm, kernel = torch_algorithm(torch_row["torch_kernels"])
+        where = "" if torch_row["gpu"] == device else f", measured on {torch_row['gpu']}, not this GPU"
+        line("torch best", float(torch_row["ms"]), float(torch_row["p25"]), float(torch_row["p75"]),
+             f": {torch_row['impl']}, {algorithm} ({kernel}){where}")
+    return "\n".join(lines)
+
+
+def compare_on_gpu(launch, targets, *, name: str = "your kernel") -> None:
+    """On a GPU: launch(x, w, y, stride, pad) timed with cl.bench on the exercise's course layer
+    beside the chapter's own kernel and torch best (exercise_answers.COMPARE, by the key
+    check_targets gave targets); on the emulator, one line saying so. Prints; never raises."""
+    import torch
+
+    import convlab as cl
+
+    from .measure import call, inputs
+
+    found = _comparison(getattr(targets, "key", None))
+    if found is None:
+        return
+    wl, impl = found
+    if cl.backend() == "emu":
+        print(f"  (timing {name} against the chapter's kernel and torch best on {wl.name} needs a GPU)")
+        return
+    try:
+        t = inputs(wl, "forward")
+        y = cl.empty(*wl.y_shape)
+        ours = cl.bench(lambda: launch(t["x"], t["w"], y, wl.stride, wl.padding))
+        chapter = call(impl, wl, t, impl.config(wl))
+        want = chapter()
+        theirs = cl.bench(chapter)
+    except Exception as e:  # noqa: BLE001 (a check must never stop the notebook)
+        print(f"  timing on {wl.name}: {describe_error(e)}")
+        return
+    if not torch.allclose(y, want, rtol=1e-3, atol=1e-3 * float(want.abs().max())):
+        print(f"  on {wl.name} your kernel's output differs from the chapter's kernel's: not timed")
+        return
+    print(side_by_side(wl, cl.device().name, impl.name, ours, theirs, torch_best_row(wl.name)))
 
 
 #: Layers that catch the mistakes of groups and dilation: depthwise, groups of several channels to
@@ -892,6 +1199,148 @@ def check_prediction(what: str, predicted: dict, measured: dict, *, rel: float =
     if wrong:
         return _say(False, f"✗ {what}: " + "; ".join(wrong))
     return _say(True, f"✓ correct: every predicted {what} matches the profiler ({len(measured)} cases)")
+
+
+#: Fewer timed runs than this say no spread: a quartile of 5 numbers is about one of them.
+TIMING_RUNS = 10
+
+
+def _timed(log) -> tuple[list, list]:
+    """From a simulated GPU's log: the samples a harness read (elapsed_time's, and the host clock's
+    differences around a call of fn) and, for each, the launches inside it."""
+    samples = [(ms, [L for L in log.launches if a <= L.start_ms - L.other_ms and L.end_ms <= b + 1e-9])
+               for a, b, ms in log.elapsed]
+    for c0, c1 in zip(log.clock, log.clock[1:]):
+        inside = [L for L in log.launches if c0 <= L.begin_ms and L.host_ms <= c1]
+        if inside:
+            samples.append((c1 - c0, inside))
+    return [ms for ms, _ in samples], [ls for _, ls in samples]
+
+
+def check_timing(time_it, *, seed: int | None = None) -> Verdict:
+    """time_it(fn, gpu) -> (median ms, 25th, 75th percentile): a timing harness, graded on a
+    simulated GPU (convlab.simgpu.SimGPU) whose kernel's cold-cache time is known, and named by its
+    mistake: a host clock read without synchronize, events read before they completed, the first
+    (compiling) call timed, too few runs, the flush timed with the kernel, a hot L2, the mean. On a GPU it is then compared with
+    cl.bench on chapter 2's flat naive kernel (lenet_c1)."""
+    import random
+    import statistics
+
+    from . import simgpu
+
+    rng = random.Random(seed)
+    true_ms = round(rng.uniform(0.4, 1.6), 3)
+    gpu = simgpu.SimGPU(ms=true_ms, seed=rng.randrange(1 << 30))
+    kernel = gpu.kernel()
+    try:
+        result = time_it(kernel, gpu)
+    except simgpu.NotReady as e:
+        unfinished = _unfinished(time_it)
+        return unfinished if unfinished is not None else _say(False, (
+            f"✗ events recorded but not waited for: {e}. An event completes when the GPU reaches it, "
+            f"after the kernel; the host gets there first, since a launch returns at once"))
+    except Exception as e:  # noqa: BLE001 (a check must never stop the notebook)
+        text = _fault(time_it, describe_error(e))
+        return _say(False, text if text.startswith("not done") else f"✗ {text}")
+    if result is None or (isinstance(result, (tuple, list)) and None in result):
+        unfinished = _unfinished(time_it)
+        return unfinished if unfinished is not None else _say(
+            False, f"✗ time_it returned {result!r}: does it end with `return median, p25, p75`, each a number?")
+    try:
+        ms, p25, p75 = (float(v) for v in result)
+    except (TypeError, ValueError):
+        return _say(False, f"✗ time_it returns the median and the quartiles, (ms, p25, p75); it returned "
+                           f"{type(result).__name__} {result!r:.60}")
+    log = gpu.log
+    if not log.launches:
+        return _say(False, "✗ time_it never called fn: nothing was launched")
+    samples, inside = _timed(log)
+    if not samples:
+        return _say(False, "✗ no run of fn was timed: read the clock, or record events, before and after fn()")
+    timed = [L for ls in inside for L in ls]
+    # the host's clock read when fn() returns, before the GPU ran the kernel
+    early = [L for c0, c1 in zip(log.clock, log.clock[1:]) for L in log.launches
+             if c0 <= L.begin_ms and L.host_ms <= c1 < L.end_ms]
+    if early and not log.elapsed:
+        short = statistics.median(samples)
+        return _say(False, (
+            f"✗ the host's clock times only the launch: {short:.3g} ms, while the kernel takes about "
+            f"{true_ms:g} ms. fn() queues the kernel and returns at once; the GPU runs it later. Wait for "
+            f"it (gpu.synchronize()) before reading the clock, or time it on the GPU with events"))
+    if any(L.compiled for L in timed):
+        return _say(False, (
+            f"✗ no warm-up: the first call of fn was timed, and it compiles the kernel "
+            f"({simgpu.COMPILE_MS:g} ms here, before the GPU even starts). Call fn once (or a few times) "
+            f"before the timed runs"))
+    if len(samples) < TIMING_RUNS:
+        per = f" ({len(timed)} calls in one interval: their mean, with no spread)" if len(timed) > len(samples) else ""
+        return _say(False, (
+            f"✗ {len(samples)} timed run{'s' if len(samples) != 1 else ''}{per}: too few to say a spread. With "
+            f"a few runs, one slowed by other work moves the median and the quartiles are each about one "
+            f"run; the course takes 20"))
+    # a flush (a buffer as large as L2 zeroed) between the start event and the kernel
+    flushed = [(a, b) for a, b, _ in log.elapsed for z0, _, n in log.zeroed if n >= gpu.L2_BYTES and a <= z0 < b]
+    if len(flushed) > len(samples) / 2:
+        return _say(False, (
+            f"✗ the L2 flush is inside the timed interval: {len(flushed)} of your {len(samples)} runs time the "
+            f"flush too (zeroing {2 * gpu.L2_BYTES >> 20} MB), then the kernel. Flush before recording the start "
+            f"event"))
+    hot = sum(L.hot for L in timed)
+    if hot > len(timed) / 2:
+        return _say(False, (
+            f"✗ a hot-cache time: {hot} of the {len(timed)} timed runs found their data still in L2 from the "
+            f"run before ({ms:.3g} ms against a cold {true_ms:g} ms). A layer runs once per step, after other "
+            f"layers have filled L2 with theirs: flush L2 before each run (gpu.flush_l2(), or zero a buffer "
+            f"of at least gpu.L2_BYTES)"))
+    median, mean = statistics.median(samples), statistics.mean(samples)
+    if abs(ms - mean) < abs(ms - median) and abs(mean - median) > 0.05 * median:
+        slow = sum(L.other_ms > 0 for L in timed)
+        return _say(False, (
+            f"✗ {ms:.3g} ms is the mean of your {len(samples)} runs: {slow} of them waited behind other work "
+            f"on the GPU and pull the mean up; the median ({median:.3g} ms) is what a run takes, whatever a "
+            f"few outliers do (statistics.median)"))
+    qs = sorted(samples)
+
+    def rank(v):
+        return sum(x <= v + 1e-12 for x in qs) / len(qs)
+    if not (0.1 <= rank(p25) <= 0.4 and 0.6 <= rank(p75) <= 0.9 and p25 <= ms <= p75):
+        return _say(False, (
+            f"✗ the quartiles: p25 = {p25:.3g} and p75 = {p75:.3g} ms should cut off the fastest and the "
+            f"slowest quarter of your runs (statistics.quantiles(times, n=4) gives [p25, median, p75]); "
+            f"{rank(p25):.0%} of the runs are at most p25, {rank(p75):.0%} at most p75"))
+    if abs(ms - true_ms) > 0.05 * true_ms:
+        return _say(False, f"✗ time_it gives {ms:.3g} ms, but the simulated kernel takes {true_ms:g} ms cold")
+    ok = _say(True, (
+        f"✓ correct: on the simulated GPU time_it gives {ms:.3g} ms (IQR {p25:.3g}–{p75:.3g}) for a kernel "
+        f"whose cold-cache time is {true_ms:g} ms"))
+    return _timing_on_gpu(time_it) if ok else ok
+
+
+def _timing_on_gpu(time_it) -> Verdict:
+    """On a GPU: time_it and cl.bench on chapter 2's flat naive kernel on lenet_c1, side by side."""
+    import convlab as cl
+
+    from . import simgpu
+    from .ops import naive
+    from .workloads import get
+
+    if cl.backend() == "emu":
+        return _say(True, "  (on the emulator: comparing time_it with cl.bench on the chapter's kernel needs a GPU)")
+    wl = get("lenet_c1")
+    x, w = cl.randn(*wl.x_shape), cl.randn(*wl.w_shape)
+    y = cl.empty(*wl.y_shape)
+    run = lambda: naive.conv2d_naive_flat(x, w, y)  # noqa: E731
+    try:
+        ms, p25, p75 = (float(v) for v in time_it(run, simgpu.cuda()))
+    except Exception as e:  # noqa: BLE001 (a check must never stop the notebook)
+        return _say(False, f"✗ on {cl.device().name}: {describe_error(e)}")
+    ref = cl.bench(run)
+    agree = p25 <= ref.p75 and ref.p25 <= p75 or abs(ms - ref.ms) <= 0.05 * ref.ms
+    return _say(agree, (
+        f"  on {cl.device().name}, chapter 2's flat naive kernel on lenet_c1: time_it {ms:.4g} ms "
+        f"(IQR {p25:.4g}–{p75:.4g}), cl.bench {ref.ms:.4g} ms (IQR {ref.p25:.4g}–{ref.p75:.4g})"
+        + ("" if agree else ": they disagree by more than their spreads; what does cl.bench do that time_it "
+                            "does not (convlab/bench.py)?")))
 
 
 def _layer_text(shape) -> str:
@@ -1031,11 +1480,18 @@ def check_answer(key: str, got, *args) -> Verdict:
     return check_value(what.format(*args), got, answer(*args))
 
 
+class Targets(dict):
+    """An exercise's counter targets, and the exercise's key (check_counters's GPU comparison)."""
+    key: str | None = None
+
+
 def check_targets(key: str) -> dict:
     """The counter targets kept for an exercise's kernel (convlab.exercise_answers.TARGETS)."""
     from .exercise_answers import TARGETS
 
-    return dict(TARGETS[key])
+    targets = Targets(TARGETS[key])
+    targets.key = key
+    return targets
 
 
 def counter_shape(key: str) -> Shape:

@@ -19,6 +19,7 @@ ANSWERS = {
     "01.flops": ("FLOPs of {0}", lambda name: _wl(name).flops),
     "01.bytes": ("bytes of {0}", lambda name: _wl(name).bytes),
     "02.too_big_for_z": ("the z map's failures", lambda: ["lenet_c3", "fa17"]),
+    "02_timing.quartiles": ("the true statements about the quartiles", lambda: ["a", "c", "d"]),
     "03.reuse": ("multiply-adds per global load", lambda: 16 ** 2 * 49 / 22 ** 2),
     "04.u_bytes": ("bytes of U for lenet_c1", lambda: 12_544_000_000),
     "05_implicit_gemm.saved": ("bytes saved on fa17", lambda: 2 * 4 * 10000 * 25 * 24 * 24),
@@ -33,6 +34,15 @@ ANSWERS = {
                                   lambda name: _wl(name).dilation * (_wl(name).K - 1) + 1),
     "10.saved_bytes": ("bytes of the conv output moved by the three-kernel path on lenet_c1",
                        lambda: 4 * 4 * 10000 * 4 * 80 * 80),
+}
+
+#: On a GPU, ex.check_counters also times an exercise's kernel on a course layer beside the
+#: chapter's own kernel and torch best: key of TARGETS -> (workload, module of convlab.ops, the
+#: chapter's Impl by its name).
+COMPARE = {
+    "02": ("lenet_c1", "naive", "naive flat (1D grid)"),
+    "03a": ("lenet_c1", "tiled", "tiled, multi-pass halo load"),
+    "05_register_tiles": ("resnet", "fused", "implicit GEMM, register-tiled"),
 }
 
 TARGETS: dict[str, dict] = {

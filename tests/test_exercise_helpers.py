@@ -320,3 +320,64 @@ def test_general_shapes_cover_groups_dilation_and_stride():
     assert any(s.groups == s.C for s in shapes) and any(1 < s.groups < s.C for s in shapes)
     assert any(s.dilation > 1 and s.stride > 1 for s in shapes) and any(s.K % 2 == 0 for s in shapes)
     assert all(s.C % s.groups == 0 and s.M % s.groups == 0 for s in shapes)
+
+
+def _micro_tile(shape, index):
+    # a made-up owner: thread t of each row computes 4 consecutive columns, acc[0][w % 4]
+    return f"thread {index[3] // 4} of row {index[2]}, in acc[0][{index[3] % 4}]"
+
+
+def test_values_one_column_over_name_the_index_that_is_off(capsys):
+    # each output holds its right neighbour's value (the last column of a row keeps its own):
+    # within a thread's micro-tile, acc[0][j] holds acc[0][j+1]'s
+    def shift(y):
+        y[..., :-1] = y[..., 1:].clone()
+    assert not ex.check_kernel(_torch_launch(change=shift), locate=_micro_tile)
+    out = capsys.readouterr().out
+    assert "acc[i][j] holds the value of acc[i][j+1]: its index j is off by +1 (the same thread, row)" in out, out
+
+
+def test_values_in_other_places_by_a_row_length_name_the_leading_dimension(capsys):
+    # a 4 x 8 output tile, rows 8 apart, written by a store that took its rows 5 apart: output
+    # (r, c) holds what (r', c') computes where r * 8 + c = r' * 5 + c'
+    def relaid(y):
+        old = y.clone()
+        for f in range(20):
+            y[..., f // 8, f % 8] = old[..., f // 5, f % 5]
+    where = lambda shape, index: f"row {index[2]}, column {index[3]}"  # noqa: E731
+    shape = ex.Shape(2, 2, 3, 6, 10, 3)     # 4 x 8 outputs
+    assert not ex.check_kernel(_torch_launch(change=relaid), [shape], locate=where)
+    out = capsys.readouterr().out
+    assert "8·row + column holds what 5·row' + column' computes" in out, out
+    assert "a leading dimension of 5 where a row of the array holds 8" in out, out
+
+
+def test_counters_on_the_emulator_say_the_gpu_comparison_needs_a_gpu(capsys):
+    launch = _launcher(GOOD_KERNEL.replace("BUG", ""))
+    assert ex.check_counters(launch, ex.check_targets("02"), shape=ex.COUNTER_SHAPE)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-1] == "  (timing your kernel against the chapter's kernel and torch best on lenet_c1 needs a GPU)"
+    # targets without an exercise's key (a dict of one's own) compare with nothing
+    ex.check_counters(launch, {"sectors per load request": 99}, shape=ex.COUNTER_SHAPE)
+    assert "needs a GPU" not in capsys.readouterr().out
+
+
+def test_the_gpu_comparison_shows_three_times_side_by_side():
+    from convlab.bench import Timing
+
+    wl, impl = ex._comparison("02")
+    assert (wl.name, impl.name) == ("lenet_c1", "naive flat (1D grid)")
+    yours = Timing(30.0, 29.5, 30.4, 29.0, 31.0, [], True, "NVIDIA H100")     # faked: no GPU here
+    theirs = Timing(20.0, 19.9, 20.2, 19.8, 20.5, [], True, "NVIDIA H100")
+    row = ex.torch_best_row("lenet_c1")
+    assert row is not None and row["gpu"] == "NVIDIA H200"
+    text = ex.side_by_side(wl, "NVIDIA H100", impl.name, yours, theirs, row)
+    lines = text.splitlines()
+    assert lines[0].startswith("  on NVIDIA H100, lenet_c1 (B=10000") and len(lines) == 4
+    assert lines[1] == "    your kernel                  30 ms (29.5–30.4), 1.50× the chapter's"
+    assert lines[2] == "    the chapter's kernel         20 ms (19.9–20.2): naive flat (1D grid)"
+    # torch.csv's best row of lenet_c1, its kernel named, and the GPU it was measured on said
+    assert lines[3].startswith(f"    {'torch best':<22}{float(row['ms']):>9.4g} ms") and "FFT (DSE::" in lines[3]
+    assert lines[3].endswith("measured on NVIDIA H200, not this GPU")
+    same_gpu = ex.side_by_side(wl, "NVIDIA H200", impl.name, yours, theirs, row)
+    assert "not this GPU" not in same_gpu

@@ -439,11 +439,14 @@ def _regtile(cuda=(), python=()):
 @pytest.mark.parametrize("cuda, python, words", [
     ([("acc[i][j] += a[i] * b[j];", "acc[i][j] = a[i] * b[j];")], (), "+="),
     ((), [("    my_regtile.kernel", "    y = torch.zeros_like(y)\n    my_regtile.kernel")], "assigns to `y`"),
-    ([("b[j] = Bs[kk][tn * TN + j];", "b[j] = Bs[kk][tn * TN + j + 1];")], (), "thread "),
+    # the emulator stops at Bs[0][64]; read on as a GPU does, the outputs name the index that is off
+    ([("b[j] = Bs[kk][tn * TN + j];", "b[j] = Bs[kk][tn * TN + j + 1];")], (),
+     ("Bs[0][64]", "acc[i][j] holds the value of acc[i][j+1]: its index j is off by +1 (the same thread")),
 ])
 def test_05_register_tile_mistakes_are_named(cuda, python, words, capsys):
     ns = _regtile(cuda, python)
-    _fails_with(ex.check_kernel(ns["launch"], ns["SHAPES"], locate=ns["where"]), capsys, words)
+    words = (words,) if isinstance(words, str) else words
+    _fails_with(ex.check_kernel(ns["launch"], ns["SHAPES"], locate=ns["where"]), capsys, *words)
 
 
 def test_05_register_tiles_solution_passes(capsys):
@@ -475,7 +478,13 @@ def _wmma(cuda=()):
 
 @pytest.mark.parametrize("cuda, words", [
     ([("wmma::load_matrix_sync(a, &As[0][0], LDA);", "wmma::load_matrix_sync(a, &As[0][0], 16);")], "leading dimension"),
-    ([("wmma::load_matrix_sync(b, &Bs[0][warp * 16], LDB);", "wmma::load_matrix_sync(b, &Bs[0][0], LDB);")], "warp 1"),
+    # every warp reads warp 0's columns: the outputs of warp 1 are warp 0's (derived from the values)
+    ([("wmma::load_matrix_sync(b, &Bs[0][warp * 16], LDB);", "wmma::load_matrix_sync(b, &Bs[0][0], LDB);")],
+     "warp 1 holds what warp 0 computes, as if an offset by warp were left out (the same block, row, column); "
+     "every wrong output is warp 1's"),
+    # a legal store with the tile's width as its leading dimension: right values in the wrong places
+    ([("wmma::store_matrix_sync(&Cs[0][warp * 16], acc, LDC,", "wmma::store_matrix_sync(&Cs[0][warp * 16], acc, 16,")],
+     "a leading dimension of 16 where a row of the array holds 36"),
 ])
 def test_06_wmma_mistakes_are_named(cuda, words, capsys):
     ns = _wmma(cuda)
@@ -647,3 +656,96 @@ def test_08_tree_with_assignment_is_named(capsys):
     _fails_with(ex.check_dw(ns["launch_reduce"]), capsys, "with `=` partial[0] holds one thread's sum")
     # on a shape where that thread has pixels, the mistake is named by its output
     _fails_with(ex.check_dw(ns["launch_reduce"], ex.AWKWARD_SHAPES[1:]), capsys, "`=` where `+=` belongs in the tree")
+
+
+# ---- 02: an honest timing (graded on the simulated GPU) ----------------------------------------
+
+EVENTS_02T = ("        start, end = gpu.event(), gpu.event()\n        start.record()\n        fn()\n        end.record()\n"
+              "        end.synchronize()       # the host waits until the GPU has passed `end`\n"
+              "        times.append(start.elapsed_time(end))")
+
+
+def _time_it(changes=()):
+    ns = {}
+    _run_cells(_nb("02_timing"), ns, ("import statistics", "def time_it"), changes)
+    return ns["time_it"]
+
+
+MUTANTS_02T = {
+    "host clock, no synchronize": ([(EVENTS_02T, "        t0 = gpu.now()\n        fn()\n        times.append(gpu.now() - t0)")],
+                                   ("host's clock times only the launch", "synchronize")),
+    "no warm-up": ([("warmup=3", "warmup=0")], ("no warm-up", "compiles the kernel")),
+    "no L2 flush": ([("        gpu.flush_l2()          # a cold L2, as a layer finds it in a network\n", "")],
+                    ("hot-cache time", "flush L2")),
+    "flush inside the timed interval": ([("        gpu.flush_l2()          # a cold L2, as a layer finds it in a network\n", ""),
+                                         ("        start.record()\n", "        start.record()\n        gpu.flush_l2()\n")],
+                                        ("the L2 flush is inside the timed interval", "before recording the start event")),
+    "the mean": ([("    return median, p25, p75", "    return statistics.mean(times), p25, p75")],
+                 ("is the mean of your 20 runs", "other work", "the median")),
+    "events not waited for": ([("        end.synchronize()       # the host waits until the GPU has passed `end`\n", "")],
+                              ("events recorded but not waited for", "cudaErrorNotReady")),
+    "too few runs": ([("runs=20", "runs=4")], ("4 timed runs: too few to say a spread",)),
+    "one interval around all runs": ([(
+        "    for _ in range(runs):\n        gpu.flush_l2()          # a cold L2, as a layer finds it in a network\n" + EVENTS_02T,
+        "    start, end = gpu.event(), gpu.event()\n    start.record()\n    for _ in range(runs):\n        gpu.flush_l2()\n"
+        "        fn()\n    end.record()\n    end.synchronize()\n    times = [start.elapsed_time(end) / runs] * 3")],
+        ("1 timed run (20 calls in one interval: their mean, with no spread)",)),
+}
+
+
+@pytest.mark.parametrize("mistake", MUTANTS_02T)
+def test_02_timing_mistakes_are_named(mistake, capsys):
+    changes, words = MUTANTS_02T[mistake]
+    _fails_with(ex.check_timing(_time_it(changes), seed=7), capsys, *words)
+
+
+@pytest.mark.parametrize("alternative", [
+    [],
+    # its own flush buffer, zeroed before each run
+    [("        gpu.flush_l2()          # a cold L2, as a layer finds it in a network\n", "        buf.zero_()\n"),
+     ("    times = []\n", "    times = []\n    buf = gpu.empty(2 * gpu.L2_BYTES)\n")],
+    # the host's clock, the GPU idle before and done after; the median by statistics.median
+    [(EVENTS_02T, "        gpu.synchronize()\n        t0 = gpu.now()\n        fn()\n        gpu.synchronize()\n"
+                  "        times.append(gpu.now() - t0)"),
+     ("    p25, median, p75 = statistics.quantiles(times, n=4)",
+      "    p25, _, p75 = statistics.quantiles(times, n=4)\n    median = statistics.median(times)")],
+])
+def test_02_timing_correct_alternatives_pass(alternative, capsys):
+    out = _passes(ex.check_timing(_time_it(alternative), seed=7), capsys)
+    assert "on the emulator: comparing time_it with cl.bench on the chapter's kernel needs a GPU" in out
+
+
+def test_02_timing_untouched_is_not_done_yet_and_the_quartiles_answer(capsys):
+    spec = __import__("importlib.util").util.spec_from_file_location("make_exercises",
+                                                                     ROOT / "scripts" / "make_exercises.py")
+    make = __import__("importlib.util").util.module_from_spec(spec)
+    spec.loader.exec_module(make)
+    ns = {}
+    _run_cells(make.make_exercise(_nb("02_timing"), "02_timing.ipynb"), ns, ("import statistics", "def time_it"))
+    assert not ex.check_timing(ns["time_it"])
+    out = capsys.readouterr().out
+    assert "not done yet: the TODO in time_it" in out and "✗" not in out, out
+    assert ex.check_answer("02_timing.quartiles", ["a", "c", "d"])
+    assert not ex.check_answer("02_timing.quartiles", ["a", "b", "c", "d"])
+    assert "1 that should not be there" in capsys.readouterr().out
+
+
+def test_simulated_gpu_models_what_the_harness_must_handle():
+    from convlab import simgpu
+    gpu = simgpu.SimGPU(ms=1.0, seed=0)
+    k = gpu.kernel()
+    t0 = gpu.now(); k(); first = gpu.now() - t0
+    t0 = gpu.now(); k(); launch = gpu.now() - t0
+    assert first >= simgpu.COMPILE_MS and launch == pytest.approx(simgpu.LAUNCH_MS)   # compile, then queue only
+    start, end = gpu.event(), gpu.event()
+    start.record(); k(); end.record()
+    with pytest.raises(simgpu.NotReady):
+        start.elapsed_time(end)
+    end.synchronize()
+    hot = start.elapsed_time(end)                  # the run before left its data in L2
+    gpu.flush_l2(); start.record(); k(); end.record(); gpu.synchronize()
+    # launch 3 waited behind other work, after its start event: in its time, beside the cold run
+    other = gpu.log.launches[3].other_ms
+    assert [L.other_ms > 0 for L in gpu.log.launches] == [False, False, False, True] and other >= 2.0
+    assert start.elapsed_time(end) - other == pytest.approx(1.0, rel=0.05)
+    assert hot == pytest.approx(simgpu.HOT, rel=0.05)

@@ -77,6 +77,19 @@ def recording(rec):
         _recorder.value = old
 
 
+@contextmanager
+def flat_shared():
+    """Inside, a static __shared__ index past its dimension but inside the array reads on into the
+    array, as a GPU does (Bs[0][64] of a float Bs[8][64] is Bs[1][0]), instead of faulting: the
+    exercise checks run a launch that faulted so once more, to show what the read computes."""
+    flag = ctypes.c_int.in_dll(runtime_library(), "clemu_flat_shared")
+    old, flag.value = flag.value, 1
+    try:
+        yield
+    finally:
+        flag.value = old
+
+
 def cache_dir() -> Path:
     d = Path(os.environ.get("CONVLAB_CACHE") or Path.home() / ".cache" / "convlab") / "emu"
     d.mkdir(parents=True, exist_ok=True)

@@ -424,6 +424,7 @@ extern "C" unsigned clemu_activemask() {
 // so the same kernel gives the same report on every run.
 int clemu_hook_on = 0;
 int clemu_count_on = 0;
+int clemu_flat_shared = 0;
 static bool detect_on = false;
 static bool prof_on = false;                                     // the profiler (profile.cpp) counts
 static thread_local const void* volatile hook_site = nullptr;   // inside clemu_access: the access's site

@@ -54,6 +54,9 @@ enum { CLEMU_XCHG_REGS = 8 };
 extern "C" {
 extern int clemu_hook_on;
 extern int clemu_count_on;     // the profiler counts this launch: CLEMU_COUNT accesses call the hook too
+// nonzero: a static __shared__ index past its dimension but inside the array reads on into it, as
+// a GPU does (the exercise checks show what such a read computes), instead of faulting
+extern int clemu_flat_shared;
 void clemu_syncthreads(const char* file, int line);
 int clemu_syncthreads_reduce(int pred, int op, const char* file, int line);   // op: 0 count, 1 and, 2 or
 unsigned long long* clemu_warp_exchange(unsigned mask, unsigned long long value, const char* file, int line);

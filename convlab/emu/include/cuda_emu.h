@@ -325,12 +325,32 @@ template <class E, size_t N> struct sview<E[N]> {
     E* p; const char* name; const void* base; int depth, rank; long long prefix[4];
     operator E*() const { return p; }
     template <class U> explicit operator U*() const { return (U*)p; }
+    // inlined, so that a fault's return address is the kernel's line
     template <class I, class = typename std::enable_if<is_index<I>::value>::type>
-    typename std::conditional<std::is_array<E>::value, sview<E>, elem<E>>::type operator[](I i) const {
+    CLEMU_INLINE typename std::conditional<std::is_array<E>::value, sview<E>, elem<E>>::type operator[](I i) const {
         long long k = (long long)i;
-        if (__builtin_expect(k < 0 || k >= (long long)N, 0))
-            clemu_fault_shared_index(name, depth, k, (long long)N, prefix, rank);
+        if (__builtin_expect(k < 0 || k >= (long long)N, 0)) {
+            if (!clemu_flat_shared)
+                clemu_fault_shared_index(name, depth, k, (long long)N, prefix, rank);
+            if constexpr (!std::is_array<E>::value)
+                if (!inside(k)) return at(past_end(), CLEMU_SHARED, name, base);
+            if (!inside(k))
+                clemu_fault_shared_index(name, depth, k, (long long)N, prefix, rank);
+        }
         return sub(k, std::is_array<E>());
+    }
+    // clemu_flat_shared: an index past its dimension reads on into the array, as on a GPU; an
+    // element past the whole array reads as memory no thread wrote (NaN bytes), and a write there
+    // is lost (on a GPU it lands in whatever lies beyond)
+    __attribute__((noinline)) bool inside(long long k) const {
+        const char *lo, *nm, *a = (const char*)p + k * (long long)sizeof(E);
+        long long bytes;
+        return clemu_shared_span(base, &lo, &bytes, &nm) && a >= lo && a + sizeof(E) <= lo + bytes;
+    }
+    __attribute__((noinline)) static E* past_end() {
+        static thread_local E slot;
+        memset((void*)&slot, 0xFF, sizeof(E));
+        return &slot;
     }
     sview<E> sub(long long k, std::true_type) const {
         sview<E> r{p[k], name, base, depth + 1, rank, {prefix[0], prefix[1], prefix[2], prefix[3]}};
