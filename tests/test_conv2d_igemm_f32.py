@@ -329,6 +329,21 @@ def test_the_one_warp_tile_of_thin_groups():
     cl.check(igemm.conv2d_igemm_f32(x, w, padding=1, groups=2, **c), ref)
 
 
+@pytest.mark.emu_only
+def test_no_race_in_the_grouped_strided_routes():
+    """The one-warp tile on a grouped layer, and dX's phases of a stride-2 dilated one, split."""
+    x, w, conv = _any(ANY[3])
+    y = cl.empty(*igemm.conv2d_igemm_f32(x, w, **conv).shape)
+    problem = cl.find_race(lambda: igemm.conv2d_igemm_f32(x, w, y, **conv, BM=16, BN=128, SPLIT=2), y)
+    assert problem is None, problem
+    x, w, conv = _any(ANY[5])
+    dy = cl.randn(*igemm.conv2d_igemm_f32(x, w, **conv).shape)
+    dx = cl.empty(*x.shape)
+    problem = cl.find_race(lambda: igemm.conv2d_igemm_f32_dx(dy, w, dx, input_size=tuple(x.shape[2:]), **conv,
+                                                             **SMALL, SPLIT=2), dx)
+    assert problem is None, problem
+
+
 def test_phases():
     """dX's stride phases along one axis: which taps reach each input position, and where from."""
     # stride 2, K 3, padding 1: even positions take tap 1, odd ones taps 0 and 2 (dy rows i+1 and i)

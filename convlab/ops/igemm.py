@@ -187,16 +187,16 @@ def check_tunables(BM: int, BN: int, BK: int, WM: int, WN: int) -> None:
 _mask_plans: dict = {}      # (w's shape, order, flip, groups, phase) -> (Wt's shape, its Launch)
 
 
-def kmajor(w: torch.Tensor, order: int, flip: bool = False, *, groups: int = 1, phase: tuple | None = None,
-           out: torch.Tensor | None = None) -> torch.Tensor:
+def kmajor(w: torch.Tensor, order: int, flip: bool = False, *, groups: int = 1,
+           phase: tuple | None = None) -> torch.Tensor:
     """Wt[g][k][m] (groups x KDp x Mp) of the convolution by w (M, C/groups, Kh, Kw), per group g:
     k = c*Kh*Kw + ky*Kw + kx (order 0) or (ky*Kw + kx)*C + c (order 1), Mp = the group's maps rounded
     up to 4 columns, KD rounded up to 32 rows, zeros in the padding. flip=True: of dE/dX's
     convolution instead (C/groups maps of M/groups channels per group, the taps flipped); phase =
     (Kh', Kw', ky0, ty, kx0, tx): only the taps of one stride phase, forward taps ky0 + i*ty and
-    kx0 + j*tx (None: the whole mask). out: a float32 buffer of Wt's size to fill. Made on every call:
-    a copy kept per weight tensor would miss changes made through w.data (torch.autograd.gradcheck's
-    perturbations, for one), which leave w._version as it was."""
+    kx0 + j*tx (None: the whole mask). Made on every call: a copy kept per weight tensor would miss
+    changes made through w.data (torch.autograd.gradcheck's perturbations, for one), which leave
+    w._version as it was."""
     key = (tuple(w.shape), order, flip, groups, phase)
     plan = _mask_plans.get(key)
     if plan is None:
@@ -210,7 +210,7 @@ def kmajor(w: torch.Tensor, order: int, flip: bool = False, *, groups: int = 1, 
             FILE, "igemm_mask_kmajor", {}, (M, C, Mp, KDp, order, int(flip), Kh, Kw, groups, Khf, Kwf, ky0, ty, kx0, tx),
             grid=(min(ceil_div(groups * KDp * Mp, 256), 4096), 1, 1), block=(256, 1, 1)))
     shape, launch = plan
-    wt = torch.empty(shape, dtype=w.dtype, device=w.device) if out is None else out.view(shape)
+    wt = torch.empty(shape, dtype=w.dtype, device=w.device)
     launch(w, wt)
     return wt
 
