@@ -2,7 +2,10 @@
 every loader (MODE 0 general, 1 one tap per step, 2 plain GEMM, scalar and float4), split-K on
 and off, bias, the tiles igemm_config gives, against an fp64 reference, into NaN-filled outputs.
 Shapes are small (the emulator runs every thread on the CPU) and awkward: pixels and maps not a
-multiple of a tile, C = 1 and odd, odd and even K, stride 2, padding, B = 1, non-square."""
+multiple of a tile, C = 1 and odd, odd and even K, stride 2, padding, B = 1, non-square.
+Then any layer, forward, dX and dW against torch's float64 conv2d and its gradients: groups 2 to 32
+with C/g and M/g not multiples of a tile, dilation 2 and 3 with stride 2, 1x7, 7x1 and 3x5 masks,
+per-axis stride and padding, dX phases that no tap reaches, tiny planes."""
 import pytest
 import torch
 

@@ -18,8 +18,8 @@
 //    the groups WM/(TM/4) rows and WN/(TN/4) columns apart. A float4 read of the A tile then
 //    touches WM/TM distinct 16-byte words (64 bytes for 32x64), of the B tile WN/TN (128 bytes):
 //    one shared-memory wavefront each, for 16 FFMAs per lane.
-//  - The mask transposed once to K-major, Wt[g][k][m] (igemm_mask_kmajor below, made by the
-//    launcher), rows padded to Mp = M rounded up to 4 and KD to a multiple of 32 with zeros: the A
+//  - The mask transposed to K-major, Wt[g][k][m] (igemm_mask_kmajor below, one small launch the
+//    launcher makes every call), rows padded to Mp = M rounded up to 4 and KD to a multiple of 32 with zeros: the A
 //    tile is a copy of BK rows of Wt, one 16-byte load per float4, no transposing store and no
 //    bounds test along k. With the mask flipped and transposed the same kernel computes dE/dX (one
 //    launch per stride phase, OUT_STRIDED); with x's images and channels swapped (strides, not a
@@ -49,6 +49,17 @@
 // OUT_STRIDED, pixel p = (py, px) of the Ho x Wo grid goes to plane position (oy0 + osy*py,
 // ox0 + osx*px) of rows oW long: dX of a strided layer is computed one stride phase at a time,
 // each phase a sub-grid of dx.
+//
+// dE/dX of a strided layer is a sum over stride phases, not a transposed GEMM over dy with zeros
+// inserted between its pixels. Input row ry + sh*i (phase ry) is reached only by the taps ky for
+// which sh divides ry + ph - ky*dh: every (sh/gcd(sh, dh))-th tap, reading dy rows dh/gcd(sh, dh)
+// apart. So each phase (ry, rx) is a stride-1 convolution of dy by its own sub-mask (flipped,
+// transposed per group), written to its sub-grid of dx with OUT_STRIDED. The zero-inserted GEMM
+// would run every tap for every dx pixel: sh*sw times the FLOPs (4x at stride 2), most of its
+// loads failing the bounds test. The phases do exactly the layer's FLOPs, at the price of sh*sw
+// launches of 1/(sh*sw) of the pixels each (split-K refills the smaller grids) and a mask per
+// phase. At stride 1 there is one phase: the whole mask, flipped, padding d*(K-1)-p. Positions no
+// tap reaches (a stride larger than the mask's span) are zeros, written by the launcher.
 //
 // Layout: NCHW. The output's columns are pixels, so stores are along the contiguous axis; U's rows
 // are runs of an input row, so a warp's 32 columns of one tap are 32 neighbouring floats (stride 1);
@@ -195,13 +206,13 @@ conv2d_igemm_f32(const float* __restrict__ x, const float* __restrict__ wt, cons
 #endif
 
 #if MODE == 1
-    // The filter tap and first channel of step t_begin, and the tap's dilated offsets (dy, dx);
+    // The filter tap and first channel of step t_begin, and the tap's dilated offsets (ky*dh, kx*dw);
     // advanced by a carry after each step.
-    int c0, kx, dy_, dx_;
+    int c0, kx, off_y, off_x;
     {
         const int k = t_begin * BK, pos = k / C, ky = pos / KW;
         c0 = k - pos * C; kx = pos - ky * KW;
-        dy_ = ky * dh; dx_ = kx * dw;
+        off_y = ky * dh; off_x = kx * dw;
     }
 #endif
 
@@ -238,7 +249,7 @@ conv2d_igemm_f32(const float* __restrict__ x, const float* __restrict__ wt, cons
         // one tap for the whole step: one bounds test and one address per pixel
 #pragma unroll
         for (int j = 0; j < B_COLS; ++j) {
-            const int iy = col_iy[j] + dy_, ix = col_ix[j] + dx_;
+            const int iy = col_iy[j] + off_y, ix = col_ix[j] + off_x;
             const bool ok = (unsigned)iy < (unsigned)H && (unsigned)ix < (unsigned)W;
             const int base = col_x[j] + (c0 + bk) * x_cs + iy * W + ix;
 #pragma unroll
@@ -247,8 +258,8 @@ conv2d_igemm_f32(const float* __restrict__ x, const float* __restrict__ wt, cons
         }
         c0 += BK;                              // the next step's tap
         if (c0 == C) {
-            c0 = 0; dx_ += dw;
-            if (++kx == KW) { kx = 0; dx_ = 0; dy_ += dh; }
+            c0 = 0; off_x += dw;
+            if (++kx == KW) { kx = 0; off_x = 0; off_y += dh; }
         }
 #else
 #pragma unroll
