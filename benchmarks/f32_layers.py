@@ -15,7 +15,7 @@ convlab.baselines (cudnn.benchmark on, TF32 off, NCHW and channels_last, each ti
 process, "torch best" the faster), through measure.run. Every output is first checked against an
 fp64 reference: a wrong one stops the script. Each call of ours makes the K-major mask first (a
 copy kept per weight tensor would miss changes made through w.data); the time to make it is also
-a row of its own. The stride-1 layers' gradients (--no-backward to skip): dX, dW and
+a row of its own. The layers' gradients (--no-backward to skip): dX, dW and
 forward+dX+dW, igemm_config's choice for each convolution, against torch's autograd.
 
 Printed: each layer's rows; per layer, torch best beside igemm_config's choice, the best candidate
@@ -62,8 +62,8 @@ def train(x, w, dy, *, stride=1, padding=0):
     """forward, dX and dW by the three fp32 implicit-GEMM launchers in a row, igemm_config's choice
     for each convolution."""
     return (igemm.conv2d_igemm_f32(x, w, stride=stride, padding=padding),
-            igemm.conv2d_igemm_f32_dx(dy, w, stride=stride, padding=padding),
-            igemm.conv2d_igemm_f32_dw(x, dy, stride=stride, padding=padding))
+            igemm.conv2d_igemm_f32_dx(dy, w, stride=stride, padding=padding, input_size=tuple(x.shape[2:])),
+            igemm.conv2d_igemm_f32_dw(x, dy, stride=stride, padding=padding, kernel_size=tuple(w.shape[2:])))
 
 
 def _trains(s) -> bool:
@@ -157,7 +157,7 @@ def report(df, shapes: dict) -> list[str]:
         cell = lambda a, b: f"{a:.4f} / {b:.4f} ({a / b:.2f}x)"  # noqa: E731
         shown = pd.DataFrame({ps: [cell(a, b) for a, b in zip(t["torch best ms"], t[f"{ps} ms"])]
                               for ps, t in tables.items()}, index=next(iter(tables.values())).index)
-        out += ["", "# gradients of the stride-1 layers, igemm_config's choice for each convolution: torch best ms / "
+        out += ["", "# gradients of the layers, igemm_config's choice for each convolution: torch best ms / "
                 "ours ms (their ratio: above 1, ours faster)", shown.to_string(), "# geometric mean of the ratio:"]
         for ps, t in tables.items():
             out += st.geomeans(t, [ps])[1:]
@@ -180,7 +180,7 @@ def main(argv=None) -> int:
     known = [w.name for w in workloads.GEMM_LAYERS]
     ap.add_argument("--layers", default="", help=f"comma-separated (default all: {', '.join(known)})")
     ap.add_argument("--quick", action="store_true", help="time igemm_config's choice only")
-    ap.add_argument("--no-backward", action="store_true", help="leave out the stride-1 layers' dX, dW and "
+    ap.add_argument("--no-backward", action="store_true", help="leave out the layers' dX, dW and "
                     "forward+dX+dW")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--out", default=None, help="folder for the CSV (default benchmarks/results)")
