@@ -387,3 +387,14 @@ def test_any_layer_launch_limits_at_full_size(record_launches, wl):
     for impl in igemm.IMPLEMENTATIONS:
         c = impl.config(wl)
         igemm.check_tunables(c["BM"], c["BN"], c["BK"], c["WM"], c["WN"])
+
+
+def test_pairs_as_lists_and_a_repeat_call():
+    """stride, padding, dilation as lists (torch takes them) and ints; a repeat call finds its plan."""
+    x, w = cl.randn(1, 4, 7, 8), cl.randn(6, 2, 3, 2)
+    _, _, ref = _ref64(x, w, stride=(2, 1), padding=(1, 0), dilation=(1, 2), groups=2)
+    for _ in range(2):
+        cl.check(igemm.conv2d_igemm_f32(x, w, stride=[2, 1], padding=[1, 0], dilation=[1, 2], groups=2, **SMALL), ref)
+    plans = len(igemm._plans)
+    igemm.conv2d_igemm_f32(x, w, stride=[2, 1], padding=[1, 0], dilation=[1, 2], groups=2, **SMALL)
+    assert len(igemm._plans) == plans

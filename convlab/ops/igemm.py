@@ -285,6 +285,11 @@ def _reduce(split: int, total: int, M: int, P: int) -> Launch:
                   grid=(min(ceil_div(total, 256), 8 * SMS), 1, 1), block=(256, 1, 1))
 
 
+def _hashable(v):
+    """An int, None or a sequence (a list, torch.Size) as a plan's key: the sequence as a tuple."""
+    return v if v is None or type(v) is int else tuple(int(e) for e in v)
+
+
 def _fits(*sizes: int) -> bool:
     return all(n <= INDEX_MAX for n in sizes)
 
@@ -332,7 +337,8 @@ def _forward_plan(x, w_shape, stride, padding, dilation, groups, aligned, tunabl
         reduce = _reduce(split, B * M * P, M, P) if split > 1 else None
         return (B, M, Ho, Wo), mode, split, vec, gemm, reduce
 
-    key = (x.shape, w_shape, stride, padding, dilation, groups, aligned, tuple(tunables[k] for k in TUNABLES))
+    key = (x.shape, w_shape, _hashable(stride), _hashable(padding), _hashable(dilation), groups, aligned,
+           tuple(tunables[k] for k in TUNABLES))
     return remember(_plans, key, build)
 
 
@@ -447,8 +453,8 @@ def _dx_plan(dy, w_shape, stride, padding, dilation, groups, input_size, aligned
         vec = int(whole and (H * W) % 4 == 0)
         return (B, C, H, W), split, vec, launches, empty, reduce
 
-    key = (dy.shape, w_shape, stride, padding, dilation, groups,
-           None if input_size is None else tuple(int(v) for v in input_size), aligned,
+    key = (dy.shape, w_shape, _hashable(stride), _hashable(padding), _hashable(dilation), groups,
+           _hashable(input_size), aligned,
            tuple(tunables[k] for k in TUNABLES))
     return remember(_plans, ("dx", *key), build)
 
@@ -534,8 +540,8 @@ def _dw_plan(x, dy_shape, stride, padding, dilation, groups, kernel_size, aligne
         reduce = _reduce(split, M * Cg * P, M, P) if split > 1 else None
         return (M, Cg, Kh, Kw), mode, split, vec, gemm, reduce
 
-    key = (x.shape, dy_shape, stride, padding, dilation, groups,
-           kernel_size if kernel_size is None or isinstance(kernel_size, int) else tuple(kernel_size), aligned,
+    key = (x.shape, dy_shape, _hashable(stride), _hashable(padding), _hashable(dilation), groups,
+           _hashable(kernel_size), aligned,
            tuple(tunables[k] for k in TUNABLES))
     return remember(_plans, ("dw", *key), build)
 
