@@ -268,6 +268,7 @@ ANY = [
     (2, 6, 4, 7, 5, 1, 2, 0, 1, 2, "1x1 stride 2 grouped: dX's odd phases get no tap"),
     (2, 3, 4, 10, 9, 2, 3, 0, 1, 1, "K=2 < stride 3: phases with no tap, rows left over"),
     (1, 4, 5, 5, 6, 3, 1, (3, 2), 1, 1, "padding 3 > K-1: dX's padding -1"),
+    (2, 4, 8, 6, 7, 3, 2, 1, 1, 4, "depthwise x2: runs, though applies() leaves it to its own kernels"),
 ]
 
 

@@ -56,6 +56,7 @@ SMS = 132
 SM_FLOPS = 2 * 128 * 1.98e9     # fp32 FFMA per SM per clock x 2 x boost clock
 DRAM_BYTES_S = 4.0e12           # sustained HBM bandwidth
 REGS_PER_THREAD = 128           # what an 8x8 micro-tile needs: bounds the blocks per SM
+THIN_REGS = 176                 # ptxas -v (sm_90): the one-warp 16x128 tile, uncapped (capped at 128 it spills)
 FULL_RATE_WARPS = 16            # resident warps per SM at which the FFMA pipes stay busy
 MAX_BLOCKS_PER_SM = 32          # H100/H200: the one-warp tile of thin groups meets this first
 
@@ -93,7 +94,8 @@ def _gemm_dims(shape: Workload) -> tuple[int, int, int, int]:
 
 def _blocks_per_sm(nthreads: int, BM: int, BN: int, BK: int) -> int:
     smem = 4 * 2 * BK * (BM + BN)
-    return max(1, min(65536 // (REGS_PER_THREAD * nthreads), 2048 // nthreads, MAX_BLOCKS_PER_SM,
+    regs = THIN_REGS if nthreads == 32 else REGS_PER_THREAD
+    return max(1, min(65536 // (regs * nthreads), 2048 // nthreads, MAX_BLOCKS_PER_SM,
                       228 * 1024 // (smem + 1024)))
 
 
