@@ -6,6 +6,7 @@ torch at its best and chapter 5's best, through the book's harness (convlab.meas
     python benchmarks/f32_layers.py                         # every layer, every candidate
     python benchmarks/f32_layers.py --layers resnet_3x3_7,resnet_stem_7x7_s2
     python benchmarks/f32_layers.py --quick                 # igemm_config's choice only
+    python benchmarks/f32_layers.py --any                   # also the grouped, dilated, 1x7 and 7x1 layers
     python benchmarks/f32_layers.py --out DIR               # CSV into DIR (default benchmarks/results)
     CONVLAB_BACKEND=emu python benchmarks/f32_layers.py     # emulator: small twins, config only, checks
 
@@ -15,7 +16,7 @@ convlab.baselines (cudnn.benchmark on, TF32 off, NCHW and channels_last, each ti
 process, "torch best" the faster), through measure.run. Every output is first checked against an
 fp64 reference: a wrong one stops the script. Each call of ours makes the K-major mask first (a
 copy kept per weight tensor would miss changes made through w.data); the time to make it is also
-a row of its own. The stride-1 layers' gradients (--no-backward to skip): dX, dW and
+a row of its own. The layers' gradients (--no-backward to skip): dX, dW and
 forward+dX+dW, igemm_config's choice for each convolution, against torch's autograd.
 
 Printed: each layer's rows; per layer, torch best beside igemm_config's choice, the best candidate
@@ -51,6 +52,7 @@ TILES = [
     (64, 128, 8, 32, 64, 1), (64, 128, 8, 32, 64, 4), (64, 128, 16, 32, 64, 1), (64, 64, 8, 32, 64, 1),
     (64, 64, 16, 64, 32, 1),
     (32, 128, 8, 32, 64, 1),
+    (16, 128, 8, 16, 128, 1),           # one warp: for groups of 32 maps or fewer
 ]
 SPLITS = (1, 2, 3, 4, 6, 8, 12)
 TKEYS = ("BM", "BN", "BK", "WM", "WN", "MIN_BLOCKS")
@@ -58,19 +60,19 @@ CH5 = "chapter 5's best (fused.pick)"
 MASK = "K-major mask (made in every call of ours)"
 
 
-def train(x, w, dy, *, stride=1, padding=0):
+def train(x, w, dy, **conv):
     """forward, dX and dW by the three fp32 implicit-GEMM launchers in a row, igemm_config's choice
-    for each convolution."""
-    return (igemm.conv2d_igemm_f32(x, w, stride=stride, padding=padding),
-            igemm.conv2d_igemm_f32_dx(dy, w, stride=stride, padding=padding),
-            igemm.conv2d_igemm_f32_dw(x, dy, stride=stride, padding=padding))
+    for each convolution; conv: stride, padding, dilation, groups."""
+    return (igemm.conv2d_igemm_f32(x, w, **conv),
+            igemm.conv2d_igemm_f32_dx(dy, w, input_size=tuple(x.shape[2:]), **conv),
+            igemm.conv2d_igemm_f32_dw(x, dy, kernel_size=tuple(w.shape[2:]), **conv))
 
 
 def _trains(s) -> bool:
     return igemm.IGEMM_F32_DX.applies(s) and igemm.IGEMM_F32_DW.applies(s)
 
 
-TRAIN = Impl("implicit GEMM fp32: forward + dX + dW", train, op="conv2d_train", applies=_trains)
+TRAIN = Impl("implicit GEMM fp32: forward + dX + dW", train, op="conv2d_train", applies=_trains, any_layer=True)
 BACKWARD = (igemm.IGEMM_F32_DX, igemm.IGEMM_F32_DW, TRAIN)
 
 
@@ -82,14 +84,15 @@ def candidates(wl, sms: int, quick: bool) -> list[dict]:
         return out
     for tile in TILES:
         t = dict(zip(TKEYS, tile))
-        if t["BM"] > max(32, 2 * wl.M):                    # over half the tile's maps would be empty
+        Mg = wl.M // wl.groups
+        if t["BM"] > max(32, 2 * Mg) or (t["BM"] == 16 and Mg > 32):   # over half the tile's maps empty
             continue
         try:
             igemm.check_tunables(t["BM"], t["BN"], t["BK"], t["WM"], t["WN"])
         except ValueError:
             continue
-        steps = ceil_div(wl.C * wl.K * wl.K, t["BK"])
-        blocks = ceil_div(wl.M, t["BM"]) * ceil_div(wl.B * wl.Ho * wl.Wo, t["BN"])
+        steps = ceil_div(wl.reduction, t["BK"])
+        blocks = wl.groups * ceil_div(Mg, t["BM"]) * ceil_div(wl.B * wl.Ho * wl.Wo, t["BN"])
         out += [dict(t, SPLIT=s) for s in SPLITS if s == 1 or (blocks < 4 * sms and steps // s >= 4)]
     return [dict(c) for c in dict.fromkeys(tuple(sorted(c.items())) for c in out)]
 
@@ -98,8 +101,8 @@ def mask_row(wl, reps: int, roof) -> dict:
     """The K-major mask's one transposition (the order igemm_config's loader reads), a row of its own."""
     order = int(igemm.igemm_mode(wl, igemm.igemm_config(wl)["BK"]) == 1)
     w = cl.randn(*wl.w_shape)
-    wt = igemm.kmajor(w, order)
-    m = measure.time_impl(lambda: igemm.kmajor(w, order), reps)
+    wt = igemm.kmajor(w, order, groups=wl.groups)
+    m = measure.time_impl(lambda: igemm.kmajor(w, order, groups=wl.groups), reps)
     nbytes = 4 * (w.numel() + wt.numel())
     floor = roof.floor_ms(0, nbytes) if roof is not None else float("nan")
     return results.row(wl, MASK, m, roof=roof, gflops=0.0, gbs=nbytes / (m.ms * 1e-3) / 1e9, floor_ms=floor,
@@ -157,7 +160,7 @@ def report(df, shapes: dict) -> list[str]:
         cell = lambda a, b: f"{a:.4f} / {b:.4f} ({a / b:.2f}x)"  # noqa: E731
         shown = pd.DataFrame({ps: [cell(a, b) for a, b in zip(t["torch best ms"], t[f"{ps} ms"])]
                               for ps, t in tables.items()}, index=next(iter(tables.values())).index)
-        out += ["", "# gradients of the stride-1 layers, igemm_config's choice for each convolution: torch best ms / "
+        out += ["", "# gradients of the layers, igemm_config's choice for each convolution: torch best ms / "
                 "ours ms (their ratio: above 1, ours faster)", shown.to_string(), "# geometric mean of the ratio:"]
         for ps, t in tables.items():
             out += st.geomeans(t, [ps])[1:]
@@ -169,7 +172,7 @@ def report(df, shapes: dict) -> list[str]:
             "TUNED = {"]
     for name, rows in fwd.groupby("workload", sort=False):
         best, s = cols["best candidate"](rows), shapes[name]
-        if best is not None:
+        if best is not None and s.plain:               # TUNED holds plain layers only
             key = (s.B, s.C, s.M, s.H, s.W, s.K, s.stride, s.padding)
             out.append(f"    {key}: {st.tunables(best, igemm.TUNABLES)},   # {name}: {best['ms']:.4f} ms")
     return out + ["}"]
@@ -178,18 +181,23 @@ def report(df, shapes: dict) -> list[str]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     known = [w.name for w in workloads.GEMM_LAYERS]
+    others = [w for w in workloads.LAYERS if w.family != "depthwise" and w.name not in known]
     ap.add_argument("--layers", default="", help=f"comma-separated (default all: {', '.join(known)})")
+    ap.add_argument("--any", action="store_true", help="also LAYERS' grouped, dilated and non-square ones: "
+                    f"{', '.join(w.name for w in others)}")
     ap.add_argument("--quick", action="store_true", help="time igemm_config's choice only")
-    ap.add_argument("--no-backward", action="store_true", help="leave out the stride-1 layers' dX, dW and "
+    ap.add_argument("--no-backward", action="store_true", help="leave out the layers' dX, dW and "
                     "forward+dX+dW")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--out", default=None, help="folder for the CSV (default benchmarks/results)")
     args = ap.parse_args(argv)
     gpu = cl.backend() == "cuda"
     names = [n for n in args.layers.split(",") if n]
-    if set(names) - set(known):
-        ap.error(f"unknown layers {sorted(set(names) - set(known))}; known: {', '.join(known)}")
-    layers = [w for w in workloads.GEMM_LAYERS if not names or w.name in names]
+    pool = workloads.GEMM_LAYERS + (others if args.any else [])
+    if set(names) - {w.name for w in pool}:
+        ap.error(f"unknown layers {sorted(set(names) - {w.name for w in pool})}; known: "
+                 f"{', '.join(w.name for w in pool)}")
+    layers = [w for w in pool if not names or w.name in names]
     quick = args.quick or not gpu              # the emulator: the candidates' checks are the tests' job
     shapes = {s.name: s for s in (w if gpu else w.small() for w in layers)}   # as measured
     sms = cl.device().threads if gpu else igemm.SMS            # as igemm_config counts them

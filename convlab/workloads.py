@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 FP32_BYTES = 4
 
 
-def _pair(v) -> tuple:
+def pair(v) -> tuple:
     """An int or a 1- or 2-sequence as (height, width), as torch reads stride, padding, dilation."""
     v = tuple(int(e) for e in v) if isinstance(v, (list, tuple)) else (int(v),)
     if len(v) not in (1, 2):
@@ -63,7 +63,7 @@ class Workload:
         for h, w in (("K", "Kw"), ("stride", "stride_w"), ("padding", "padding_w"), ("dilation", "dilation_w")):
             v = getattr(self, h)
             if isinstance(v, (list, tuple)):
-                vh, vw = _pair(v)
+                vh, vw = pair(v)
                 if getattr(self, w) is not None and getattr(self, w) != vw:
                     raise ValueError(f"{h}={v} and {w}={getattr(self, w)} disagree")
                 object.__setattr__(self, h, vh)
