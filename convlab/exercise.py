@@ -6,11 +6,14 @@
     ex.check_general_kernel(launch)  # launch(x, w, y, stride, pad, dilation, groups): groups and dilation
     ex.check_conv3d(launch, K)       # launch(x, w, y): a single-channel 3D convolution into y
     ex.check_dw(launch)              # launch(x, dy, dw, stride, pad): the weight gradient into dw
+    ex.check_dx(launch)              # launch(dy, w, dx, stride, pad): the input gradient into dx
     ex.check_stage(launch)           # launch(x, w, bias, y): conv, bias, ReLU, 2x2 max pool into y
     ex.check_unroll(unroll)          # unroll(x, K, stride, pad) returns im2col's U
     ex.check_counters(launch, targets)   # correct, then the emulator's memory counters against targets
     ex.check_conv3d_counters(launch, K, targets)   # the same for a 3D launch(x, w, y)
+    ex.check_dx_counters(launch, targets)          # the same for a dX launch(dy, w, dx, stride, pad)
     ex.check_answer("03.reuse", reuse)   # a number against the answer kept in exercise_answers
+    ex.count_atomics(call)           # global atomic warp instructions of call()'s kernels (emulator)
     ex.check_function(conv2d_numpy)  # conv2d_numpy(x, w, stride, pad) returns y (numpy)
     ex.check_value("FLOPs", flops, expected)
     ex.check_prediction("sectors per request", predicted, measured)   # {case: number} each
@@ -658,6 +661,132 @@ def check_dw(launch, shapes=None, *, name: str = "your kernel") -> Verdict:
                              f"B=1, odd and even K, stride 2, padding)")
 
 
+def _gathered(dy, w, H: int, W: int, stride: int, pad: int, *, sign: int = 1, ksign: int = -1, flip: bool = False,
+              divisible: bool = True, lower: str | None = "t", upper: bool = True, last: bool = False):
+    """dx (B, C, H, W) in fp64 as a gather kernel computes it with the given index arithmetic:
+    input row iy meets mask row ky at t = iy + sign*pad + ksign*ky and dy row oy = t / stride (C's
+    division); divisible: only where t % stride == 0; lower: skip t < 0 ("t"), oy < 0 ("oy") or
+    nothing (None); upper: skip oy >= Ho; flip: the mask's tap (K-1-ky, K-1-kx) instead of (ky, kx);
+    last: each element keeps its last product (`=` for `+=`). The same for columns. dy is read as
+    the kernel reads it, flat; None where that read falls outside dy (the kernel would fault)."""
+    import torch
+
+    dy, w = dy.detach().cpu().double(), w.detach().cpu().double()
+    B, M, Ho, Wo = dy.shape
+    C, K = w.shape[1], w.shape[-1]
+    flat, n = dy.reshape(-1), dy.numel()
+
+    def taps(size: int, k: int, out: int):
+        t = torch.arange(size) + sign * pad + ksign * k
+        o = torch.div(t, stride, rounding_mode="trunc")
+        ok = (t % stride == 0) if divisible else torch.ones(size, dtype=torch.bool)
+        if lower == "t":
+            ok &= t >= 0
+        elif lower == "oy":
+            ok &= o >= 0
+        if upper:
+            ok &= o < out
+        return o, ok
+
+    dx = torch.zeros(B, C, H, W, dtype=torch.float64)
+    b = torch.arange(B).view(B, 1, 1)
+    for m in range(M):
+        for ky in range(K):
+            oy, oky = taps(H, ky, Ho)
+            for kx in range(K):
+                ox, okx = taps(W, kx, Wo)
+                ok = oky.view(1, H, 1) & okx.view(1, 1, W)
+                at = ((b * M + m) * Ho + oy.view(1, H, 1)) * Wo + ox.view(1, 1, W)
+                if bool(((at < 0) | (at >= n))[ok.expand_as(at)].any()):
+                    return None
+                val = torch.where(ok, flat[at.clamp(0, n - 1)], 0.0)
+                tap = w[m, :, K - 1 - ky, K - 1 - kx] if flip else w[m, :, ky, kx]
+                prod = val.unsqueeze(1) * tap.view(1, C, 1, 1)
+                dx = torch.where(ok.unsqueeze(1), prod, dx) if last else dx + prod
+    return dx
+
+
+def _input_grad_mistakes(dy, w, H: int, W: int, stride: int, pad: int):
+    """(what, the dx it gives) for the usual mistakes of a gather kernel's index arithmetic."""
+    import torch
+
+    def variant(**kw):      # a read outside dy faults in the kernel: no output to compare
+        return lambda: _none_empty(_gathered(dy, w, H, W, stride, pad, **kw), torch)
+
+    yield ("the mask is flipped twice: dy row oy = (iy + pad - ky)/stride meets mask row ky itself (the "
+           "minus sign in front of ky is the flip); w[...][K-1-ky][K-1-kx] there flips it back",
+           variant(flip=True))
+    yield ("the mask is not flipped: dy row (iy - pad + ky)/stride is the forward pass's index read the "
+           "wrong way; the forward pass read input row iy = oy*stride + ky - pad, so input row iy meets "
+           "dy row oy = (iy + pad - ky)/stride", variant(sign=-1, ksign=1))
+    if stride > 1:
+        for lower in ("t", "oy"):
+            yield (f"the stride test is missing: only taps with (iy + pad - ky) divisible by the stride "
+                   f"(here {stride}) meet a dy row; for the others (iy + pad - ky)/stride rounds down onto a "
+                   f"row this input never touched (skip them: (iy + pad - ky) % stride != 0)",
+                   variant(divisible=False, lower=lower))
+    if pad:
+        yield (f"the padding is ignored: input row iy meets dy row (iy + pad - ky)/stride, not "
+               f"(iy - ky)/stride (pad={pad})", variant(sign=0))
+        yield (f"the padding has the wrong sign: iy - pad - ky where iy + pad - ky belongs (the forward "
+               f"pass read input row oy*stride + ky - pad, pad={pad})", variant(sign=-1))
+    for lower, upper in ((None, True), ("t", False), (None, False)):
+        yield ("dy's bounds are missing: a tap whose dy position (oy, ox) falls outside 0 ≤ oy < Ho, "
+               "0 ≤ ox < Wo must be skipped, but your kernel read a neighbouring row or image of dy there",
+               variant(lower=lower, upper=upper))
+    yield ("`=` where `+=` belongs: each dx element keeps only its last product (acc = a * b overwrites "
+           "the sum; acc += a * b adds to it)", variant(last=True))
+
+
+def _none_empty(dx, torch):
+    return torch.zeros(0) if dx is None else dx
+
+
+def _dy_hint(launch):
+    """launch with a hint added to a read outside dy: the taps whose dy position is outside dy."""
+    import convlab as cl
+
+    def run(*args):
+        try:
+            return launch(*args)
+        except cl.OutOfBoundsError as e:
+            if " dy[" not in str(e):
+                raise
+            raise cl.OutOfBoundsError(
+                f"{e}\n  dy's bounds: a tap whose dy position (oy, ox) falls outside 0 ≤ oy < Ho, "
+                f"0 ≤ ox < Wo reaches no output (in the forward pass it was padding): skip it") from None
+    return run
+
+
+def check_dx(launch, shapes=None, *, name: str = "your kernel") -> Verdict:
+    """launch(dy, w, dx, stride, pad) computes the input gradient (B, C, H, W) of a conv2d into dx,
+    which starts as NaN; checked on the awkward shapes against the fp64 reference (torch's
+    conv2d_input). A wrong dx is tried against the usual mistakes of the gather's index arithmetic
+    (the mask flipped twice or not at all, the stride test, the padding's sign, dy's bounds), and
+    a read outside dy is told so."""
+    import convlab as cl
+
+    shapes = list(AWKWARD_SHAPES if shapes is None else shapes)
+    run = _dy_hint(launch)
+
+    def cases():
+        for s in shapes:
+            dy, w = cl.randn(s.B, s.M, s.Ho, s.Wo), cl.randn(s.M, s.C, s.K, s.K)
+            dx = cl.empty(s.B, s.C, s.H, s.W)
+            yield _Case(str(s), s.why, lambda dy=dy, w=w, dx=dx, s=s: run(dy, w, dx, s.stride, s.pad), dx,
+                        cl.ref.conv2d_input_grad(dx.shape, w, dy, stride=s.stride, padding=s.pad),
+                        mistakes=[(what, make) for what, make in
+                                  _input_grad_mistakes(dy, w, s.H, s.W, s.stride, s.pad)])
+
+    return _run_cases(launch, cases(), name=name,
+                      nothing_hint={
+                          "none of the": " (dx starts as NaN: a kernel that adds into dx, with += or atomicAdd, "
+                                         "adds to that NaN. Each dx element has one thread here: sum into a "
+                                         "register and store it once, dx[i] = acc)"},
+                      passed=f"matches the fp64 reference on all {len(shapes)} shapes (awkward sizes, C=1, "
+                             f"B=1, odd and even K, stride 2, padding)")
+
+
 #: Shapes (B, C, M, H, W, K) of a conv + bias + ReLU + 2x2 max pool stage: odd conv outputs (the
 #: last row or column is dropped), C > 1, one image, K = 1.
 STAGE_SHAPES = [(2, 1, 4, 20, 20, 7), (2, 3, 5, 17, 22, 5), (1, 4, 16, 15, 13, 7),
@@ -730,11 +859,15 @@ def _quantity(what: str, k, macs: int | None) -> float | None:
         return 32 * m["l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum"] / macs if macs else None
     if what == "shared loads per multiply-add":      # a warp's load instruction is 32 threads' loads
         return 32 * m["smsp__inst_executed_op_shared_ld.sum"] / macs if macs else None
+    if what == "global atomics":                     # warp instructions, as ncu counts them
+        from .profile import ATOMICS
+
+        return m[ATOMICS]
     raise ValueError(f"check_counters grades {', '.join(COUNTERS)}; not {what!r}")
 
 
 COUNTERS = ("sectors per load request", "sectors per store request", "shared bank conflicts",
-            "global load bytes per multiply-add", "shared loads per multiply-add")
+            "global load bytes per multiply-add", "shared loads per multiply-add", "global atomics")
 
 
 def _costliest_line(card) -> str:
@@ -1051,6 +1184,35 @@ def check_conv3d_counters(launch, K: int, targets: dict, *, volume=COUNTER_VOLUM
     y = cl.empty(D - K + 1, H - K + 1, W - K + 1)
     return check_counters(lambda: launch(x, w, y), targets, result=lambda: (y, cl.ref.conv3d(x, w)),
                           macs=y.numel() * K ** 3, name=name)
+
+
+def check_dx_counters(launch, targets: dict, *, shape: Shape = COUNTER_SHAPE,
+                      name: str = "your kernel") -> Verdict:
+    """check_counters for an input-gradient launch(dy, w, dx, stride, pad) (as check_dx takes it) on
+    `shape`; "per multiply-add" counts the products of the forward pass (dX has as many)."""
+    import convlab as cl
+
+    s = shape
+    dy, w = cl.randn(s.B, s.M, s.Ho, s.Wo), cl.randn(s.M, s.C, s.K, s.K)
+    dx = cl.empty(s.B, s.C, s.H, s.W)
+    return check_counters(lambda: launch(dy, w, dx, s.stride, s.pad), targets,
+                          result=lambda: (dx, cl.ref.conv2d_input_grad(dx.shape, w, dy, stride=s.stride,
+                                                                       padding=s.pad)),
+                          macs=_macs(s), name=name)
+
+
+def count_atomics(call) -> int:
+    """The global atomic warp instructions (ncu's ATOM + RED) of every kernel call() launches,
+    counted on the emulator (cl.profile): one per atomicAdd that a warp's active lanes reach.
+    NaN, with the fault printed, when call() faults."""
+    import convlab as cl
+    from .profile import ATOMICS
+
+    try:
+        return int(sum(k.metrics[ATOMICS] for k in cl.profile(call).kernels))
+    except Exception as e:  # noqa: BLE001 (a check must never stop the notebook)
+        print(f"✗ {describe_error(e)}")
+        return float("nan")
 
 
 def check_answer(key: str, got, *args) -> Verdict:

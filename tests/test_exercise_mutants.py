@@ -647,3 +647,103 @@ def test_08_tree_with_assignment_is_named(capsys):
     _fails_with(ex.check_dw(ns["launch_reduce"]), capsys, "with `=` partial[0] holds one thread's sum")
     # on a shape where that thread has pixels, the mistake is named by its output
     _fails_with(ex.check_dw(ns["launch_reduce"], ex.AWKWARD_SHAPES[1:]), capsys, "`=` where `+=` belongs in the tree")
+
+
+# ---- 8.2: dX as a gather ----------------------------------------------------------------------
+
+def _dx_gather(cuda=(), python=()):
+    return _exercise("08_dx_gather", "my_dx_gather", cuda, python)
+
+
+DY_08 = "acc += dy[((b * M + m) * Ho + oy) * Wo + ox]"
+MUTANTS_08_DX = {
+    "mask flipped twice": ([("w[((m * C + c) * K + ky) * K + kx]",
+                             "w[((m * C + c) * K + (K - 1 - ky)) * K + (K - 1 - kx)]")], (), "flipped twice"),
+    "forward index, mask not flipped": ([("iy + pad - ky", "iy - pad + ky"), ("ix + pad - kx", "ix - pad + kx")], (),
+                                        "not flipped"),
+    "stride divisibility ignored": ([("ty < 0 || ty % stride != 0 ||", "ty < 0 ||"),
+                                     ("tx < 0 || tx % stride != 0 ||", "tx < 0 ||")], (), "stride test is missing"),
+    "divided before the sign test": ([("if (ty < 0 || ty % stride != 0 || ty / stride >= Ho)\n                continue;\n"
+                                       "            const int oy = ty / stride;",
+                                       "const int oy = ty / stride;\n            if (oy < 0 || oy >= Ho)\n"
+                                       "                continue;"),
+                                      ("if (tx < 0 || tx % stride != 0 || tx / stride >= Wo)\n                    continue;\n"
+                                       "                const int ox = tx / stride;",
+                                       "const int ox = tx / stride;\n                if (ox < 0 || ox >= Wo)\n"
+                                       "                    continue;")], (), "stride test is missing"),
+    "padding ignored": ([("iy + pad - ky", "iy - ky"), ("ix + pad - kx", "ix - kx")], (), "padding is ignored"),
+    "padding with the wrong sign": ([("iy + pad - ky", "iy - pad - ky"), ("ix + pad - kx", "ix - pad - kx")], (),
+                                    "padding has the wrong sign"),
+    "dy's upper bounds missing": ([(" || ty / stride >= Ho", ""), (" || tx / stride >= Wo", "")], (),
+                                  "dy's bounds"),
+    "dy's lower bounds missing": ([("ty < 0 || ", ""), ("tx < 0 || ", "")], (), "dy's bounds"),
+    "= for +=": ([(DY_08, DY_08.replace("+=", "="))], (), "`=` where `+=` belongs"),
+    "atomicAdd into dx that starts as NaN": ([("    dx[i] = acc;", "    atomicAdd(&dx[i], acc);")], (),
+                                             "with += or atomicAdd, adds to that NaN"),
+}
+
+
+@pytest.mark.parametrize("mistake", MUTANTS_08_DX)
+def test_08_dx_gather_mistakes_are_named(mistake, capsys):
+    cuda, python, words = MUTANTS_08_DX[mistake]
+    _fails_with(ex.check_dx(_dx_gather(cuda, python)["launch"]), capsys, words)
+
+
+@pytest.mark.parametrize("alternative", [
+    # one test per axis: the division first, its remainder checked by multiplying back
+    [("if (ty < 0 || ty % stride != 0 || ty / stride >= Ho)\n                continue;\n"
+      "            const int oy = ty / stride;",
+      "const int oy = ty / stride;\n            if (ty < 0 || oy * stride != ty || oy >= Ho)\n"
+      "                continue;")],
+    # the maps innermost: the same sum in another order
+    [("    for (int m = 0; m < M; ++m)\n        for (int ky = 0; ky < K; ++ky) {",
+      "    for (int ky = 0; ky < K; ++ky)\n        for (int m = 0; m < M; ++m) {")],
+])
+def test_08_dx_gather_correct_alternatives_pass(alternative, capsys):
+    ns = _dx_gather(alternative)
+    _passes(ex.check_dx(ns["launch"]), capsys)
+    _passes(ex.check_dx_counters(ns["launch"], ex.check_targets("08_dx_gather")), capsys)
+
+
+def test_08_dx_gather_counters_grade_atomics_and_coalescing(capsys):
+    out = _passes(ex.check_dx_counters(_dx_gather()["launch"], ex.check_targets("08_dx_gather")), capsys)
+    assert "0 global atomics (target 0)" in out and "sectors per load request (target ≤ 4.33)" in out
+    # atomics where none are needed: right once dx is zeroed, but one atomic per element
+    ns = _dx_gather([("    dx[i] = acc;", "    atomicAdd(&dx[i], acc);")],
+                    [("    n = dx.numel()", "    n = dx.numel()\n    dx.zero_()")])
+    _passes(ex.check_dx(ns["launch"]), capsys)
+    verdict = ex.check_dx_counters(ns["launch"], ex.check_targets("08_dx_gather"))
+    out = capsys.readouterr().out
+    assert not verdict and "not within the targets" in out and "global atomics (target 0) ✗" in out, out
+    # lanes down a column: right, but a warp's loads of dy are rows apart
+    ns = _dx_gather([("const int ix = i % W, iy = (i / W) % H;", "const int iy = i % H, ix = (i / H) % W;"),
+                     ("    dx[i] = acc;", "    dx[((b * C + c) * H + iy) * W + ix] = acc;")])
+    verdict = ex.check_dx_counters(ns["launch"], ex.check_targets("08_dx_gather"))
+    out = capsys.readouterr().out
+    assert not verdict and "sectors per load request (target ≤ 4.33) ✗" in out, out
+
+
+def test_08_dx_gather_targets_come_from_the_chapters_kernel(capsys):
+    from convlab.ops import backprop as bp
+
+    chapter = lambda dy, w, dx, stride, pad: bp.conv2d_input_grad_gather(  # noqa: E731
+        dy, w, dx, stride=stride, padding=pad, input_size=dx.shape[-2:])
+    out = _passes(ex.check_dx_counters(chapter, ex.check_targets("08_dx_gather")), capsys)
+    assert "0 global atomics" in out and "4.33 sectors per load request" in out, out
+    # the scatter needs its atomics
+    scatter = lambda dy, w, dx, stride, pad: bp.conv2d_input_grad_scatter(  # noqa: E731
+        dy, w, dx, stride=stride, padding=pad, input_size=dx.shape[-2:])
+    assert not ex.check_dx_counters(scatter, ex.check_targets("08_dx_gather"))
+    capsys.readouterr()
+
+
+def test_08_dx_gather_prediction_is_checked_against_the_counters(capsys):
+    ns = _dx_gather()
+    dy, w, dx = cl.randn(1, 4, 8, 8), cl.randn(4, 2, 3, 3), cl.empty(1, 2, 10, 10)
+    from convlab.ops import backprop as bp
+
+    measured = {"scatter": ex.count_atomics(lambda: bp.conv2d_input_grad_scatter(dy, w, dx)),
+                "gather": ex.count_atomics(lambda: ns["launch"](dy, w, dx, 1, 0))}
+    assert measured == {"scatter": 8 * 18, "gather": 0}
+    # one atomic per product, not per warp instruction
+    _fails_with(ex.check_prediction("atomics", {"scatter": 256 * 18, "gather": 0}, measured), capsys, "scatter")
