@@ -8,6 +8,7 @@
     ex.check_dw(launch)              # launch(x, dy, dw, stride, pad): the weight gradient into dw
     ex.check_dx(launch)              # launch(dy, w, dx, stride, pad): the input gradient into dx
     ex.check_stage(launch)           # launch(x, w, bias, y): conv, bias, ReLU, 2x2 max pool into y
+    ex.check_streams(run)            # run(g, images, chunks): chapter 10's network on streams, recorded
     ex.check_unroll(unroll)          # unroll(x, K, stride, pad) returns im2col's U
     ex.check_counters(launch, targets)   # correct, then the emulator's memory counters against targets
     ex.check_conv3d_counters(launch, K, targets)   # the same for a 3D launch(x, w, y)
@@ -785,6 +786,125 @@ def check_dx(launch, shapes=None, *, name: str = "your kernel") -> Verdict:
                                          "register and store it once, dx[i] = acc)"},
                       passed=f"matches the fp64 reference on all {len(shapes)} shapes (awkward sizes, C=1, "
                              f"B=1, odd and even K, stride 2, padding)")
+
+
+#: The (images, chunks) exercise 10.2's schedule is checked on: 8 equal chunks (the chapter's
+#: plan, whose model time is graded) and a batch that 4 chunks do not divide.
+STREAM_CASES = ((16, 8), (10, 4))
+
+
+def _stream_network():
+    """Chapter 10's network for the streams check: the class project's, on 30×30 images on the
+    emulator (its twin), whole on a GPU; its params and forward(xb, out)."""
+    import convlab as cl
+    from . import network
+
+    arch = network.CLASS_PROJECT if cl.backend() == "cuda" else network.CLASS_PROJECT.at_size(30)
+    params = network.init(arch, seed=0)
+    return arch, lambda xb, out: network.forward(arch, params, xb, logits=out)
+
+
+def _stream_mistakes(g, chunks: int) -> list:
+    """The classic mistakes a record shows, as the verdict names them."""
+    said = []
+    pageable = [kind for kind in ("copy in", "copy out") if any(op.pageable and op.kind == kind for op in g.ops)]
+    if pageable:
+        which = " and ".join({"copy in": "the copies in (the images)", "copy out": "the copies back (the logits)"}[k]
+                             for k in pageable)
+        said.append(f"{which} use pageable host memory (not made by g.pinned or g.host_empty(..., "
+                    f"pinned=True)): the driver copies it through a pinned buffer of its own and the host waits "
+                    f"for each such copy, so nothing it issues later can overlap it")
+    if chunks > 1 and len(g.streams_used()) == 1:
+        said.append("all chunks are on one stream: in a stream each operation waits for the one before, so "
+                    "chunk i+1's copy in waits for chunk i's compute and copy back; give each chunk its own "
+                    "stream (g.stream() inside the loop)")
+    if g.syncs_inside():
+        said.append("a synchronize inside the loop: the host waits until chunk i is done before it issues "
+                    "chunk i+1, so the copy engine idles while the GPU computes; synchronize once, after the loop")
+    return said
+
+
+def check_streams(run, *, name: str = "your schedule") -> Verdict:
+    """run(g, images, chunks) -> the logits (host memory) of images (B, 1, S, S, pageable host
+    memory) through chapter 10's network, issued through g, a convlab.streams.Recorder, in
+    `chunks` chunks. Checked on STREAM_CASES: the same logits as the whole batch at once, no races
+    (an operation reading memory another stream writes with nothing ordering them, the logits
+    read before their copy back is known to be done), then the model time of the 8-chunk
+    schedule on chapter 10's GPU against the longer of copy and compute (target in
+    exercise_answers.TARGETS["10_streams"]). On a GPU it also times the schedule on 10,000 images."""
+    import torch
+
+    import convlab as cl
+    from . import streams
+    from .exercise_answers import TARGETS
+
+    arch, forward = _stream_network()
+    gen = torch.Generator().manual_seed(0)
+    records = {}
+    for B, chunks in STREAM_CASES:
+        case = f"{B} images in {chunks} chunks"
+        images = torch.randn(B, 1, arch.image_size, arch.image_size, generator=gen)
+        ref = torch.full((B, arch.classes), float("nan"), device=cl.device().torch_device)
+        forward(images.to(ref.device), ref)                  # the whole batch at once
+        g = streams.Recorder(forward, classes=arch.classes)
+        try:
+            out = checked_launch(lambda: run(g, images, chunks))
+        except Exception as e:  # noqa: BLE001 (a check must never stop the notebook)
+            text = _fault(run, describe_error(e))
+            return _say(False, text if text.startswith("not done") else f"✗ {case}: {text}")
+        if out is None:
+            todo = _todo_left(run)
+            return _say(False, f"not done yet: {todo} is still there" if todo else
+                               f"✗ {case}: {name} returned None: does it end with `return out_host`?")
+        if g.problems:
+            return _say(False, f"✗ {case}: {g.problems[0]}")
+        late = g.unfinished(out)
+        if late:
+            return _say(False, f"✗ {case}: the host reads the logits while {late[0].what} may still be running: "
+                               f"nothing made the host wait for it (g.synchronize() after the loop)")
+        if isinstance(out, torch.Tensor) and out.is_cuda:
+            return _say(False, f"✗ {case}: {name} returned device memory: copy the logits back to host memory "
+                               f"and return that")
+        missing = torch.isnan(torch.as_tensor(out, dtype=torch.float64)).all(dim=-1).nonzero().flatten().tolist()
+        if missing and len(missing) < B:
+            step = -(-B // chunks)
+            sizes = [min(step, B - b0) for b0 in range(0, B, step)]
+            return _say(False, f"✗ {case}: the logits of images {missing[0]}..{missing[-1]} never came back: the "
+                               f"chunks must cover the whole batch, the last taking what is left when {chunks} does "
+                               f"not divide {B} (here chunks of {', '.join(map(str, sizes))})")
+        ok, text = verdict(out, ref.cpu(), labels=("image", "class"))
+        if not ok:
+            if text.startswith(NOTHING):
+                return _say(False, _nothing(run, text, out_index=None))
+            return _say(False, f"✗ {case}: not the logits of the whole batch at once: {text}")
+        records[(B, chunks)] = g
+    B, chunks = STREAM_CASES[0]
+    g = records[(B, chunks)]
+    model = streams.Model.from_chapter()
+    ms = model.time(g.ops, B)
+    ratio, target = ms / model.longer_ms, TARGETS["10_streams"]["time over the longer of copy and compute"]
+    said = (f"{B} images in {chunks} chunks would take {ms:.2f} ms on the chapter's {model.gpu} at "
+            f"{streams.CHAPTER_IMAGES:,} images, {ratio:.2f}× the longer of copy and compute "
+            f"({model.longer_ms:.2f} ms; target ≤ {target:g})")
+    if ratio > target + 1e-9:
+        causes = _stream_mistakes(g, chunks) or [
+            "the copies and the computes overlap too little: chunk i+1's copy in should run while chunk i computes"]
+        verdict_ = _say(False, f"✗ right logits, but {said}:\n  " + "\n  ".join(causes))
+    else:
+        verdict_ = _say(True, f"✓ correct: the same logits as the whole batch at once, no races; {said}")
+    if cl.backend() == "cuda":      # the real thing: the chapter's batch, timed by CUDA events per op
+        images = torch.randn(streams.CHAPTER_IMAGES, 1, arch.image_size, arch.image_size, generator=gen)
+        spans = []
+        for _ in range(3):
+            g = streams.Recorder(forward, classes=arch.classes)
+            run(g, images, chunks)
+            torch.cuda.synchronize()
+            ends = g.measured().values()
+            spans.append(max(e for _, _, e in ends) - min(a for _, a, _ in ends))
+        print(f"  on this GPU ({torch.cuda.get_device_name()}): {sorted(spans)[1]:.2f} ms from the first copy's "
+              f"start to the last one's end, {streams.CHAPTER_IMAGES:,} images in {chunks} chunks (CUDA events, "
+              f"median of 3 runs); the model, for the chapter's GPU: {model.time(g.ops, streams.CHAPTER_IMAGES):.2f} ms")
+    return verdict_
 
 
 #: Shapes (B, C, M, H, W, K) of a conv + bias + ReLU + 2x2 max pool stage: odd conv outputs (the

@@ -747,3 +747,117 @@ def test_08_dx_gather_prediction_is_checked_against_the_counters(capsys):
     assert measured == {"scatter": 8 * 18, "gather": 0}
     # one atomic per product, not per warp instruction
     _fails_with(ex.check_prediction("atomics", {"scatter": 256 * 18, "gather": 0}, measured), capsys, "scatter")
+
+
+# ---- 10.2: streams and pinned copies ----------------------------------------------------------
+
+def _streamed(changes=()):
+    """Exercise 10.2's run_streamed, mutated by (old, new) pairs."""
+    ns = {"cl": cl, "ex": ex, "torch": torch}
+    _run_cells(_nb("10_streams"), ns, ("def run_streamed",), changes)
+    return ns["run_streamed"]
+
+
+LOOP_10 = "    for b0 in range(0, n, step):\n        b1 = min(b0 + step, n)\n"
+BODY_10 = ("        with g.on(s):\n            g.copy(x_dev[b0:b1], x_host[b0:b1])\n"
+           "            g.forward(x_dev[b0:b1], out_dev[b0:b1])\n            g.copy(out_host[b0:b1], out_dev[b0:b1])\n")
+MUTANTS_10_STREAMS = {
+    "pageable images": ([("x_host = g.pinned(images)", "x_host = images")], ("copies in (the images)", "pageable")),
+    "pageable logits": ([("pinned=True)", "pinned=False)")], ("copies back (the logits)", "pageable")),
+    "all chunks on one stream": ([(LOOP_10 + "        s = g.stream()\n", "    s = g.stream()\n" + LOOP_10)],
+                                 ("all chunks are on one stream",)),
+    "a synchronize inside the loop": ([("            g.copy(out_host[b0:b1], out_dev[b0:b1])\n",
+                                        "            g.copy(out_host[b0:b1], out_dev[b0:b1])\n        g.synchronize()\n")],
+                                      ("a synchronize inside the loop",)),
+    "copy back before the compute": ([("            g.forward(x_dev[b0:b1], out_dev[b0:b1])\n"
+                                       "            g.copy(out_host[b0:b1], out_dev[b0:b1])",
+                                       "            g.copy(out_host[b0:b1], out_dev[b0:b1])\n"
+                                       "            g.forward(x_dev[b0:b1], out_dev[b0:b1])")],
+                                     ("copy out of images 0..1", "nothing has been written into yet")),
+    "copy back on another stream, no event": ([("    step = -(-n // chunks)\n", "    step = -(-n // chunks)\n    back = g.stream()\n"),
+                                               ("            g.copy(out_host[b0:b1], out_dev[b0:b1])\n",
+                                                "        with g.on(back):\n            g.copy(out_host[b0:b1], out_dev[b0:b1])\n")],
+                                              ("nothing ordering the two", "record an event")),
+    "compute on its own stream, no event": ([(BODY_10, "        with g.on(s):\n            g.copy(x_dev[b0:b1], x_host[b0:b1])\n"
+                                                       "        with g.on(g.stream()):\n"
+                                                       "            g.forward(x_dev[b0:b1], out_dev[b0:b1])\n"
+                                                       "            g.copy(out_host[b0:b1], out_dev[b0:b1])\n")],
+                                            ("the compute of images 0..1", "nothing ordering the two")),
+    "the remainder dropped": ([("    step = -(-n // chunks)\n" + LOOP_10,
+                                "    step = n // chunks\n    for i in range(chunks):\n        b0, b1 = i * step, (i + 1) * step\n")],
+                              ("images 8..9 never came back", "the last taking what is left")),
+    "no synchronize before returning": ([("    g.synchronize()\n", "")], ("may still be running", "g.synchronize()")),
+}
+
+
+@pytest.mark.parametrize("mistake", MUTANTS_10_STREAMS)
+def test_10_streams_mistakes_are_named(mistake, capsys):
+    changes, words = MUTANTS_10_STREAMS[mistake]
+    _fails_with(ex.check_streams(_streamed(changes)), capsys, *words)
+
+
+@pytest.mark.parametrize("alternative", [
+    # the chapter's pipeline: copies in, computes and copies back on three streams, events between
+    [(LOOP_10 + "        s = g.stream()\n" + BODY_10,
+      "    s_in, s_run, s_out = g.stream(), g.stream(), g.stream()\n" + LOOP_10 +
+      "        copied, computed = g.event(), g.event()\n"
+      "        with g.on(s_in):\n            g.copy(x_dev[b0:b1], x_host[b0:b1])\n            copied.record(s_in)\n"
+      "        s_run.wait_event(copied)\n"
+      "        with g.on(s_run):\n            g.forward(x_dev[b0:b1], out_dev[b0:b1])\n            computed.record(s_run)\n"
+      "        s_out.wait_event(computed)\n"
+      "        with g.on(s_out):\n            g.copy(out_host[b0:b1], out_dev[b0:b1])\n")],
+    # two streams taking turns, chunks from tensor_split (sizes differ by at most one)
+    [("    step = -(-n // chunks)\n" + LOOP_10 + "        s = g.stream()\n",
+      "    pair = [g.stream(), g.stream()]\n"
+      "    for i, idx in enumerate(torch.arange(n).tensor_split(chunks)):\n"
+      "        b0, b1 = int(idx[0]), int(idx[-1]) + 1\n        s = pair[i % 2]\n")],
+])
+def test_10_streams_correct_alternatives_pass(alternative, capsys):
+    out = _passes(ex.check_streams(_streamed(alternative)), capsys)
+    assert "no races" in out
+
+
+def test_10_streams_solution_passes_and_the_target_is_the_chapters(capsys):
+    from convlab import streams
+
+    out = _passes(ex.check_streams(_streamed()), capsys)
+    assert "target ≤ 1.2" in out
+    # the target: the chapter's own 8 chunks on streams, measured, rounded up
+    model = streams.Model.from_chapter()
+    chapter = model.against_chapter().set_index("plan")
+    measured = chapter.loc["streams, 8 chunks", "measured / longer"]
+    assert measured <= ex.check_targets("10_streams")["time over the longer of copy and compute"] < measured + 0.05
+
+
+def test_10_streams_model_orders_and_overlaps_as_a_gpu_does():
+    """The model on hand-made records: one stream serialises, a stream per chunk overlaps the next
+    copy with the compute, a pageable copy makes the host wait."""
+    from convlab import streams
+
+    def record(per_chunk_stream, pinned=True, chunks=4, n=8):
+        g = streams.Recorder(lambda xb, out: out.copy_(xb.view(len(xb), -1)[:, :2]), classes=2)
+        x = torch.randn(n, 1, 2, 1)
+        x_host = g.pinned(x) if pinned else x
+        x_dev, out_dev = g.empty(x.shape), g.empty((n, 2))
+        out_host = g.host_empty((n, 2), pinned=pinned)
+        one = g.stream()
+        for b0 in range(0, n, n // chunks):
+            b1 = b0 + n // chunks
+            with g.on(g.stream() if per_chunk_stream else one):
+                g.copy(x_dev[b0:b1], x_host[b0:b1])
+                g.forward(x_dev[b0:b1], out_dev[b0:b1])
+                g.copy(out_host[b0:b1], out_dev[b0:b1])
+        g.synchronize()
+        assert not g.problems and torch.equal(out_host, x.view(n, -1)[:, :2])
+        return g
+
+    model = streams.Model.from_chapter()
+    serial = model.time(record(False).ops, 8)
+    overlapped = model.time(record(True).ops, 8)
+    pageable = model.time(record(True, pinned=False).ops, 8)
+    per_chunk = {k: model.per_call[k] + model.per_image[k] * streams.CHAPTER_IMAGES / 4 for k in streams.KINDS}
+    assert serial == pytest.approx(4 * sum(per_chunk.values()))
+    # overlapped: the copies in back to back, each compute after its copy and the compute before it
+    assert overlapped < serial
+    assert overlapped >= max(4 * per_chunk["copy in"], 4 * per_chunk["compute"]) + per_chunk["copy out"]
+    assert pageable > serial
