@@ -14,7 +14,7 @@
     ex.check_conv3d_counters(launch, K, targets)   # the same for a 3D launch(x, w, y)
     ex.check_dx_counters(launch, targets)          # the same for a dX launch(dy, w, dx, stride, pad)
     ex.check_answer("03.reuse", reuse)   # a number against the answer kept in exercise_answers
-    ex.count_atomics(call)           # global atomic warp instructions of call()'s kernels (emulator)
+    ex.count_atomics(fn, *args)      # global atomic warp instructions of the kernels fn(*args) launches
     ex.check_function(conv2d_numpy)  # conv2d_numpy(x, w, stride, pad) returns y (numpy)
     ex.check_value("FLOPs", flops, expected)
     ex.check_prediction("sectors per request", predicted, measured)   # {case: number} each
@@ -889,7 +889,8 @@ def check_streams(run, *, name: str = "your schedule") -> Verdict:
     if ratio > target + 1e-9:
         causes = _stream_mistakes(g, chunks) or [
             "the copies and the computes overlap too little: chunk i+1's copy in should run while chunk i computes"]
-        verdict_ = _say(False, f"✗ right logits, but {said}:\n  " + "\n  ".join(causes))
+        verdict_ = _say(False, f"✗ correct (the same logits as the whole batch at once, no races), but not "
+                               f"within the target: {said}:\n  " + "\n  ".join(causes))
     else:
         verdict_ = _say(True, f"✓ correct: the same logits as the whole batch at once, no races; {said}")
     if cl.backend() == "cuda":      # the real thing: the chapter's batch, timed by CUDA events per op
@@ -897,7 +898,8 @@ def check_streams(run, *, name: str = "your schedule") -> Verdict:
         spans = []
         for _ in range(3):
             g = streams.Recorder(forward, classes=arch.classes)
-            run(g, images, chunks)
+            if attempt(run, g, images, chunks) is None:
+                return verdict_
             torch.cuda.synchronize()
             ends = g.measured().values()
             spans.append(max(e for _, _, e in ends) - min(a for _, a, _ in ends))
@@ -982,7 +984,7 @@ def _quantity(what: str, k, macs: int | None) -> float | None:
     if what == "global atomics":                     # warp instructions, as ncu counts them
         from .profile import ATOMICS
 
-        return m[ATOMICS]
+        return k.value(ATOMICS)
     raise ValueError(f"check_counters grades {', '.join(COUNTERS)}; not {what!r}")
 
 
@@ -1321,15 +1323,16 @@ def check_dx_counters(launch, targets: dict, *, shape: Shape = COUNTER_SHAPE,
                           macs=_macs(s), name=name)
 
 
-def count_atomics(call) -> int:
-    """The global atomic warp instructions (ncu's ATOM + RED) of every kernel call() launches,
-    counted on the emulator (cl.profile): one per atomicAdd that a warp's active lanes reach.
-    NaN, with the fault printed, when call() faults."""
+def count_atomics(fn, *args, **kwargs) -> int:
+    """The global atomic warp instructions (ncu's ATOM + RED) of every kernel that fn(*args,
+    **kwargs) launches, by cl.profile: on the emulator its counters, on a GPU ncu's (fn a Kernel
+    with its launch keywords, or a launcher). One per atomicAdd that a warp's active lanes reach.
+    NaN, with the reason printed, when the call faults or cannot be profiled."""
     import convlab as cl
     from .profile import ATOMICS
 
     try:
-        return int(sum(k.metrics[ATOMICS] for k in cl.profile(call).kernels))
+        return int(sum(k.value(ATOMICS) or 0 for k in cl.profile(fn, *args, **kwargs).kernels))
     except Exception as e:  # noqa: BLE001 (a check must never stop the notebook)
         print(f"✗ {describe_error(e)}")
         return float("nan")

@@ -165,8 +165,8 @@ class Recorder:
         return self._register(t, "pinned") if pinned else t
 
     def _where(self, t: torch.Tensor) -> str:
-        if self.gpu and t.is_cuda:
-            return "device"
+        if self.gpu:        # a GPU knows: pinned however it was made (g.pinned or t.pin_memory())
+            return "device" if t.is_cuda else "pinned" if t.is_pinned() else "pageable"
         return self._memory.get(t.untyped_storage().data_ptr(), "pageable")
 
     @staticmethod

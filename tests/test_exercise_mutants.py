@@ -4,6 +4,7 @@ come from solutions/*.ipynb (the %%cuda cells compiled with cl.load_source after
 mutation, the launch cells executed with the module bound), and go through convlab.exercise's
 checks directly: no notebook is executed."""
 import linecache
+import math
 import re
 from pathlib import Path
 
@@ -742,9 +743,15 @@ def test_08_dx_gather_prediction_is_checked_against_the_counters(capsys):
     dy, w, dx = cl.randn(1, 4, 8, 8), cl.randn(4, 2, 3, 3), cl.empty(1, 2, 10, 10)
     from convlab.ops import backprop as bp
 
-    measured = {"scatter": ex.count_atomics(lambda: bp.conv2d_input_grad_scatter(dy, w, dx)),
-                "gather": ex.count_atomics(lambda: ns["launch"](dy, w, dx, 1, 0))}
+    measured = {"scatter": ex.count_atomics(bp.conv2d_input_grad_scatter, dy, w, dx),
+                "gather": ex.count_atomics(ns["launch"], dy, w, dx, 1, 0)}
     assert measured == {"scatter": 8 * 18, "gather": 0}
+    # the notebook's call: the kernel itself, as cl.profile takes it on a GPU too
+    assert ex.count_atomics(ns["my_dx_gather"].kernel("dx_gather"), dy, w, dx, 1, 2, 4, 10, 10, 3, 0, 1,
+                            grid=(2, 1, 1), block=(128, 1, 1)) == 0
+    # a fault is printed, not raised
+    assert math.isnan(ex.count_atomics(ns["launch"], dy, w, cl.empty(1, 2, 12, 10), 1, 0))   # reads past dy
+    assert "OutOfBoundsError" in capsys.readouterr().out
     # one atomic per product, not per warp instruction
     _fails_with(ex.check_prediction("atomics", {"scatter": 256 * 18, "gather": 0}, measured), capsys, "scatter")
 
@@ -762,13 +769,13 @@ LOOP_10 = "    for b0 in range(0, n, step):\n        b1 = min(b0 + step, n)\n"
 BODY_10 = ("        with g.on(s):\n            g.copy(x_dev[b0:b1], x_host[b0:b1])\n"
            "            g.forward(x_dev[b0:b1], out_dev[b0:b1])\n            g.copy(out_host[b0:b1], out_dev[b0:b1])\n")
 MUTANTS_10_STREAMS = {
-    "pageable images": ([("x_host = g.pinned(images)", "x_host = images")], ("copies in (the images)", "pageable")),
-    "pageable logits": ([("pinned=True)", "pinned=False)")], ("copies back (the logits)", "pageable")),
+    "pageable images": ([("x_host = g.pinned(images)", "x_host = images")], ("not within the target", "copies in (the images)", "pageable")),
+    "pageable logits": ([("pinned=True)", "pinned=False)")], ("not within the target", "copies back (the logits)", "pageable")),
     "all chunks on one stream": ([(LOOP_10 + "        s = g.stream()\n", "    s = g.stream()\n" + LOOP_10)],
-                                 ("all chunks are on one stream",)),
+                                 ("not within the target", "all chunks are on one stream")),
     "a synchronize inside the loop": ([("            g.copy(out_host[b0:b1], out_dev[b0:b1])\n",
                                         "            g.copy(out_host[b0:b1], out_dev[b0:b1])\n        g.synchronize()\n")],
-                                      ("a synchronize inside the loop",)),
+                                      ("not within the target", "a synchronize inside the loop")),
     "copy back before the compute": ([("            g.forward(x_dev[b0:b1], out_dev[b0:b1])\n"
                                        "            g.copy(out_host[b0:b1], out_dev[b0:b1])",
                                        "            g.copy(out_host[b0:b1], out_dev[b0:b1])\n"
