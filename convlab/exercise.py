@@ -862,7 +862,7 @@ def check_streams(run, *, name: str = "your schedule") -> Verdict:
         if late:
             return _say(False, f"✗ {case}: the host reads the logits while {late[0].what} may still be running: "
                                f"nothing made the host wait for it (g.synchronize() after the loop)")
-        if isinstance(out, torch.Tensor) and out.is_cuda:
+        if isinstance(out, torch.Tensor) and g.where(out) == "device":
             return _say(False, f"✗ {case}: {name} returned device memory: copy the logits back to host memory "
                                f"and return that")
         missing = torch.isnan(torch.as_tensor(out, dtype=torch.float64)).all(dim=-1).nonzero().flatten().tolist()

@@ -57,6 +57,7 @@ class Stream:
     name: str
     cuda: object = None                 # torch.cuda.Stream on a GPU
     frontier: int = 0                   # ops (bits) that come before the stream's next op
+    recorder: object = field(default=None, repr=False)
 
     def wait_event(self, event: "Event") -> None:
         """Everything issued to this stream from now on waits for what `event` recorded."""
@@ -66,7 +67,7 @@ class Stream:
 
     def synchronize(self) -> None:
         """The host waits until everything issued to this stream is done."""
-        self._recorder._host_sync(self.frontier, f"{self.name}.synchronize()")
+        self.recorder._host_sync(self.frontier, f"{self.name}.synchronize()")
         if self.cuda is not None:
             self.cuda.synchronize()
 
@@ -164,7 +165,8 @@ class Recorder:
         t = torch.empty(tuple(shape), dtype=dtype, pin_memory=pinned and self.gpu).fill_(float("nan"))
         return self._register(t, "pinned") if pinned else t
 
-    def _where(self, t: torch.Tensor) -> str:
+    def where(self, t: torch.Tensor) -> str:
+        """"device", "pinned" or "pageable": where t's memory is."""
         if self.gpu:        # a GPU knows: pinned however it was made (g.pinned or t.pin_memory())
             return "device" if t.is_cuda else "pinned" if t.is_pinned() else "pageable"
         return self._memory.get(t.untyped_storage().data_ptr(), "pageable")
@@ -178,8 +180,7 @@ class Recorder:
 
     # ---- streams and events ------------------------------------------------------------------
     def _new_stream(self, name: str, cuda=None) -> Stream:
-        s = Stream(name, cuda)
-        s._recorder = self
+        s = Stream(name, cuda, recorder=self)
         self._streams.append(s)
         return s
 
@@ -266,7 +267,7 @@ class Recorder:
     def copy(self, dst: torch.Tensor, src: torch.Tensor) -> Op:
         """dst.copy_(src, non_blocking=True) between host and device memory, on the current stream.
         From or to pageable host memory the host waits until the copy is done."""
-        s_where, d_where = self._where(src), self._where(dst)
+        s_where, d_where = self.where(src), self.where(dst)
         if (s_where == "device") == (d_where == "device"):
             raise ValueError(f"g.copy copies between host and device memory: here from {s_where} to {d_where} "
                              f"memory (device memory comes from g.empty)")
@@ -274,7 +275,7 @@ class Recorder:
             raise ValueError(f"g.copy: dst has shape {tuple(dst.shape)}, src {tuple(src.shape)}")
         kind = "copy in" if d_where == "device" else "copy out"
         host = src if kind == "copy in" else dst
-        pinned = self._where(host) == "pinned"
+        pinned = self.where(host) == "pinned"
         n = int(dst.shape[0]) if dst.dim() else 1
         what = f"the {kind} of {_rows(dst)}"
         nb = pinned and self.gpu
@@ -284,7 +285,7 @@ class Recorder:
     def forward(self, xb: torch.Tensor, out: torch.Tensor) -> Op:
         """The network on the images xb (device memory), its logits into out (device memory)."""
         for name, t in (("xb", xb), ("out", out)):
-            if self._where(t) != "device":
+            if self.where(t) != "device":
                 raise ValueError(f"g.forward computes on the device: {name} is in host memory (copy it into "
                                  f"device memory from g.empty first)")
         return self._issue("compute", int(xb.shape[0]), 0, True, f"the compute of {_rows(xb)}",

@@ -794,6 +794,7 @@ MUTANTS_10_STREAMS = {
                                 "    step = n // chunks\n    for i in range(chunks):\n        b0, b1 = i * step, (i + 1) * step\n")],
                               ("images 8..9 never came back", "the last taking what is left")),
     "no synchronize before returning": ([("    g.synchronize()\n", "")], ("may still be running", "g.synchronize()")),
+    "the device's logits returned": ([("    return out_host", "    return out_dev")], ("returned device memory",)),
 }
 
 
@@ -868,3 +869,26 @@ def test_10_streams_model_orders_and_overlaps_as_a_gpu_does():
     assert overlapped < serial
     assert overlapped >= max(4 * per_chunk["copy in"], 4 * per_chunk["compute"]) + per_chunk["copy out"]
     assert pageable > serial
+
+
+def test_10_streams_recorder_knows_what_each_synchronize_covers():
+    from convlab import streams
+
+    g = streams.Recorder(lambda xb, out: out.copy_(xb.view(len(xb), -1)[:, :2]), classes=2)
+    x = torch.randn(4, 1, 2, 1)
+    x_host, x_dev = g.pinned(x), g.empty(x.shape)
+    out_dev, out_host = g.empty((4, 2)), g.host_empty((4, 2), pinned=True)
+    s1, s2 = g.stream(), g.stream()
+    for s, (a, b) in ((s1, (0, 2)), (s2, (2, 4))):
+        with g.on(s):
+            g.copy(x_dev[a:b], x_host[a:b])
+            g.forward(x_dev[a:b], out_dev[a:b])
+            g.copy(out_host[a:b], out_dev[a:b])
+    assert [op.what for op in g.unfinished(out_host)] == ["the copy out of images 0..1", "the copy out of images 2..3"]
+    s1.synchronize()            # one stream: the other's copy back may still run
+    assert [op.what for op in g.unfinished(out_host)] == ["the copy out of images 2..3"]
+    done = g.event()
+    done.record(s2)
+    done.synchronize()
+    assert not g.unfinished(out_host) and not g.problems and not g.syncs_inside()
+    assert g.where(x_host) == "pinned" and g.where(x) == "pageable" and g.where(out_dev) == "device"
