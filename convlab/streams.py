@@ -337,6 +337,11 @@ class Model:
     longer_ms: float          # max(copy in + copy out, compute) of the pinned run: the bound
     gpu: str
     rows: object = field(default=None, repr=False)
+    bytes_per_image: dict = field(default_factory=dict)    # what each copy moves per image
+
+    def gb_per_s(self, kind: str) -> float:
+        """A copy's bandwidth in the model (GB/s): its bytes per image over its time per image."""
+        return self.bytes_per_image[kind] / (self.per_image[kind] * 1e-3) / 1e9
 
     @classmethod
     def from_chapter(cls, who: str = "ours") -> "Model":
@@ -344,6 +349,7 @@ class Model:
         import pandas as pd
 
         from .book import path
+        from .network import CLASS_PROJECT     # the network of the chapter's runs, float32
 
         df = pd.read_csv(path(E2E_FILE))
         df = df[df["who"] == who]
@@ -359,7 +365,8 @@ class Model:
             pageable[kind] = (float(page[col]) - per_call[kind]) / float(page["images"])
         pinned = df[df["mode"] == "pinned"].iloc[0]
         longer = max(pinned["copy in ms"] + pinned["copy out ms"], pinned["compute ms"])
-        return cls(per_call, per_image, pageable, float(longer), str(pinned["gpu"]), equal)
+        moved = {"copy in": 4 * CLASS_PROJECT.image_size ** 2, "copy out": 4 * CLASS_PROJECT.classes}
+        return cls(per_call, per_image, pageable, float(longer), str(pinned["gpu"]), equal, moved)
 
     def duration(self, op: Op, scale: float) -> float:
         rate = self.pageable_per_image if op.pageable else self.per_image
