@@ -668,9 +668,8 @@ def _gathered(dy, w, H: int, W: int, stride: int, pad: int, *, sign: int = 1, ks
     input row iy meets mask row ky at t = iy + sign*pad + ksign*ky and dy row oy = t / stride (C's
     division); divisible: only where t % stride == 0; lower: skip t < 0 ("t") or oy < 0 ("oy"), and
     oy >= Ho; flip: the mask's tap (K-1-ky, K-1-kx) instead of (ky, kx); last: each element keeps
-    its last product (`=` for `+=`). The same for columns. dy is read as the kernel reads it, flat;
-    an empty tensor (nothing to compare) where that read falls outside dy: the kernel would fault
-    there, and check_dx adds a hint to that fault."""
+    its last product (`=` for `+=`). The same for columns. (A kernel that reads outside dy faults:
+    check_dx adds a hint to that fault, no output to compare.)"""
     import torch
 
     dy, w = dy.detach().cpu().double(), w.detach().cpu().double()
@@ -694,9 +693,7 @@ def _gathered(dy, w, H: int, W: int, stride: int, pad: int, *, sign: int = 1, ks
                 ox, okx = taps(W, kx, Wo)
                 ok = oky.view(1, H, 1) & okx.view(1, 1, W)
                 at = ((b * M + m) * Ho + oy.view(1, H, 1)) * Wo + ox.view(1, 1, W)
-                if bool(((at < 0) | (at >= n))[ok.expand_as(at)].any()):
-                    return torch.zeros(0)
-                val = torch.where(ok, flat[at.clamp(0, n - 1)], 0.0)
+                val = torch.where(ok, flat[at.clamp(0, n - 1)], 0.0)     # clamped: the skipped taps
                 tap = w[m, :, K - 1 - ky, K - 1 - kx] if flip else w[m, :, ky, kx]
                 prod = val.unsqueeze(1) * tap.view(1, C, 1, 1)
                 dx = torch.where(ok.unsqueeze(1), prod, dx) if last else dx + prod
