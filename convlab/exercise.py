@@ -6,11 +6,15 @@
     ex.check_general_kernel(launch)  # launch(x, w, y, stride, pad, dilation, groups): groups and dilation
     ex.check_conv3d(launch, K)       # launch(x, w, y): a single-channel 3D convolution into y
     ex.check_dw(launch)              # launch(x, dy, dw, stride, pad): the weight gradient into dw
+    ex.check_dx(launch)              # launch(dy, w, dx, stride, pad): the input gradient into dx
     ex.check_stage(launch)           # launch(x, w, bias, y): conv, bias, ReLU, 2x2 max pool into y
+    ex.check_streams(run)            # run(g, images, chunks): chapter 10's network on streams, recorded
     ex.check_unroll(unroll)          # unroll(x, K, stride, pad) returns im2col's U
     ex.check_counters(launch, targets)   # correct, then the emulator's memory counters against targets
     ex.check_conv3d_counters(launch, K, targets)   # the same for a 3D launch(x, w, y)
+    ex.check_dx_counters(launch, targets)          # the same for a dX launch(dy, w, dx, stride, pad)
     ex.check_answer("03.reuse", reuse)   # a number against the answer kept in exercise_answers
+    ex.count_atomics(fn, *args)      # global atomic warp instructions of the kernels fn(*args) launches
     ex.check_function(conv2d_numpy)  # conv2d_numpy(x, w, stride, pad) returns y (numpy)
     ex.check_value("FLOPs", flops, expected)
     ex.check_prediction("sectors per request", predicted, measured)   # {case: number} each
@@ -844,6 +848,236 @@ def check_dw(launch, shapes=None, *, name: str = "your kernel") -> Verdict:
                              f"B=1, odd and even K, stride 2, padding)")
 
 
+def _gathered(dy, w, H: int, W: int, stride: int, pad: int, *, sign: int = 1, ksign: int = -1, flip: bool = False,
+              divisible: bool = True, lower: str = "t", last: bool = False):
+    """dx (B, C, H, W) in fp64 as a gather kernel computes it with the given index arithmetic:
+    input row iy meets mask row ky at t = iy + sign*pad + ksign*ky and dy row oy = t / stride (C's
+    division); divisible: only where t % stride == 0; lower: skip t < 0 ("t") or oy < 0 ("oy"), and
+    oy >= Ho; flip: the mask's tap (K-1-ky, K-1-kx) instead of (ky, kx); last: each element keeps
+    its last product (`=` for `+=`). The same for columns. (A kernel that reads outside dy faults:
+    check_dx adds a hint to that fault, no output to compare.)"""
+    import torch
+
+    dy, w = dy.detach().cpu().double(), w.detach().cpu().double()
+    B, M, Ho, Wo = dy.shape
+    C, K = w.shape[1], w.shape[-1]
+    flat, n = dy.reshape(-1), dy.numel()
+
+    def taps(size: int, k: int, out: int):
+        t = torch.arange(size) + sign * pad + ksign * k
+        o = torch.div(t, stride, rounding_mode="trunc")
+        ok = (t % stride == 0) if divisible else torch.ones(size, dtype=torch.bool)
+        ok &= (t >= 0 if lower == "t" else o >= 0) & (o < out)
+        return o, ok
+
+    dx = torch.zeros(B, C, H, W, dtype=torch.float64)
+    b = torch.arange(B).view(B, 1, 1)
+    for m in range(M):
+        for ky in range(K):
+            oy, oky = taps(H, ky, Ho)
+            for kx in range(K):
+                ox, okx = taps(W, kx, Wo)
+                ok = oky.view(1, H, 1) & okx.view(1, 1, W)
+                at = ((b * M + m) * Ho + oy.view(1, H, 1)) * Wo + ox.view(1, 1, W)
+                val = torch.where(ok, flat[at.clamp(0, n - 1)], 0.0)     # clamped: the skipped taps
+                tap = w[m, :, K - 1 - ky, K - 1 - kx] if flip else w[m, :, ky, kx]
+                prod = val.unsqueeze(1) * tap.view(1, C, 1, 1)
+                dx = torch.where(ok.unsqueeze(1), prod, dx) if last else dx + prod
+    return dx
+
+
+def _input_grad_mistakes(dy, w, H: int, W: int, stride: int, pad: int):
+    """(what, the dx it gives) for the usual mistakes of a gather kernel's index arithmetic."""
+    def variant(**kw):
+        return lambda: _gathered(dy, w, H, W, stride, pad, **kw)
+
+    yield ("the mask is flipped twice: dy row oy = (iy + pad - ky)/stride meets mask row ky itself (the "
+           "minus sign in front of ky is the flip); w[...][K-1-ky][K-1-kx] there flips it back",
+           variant(flip=True))
+    yield ("the mask is not flipped: dy row (iy - pad + ky)/stride is the forward pass's index read the "
+           "wrong way; the forward pass read input row iy = oy*stride + ky - pad, so input row iy meets "
+           "dy row oy = (iy + pad - ky)/stride", variant(sign=-1, ksign=1))
+    if stride > 1:
+        for lower in ("t", "oy"):
+            yield (f"the stride test is missing: only taps with (iy + pad - ky) divisible by the stride "
+                   f"(here {stride}) meet a dy row; for the others (iy + pad - ky)/stride rounds down onto a "
+                   f"row this input never touched (skip them: (iy + pad - ky) % stride != 0)",
+                   variant(divisible=False, lower=lower))
+    if pad:
+        yield (f"the padding is ignored: input row iy meets dy row (iy + pad - ky)/stride, not "
+               f"(iy - ky)/stride (pad={pad})", variant(sign=0))
+        yield (f"the padding has the wrong sign: iy - pad - ky where iy + pad - ky belongs (the forward "
+               f"pass read input row oy*stride + ky - pad, pad={pad})", variant(sign=-1))
+    yield ("`=` where `+=` belongs: each dx element keeps only its last product (acc = a * b overwrites "
+           "the sum; acc += a * b adds to it)", variant(last=True))
+
+
+def _dy_hint(launch):
+    """launch with a hint added to a read outside dy: the taps whose dy position is outside dy."""
+    import convlab as cl
+
+    def run(*args):
+        try:
+            return launch(*args)
+        except cl.OutOfBoundsError as e:
+            if " dy[" not in str(e):
+                raise
+            raise cl.OutOfBoundsError(
+                f"{e}\n  dy's bounds: a tap whose dy position (oy, ox) falls outside 0 ≤ oy < Ho, "
+                f"0 ≤ ox < Wo reaches no output (in the forward pass it was padding): skip it") from None
+    return run
+
+
+def check_dx(launch, shapes=None, *, name: str = "your kernel") -> Verdict:
+    """launch(dy, w, dx, stride, pad) computes the input gradient (B, C, H, W) of a conv2d into dx,
+    which starts as NaN; checked on the awkward shapes against the fp64 reference (torch's
+    conv2d_input). A wrong dx is tried against the usual mistakes of the gather's index arithmetic
+    (the mask flipped twice or not at all, the stride test, the padding ignored or its sign, `=`
+    for `+=`), and a read outside dy (dy's bounds not tested) gets a hint."""
+    import convlab as cl
+
+    shapes = list(AWKWARD_SHAPES if shapes is None else shapes)
+    run = _dy_hint(launch)
+
+    def cases():
+        for s in shapes:
+            dy, w = cl.randn(s.B, s.M, s.Ho, s.Wo), cl.randn(s.M, s.C, s.K, s.K)
+            dx = cl.empty(s.B, s.C, s.H, s.W)
+            yield _Case(str(s), s.why, lambda dy=dy, w=w, dx=dx, s=s: run(dy, w, dx, s.stride, s.pad), dx,
+                        cl.ref.conv2d_input_grad(dx.shape, w, dy, stride=s.stride, padding=s.pad),
+                        mistakes=[(what, make) for what, make in
+                                  _input_grad_mistakes(dy, w, s.H, s.W, s.stride, s.pad)])
+
+    return _run_cases(launch, cases(), name=name,
+                      nothing_hint={
+                          "none of the": " (dx starts as NaN: a kernel that adds into dx, with += or atomicAdd, "
+                                         "adds to that NaN. Each dx element has one thread here: sum into a "
+                                         "register and store it once, dx[i] = acc)"},
+                      passed=f"matches the fp64 reference on all {len(shapes)} shapes (awkward sizes, C=1, "
+                             f"B=1, odd and even K, stride 2, padding)")
+
+
+#: The (images, chunks) exercise 10.2's schedule is checked on: 8 equal chunks (the chapter's
+#: plan, whose model time is graded) and a batch that 4 chunks do not divide.
+STREAM_CASES = ((16, 8), (10, 4))
+
+
+def _stream_network():
+    """Chapter 10's network for the streams check: the class project's, on 30×30 images on the
+    emulator (its twin), whole on a GPU; its params and forward(xb, out)."""
+    import convlab as cl
+    from . import network
+
+    arch = network.CLASS_PROJECT if cl.backend() == "cuda" else network.CLASS_PROJECT.at_size(30)
+    params = network.init(arch, seed=0)
+    return arch, lambda xb, out: network.forward(arch, params, xb, logits=out)
+
+
+def _stream_mistakes(g, chunks: int) -> list:
+    """The classic mistakes a record shows, as the verdict names them."""
+    said = []
+    pageable = [kind for kind in ("copy in", "copy out") if any(op.pageable and op.kind == kind for op in g.ops)]
+    if pageable:
+        which = " and ".join({"copy in": "the copies in (the images)", "copy out": "the copies back (the logits)"}[k]
+                             for k in pageable)
+        said.append(f"{which} use pageable host memory (not made by g.pinned or g.host_empty(..., "
+                    f"pinned=True)): the driver copies it through a pinned buffer of its own and the host waits "
+                    f"for each such copy, so nothing it issues later can overlap it")
+    if chunks > 1 and len(g.streams_used()) == 1:
+        said.append("all chunks are on one stream: in a stream each operation waits for the one before, so "
+                    "chunk i+1's copy in waits for chunk i's compute and copy back; give each chunk its own "
+                    "stream (g.stream() inside the loop)")
+    if g.syncs_inside():
+        said.append("a synchronize inside the loop: the host waits until chunk i is done before it issues "
+                    "chunk i+1, so the copy engine idles while the GPU computes; synchronize once, after the loop")
+    return said
+
+
+def check_streams(run, *, name: str = "your schedule") -> Verdict:
+    """run(g, images, chunks) -> the logits (host memory) of images (B, 1, S, S, pageable host
+    memory) through chapter 10's network, issued through g, a convlab.streams.Recorder, in
+    `chunks` chunks. Checked on STREAM_CASES: the same logits as the whole batch at once, no races
+    (an operation reading memory another stream writes with nothing ordering them, the logits
+    read before their copy back is known to be done), then the model time of the 8-chunk
+    schedule on chapter 10's GPU against the longer of copy and compute (target in
+    exercise_answers.TARGETS["10_streams"]). On a GPU it also times the schedule on 10,000 images."""
+    import torch
+
+    import convlab as cl
+    from . import streams
+    from .exercise_answers import TARGETS
+
+    arch, forward = _stream_network()
+    gen = torch.Generator().manual_seed(0)
+    records = {}
+    for B, chunks in STREAM_CASES:
+        case = f"{B} images in {chunks} chunks"
+        images = torch.randn(B, 1, arch.image_size, arch.image_size, generator=gen)
+        ref = torch.full((B, arch.classes), float("nan"), device=cl.device().torch_device)
+        forward(images.to(ref.device), ref)                  # the whole batch at once
+        g = streams.Recorder(forward, classes=arch.classes)
+        try:
+            out = checked_launch(lambda: run(g, images, chunks))
+        except Exception as e:  # noqa: BLE001 (a check must never stop the notebook)
+            text = _fault(run, describe_error(e))
+            return _say(False, text if text.startswith("not done") else f"✗ {case}: {text}")
+        if out is None:
+            todo = _todo_left(run)
+            return _say(False, f"not done yet: {todo} is still there" if todo else
+                               f"✗ {case}: {name} returned None: does it end with `return out_host`?")
+        if g.problems:
+            return _say(False, f"✗ {case}: {g.problems[0]}")
+        late = g.unfinished(out)
+        if late:
+            return _say(False, f"✗ {case}: the host reads the logits while {late[0].what} may still be running: "
+                               f"nothing made the host wait for it (g.synchronize() after the loop)")
+        if isinstance(out, torch.Tensor) and g.where(out) == "device":
+            return _say(False, f"✗ {case}: {name} returned device memory: copy the logits back to host memory "
+                               f"and return that")
+        missing = torch.isnan(torch.as_tensor(out, dtype=torch.float64)).all(dim=-1).nonzero().flatten().tolist()
+        if missing and len(missing) < B:
+            step = -(-B // chunks)
+            sizes = [min(step, B - b0) for b0 in range(0, B, step)]
+            return _say(False, f"✗ {case}: the logits of images {missing[0]}..{missing[-1]} never came back: the "
+                               f"chunks must cover the whole batch, the last taking what is left when {chunks} does "
+                               f"not divide {B} (here chunks of {', '.join(map(str, sizes))})")
+        ok, text = verdict(out, ref.cpu(), labels=("image", "class"))
+        if not ok:
+            if text.startswith(NOTHING):
+                return _say(False, _nothing(run, text, out_index=None))
+            return _say(False, f"✗ {case}: not the logits of the whole batch at once: {text}")
+        records[(B, chunks)] = g
+    B, chunks = STREAM_CASES[0]
+    g = records[(B, chunks)]
+    model = streams.Model.from_chapter()
+    ms = model.time(g.ops, B)
+    ratio, target = ms / model.longer_ms, TARGETS["10_streams"]["time over the longer of copy and compute"]
+    said = (f"{B} images in {chunks} chunks would take {ms:.2f} ms on the chapter's {model.gpu} at "
+            f"{streams.CHAPTER_IMAGES:,} images, {ratio:.2f}× the longer of copy and compute "
+            f"({model.longer_ms:.2f} ms; target ≤ {target:g})")
+    if ratio > target + 1e-9:
+        causes = _stream_mistakes(g, chunks) or [
+            "the copies and the computes overlap too little: chunk i+1's copy in should run while chunk i computes"]
+        verdict_ = _say(False, f"✗ correct (the same logits as the whole batch at once, no races), but not "
+                               f"within the target: {said}:\n  " + "\n  ".join(causes))
+    else:
+        verdict_ = _say(True, f"✓ correct: the same logits as the whole batch at once, no races; {said}")
+    if cl.backend() == "cuda":      # the real thing: the chapter's batch, timed by CUDA events per op
+        images = torch.randn(streams.CHAPTER_IMAGES, 1, arch.image_size, arch.image_size, generator=gen)
+        spans = []
+        for _ in range(3):
+            g = streams.Recorder(forward, classes=arch.classes)
+            if attempt(run, g, images, chunks) is None:
+                return verdict_
+            torch.cuda.synchronize()
+            ends = g.measured().values()
+            spans.append(max(e for _, _, e in ends) - min(a for _, a, _ in ends))
+        print(f"  on this GPU ({torch.cuda.get_device_name()}): {sorted(spans)[1]:.2f} ms from the first copy's "
+              f"start to the last one's end, {streams.CHAPTER_IMAGES:,} images in {chunks} chunks (CUDA events, "
+              f"median of 3 runs); the model, for the chapter's GPU: {model.time(g.ops, streams.CHAPTER_IMAGES):.2f} ms")
+    return verdict_
+
+
 #: Shapes (B, C, M, H, W, K) of a conv + bias + ReLU + 2x2 max pool stage: odd conv outputs (the
 #: last row or column is dropped), C > 1, one image, K = 1.
 STAGE_SHAPES = [(2, 1, 4, 20, 20, 7), (2, 3, 5, 17, 22, 5), (1, 4, 16, 15, 13, 7),
@@ -916,11 +1150,15 @@ def _quantity(what: str, k, macs: int | None) -> float | None:
         return 32 * m["l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum"] / macs if macs else None
     if what == "shared loads per multiply-add":      # a warp's load instruction is 32 threads' loads
         return 32 * m["smsp__inst_executed_op_shared_ld.sum"] / macs if macs else None
+    if what == "global atomics":                     # warp instructions, as ncu counts them
+        from .profile import ATOMICS
+
+        return k.value(ATOMICS)
     raise ValueError(f"check_counters grades {', '.join(COUNTERS)}; not {what!r}")
 
 
 COUNTERS = ("sectors per load request", "sectors per store request", "shared bank conflicts",
-            "global load bytes per multiply-add", "shared loads per multiply-add")
+            "global load bytes per multiply-add", "shared loads per multiply-add", "global atomics")
 
 
 def _costliest_line(card) -> str:
@@ -1468,6 +1706,36 @@ def check_conv3d_counters(launch, K: int, targets: dict, *, volume=COUNTER_VOLUM
     y = cl.empty(D - K + 1, H - K + 1, W - K + 1)
     return check_counters(lambda: launch(x, w, y), targets, result=lambda: (y, cl.ref.conv3d(x, w)),
                           macs=y.numel() * K ** 3, name=name)
+
+
+def check_dx_counters(launch, targets: dict, *, shape: Shape = COUNTER_SHAPE,
+                      name: str = "your kernel") -> Verdict:
+    """check_counters for an input-gradient launch(dy, w, dx, stride, pad) (as check_dx takes it) on
+    `shape`; "per multiply-add" counts the products of the forward pass (dX has as many)."""
+    import convlab as cl
+
+    s = shape
+    dy, w = cl.randn(s.B, s.M, s.Ho, s.Wo), cl.randn(s.M, s.C, s.K, s.K)
+    dx = cl.empty(s.B, s.C, s.H, s.W)
+    return check_counters(lambda: launch(dy, w, dx, s.stride, s.pad), targets,
+                          result=lambda: (dx, cl.ref.conv2d_input_grad(dx.shape, w, dy, stride=s.stride,
+                                                                       padding=s.pad)),
+                          macs=_macs(s), name=name)
+
+
+def count_atomics(fn, *args, **kwargs) -> int:
+    """The global atomic warp instructions (ncu's ATOM + RED) of every kernel that fn(*args,
+    **kwargs) launches, by cl.profile: on the emulator its counters, on a GPU ncu's (fn a Kernel
+    with its launch keywords, or a launcher). One per atomicAdd that a warp's active lanes reach.
+    NaN, with the reason printed, when the call faults or cannot be profiled."""
+    import convlab as cl
+    from .profile import ATOMICS
+
+    try:
+        return int(sum(k.value(ATOMICS) or 0 for k in cl.profile(fn, *args, **kwargs).kernels))
+    except Exception as e:  # noqa: BLE001 (a check must never stop the notebook)
+        print(f"✗ {describe_error(e)}")
+        return float("nan")
 
 
 def check_answer(key: str, got, *args) -> Verdict:

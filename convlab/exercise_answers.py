@@ -59,6 +59,12 @@ TARGETS: dict[str, dict] = {
     # ex.COUNTER_VOLUME, chapter 7's conv3d_coarse with TX=1, TY=1, BY=4, ZC=4: 3.98 sectors per
     # load request (coalesced rows of a plane), no bank conflicts
     "07": {"sectors per load request": 3.98, "shared bank conflicts": 0},
+    # ex.COUNTER_SHAPE, chapter 8's conv2d_dx_gather (bp.conv2d_input_grad_gather's config): no
+    # atomics, 4.33 sectors per load request (lanes are consecutive dx columns)
+    "08_dx_gather": {"global atomics": 0, "sectors per load request": 4.33},
+    # exercise 10.2, the model time of its 8-chunk schedule (convlab.streams.Model): chapter 10's
+    # own 8 chunks on streams took 6.39 ms, 1.19x the longer of copy and compute (5.39 ms)
+    "10_streams": {"time over the longer of copy and compute": 1.2},
     # exercise 3b.1: a warp's 32 consecutive floats (4 sectors); a tile's column with no conflict
     "03b.scale": {"sectors per load request": 4},
     "03b.colsum": {"shared bank conflicts": 0},

@@ -4,6 +4,7 @@ come from solutions/*.ipynb (the %%cuda cells compiled with cl.load_source after
 mutation, the launch cells executed with the module bound), and go through convlab.exercise's
 checks directly: no notebook is executed."""
 import linecache
+import math
 import re
 from pathlib import Path
 
@@ -749,3 +750,247 @@ def test_simulated_gpu_models_what_the_harness_must_handle():
     assert [L.other_ms > 0 for L in gpu.log.launches] == [False, False, False, True] and other >= 2.0
     assert start.elapsed_time(end) - other == pytest.approx(1.0, rel=0.05)
     assert hot == pytest.approx(simgpu.HOT, rel=0.05)
+
+
+# ---- 8.2: dX as a gather ----------------------------------------------------------------------
+
+def _dx_gather(cuda=(), python=()):
+    return _exercise("08_dx_gather", "my_dx_gather", cuda, python)
+
+
+DY_08 = "acc += dy[((b * M + m) * Ho + oy) * Wo + ox]"
+MUTANTS_08_DX = {
+    "mask flipped twice": ([("w[((m * C + c) * K + ky) * K + kx]",
+                             "w[((m * C + c) * K + (K - 1 - ky)) * K + (K - 1 - kx)]")], (), "flipped twice"),
+    "forward index, mask not flipped": ([("iy + pad - ky", "iy - pad + ky"), ("ix + pad - kx", "ix - pad + kx")], (),
+                                        "not flipped"),
+    "stride divisibility ignored": ([("ty < 0 || ty % stride != 0 ||", "ty < 0 ||"),
+                                     ("tx < 0 || tx % stride != 0 ||", "tx < 0 ||")], (), "stride test is missing"),
+    "divided before the sign test": ([("if (ty < 0 || ty % stride != 0 || ty / stride >= Ho)\n                continue;\n"
+                                       "            const int oy = ty / stride;",
+                                       "const int oy = ty / stride;\n            if (oy < 0 || oy >= Ho)\n"
+                                       "                continue;"),
+                                      ("if (tx < 0 || tx % stride != 0 || tx / stride >= Wo)\n                    continue;\n"
+                                       "                const int ox = tx / stride;",
+                                       "const int ox = tx / stride;\n                if (ox < 0 || ox >= Wo)\n"
+                                       "                    continue;")], (), "stride test is missing"),
+    "padding ignored": ([("iy + pad - ky", "iy - ky"), ("ix + pad - kx", "ix - kx")], (), "padding is ignored"),
+    "padding with the wrong sign": ([("iy + pad - ky", "iy - pad - ky"), ("ix + pad - kx", "ix - pad - kx")], (),
+                                    "padding has the wrong sign"),
+    "dy's upper bounds missing": ([(" || ty / stride >= Ho", ""), (" || tx / stride >= Wo", "")], (),
+                                  "dy's bounds"),
+    "dy's lower bounds missing": ([("ty < 0 || ", ""), ("tx < 0 || ", "")], (), "dy's bounds"),
+    "= for +=": ([(DY_08, DY_08.replace("+=", "="))], (), "`=` where `+=` belongs"),
+    "atomicAdd into dx that starts as NaN": ([("    dx[i] = acc;", "    atomicAdd(&dx[i], acc);")], (),
+                                             "with += or atomicAdd, adds to that NaN"),
+}
+
+
+@pytest.mark.parametrize("mistake", MUTANTS_08_DX)
+def test_08_dx_gather_mistakes_are_named(mistake, capsys):
+    cuda, python, words = MUTANTS_08_DX[mistake]
+    _fails_with(ex.check_dx(_dx_gather(cuda, python)["launch"]), capsys, words)
+
+
+@pytest.mark.parametrize("alternative", [
+    # one test per axis: the division first, its remainder checked by multiplying back
+    [("if (ty < 0 || ty % stride != 0 || ty / stride >= Ho)\n                continue;\n"
+      "            const int oy = ty / stride;",
+      "const int oy = ty / stride;\n            if (ty < 0 || oy * stride != ty || oy >= Ho)\n"
+      "                continue;")],
+    # the maps innermost: the same sum in another order
+    [("    for (int m = 0; m < M; ++m)\n        for (int ky = 0; ky < K; ++ky) {",
+      "    for (int ky = 0; ky < K; ++ky)\n        for (int m = 0; m < M; ++m) {")],
+])
+def test_08_dx_gather_correct_alternatives_pass(alternative, capsys):
+    ns = _dx_gather(alternative)
+    _passes(ex.check_dx(ns["launch"]), capsys)
+    _passes(ex.check_dx_counters(ns["launch"], ex.check_targets("08_dx_gather")), capsys)
+
+
+def test_08_dx_gather_counters_grade_atomics_and_coalescing(capsys):
+    out = _passes(ex.check_dx_counters(_dx_gather()["launch"], ex.check_targets("08_dx_gather")), capsys)
+    assert "0 global atomics (target 0)" in out and "sectors per load request (target ≤ 4.33)" in out
+    # atomics where none are needed: right once dx is zeroed, but one atomic per element
+    ns = _dx_gather([("    dx[i] = acc;", "    atomicAdd(&dx[i], acc);")],
+                    [("    n = dx.numel()", "    n = dx.numel()\n    dx.zero_()")])
+    _passes(ex.check_dx(ns["launch"]), capsys)
+    verdict = ex.check_dx_counters(ns["launch"], ex.check_targets("08_dx_gather"))
+    out = capsys.readouterr().out
+    assert not verdict and "not within the targets" in out and "global atomics (target 0) ✗" in out, out
+    # lanes down a column: right, but a warp's loads of dy are rows apart
+    ns = _dx_gather([("const int ix = i % W, iy = (i / W) % H;", "const int iy = i % H, ix = (i / H) % W;"),
+                     ("    dx[i] = acc;", "    dx[((b * C + c) * H + iy) * W + ix] = acc;")])
+    verdict = ex.check_dx_counters(ns["launch"], ex.check_targets("08_dx_gather"))
+    out = capsys.readouterr().out
+    assert not verdict and "sectors per load request (target ≤ 4.33) ✗" in out, out
+
+
+def test_08_dx_gather_targets_come_from_the_chapters_kernel(capsys):
+    from convlab.ops import backprop as bp
+
+    chapter = lambda dy, w, dx, stride, pad: bp.conv2d_input_grad_gather(  # noqa: E731
+        dy, w, dx, stride=stride, padding=pad, input_size=dx.shape[-2:])
+    out = _passes(ex.check_dx_counters(chapter, ex.check_targets("08_dx_gather")), capsys)
+    assert "0 global atomics" in out and "4.33 sectors per load request" in out, out
+    # the scatter needs its atomics
+    scatter = lambda dy, w, dx, stride, pad: bp.conv2d_input_grad_scatter(  # noqa: E731
+        dy, w, dx, stride=stride, padding=pad, input_size=dx.shape[-2:])
+    assert not ex.check_dx_counters(scatter, ex.check_targets("08_dx_gather"))
+    capsys.readouterr()
+
+
+def test_08_dx_gather_prediction_is_checked_against_the_counters(capsys):
+    ns = _dx_gather()
+    dy, w, dx = cl.randn(1, 4, 8, 8), cl.randn(4, 2, 3, 3), cl.empty(1, 2, 10, 10)
+    from convlab.ops import backprop as bp
+
+    measured = {"scatter": ex.count_atomics(bp.conv2d_input_grad_scatter, dy, w, dx),
+                "gather": ex.count_atomics(ns["launch"], dy, w, dx, 1, 0)}
+    assert measured == {"scatter": 8 * 18, "gather": 0}
+    # the notebook's call: the kernel itself, as cl.profile takes it on a GPU too
+    assert ex.count_atomics(ns["my_dx_gather"].kernel("dx_gather"), dy, w, dx, 1, 2, 4, 10, 10, 3, 0, 1,
+                            grid=(2, 1, 1), block=(128, 1, 1)) == 0
+    # a fault is printed, not raised
+    assert math.isnan(ex.count_atomics(ns["launch"], dy, w, cl.empty(1, 2, 12, 10), 1, 0))   # reads past dy
+    assert "OutOfBoundsError" in capsys.readouterr().out
+    # one atomic per product, not per warp instruction
+    _fails_with(ex.check_prediction("atomics", {"scatter": 256 * 18, "gather": 0}, measured), capsys, "scatter")
+
+
+# ---- 10.2: streams and pinned copies ----------------------------------------------------------
+
+def _streamed(changes=()):
+    """Exercise 10.2's run_streamed, mutated by (old, new) pairs."""
+    ns = {"cl": cl, "ex": ex, "torch": torch}
+    _run_cells(_nb("10_streams"), ns, ("def run_streamed",), changes)
+    return ns["run_streamed"]
+
+
+LOOP_10 = "    for b0 in range(0, n, step):\n        b1 = min(b0 + step, n)\n"
+BODY_10 = ("        with g.on(s):\n            g.copy(x_dev[b0:b1], x_host[b0:b1])\n"
+           "            g.forward(x_dev[b0:b1], out_dev[b0:b1])\n            g.copy(out_host[b0:b1], out_dev[b0:b1])\n")
+MUTANTS_10_STREAMS = {
+    "pageable images": ([("x_host = g.pinned(images)", "x_host = images")], ("not within the target", "copies in (the images)", "pageable")),
+    "pageable logits": ([("pinned=True)", "pinned=False)")], ("not within the target", "copies back (the logits)", "pageable")),
+    "all chunks on one stream": ([(LOOP_10 + "        s = g.stream()\n", "    s = g.stream()\n" + LOOP_10)],
+                                 ("not within the target", "all chunks are on one stream")),
+    "a synchronize inside the loop": ([("            g.copy(out_host[b0:b1], out_dev[b0:b1])\n",
+                                        "            g.copy(out_host[b0:b1], out_dev[b0:b1])\n        g.synchronize()\n")],
+                                      ("not within the target", "a synchronize inside the loop")),
+    "copy back before the compute": ([("            g.forward(x_dev[b0:b1], out_dev[b0:b1])\n"
+                                       "            g.copy(out_host[b0:b1], out_dev[b0:b1])",
+                                       "            g.copy(out_host[b0:b1], out_dev[b0:b1])\n"
+                                       "            g.forward(x_dev[b0:b1], out_dev[b0:b1])")],
+                                     ("copy out of images 0..1", "nothing has been written into yet")),
+    "copy back on another stream, no event": ([("    step = -(-n // chunks)\n", "    step = -(-n // chunks)\n    back = g.stream()\n"),
+                                               ("            g.copy(out_host[b0:b1], out_dev[b0:b1])\n",
+                                                "        with g.on(back):\n            g.copy(out_host[b0:b1], out_dev[b0:b1])\n")],
+                                              ("nothing ordering the two", "record an event")),
+    "compute on its own stream, no event": ([(BODY_10, "        with g.on(s):\n            g.copy(x_dev[b0:b1], x_host[b0:b1])\n"
+                                                       "        with g.on(g.stream()):\n"
+                                                       "            g.forward(x_dev[b0:b1], out_dev[b0:b1])\n"
+                                                       "            g.copy(out_host[b0:b1], out_dev[b0:b1])\n")],
+                                            ("the compute of images 0..1", "nothing ordering the two")),
+    "the remainder dropped": ([("    step = -(-n // chunks)\n" + LOOP_10,
+                                "    step = n // chunks\n    for i in range(chunks):\n        b0, b1 = i * step, (i + 1) * step\n")],
+                              ("images 8..9 never came back", "the last taking what is left")),
+    "no synchronize before returning": ([("    g.synchronize()\n", "")], ("may still be running", "g.synchronize()")),
+    "the device's logits returned": ([("    return out_host", "    return out_dev")], ("returned device memory",)),
+}
+
+
+@pytest.mark.parametrize("mistake", MUTANTS_10_STREAMS)
+def test_10_streams_mistakes_are_named(mistake, capsys):
+    changes, words = MUTANTS_10_STREAMS[mistake]
+    _fails_with(ex.check_streams(_streamed(changes)), capsys, *words)
+
+
+@pytest.mark.parametrize("alternative", [
+    # the chapter's pipeline: copies in, computes and copies back on three streams, events between
+    [(LOOP_10 + "        s = g.stream()\n" + BODY_10,
+      "    s_in, s_run, s_out = g.stream(), g.stream(), g.stream()\n" + LOOP_10 +
+      "        copied, computed = g.event(), g.event()\n"
+      "        with g.on(s_in):\n            g.copy(x_dev[b0:b1], x_host[b0:b1])\n            copied.record(s_in)\n"
+      "        s_run.wait_event(copied)\n"
+      "        with g.on(s_run):\n            g.forward(x_dev[b0:b1], out_dev[b0:b1])\n            computed.record(s_run)\n"
+      "        s_out.wait_event(computed)\n"
+      "        with g.on(s_out):\n            g.copy(out_host[b0:b1], out_dev[b0:b1])\n")],
+    # two streams taking turns, chunks from tensor_split (sizes differ by at most one)
+    [("    step = -(-n // chunks)\n" + LOOP_10 + "        s = g.stream()\n",
+      "    pair = [g.stream(), g.stream()]\n"
+      "    for i, idx in enumerate(torch.arange(n).tensor_split(chunks)):\n"
+      "        b0, b1 = int(idx[0]), int(idx[-1]) + 1\n        s = pair[i % 2]\n")],
+])
+def test_10_streams_correct_alternatives_pass(alternative, capsys):
+    out = _passes(ex.check_streams(_streamed(alternative)), capsys)
+    assert "no races" in out
+
+
+def test_10_streams_solution_passes_and_the_target_is_the_chapters(capsys):
+    from convlab import streams
+
+    out = _passes(ex.check_streams(_streamed()), capsys)
+    assert "target ≤ 1.2" in out
+    # the target: the chapter's own 8 chunks on streams, measured, rounded up
+    model = streams.Model.from_chapter()
+    chapter = model.against_chapter().set_index("plan")
+    measured = chapter.loc["streams, 8 chunks", "measured / longer"]
+    assert measured <= ex.check_targets("10_streams")["time over the longer of copy and compute"] < measured + 0.05
+
+
+def test_10_streams_model_orders_and_overlaps_as_a_gpu_does():
+    """The model on hand-made records: one stream serialises, a stream per chunk overlaps the next
+    copy with the compute, a pageable copy makes the host wait."""
+    from convlab import streams
+
+    def record(per_chunk_stream, pinned=True, chunks=4, n=8):
+        g = streams.Recorder(lambda xb, out: out.copy_(xb.view(len(xb), -1)[:, :2]), classes=2)
+        x = torch.randn(n, 1, 2, 1)
+        x_host = g.pinned(x) if pinned else x
+        x_dev, out_dev = g.empty(x.shape), g.empty((n, 2))
+        out_host = g.host_empty((n, 2), pinned=pinned)
+        one = g.stream()
+        for b0 in range(0, n, n // chunks):
+            b1 = b0 + n // chunks
+            with g.on(g.stream() if per_chunk_stream else one):
+                g.copy(x_dev[b0:b1], x_host[b0:b1])
+                g.forward(x_dev[b0:b1], out_dev[b0:b1])
+                g.copy(out_host[b0:b1], out_dev[b0:b1])
+        g.synchronize()
+        assert not g.problems and torch.equal(out_host, x.view(n, -1)[:, :2])
+        return g
+
+    model = streams.Model.from_chapter()
+    serial = model.time(record(False).ops, 8)
+    overlapped = model.time(record(True).ops, 8)
+    pageable = model.time(record(True, pinned=False).ops, 8)
+    per_chunk = {k: model.per_call[k] + model.per_image[k] * streams.CHAPTER_IMAGES / 4 for k in streams.KINDS}
+    assert serial == pytest.approx(4 * sum(per_chunk.values()))
+    # overlapped: the copies in back to back, each compute after its copy and the compute before it
+    assert overlapped < serial
+    assert overlapped >= max(4 * per_chunk["copy in"], 4 * per_chunk["compute"]) + per_chunk["copy out"]
+    assert pageable > serial
+
+
+def test_10_streams_recorder_knows_what_each_synchronize_covers():
+    from convlab import streams
+
+    g = streams.Recorder(lambda xb, out: out.copy_(xb.view(len(xb), -1)[:, :2]), classes=2)
+    x = torch.randn(4, 1, 2, 1)
+    x_host, x_dev = g.pinned(x), g.empty(x.shape)
+    out_dev, out_host = g.empty((4, 2)), g.host_empty((4, 2), pinned=True)
+    s1, s2 = g.stream(), g.stream()
+    for s, (a, b) in ((s1, (0, 2)), (s2, (2, 4))):
+        with g.on(s):
+            g.copy(x_dev[a:b], x_host[a:b])
+            g.forward(x_dev[a:b], out_dev[a:b])
+            g.copy(out_host[a:b], out_dev[a:b])
+    assert [op.what for op in g.unfinished(out_host)] == ["the copy out of images 0..1", "the copy out of images 2..3"]
+    s1.synchronize()            # one stream: the other's copy back may still run
+    assert [op.what for op in g.unfinished(out_host)] == ["the copy out of images 2..3"]
+    done = g.event()
+    done.record(s2)
+    done.synchronize()
+    assert not g.unfinished(out_host) and not g.problems and not g.syncs_inside()
+    assert g.where(x_host) == "pinned" and g.where(x) == "pageable" and g.where(out_dev) == "device"
