@@ -42,7 +42,7 @@ from .depthwise import (DEPTHWISE, DEPTHWISE_FP16, conv2d_depthwise, conv2d_dept
                         depthwise_dx_padding, nhwc_applies)
 from .fp16 import U16, accumulation, fp16_tolerance
 from .general import GENERAL, GENERAL_DW, GENERAL_DX, GENERAL_FP16, conv2d_general_dw, conv2d_general_dx
-from .igemm import IGEMM_F32, IGEMM_F32_DX, conv2d_igemm_f32_dx, dx_workload
+from .igemm import IGEMM_F32, IGEMM_F32_DW, IGEMM_F32_DX, conv2d_igemm_f32_dw, conv2d_igemm_f32_dx, dx_workload
 from .shapes import layer, plain_arg, two
 from .tensor_core import conv2d_mma
 
@@ -129,6 +129,9 @@ RULES = {
              "best on every layer it measured)"),
         Rule("plain", lambda s: s.plain, "igemm_reg",
              "where the warp-tiled kernel does not take the layer (05_fused: days100, resnet)"),
+        Rule("grouped, dilated, non-square, strided per axis", lambda s: s.groups != s.C, "igemm_f32",
+             "a grouped implicit GEMM with the layer's index arithmetic in its loader (benchmarks/f32_layers.py "
+             "--any)"),
         Rule("depthwise (groups = C)", lambda s: s.groups == s.C, "depthwise",
              "memory-bound: each input read once into shared memory (09_general)"),
         Rule("any layer", lambda s: True, "general", "the only kernel that takes every layer"),
@@ -296,11 +299,19 @@ def igemm_dx_applies(s: Workload) -> bool:
     return pick(dx_workload(s), "fp32") is IGEMM_F32
 
 
+def _resolved(s: Workload) -> dict:
+    """The layer's stride, padding, dilation and groups as pairs and ints (torch's 'same' and
+    'valid' resolved): what the implicit GEMM's launchers take."""
+    return dict(stride=(s.stride, s.stride_w), padding=(s.padding, s.padding_w),
+                dilation=(s.dilation, s.dilation_w), groups=s.groups)
+
+
 def dx_route(dy, w, stride, padding, input_size, dilation, groups):
     """f(dy, w, dx): the dX kernel for this layer, with its arguments resolved (f.impl: which): the
-    fp32 implicit GEMM's dX where igemm_dx_applies, chapter 8's best dX where course_applies, the
-    depthwise forward on dy with the flipped mask where depthwise_dx_padding allows (MobileNet and
-    ConvNeXt layers), else the general dX kernel."""
+    fp32 implicit GEMM's dX where igemm_dx_applies (plain layers where pick() gives it the dX
+    convolution), chapter 8's best dX on the other plain fp32 layers, the implicit GEMM's dX (stride
+    phases) on every other fp32 layer it takes, the depthwise forward on dy with the flipped mask
+    where depthwise_dx_padding allows (MobileNet and ConvNeXt layers), else the general dX kernel."""
     H, W = (int(v) for v in two(input_size))
     s = layer((dy.shape[0], w.shape[1] * groups, H, W), w.shape, stride, padding, dilation, groups)
     if dy.dtype == torch.float32 and igemm_dx_applies(s):
@@ -309,6 +320,9 @@ def dx_route(dy, w, stride, padding, input_size, dilation, groups):
     if course_applies(s, dy.dtype):
         return _tagged(lambda dy, w, dx: conv2d_input_grad_best(dy, w, dx, stride=s.stride, padding=s.padding,
                                                                 input_size=(H, W)), pick_input_grad(s))
+    if dy.dtype == torch.float32 and s.symmetric and IGEMM_F32_DX.applies(s):
+        kw = _resolved(s)
+        return _tagged(lambda dy, w, dx: conv2d_igemm_f32_dx(dy, w, dx, input_size=(H, W), **kw), IGEMM_F32_DX)
     pad = depthwise_dx_padding(s)
     if pad is not None and depthwise_applies(s):
         return _tagged(lambda dy, w, dx: conv2d_depthwise(dy, torch.flip(w, (2, 3)), dx, padding=pad,
@@ -320,12 +334,16 @@ def dx_route(dy, w, stride, padding, input_size, dilation, groups):
 
 def dw_route(x, dy, stride, padding, kernel_size, dilation, groups):
     """f(x, dy, dw): the dW kernel for this layer (f.impl: which): chapter 8's best dW where
-    course_applies, else the general dW kernel."""
+    course_applies, the implicit GEMM's dW (per group, over the batch) on every other fp32 layer it
+    takes, else the general dW kernel."""
     Kh, Kw = (int(k) for k in two(kernel_size))
     s = layer(x.shape, (dy.shape[1], x.shape[1] // groups, Kh, Kw), stride, padding, dilation, groups)
     if course_applies(s, x.dtype):
         return _tagged(lambda x, dy, dw: conv2d_weight_grad_best(x, dy, dw, stride=s.stride, padding=s.padding,
                                                                  kernel_size=Kh), pick_weight_grad(s))
+    if x.dtype == torch.float32 and s.symmetric and IGEMM_F32_DW.applies(s):
+        kw = _resolved(s)
+        return _tagged(lambda x, dy, dw: conv2d_igemm_f32_dw(x, dy, dw, kernel_size=(Kh, Kw), **kw), IGEMM_F32_DW)
     return _tagged(lambda x, dy, dw: conv2d_general_dw(x, dy, dw, stride=stride, padding=padding,
                                                        kernel_size=(Kh, Kw), dilation=dilation, groups=groups),
                    GENERAL_DW)
