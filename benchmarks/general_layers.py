@@ -7,6 +7,7 @@ against torch at its best: the book's own harness (convlab.measure), printed as 
     python benchmarks/general_layers.py --all                   # + every kernel that takes each layer
     python benchmarks/general_layers.py --families depthwise --dtypes fp32
     python benchmarks/general_layers.py --backward              # + forward, dX and dW through autograd
+    python benchmarks/general_layers.py --more                  # workloads.MORE_LAYERS instead of LAYERS
     CONVLAB_BACKEND=emu python benchmarks/general_layers.py     # emulator: small twins, checks only
 
 Every output is checked against an fp64 reference before it is timed (fp16: chapter 6's derived
@@ -32,7 +33,7 @@ from convlab import measure, results, workloads  # noqa: E402
 from convlab.baselines import TORCH_BEST  # noqa: E402
 from convlab.ops import Impl, dispatch, dropin  # noqa: E402
 
-TRAIN = "ours: autograd (general.conv2d)"
+TRAIN = "ours: autograd (dropin.conv2d)"
 
 
 def train(x, w, dy, *, stride=1, padding=0, dilation=1, groups=1):
@@ -59,7 +60,7 @@ def summary(df) -> list[str]:
     """Geometric means of torch best / ours (GPU time) per family, dtype and pass."""
     ours = df[df["impl"].isin([dispatch.BEST, TRAIN])]
     best = df[df["impl"] == TORCH_BEST].set_index(["workload", "dtype", "pass"])["ms"]
-    family = {w.name: w.family for w in workloads.LAYERS}
+    family = {w.name: w.family for w in workloads.LAYERS + workloads.MORE_LAYERS}
     groups = {}
     for _, r in ours.iterrows():
         key = (r["workload"], r["dtype"], r["pass"])
@@ -79,17 +80,20 @@ def main(argv=None) -> int:
     ap.add_argument("--dtypes", default="fp32,fp16", help="fp32, fp16 or both (default both)")
     ap.add_argument("--all", action="store_true", help="also every kernel pick() chooses among, on each layer")
     ap.add_argument("--backward", action="store_true", help="also forward + dX + dW through autograd")
+    ap.add_argument("--more", action="store_true", help="workloads.MORE_LAYERS (other groups, dilations, masks, "
+                    "strides) instead of LAYERS")
     ap.add_argument("--reps", type=int, default=20)
     args = ap.parse_args(argv)
     families = [f for f in args.families.split(",") if f]
     names = [n for n in args.layers.split(",") if n]
     dtypes = [d for d in args.dtypes.split(",") if d]
+    table = workloads.MORE_LAYERS if args.more else workloads.LAYERS
     for what, given, known in (("families", families, workloads.FAMILIES),
-                               ("layers", names, [w.name for w in workloads.LAYERS]),
+                               ("layers", names, [w.name for w in table]),
                                ("dtypes", dtypes, list(dispatch.RULES))):
         if set(given) - set(known):
             ap.error(f"unknown {what} {sorted(set(given) - set(known))}; known: {', '.join(known)}")
-    layers = [w for w in workloads.LAYERS if (not families or w.family in families) and (not names or w.name in names)]
+    layers = [w for w in table if (not families or w.family in families) and (not names or w.name in names)]
 
     print(f"# {cl.device()}")
     frames = [measure.run(impls(d, args.all, args.backward), layers, dtype=d, reps=args.reps, desc=d) for d in dtypes]

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """How much Python a launch costs: each chapter's best launcher, Conv2dFunction forward +
-backward and torch's conv2d, called again and again on a tiny layer (the launch plan is kept
+backward, the drop-in conv2d (forward; forward + backward) and torch's conv2d, called again and again on a tiny layer (the launch plan is kept
 after the first call); then, on a GPU, the time a caller waits against the GPU's time on the
 course's layers, and an epoch of chapter 8's LeNet-5 with our convolutions and with torch's.
 
@@ -47,6 +47,10 @@ from convlab.workloads import Workload  # noqa: E402
 CALLS = 300          # calls per timed loop
 SLEEP_CYCLES = 50_000_000   # ~25 ms at 2 GHz: longer than CALLS launches take to queue
 LAYERS = ("fa17", "lenet_c3", "resnet", "days100")   # the course's 2D layers the best launchers are timed on
+DROPIN_FWD, DROPIN_TRAIN = "ch9 dropin.conv2d forward", "ch9 dropin.conv2d forward+backward"
+TORCH_FWD, TORCH_TRAIN = "torch F.conv2d", "torch F.conv2d forward+backward"
+#: The drop-in's Python per call, at most this many times torch's (forward; forward + backward)
+GOAL = 1.2
 
 
 def cases():
@@ -70,10 +74,10 @@ def cases():
         ("ch8 conv2d_weight_grad_best", lambda: backprop.conv2d_weight_grad_best(x, dy, padding=1)),
         ("ch8 Conv2dFunction forward+backward",
          lambda: backprop.Conv2dFunction.apply(xg, wg, None, 1, 1).backward(dy)),
-        ("ch9 dropin.conv2d forward+backward",
-         lambda: dropin.conv2d(xg, wg, None, 1, 1).backward(dy)),
-        ("torch F.conv2d", lambda: F.conv2d(x, w, padding=1)),
-        ("torch F.conv2d forward+backward", lambda: F.conv2d(xg, wg, padding=1).backward(dy)),
+        (DROPIN_FWD, lambda: dropin.conv2d(x, w, None, 1, 1)),
+        (DROPIN_TRAIN, lambda: dropin.conv2d(xg, wg, None, 1, 1).backward(dy)),
+        (TORCH_FWD, lambda: F.conv2d(x, w, padding=1)),
+        (TORCH_TRAIN, lambda: F.conv2d(xg, wg, padding=1).backward(dy)),
     ]
     return out
 
@@ -262,6 +266,10 @@ def main(argv=None) -> int:
     for name, launches, py, caller, gpu in rows:
         per = py / launches if launches else float("nan")
         print(f"{name:40s} {launches or '-':>8} {py:10.1f} {per:13.1f} {caller:10.1f} {gpu:9.1f}")
+    py = {name: us for name, _, us, _, _ in rows}
+    for ours, theirs in ((DROPIN_FWD, TORCH_FWD), (DROPIN_TRAIN, TORCH_TRAIN)):
+        print(f"# {ours}: {py[ours] / py[theirs]:.2f}x torch's Python per call ({py[ours]:.1f} against "
+              f"{py[theirs]:.1f} us; goal: at most {GOAL}x)")
     print(f"# one os.stat of a kernel file (a launcher's check for an edited .cu, once per call): {stat_us():.2f} us")
     if on_gpu:
         print("\n# the course's layers: the time a caller waits (nothing held) against the GPU's")

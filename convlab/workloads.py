@@ -344,6 +344,21 @@ LAYERS: list[Workload] = [
              note="ResNet stem, 7×7 stride 2"),
 ]
 
+#: More layers of the kinds LAYERS has, with other groups, dilations, masks and strides, for
+#: benchmarks/general_layers.py --more (a check that the kernels' speed is not tuned to LAYERS alone).
+MORE_LAYERS: list[Workload] = [
+    Workload("regnet_g8_28", B=32, C=128, M=128, H=28, W=28, K=3, padding=1, groups=8,
+             note="grouped 3×3, 8 groups of 16"),
+    Workload("grouped_g2_14", B=32, C=256, M=256, H=14, W=14, K=3, padding=1, groups=2,
+             note="grouped 3×3, 2 groups (AlexNet-style)"),
+    Workload("deeplab_d6_28", B=16, C=256, M=256, H=28, W=28, K=3, padding=6, dilation=6,
+             note="DeepLabV3 ASPP, dilation 6"),
+    Workload("conv_1x3_28", B=32, C=192, M=192, H=28, W=28, K=(1, 3), padding=(0, 1), note="factorised 1×3"),
+    Workload("conv_5x1_28", B=32, C=128, M=128, H=28, W=28, K=(5, 1), padding=(2, 0), note="factorised 5×1"),
+    Workload("conv_s12_56", B=16, C=64, M=128, H=56, W=56, K=3, stride=(1, 2), padding=1,
+             note="3×3, stride (1, 2)"),
+]
+
 #: The families of LAYERS, in the table's order.
 FAMILIES: list[str] = list(dict.fromkeys(w.family for w in LAYERS))
 
@@ -379,8 +394,8 @@ DEPTHWISE_LAYERS: list[Workload] = [w for w in LAYERS if w.family == "depthwise"
 
 
 def get(name: str) -> Workload:
-    """A workload of the design's table, of LAYERS, GEMM_LAYERS or DEPTHWISE_LAYERS, by name."""
-    every = {w.name: w for w in (*DEPTHWISE_LAYERS, *GEMM_LAYERS, *LAYERS, *WORKLOADS.values())}
+    """A workload of the design's table, of LAYERS, MORE_LAYERS, GEMM_LAYERS or DEPTHWISE_LAYERS, by name."""
+    every = {w.name: w for w in (*DEPTHWISE_LAYERS, *GEMM_LAYERS, *LAYERS, *MORE_LAYERS, *WORKLOADS.values())}
     if name in every:
         return every[name]
     raise KeyError(f"no workload {name!r}; known: {', '.join(every)}")
