@@ -39,7 +39,6 @@ from .._limits import GRID_X_MAX, GRID_YZ_MAX, INT32_MAX, SHARED_DEFAULT_MAX
 from ..workloads import Workload
 from . import Impl, ceil_div, fused, new_output, out_size, output
 from ._kernels import Launch, remember, sm_count
-from .shapes import check_tensor
 
 DX_SCATTER_FILE = "kernels/08_backprop/conv2d_dx_scatter.cu"
 DX_GATHER_FILE = "kernels/08_backprop/conv2d_dx_gather.cu"
@@ -108,8 +107,13 @@ def _w_shape(x, dy, stride, padding, kernel_size):
 
 
 def _check_in(t, name):
-    """The course's chapter-8 kernels are fp32: a float32 tensor, on the backend's device, contiguous."""
-    check_tensor(t, name, torch.float32)
+    """The course's chapter-8 kernels are fp32: a float32 tensor, contiguous (a kept launch checks
+    the device as it launches)."""
+    if not isinstance(t, torch.Tensor) or t.dtype != torch.float32:
+        raise TypeError(f"{name} must be a float32 tensor (the course's kernels are fp32), got "
+                        f"{getattr(t, 'dtype', type(t).__name__)}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous (NCHW); call .contiguous() first")
 
 
 def reduce_partials(partial, out, nparts: int, n: int, PARTS_Y: int | None = None):

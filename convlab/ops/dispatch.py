@@ -294,7 +294,7 @@ def igemm_dx_applies(s: Workload) -> bool:
     flipped mask (M channels to C maps), goes to the fp32 implicit GEMM. Its dX was faster than
     torch's on the layers benchmarks/f32_layers.py measured; its dW was not, so dW stays on
     weight_grad's kernels."""
-    if not (s.plain and IGEMM_F32_DX.applies(s)):
+    if not (s.plain and s.stride == 1 and IGEMM_F32_DX.applies(s)):
         return False
     return pick(dx_workload(s), "fp32") is IGEMM_F32
 
@@ -315,7 +315,7 @@ def dx_route(dy, w, stride, padding, input_size, dilation, groups):
     H, W = (int(v) for v in two(input_size))
     s = layer((dy.shape[0], w.shape[1] * groups, H, W), w.shape, stride, padding, dilation, groups)
     if dy.dtype == torch.float32 and igemm_dx_applies(s):
-        return _tagged(lambda dy, w, dx: conv2d_igemm_f32_dx(dy, w, dx, padding=s.padding, input_size=(H, W)),
+        return _tagged(lambda dy, w, dx: conv2d_igemm_f32_dx(dy, w, dx, input_size=(H, W), **_resolved(s)),
                        IGEMM_F32_DX)
     if course_applies(s, dy.dtype):
         return _tagged(lambda dy, w, dx: conv2d_input_grad_best(dy, w, dx, stride=s.stride, padding=s.padding,

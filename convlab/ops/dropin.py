@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 from .. import runtime
 from . import dispatch
-from .shapes import DTYPES, TorchMustAnswer, plane_too_large, resolve
+from .shapes import DTYPES, TorchMustAnswer, plain_arg, plane_too_large, resolve
 
 
 def kernel_fallback_reason(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1) -> str | None:
@@ -142,18 +142,40 @@ class WeightGradFunction(torch.autograd.Function):
         return gx, gdy, None, None
 
 
+_decided: dict = {}     # call signature -> kernel_fallback_reason's answer: a repeated call's one lookup
+
+
 def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     """torch.nn.functional.conv2d, on the course's kernels: the same arguments (ints or tuples,
-    'same'/'valid', unbatched (C, H, W) inputs, bias None or (M,)), results, gradients and errors."""
-    args = (stride, padding, dilation, groups)
-    if kernel_fallback_reason(input, weight, bias, *args) is not None:
+    'same'/'valid', unbatched (C, H, W) inputs, bias None or (M,)), results, gradients and errors.
+    Where nothing needs a gradient (grad mode off, or no input that requires one) the forward runs
+    without an autograd node, as torch's does."""
+    try:
+        key = (input.shape, weight.shape, input.dtype, weight.dtype, input.device, weight.device,
+               None if bias is None else (bias.shape, bias.dtype, bias.device), stride, padding, dilation, groups)
+        reason = _decided[key]
+    except (AttributeError, KeyError, TypeError):   # not tensors, a first call, or unhashable arguments
+        reason = kernel_fallback_reason(input, weight, bias, stride, padding, dilation, groups)
+        if isinstance(input, torch.Tensor) and all(map(plain_arg, (stride, padding, dilation, groups))):
+            try:
+                _decided[key] = reason
+            except (NameError, TypeError):
+                pass
+    if reason is not None:
         # only what differs from the defaults, as keywords: torch's argument errors then read as
         # for F.conv2d(x, w[, b], name=value), the usual way to call it
-        given = {k: v for k, v, d in zip(("stride", "padding", "dilation", "groups"), args, (1, 0, 1, 1))
+        given = {k: v for k, v, d in zip(("stride", "padding", "dilation", "groups"),
+                                         (stride, padding, dilation, groups), (1, 0, 1, 1))
                  if type(v) is not type(d) or v != d}
         return F.conv2d(input, weight, *([] if bias is None else [bias]), **given)
     x = input if input.dim() == 4 else input.unsqueeze(0)
-    y = DropInFunction.apply(x, weight, bias, stride, padding, dilation, groups)
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
+                                    or (bias is not None and bias.requires_grad)):
+        y = DropInFunction.apply(x, weight, bias, stride, padding, dilation, groups)
+    else:
+        y = dispatch.forward(x, weight if weight.is_contiguous() else weight.contiguous(), stride=stride,
+                             padding=padding, dilation=dilation, groups=groups,
+                             bias=None if bias is None or bias.is_contiguous() else bias.contiguous())
     return y if input.dim() == 4 else y.squeeze(0)
 
 
