@@ -731,11 +731,17 @@ def _quantity(what: str, k, macs: int | None) -> float | None:
         return 32 * m["l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum"] / macs if macs else None
     if what == "shared loads per multiply-add":      # a warp's load instruction is 32 threads' loads
         return 32 * m["smsp__inst_executed_op_shared_ld.sum"] / macs if macs else None
+    if what == "constant addresses per request":     # each served in turn by the constant cache
+        from .profile import EMU_CONSTANT_ADDRESSES, EMU_CONSTANT_REQUESTS
+
+        requests = m.get(EMU_CONSTANT_REQUESTS, 0)
+        return m[EMU_CONSTANT_ADDRESSES] / requests if requests else None
     raise ValueError(f"check_counters grades {', '.join(COUNTERS)}; not {what!r}")
 
 
 COUNTERS = ("sectors per load request", "sectors per store request", "shared bank conflicts",
-            "global load bytes per multiply-add", "shared loads per multiply-add")
+            "global load bytes per multiply-add", "shared loads per multiply-add",
+            "constant addresses per request")
 
 
 def _costliest_line(card) -> str:
@@ -856,7 +862,8 @@ def check_constant_mask(launch, module, targets: dict, *, constant: str = "c_mas
     gives zeros and is told so; an array too small for a mask is told with the mask's size; an
     index that leaves out the map or channel is named. Then check_counters on COUNTER_SHAPE against
     targets; where they miss, a traced block says where the kernel still reads the mask from global
-    memory (its argument `mask_arg`)."""
+    memory (its argument `mask_arg`), and too many constant addresses per request are said to be
+    lanes reading different elements (the constant cache serves them in turn)."""
     import torch
 
     import convlab as cl
@@ -893,6 +900,11 @@ def check_constant_mask(launch, module, targets: dict, *, constant: str = "c_mas
         if where:
             print(f"  the mask is still read from global memory: {where} reads `{mask_arg}`; read "
                   f"`{constant}` there")
+        most = targets.get("constant addresses per request")
+        if most is not None and f"constant addresses per request (target ≤ {most:g}) ✗" in graded.text:
+            print(f"  a warp's lanes read different elements of `{constant}` at once, and the constant cache "
+                  f"serves one address at a time: index it by what the warp's threads share (m, c, p, q), "
+                  f"not by the thread")
     return graded
 
 #: Layers that catch the mistakes of groups and dilation: depthwise, groups of several channels to

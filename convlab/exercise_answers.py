@@ -55,8 +55,9 @@ TARGETS: dict[str, dict] = {
     # constant memory: 0.608 bytes of global loads per multiply-add, 6.51 sectors per load request
     "03a": {"global load bytes per multiply-add": 0.61, "sectors per load request": 6.52},
     # exercise 3a.2, the same kernel on the same shape: 0.608 bytes with the mask in constant
-    # memory, 1.608 with MASK_IN_CONSTANT=0 (the mask read from w)
-    "03a_constant_mask": {"global load bytes per multiply-add": 0.61},
+    # memory, 1.608 with MASK_IN_CONSTANT=0 (the mask read from w); its warps read one address of
+    # c_mask per request (a broadcast)
+    "03a_constant_mask": {"global load bytes per multiply-add": 0.61, "constant addresses per request": 1},
     # the register-tiled loop of exercise 5.2 on ex.counter_shape("05_register_tiles"): a thread's
     # TM + TN shared loads per step feed its TM x TN multiply-adds, (4 + 8) / (4 * 8) = 0.375
     # (chapter 5's kernel loads float4s: 0.84 per multiply-add counted by instruction on

@@ -674,6 +674,15 @@ MUTANTS_03A_CONSTANT = {
                         ("leaves out the channel c",)),
     "flipped mask": ([(TAP_03A, "acc += pixel * c_mask[((m * C + c) * K + K - 1 - p) * K + K - 1 - q];")], (),
                      ("flipped",)),
+    # right, but each lane starts the taps at its own column (a bank-conflict trick for shared
+    # memory): a warp's lanes read K different taps of c_mask at once
+    "lanes read different taps": ([("                for (int q = 0; q < K; ++q) {\n"
+                                     "                    const float pixel",
+                                     "                for (int qq = 0; qq < K; ++qq) {\n"
+                                     "                    const int q = (qq + threadIdx.x) % K;\n"
+                                     "                    const float pixel")], (),
+                                  ("not within the targets", "constant addresses per request (target ≤ 1) ✗",
+                                   "different elements of `c_mask`")),
     "mask read from w": ([(TAP_03A, "acc += pixel * w[((m * C + c) * K + p) * K + q];")], (),
                          ("not within the targets", "global load bytes per multiply-add",
                           "still read from global memory", "reads `w`")),
@@ -698,6 +707,8 @@ def test_03a_constant_mask_mistakes_are_named(mistake, capsys):
 def test_03a_constant_mask_solution_and_alternatives_pass(cuda, python, capsys):
     out = _passes(_check_03a_constant(cuda, python), capsys)
     assert "global load bytes per multiply-add (target ≤ 0.61)" in out, out
+    # reads through a pointer taken into c_mask are not counted (the emulator cannot tell its memory)
+    assert ("1 constant addresses per request (target ≤ 1)" in out) == ("taps[" not in str(cuda)), out
 
 
 def test_03a_constant_mask_target_and_answer_come_from_the_chapters_kernel():
@@ -716,6 +727,10 @@ def test_03a_constant_mask_target_and_answer_come_from_the_chapters_kernel():
     assert per_mac["constant"] <= target < per_mac["constant"] + 0.01
     assert per_mac["global"] > target
     assert per_mac["global"] - per_mac["constant"] == pytest.approx(ANSWERS["03a_constant_mask.saved"][1]())
+    assert ex._quantity("constant addresses per request", card.kernels[-1], None) is None   # the global build
+    card = cl.profile(lambda: tiled.conv2d_tiled_halo_multi_pass(x, w, padding=s.pad, mask="constant", TILE=8))
+    assert ex._quantity("constant addresses per request", card.kernels[-1], None) == \
+        ex.check_targets("03a_constant_mask")["constant addresses per request"]
 
 
 # ---- 5.3: direct register tiles ------------------------------------------------------------------
