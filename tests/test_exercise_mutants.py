@@ -747,7 +747,7 @@ def _check_direct(ns, counters=True):
     return ok
 
 
-XV_05D = "xv[j] = (col_in && iy >= 0 && iy < H) ? __ldg(&x[xbase + iy * W + ix]) : 0.0f;"
+XV_05D = "xv[j] = inside ? __ldg(&x[xbase + iy * W + ix]) : 0.0f;"
 MUTANTS_05_DIRECT = {
     "= for +=": ([("acc[4 * q + 0][r] += wv.x * v;", "acc[4 * q + 0][r] = wv.x * v;"),
                   ("acc[4 * q + 1][r] += wv.y * v;", "acc[4 * q + 1][r] = wv.y * v;"),
@@ -755,7 +755,7 @@ MUTANTS_05_DIRECT = {
                   ("acc[4 * q + 3][r] += wv.w * v;", "acc[4 * q + 3][r] = wv.w * v;")],
                  ("`=` where `+=` belongs",)),
     "no bounds check on the input column": ([(XV_05D, "xv[j] = x[xbase + iy * W + ix];")], ("out-of-range",)),
-    "off-by-one row bound": ([(XV_05D, "xv[j] = (col_in && iy >= 0 && iy <= H) ? __ldg(&x[xbase + iy * W + ix]) : 0.0f;")],
+    "off-by-one row bound": ([("col_in && iy >= 0 && iy < H;", "col_in && iy >= 0 && iy <= H;")],
                              ("out-of-range", "off by one")),
     "stride left out of the register index": ([("const float v = xv[r * STRIDE + ky];", "const float v = xv[r + ky];")],
                                               ("stride 2", "thread ", "acc[")),
@@ -818,7 +818,8 @@ def test_05_direct_regtile_mistakes_are_named(mistake, capsys):
     # the input column with the bounds folded into the loop's start and end
     [("""            for (int j = 0; j < XROWS; ++j) {
                 const int iy = iy0 + j;
-                xv[j] = (col_in && iy >= 0 && iy < H) ? __ldg(&x[xbase + iy * W + ix]) : 0.0f;
+                const bool inside = col_in && iy >= 0 && iy < H;
+                xv[j] = inside ? __ldg(&x[xbase + iy * W + ix]) : 0.0f;
             }""", """            for (int j = 0; j < XROWS; ++j)
                 xv[j] = 0.0f;
             if (col_in)
