@@ -130,6 +130,8 @@ def _split_top(text: str, start: int, end: int) -> list[tuple[int, int]]:
 _GLOBAL_RE = re.compile(r"__global__\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?(?:static\s+)?void\s+"
                         r"(?:__launch_bounds__\s*\([^)]*\)\s*)?([A-Za-z_]\w*)\s*\(")
 _CONST_RE = re.compile(r"__constant__\s+([^;=]*?)\b([A-Za-z_]\w*)\s*((?:\[[^\]]*\]\s*)*)(?:=|;)")
+# the element types of the __constant__ arrays the emulator's profiler counts (a view, cuda_emu.h)
+_CONST_ELEM_RE = re.compile(r"(?:unsigned\s+)?(?:float|double|int|unsigned)")
 
 
 def parse(text: str, path: Path | str, include_dirs: list[Path]) -> Source:
@@ -312,6 +314,7 @@ def rewrite_for_emulator(src: Source) -> str:
     """Pointer parameters of kernels become bounds-checked clemu::ptr<T>; `extern __shared__`
     arrays become the block's NaN-filled dynamic buffer; static `__shared__` arrays inside a
     function become a checked view of a per-block store, poisoned for each block (cuda_emu.h);
+    `__constant__` arrays of numbers at file scope become a view whose reads the profiler counts;
     local pointers and pointer casts are spelled with CLEMU_P, so the hooked build counts their
     accesses; `#pragma unroll` is dropped (g++ has its own unroller and rejects non-constant counts)."""
     text = src.text
@@ -353,8 +356,16 @@ def rewrite_for_emulator(src: Source) -> str:
             depth += clean[i] == "{"
             depth -= clean[i] == "}"
             i += 1
+        store = name
+        elem, dims = " ".join(m.group(1).split()), "".join(m.group(3).split())
+        if (dims and clean[m.end() - 1] == ";" and _CONST_ELEM_RE.fullmatch(elem)
+                and clean.count("{", 0, m.start()) <= clean.count("}", 0, m.start())):
+            # an array at file scope: the array and a view whose reads the profiler counts (cuda_emu.h)
+            store = f"{name}__clemu"
+            edits.append((m.start(), m.end(), f"{elem} {store}{dims}; static const ::clemu::cview<{elem}{dims}> "
+                                              f"{name}{{{store}}};" + "\n" * text[m.start():m.end()].count("\n")))
         edits.append((i + 1, i + 1, f' extern "C" void* __clemu_const_{name}(long long* n) '
-                                    f'{{ *n = sizeof({name}); return (void*)&{name}; }}'))
+                                    f'{{ *n = sizeof({store}); return (void*)&{store}; }}'))
     for m in re.finditer(r"^[ \t]*#[ \t]*pragma[ \t]+unroll\b[^\n]*", clean, re.M):
         edits.append((m.start(), m.end(), ""))
     out = text

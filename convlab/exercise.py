@@ -11,6 +11,7 @@
     ex.check_streams(run)            # run(g, images, chunks): chapter 10's network on streams, recorded
     ex.check_unroll(unroll)          # unroll(x, K, stride, pad) returns im2col's U
     ex.check_counters(launch, targets)   # correct, then the emulator's memory counters against targets
+    ex.check_constant_mask(launch, mod, targets)   # the mask in mod's __constant__ c_mask, then counters
     ex.check_conv3d_counters(launch, K, targets)   # the same for a 3D launch(x, w, y)
     ex.check_dx_counters(launch, targets)          # the same for a dX launch(dy, w, dx, stride, pad)
     ex.check_answer("03.reuse", reuse)   # a number against the answer kept in exercise_answers
@@ -1154,11 +1155,17 @@ def _quantity(what: str, k, macs: int | None) -> float | None:
         from .profile import ATOMICS
 
         return k.value(ATOMICS)
+    if what == "constant addresses per request":     # each served in turn by the constant cache
+        from .profile import EMU_CONSTANT_ADDRESSES, EMU_CONSTANT_REQUESTS
+
+        requests = m.get(EMU_CONSTANT_REQUESTS, 0)
+        return m[EMU_CONSTANT_ADDRESSES] / requests if requests else None
     raise ValueError(f"check_counters grades {', '.join(COUNTERS)}; not {what!r}")
 
 
 COUNTERS = ("sectors per load request", "sectors per store request", "shared bank conflicts",
-            "global load bytes per multiply-add", "shared loads per multiply-add", "global atomics")
+            "global load bytes per multiply-add", "shared loads per multiply-add", "global atomics",
+            "constant addresses per request")
 
 
 def _costliest_line(card) -> str:
@@ -1327,6 +1334,91 @@ def compare_on_gpu(launch, targets, *, name: str = "your kernel") -> None:
         return
     print(side_by_side(wl, cl.device().name, impl.name, ours, theirs, torch_best_row(wl.name)))
 
+
+
+def _mask_index_mistakes(x, w, stride: int, pad: int):
+    """(what, the output it gives) for an index into a flat mask that leaves out the map or channel."""
+    import convlab as cl
+
+    x, w = x.detach().cpu().double(), w.detach().cpu().double()
+    M, C, K = w.shape[0], w.shape[1], w.shape[-1]
+    conv = lambda ww: cl.ref.conv2d(x, ww, stride=stride, padding=pad)  # noqa: E731
+    tap = "map m, channel c, tap (p, q) is element ((m * C + c) * K + p) * K + q of the flat mask"
+    if M * C > 1:
+        yield (f"every map and channel reads the first K×K taps: the index into the mask leaves out m and c; {tap}",
+               lambda: conv(w[:1, :1].expand_as(w)))
+    if C > 1:
+        yield (f"the index into the mask leaves out the channel c: {tap}",
+               lambda: conv(w.reshape(-1)[:M * K * K].reshape(M, 1, K, K).expand_as(w)))
+
+
+def _global_reads(launch, arg: str, shape: Shape) -> str | None:
+    """Where a conv2d launch reads its argument `arg` from global memory (block 0's first such
+    read, as "line: code"), or None."""
+    import convlab as cl
+
+    x, w = cl.randn(shape.B, shape.C, shape.H, shape.W), cl.randn(shape.M, shape.C, shape.K, shape.K)
+    y = cl.empty(shape.B, shape.M, shape.Ho, shape.Wo)
+    try:
+        a = cl.trace(launch, x, w, y, shape.stride, shape.pad, blocks=[(0, 0, 0)]).accesses
+    except Exception:  # noqa: BLE001 (the verdict is already printed: this only adds where)
+        return None
+    hits = a[(a.buffer == arg) & (a.space == "global") & (a.access == "read")]
+    return f"{hits.line.iloc[0]}: `{hits.code.iloc[0]}`" if len(hits) else None
+
+
+def check_constant_mask(launch, module, targets: dict, *, constant: str = "c_mask", mask_arg: str = "w",
+                        name: str = "your kernel") -> Verdict:
+    """Exercise 3a.2: launch(x, w, y, stride, pad) runs a conv2d kernel of `module` that reads its
+    mask from the __constant__ array `constant`, which the launch fills. Before each awkward shape
+    the check zeroes that array, so a launch that never fills it (or fills it after the kernel ran)
+    gives zeros and is told so; an array too small for a mask is told with the mask's size; an
+    index that leaves out the map or channel is named. Then check_counters on COUNTER_SHAPE against
+    targets; where they miss, a traced block says where the kernel still reads the mask from global
+    memory (its argument `mask_arg`), and too many constant addresses per request are said to be
+    lanes reading different elements (the constant cache serves them in turn)."""
+    import torch
+
+    import convlab as cl
+
+    def zeroed_first(call, w):
+        def run():
+            try:   # what the array holds before any fill: zeros
+                module.set_constant(constant, torch.zeros(w.numel()))
+            except cl.ArgumentError as e:
+                if "holds" not in str(e):
+                    raise
+                raise cl.ArgumentError(
+                    f"{e}: `{constant}` is too small for this layer's mask, {'×'.join(map(str, w.shape))} = "
+                    f"{w.numel():,} floats ({4 * w.numel():,} bytes): declare it with room for the largest mask "
+                    f"the kernel takes (chapter 3's MASK_MAX, 16,384 floats: the 64 KB of constant memory)") from None
+            return call()
+        return run
+
+    cases = list(_conv2d_cases(launch, AWKWARD_SHAPES, fp16=None, locate=None))
+    for case in cases:
+        case.call = zeroed_first(case.call, case.inputs[1])
+        case.mistakes = list(_mistakes(*case.inputs)) + list(_mask_index_mistakes(*case.inputs))
+    never_copied = (f"\n  Here the likely cause: the mask was never copied into `{constant}`, so the kernel read "
+                    f"zeros. A __constant__ array holds zeros until the launch fills it, "
+                    f"`module.set_constant(\"{constant}\", w)`, before the kernel's launch")
+    right = _run_cases(launch, cases, name=name, nothing_hint={"all ": never_copied},
+                       passed=f"matches the fp64 reference on all {len(cases)} shapes (awkward sizes, C=1, "
+                              f"B=1, odd and even K, stride 2, padding)")
+    if not right:
+        return right
+    graded = check_counters(launch, targets, shape=COUNTER_SHAPE, name=name)
+    if not graded and graded.text.startswith("✗ correct, but"):
+        where = _global_reads(launch, mask_arg, COUNTER_SHAPE)
+        if where:
+            print(f"  the mask is still read from global memory: {where} reads `{mask_arg}`; read "
+                  f"`{constant}` there")
+        most = targets.get("constant addresses per request")
+        if most is not None and f"constant addresses per request (target ≤ {most:g}) ✗" in graded.text:
+            print(f"  a warp's lanes read different elements of `{constant}` at once, and the constant cache "
+                  f"serves one address at a time: index it by what the warp's threads share (m, c, p, q), "
+                  f"not by the thread")
+    return graded
 
 #: Layers that catch the mistakes of groups and dilation: depthwise, groups of several channels to
 #: several maps, dilation with stride and padding, an even mask, a window wider than the image.

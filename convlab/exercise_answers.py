@@ -15,15 +15,28 @@ COUNTER_SHAPES = {
     "05_register_tiles": (1, 8, 32, 16, 16, 3, 1, 1),
 }
 
+def _direct_reuse(name: str) -> float:
+    from .ops.fused import regtile_config
+
+    wl = _wl(name)
+    cfg = regtile_config(wl.M, wl.C, wl.K)
+    return wl.K * cfg["MT"] * cfg["ROWS"] / ((cfg["ROWS"] - 1) * wl.stride + wl.K)
+
+
 ANSWERS = {
     "01.flops": ("FLOPs of {0}", lambda name: _wl(name).flops),
     "01.bytes": ("bytes of {0}", lambda name: _wl(name).bytes),
     "02.too_big_for_z": ("the z map's failures", lambda: ["lenet_c3", "fa17"]),
     "02_timing.quartiles": ("the true statements about the quartiles", lambda: ["a", "c", "d"]),
     "03.reuse": ("multiply-adds per global load", lambda: 16 ** 2 * 49 / 22 ** 2),
+    # a warp's read of one tap from global memory: one 32-byte sector for 32 multiply-adds
+    "03a_constant_mask.saved": ("global load bytes saved per multiply-add", lambda: 1.0),
     "04.u_bytes": ("bytes of U for lenet_c1", lambda: 12_544_000_000),
     "05_implicit_gemm.saved": ("bytes saved on fa17", lambda: 2 * 4 * 10000 * 25 * 24 * 24),
     "05_register_tiles.saved": ("shared loads saved per multiply-add", lambda: 1.625),
+    # lenet_c3 with chapter 5's tunables: K * MT * ROWS multiply-adds per (c, kx) from
+    # (ROWS - 1) * stride + K loads of x
+    "05_direct_regtile.reuse": ("multiply-adds per global load on lenet_c3", lambda: _direct_reuse("lenet_c3")),
     "06_half2.hfma2": ("HFMA2 instructions for lenet_c3", lambda: 10000 * 34 * 34 * 8 * 196),
     "06_wmma_loop.from_global": ("layers whose A fragments can come from global memory",
                                  lambda: ["days100", "resnet"]),
@@ -51,11 +64,19 @@ TARGETS: dict[str, dict] = {
     # ex.COUNTER_SHAPE, chapter 3's conv2d_tiled_halo_multi_pass with TILE=8 and the mask in
     # constant memory: 0.608 bytes of global loads per multiply-add, 6.51 sectors per load request
     "03a": {"global load bytes per multiply-add": 0.61, "sectors per load request": 6.52},
+    # exercise 3a.2, the same kernel on the same shape: 0.608 bytes with the mask in constant
+    # memory, 1.608 with MASK_IN_CONSTANT=0 (the mask read from w); its warps read one address of
+    # c_mask per request (a broadcast)
+    "03a_constant_mask": {"global load bytes per multiply-add": 0.61, "constant addresses per request": 1},
     # the register-tiled loop of exercise 5.2 on ex.counter_shape("05_register_tiles"): a thread's
     # TM + TN shared loads per step feed its TM x TN multiply-adds, (4 + 8) / (4 * 8) = 0.375
     # (chapter 5's kernel loads float4s: 0.84 per multiply-add counted by instruction on
     # ex.COUNTER_SHAPE, where 4 maps fill an eighth of its 32-map tile)
     "05_register_tiles": {"shared loads per multiply-add": 0.375},
+    # exercise 5.3 on ex.COUNTER_SHAPE, chapter 5's conv2d_direct_regtile with MT=4, ROWS=3,
+    # BLOCK=64: a tap's 4 maps in one float4 for 4 x 3 multiply-adds, 1/12 = 0.0833 shared loads
+    # per multiply-add; the input column loaded once per (c, kx), 0.524 global load bytes
+    "05_direct_regtile": {"shared loads per multiply-add": 0.084, "global load bytes per multiply-add": 0.53},
     # ex.COUNTER_VOLUME, chapter 7's conv3d_coarse with TX=1, TY=1, BY=4, ZC=4: 3.98 sectors per
     # load request (coalesced rows of a plane), no bank conflicts
     "07": {"sectors per load request": 3.98, "shared bank conflicts": 0},

@@ -693,14 +693,20 @@ def profile_torch(fn, *args, name: str | None = None, **kwargs) -> ProfileCard:
 # ---------------------------------------------------------------------------------------------
 # The emulator's counters (convlab/emu/profile.cpp), in the order of its enum clprof_counter
 
+#: The emulator's own counters of __constant__ reads (ncu has none per request): a warp's requests,
+#: and the distinct 4-byte addresses they read (the constant cache serves them one after another).
+EMU_CONSTANT_REQUESTS = "emu__constant_ld_requests.sum"
+EMU_CONSTANT_ADDRESSES = "emu__constant_ld_addresses.sum"
+
 EMU_COUNTERS = ("l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum", "l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum",
                 "l1tex__t_requests_pipe_lsu_mem_global_op_st.sum", "l1tex__t_sectors_pipe_lsu_mem_global_op_st.sum",
                 "smsp__inst_executed_op_shared_ld.sum", "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum",
                 "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum", "smsp__inst_executed_op_shared_st.sum",
                 "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum",
                 "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum", ATOMICS, SHARED_ATOMICS,
-                "smsp__inst_executed_op_barrier.sum")
-KINDS = {"global_ld": 0, "global_st": 1, "shared_ld": 2, "shared_st": 3, "global_atom": 4, "shared_atom": 5}
+                "smsp__inst_executed_op_barrier.sum", EMU_CONSTANT_REQUESTS, EMU_CONSTANT_ADDRESSES)
+KINDS = {"global_ld": 0, "global_st": 1, "shared_ld": 2, "shared_st": 3, "global_atom": 4, "shared_atom": 5,
+         "constant_ld": 6}
 
 
 def counters_lib(lib):
@@ -826,6 +832,8 @@ def site_table(kernel: KernelProfile):
     where = emu.resolve_sites("\n".join(w or "{{site:?+0x0}}" for w, _, _ in kernel.sites)).split("\n")
     rows = {}
     for line, (_, kind, c) in zip(where, kernel.sites):
+        if kind not in _KIND_COUNTERS:
+            continue   # __constant__ reads: the totals have them (EMU_CONSTANT_*), the lines global and shared
         req_i, unit_i, confl_i = _KIND_COUNTERS[kind]
         r = rows.setdefault((line, _KIND_NAMES[kind]), [0, 0, 0])
         r[0] += c[req_i]

@@ -604,3 +604,40 @@ def test_sass_falls_back_to_the_committed_disassembly(tmp_path, monkeypatch, cap
     assert len(out) == 1 and "is not installed here" in out[0] and "committed SASS" in out[0]
     with pytest.raises(SassUnavailable, match="no committed book/data/sass/other.sass"):
         cl.sass(book.repo_root() / "kernels" / "07_conv3d" / "conv3d_coarse.cu", name="other")
+
+
+# ---- __constant__ reads: requests and the distinct addresses each reads -----------------------
+
+@pytest.mark.parametrize("addr, addresses", [
+    (lambda t: 4096, 1),                  # every lane the same tap: a broadcast
+    (lambda t: 4096 + 4 * (t % 4), 4),    # four taps across the warp: served in four turns
+    (lambda t: 4096 + 4 * t, 32),         # a tap per lane
+])
+def test_constant_addresses_per_request(addr, addresses):
+    from convlab.profile import EMU_CONSTANT_ADDRESSES, EMU_CONSTANT_REQUESTS
+
+    r = count_trace(_warp("constant_ld", addr), 32)
+    assert (r[EMU_CONSTANT_REQUESTS], r[EMU_CONSTANT_ADDRESSES]) == (1, addresses)
+    assert r[GLD_REQ] == 0
+
+
+@pytest.mark.emu_only
+def test_constant_reads_of_a_kernel_are_counted_and_its_other_counters_unchanged():
+    from convlab.profile import EMU_CONSTANT_ADDRESSES, EMU_CONSTANT_REQUESTS
+
+    mod = cl.load_source("""
+__constant__ float c[8];
+__global__ void k(const float* x, float* y, int spread) {
+    const int i = threadIdx.x;
+    y[i] = x[i] * c[spread ? i % 4 : 2];
+}""", name="constant_reads")
+    mod.set_constant("c", torch.arange(8, dtype=torch.float32))
+    x, y = cl.randn(64), cl.empty(64)
+    for spread, addresses in ((0, 1), (1, 4)):
+        card = cl.profile(lambda: mod.kernel("k")(x, y, spread, grid=1, block=64))
+        m = card.kernels[0].metrics
+        assert (m[EMU_CONSTANT_REQUESTS], m[EMU_CONSTANT_ADDRESSES]) == (2, 2 * addresses)
+        assert (m[GLD_REQ], m[GLD_SECT]) == (2, 8)        # x alone: the constant reads are no global loads
+        want = x.cpu() * (torch.arange(64) % 4 if spread else torch.full((64,), 2)).float()
+        assert torch.equal(y.cpu(), want)
+        assert "constant" not in " ".join(card.lines().reset_index()["access"])

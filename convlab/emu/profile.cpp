@@ -6,6 +6,8 @@
 // lane makes more than one such access (a loop the emulator does not tag: while, do, goto), its
 // k-th goes with the other lanes' k-th.
 // Global memory: a request's sectors are the distinct 32-byte segments its lanes touch.
+// Constant memory (__constant__ arrays): the distinct 4-byte words a request's lanes read, each an
+// address the constant cache serves in turn (one for a broadcast). Not in the trace.
 // Shared memory: 32 banks of 4-byte words; a request of 4-byte (or narrower) accesses needs as
 // many wavefronts as the most distinct words it touches in one bank (lanes reading the same word
 // share it: a broadcast). 8- and 16-byte accesses go in 2 or 4 phases (half-warps, quarter-warps:
@@ -36,7 +38,7 @@ struct site_info { unsigned long long key; int kind; };
 
 std::mutex mu;                                   // guards the site table and the workers' list
 std::vector<site_info> sites;
-std::unordered_map<unsigned long long, int> site_ids[6];   // per kind: key -> id
+std::unordered_map<unsigned long long, int> site_ids[7];   // per kind: key -> id
 
 struct worker_state {
     std::vector<std::vector<record>> pending;    // per thread of the running block, since the last epoch
@@ -167,6 +169,11 @@ void count_request(worker_state* w, long long* c, int kind, const worker_state::
         c[ld ? CLPROF_GLD_SECT : CLPROF_GST_SECT] += (long long)w->units.size();
         return;
     }
+    case CLPROF_CONST_LD:
+        distinct_units(w, a, end, 2);
+        c[CLPROF_CLD_REQ] += 1;
+        c[CLPROF_CLD_ADDR] += (long long)w->units.size();
+        return;
     case CLPROF_GLOBAL_ATOM: c[CLPROF_GATOM_REQ] += 1; return;
     case CLPROF_SHARED_ATOM: c[CLPROF_SATOM_REQ] += 1; return;
     default: {
@@ -200,14 +207,15 @@ extern "C" void clprof_access(int thread, int site, const void* addr, int bytes,
 }
 
 // The emulator's per-access hook, as clemu_abi.h describes its op bits (read 1, write 2, atomic 4,
-// shared 8): a read-modify-write (x[i] += v) is a load and a store, as on a GPU.
+// shared 8, constant 64): a read-modify-write (x[i] += v) is a load and a store, as on a GPU.
 extern "C" void clprof_hook(unsigned op, const void* addr, unsigned bytes, const void* pc, int thread,
                             unsigned long long loop) {
     struct slot { unsigned long long key; int site; };
     static thread_local slot cache[256];                        // (pc, kind) -> site, direct-mapped
     bool shared = op & 8;
     int kinds[2], n = 0;
-    if (op & 4) kinds[n++] = shared ? CLPROF_SHARED_ATOM : CLPROF_GLOBAL_ATOM;
+    if (op & 64) kinds[n++] = CLPROF_CONST_LD;   // CLEMU_CONST: a read of a __constant__ array
+    else if (op & 4) kinds[n++] = shared ? CLPROF_SHARED_ATOM : CLPROF_GLOBAL_ATOM;
     else {
         if (op & 1) kinds[n++] = shared ? CLPROF_SHARED_LD : CLPROF_GLOBAL_LD;
         if (op & 2) kinds[n++] = shared ? CLPROF_SHARED_ST : CLPROF_GLOBAL_ST;
@@ -219,7 +227,7 @@ extern "C" void clprof_hook(unsigned op, const void* addr, unsigned bytes, const
         clprof_access(thread, s.site, addr, (int)bytes, loop);
         const char *name = nullptr, *lo = nullptr;
         long long elem = 0, size = 0;
-        int b = traced.empty() ? -1 : traced_block(addr, &name, &lo, &elem, &size);
+        int b = traced.empty() || kinds[i] == CLPROF_CONST_LD ? -1 : traced_block(addr, &name, &lo, &elem, &size);
         if (b >= 0) trace_access(b, name, lo, elem, size, thread, kinds[i], s.site, addr, (int)bytes, loop, state()->epochs);
     }
 }

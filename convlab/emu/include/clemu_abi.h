@@ -41,14 +41,15 @@ extern thread_local clemu_thread* clemu_cur;
 //   op    CLEMU_RD / CLEMU_WR (both for x[i] += v) or CLEMU_ATOM, plus CLEMU_SHARED for shared memory;
 //         CLEMU_ANY where the space is not known (a local pointer: the runtime looks the address
 //         up), CLEMU_COUNT for an access only the profiler sees (half and vector elements, local
-//         pointers: the race detector checks the arithmetic elements of kernel pointers and arrays)
+//         pointers: the race detector checks the arithmetic elements of kernel pointers and arrays),
+//         CLEMU_CONST (with CLEMU_COUNT) for a read of a __constant__ array
 //   addr  the element's address; bytes its size
 //   name  the shared array's name (nullptr for global memory: the runtime finds the buffer argument)
 //   base  the start of that array or buffer, so index = (addr - base) / bytes
 // The source site is the hook's return address (the instruction in the kernel that accessed);
 // the thread and block are clemu_cur's. The race detector is one user; a profiler counting
 // requests, sectors and bank conflicts per warp and per site can be another.
-enum { CLEMU_RD = 1, CLEMU_WR = 2, CLEMU_ATOM = 4, CLEMU_SHARED = 8, CLEMU_ANY = 16, CLEMU_COUNT = 32 };
+enum { CLEMU_RD = 1, CLEMU_WR = 2, CLEMU_ATOM = 4, CLEMU_SHARED = 8, CLEMU_ANY = 16, CLEMU_COUNT = 32, CLEMU_CONST = 64 };
 enum { CLEMU_XCHG_REGS = 8 };
 
 extern "C" {

@@ -7,13 +7,15 @@
 
 enum clprof_kind {            // what an access site does
     CLPROF_GLOBAL_LD = 0, CLPROF_GLOBAL_ST = 1, CLPROF_SHARED_LD = 2, CLPROF_SHARED_ST = 3,
-    CLPROF_GLOBAL_ATOM = 4, CLPROF_SHARED_ATOM = 5,
+    CLPROF_GLOBAL_ATOM = 4, CLPROF_SHARED_ATOM = 5, CLPROF_CONST_LD = 6,
 };
 
 enum clprof_counter {         // per site and in total; convlab/profile.py names them after ncu's metrics
     CLPROF_GLD_REQ, CLPROF_GLD_SECT, CLPROF_GST_REQ, CLPROF_GST_SECT,
     CLPROF_SLD_REQ, CLPROF_SLD_WAVE, CLPROF_SLD_CONFL, CLPROF_SST_REQ, CLPROF_SST_WAVE, CLPROF_SST_CONFL,
-    CLPROF_GATOM_REQ, CLPROF_SATOM_REQ, CLPROF_BARRIER, CLPROF_N_COUNTERS,
+    CLPROF_GATOM_REQ, CLPROF_SATOM_REQ, CLPROF_BARRIER,
+    CLPROF_CLD_REQ, CLPROF_CLD_ADDR,   // __constant__ reads: requests, and the distinct addresses they read
+    CLPROF_N_COUNTERS,
 };
 
 // One access of a traced block (cl.trace), as clprof_trace_take hands it to Python.

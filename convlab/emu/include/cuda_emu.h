@@ -370,6 +370,29 @@ template <class A> static inline sview<A> shared_open(shared_store<A>& s, const 
 }
 }
 
+// ---- __constant__ arrays -------------------------------------------------------------------
+// `__constant__ T name[N];` at file scope (T arithmetic) becomes the array and a view of it
+// (convlab/_source.py rewrites the declaration in place):
+//     T name__clemu[N]; static const clemu::cview<T[N]> name{name__clemu};
+// so the profiler sees each read (CLEMU_CONST: how many distinct addresses a warp's request
+// reads, which the constant cache serves one after the other). Not checked, not raced: a kernel
+// only reads it. The view converts to a pointer where one is needed, as the array decays.
+namespace clemu {
+template <class A> struct cview;
+template <class E, size_t N> struct cview<E[N]> {
+    E* p;
+    operator E*() const { return p; }
+    template <class U> explicit operator U*() const { return (U*)p; }
+    template <class I, class = typename std::enable_if<is_index<I>::value>::type>
+    typename std::conditional<std::is_array<E>::value, cview<E>, elem<const E>>::type operator[](I i) const {
+        return sub((long long)i, std::is_array<E>());
+    }
+    cview<E> sub(long long k, std::true_type) const { return cview<E>{p[k]}; }
+    elem<const E> sub(long long k, std::false_type) const {
+        return at((const E*)(p + k), CLEMU_CONST | CLEMU_COUNT, "__constant__", (const void*)p); }
+};
+}
+
 // ---- dynamic shared memory -----------------------------------------------------------------
 static inline void* clemu_dyn_shared() { return clemu_cur->blk->dyn_shared; }
 namespace clemu {
