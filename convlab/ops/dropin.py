@@ -150,17 +150,17 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     'same'/'valid', unbatched (C, H, W) inputs, bias None or (M,)), results, gradients and errors.
     Where nothing needs a gradient (grad mode off, or no input that requires one) the forward runs
     without an autograd node, as torch's does."""
-    try:
+    plain = plain_arg(stride) and plain_arg(padding) and plain_arg(dilation) and plain_arg(groups)
+    key = None
+    try:     # 1.0 and True equal 1 and hash alike, but torch rejects them: only plain arguments key the cache
         key = (input.shape, weight.shape, input.dtype, weight.dtype, input.device, weight.device,
                None if bias is None else (bias.shape, bias.dtype, bias.device), stride, padding, dilation, groups)
-        reason = _decided[key]
-    except (AttributeError, KeyError, TypeError):   # not tensors, a first call, or unhashable arguments
+        reason = _decided[key] if plain else kernel_fallback_reason(input, weight, bias, stride, padding, dilation,
+                                                                     groups)
+    except (AttributeError, KeyError):              # not tensors, or a first call
         reason = kernel_fallback_reason(input, weight, bias, stride, padding, dilation, groups)
-        if isinstance(input, torch.Tensor) and all(map(plain_arg, (stride, padding, dilation, groups))):
-            try:
-                _decided[key] = reason
-            except (NameError, TypeError):
-                pass
+        if plain and key is not None:
+            _decided[key] = reason
     if reason is not None:
         # only what differs from the defaults, as keywords: torch's argument errors then read as
         # for F.conv2d(x, w[, b], name=value), the usual way to call it
@@ -175,7 +175,7 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     else:
         y = dispatch.forward(x, weight if weight.is_contiguous() else weight.contiguous(), stride=stride,
                              padding=padding, dilation=dilation, groups=groups,
-                             bias=None if bias is None or bias.is_contiguous() else bias.contiguous())
+                             bias=bias if bias is None or bias.is_contiguous() else bias.contiguous())
     return y if input.dim() == 4 else y.squeeze(0)
 
 
