@@ -5,7 +5,7 @@ kernels/09_general/tensor_core.cuh).
 - conv2d_mma(x, w, y=None, *, stride, padding, dilation, groups, bias, **tunables): half in, half
   out, float sums. x NCHW or channels_last; the result is channels_last (logical shape
   (B, M, Ho, Wo), as torch's). Any stride, padding and dilation (ints or pairs); groups: one GEMM
-  per group, the group on the grid's z (depthwise layers, groups == C > 1, are refused: one
+  per group, the group part of the block's index (depthwise layers, groups == C > 1, are refused: one
   channel a group would be padded to 8, and convlab.ops.depthwise has kernels of their own).
 - conv2d_mma_dx(dy, w, dx=None, *, stride, padding, input_size, dilation, groups, **tunables): the
   data gradient dE/dX in fp16 by the same kernel: the forward of dy with the flipped mask,
@@ -36,7 +36,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from .._limits import GRID_X_MAX, GRID_YZ_MAX, INT32_MAX, SHARED_DEFAULT_MAX
+from .._limits import GRID_X_MAX, INT32_MAX, SHARED_DEFAULT_MAX
 from ..workloads import Workload
 from . import Impl, ceil_div, new_output
 from ._kernels import Launch, remember
@@ -457,15 +457,15 @@ def _gemm(B, H, W, C8, G, M, Kh, Kw, Ho, Wo, stride, padding, dilation, t, place
     if splits * P * MY > INT32_MAX // 2:
         raise ValueError(f"SPLIT_K={splits}: a workspace of {splits * P * MY:,} floats, too many for int indices; "
                          "a smaller SPLIT_K or batch")
-    blocks = _blocks(P, M, t)
-    if blocks > GRID_X_MAX or G > GRID_YZ_MAX:
-        raise ValueError(f"{blocks:,} blocks a group, {G} groups: over gridDim.x's or z's limit; split the batch")
+    blocks = _blocks(P, M, t, G)
+    if blocks > GRID_X_MAX:
+        raise ValueError(f"{blocks:,} blocks: over gridDim.x's limit; split the batch")
     place = place or (0, Ho * Wo, Wo, 1)
     smem = shared_bytes(**t)
     tile = {k: t[k] for k in TILE}
     launch = Launch(MMA_FILE, "conv2d_mma", tile, (B, H, W, C8, G * C8, M, MY, Kh, Kw, Ho, Wo, *stride, *padding,
                                                    *dilation, *place),
-                    grid=(blocks, splits, G), block=(32 * t["WARPS_M"] * t["WARPS_N"],), shared=smem,
+                    grid=(blocks, splits), block=(32 * t["WARPS_M"] * t["WARPS_N"],), shared=smem,
                     max_shared=smem if smem > SHARED_DEFAULT_MAX else None)
     reduce = None if splits == 1 else Launch(MMA_FILE, "conv2d_mma_splitk_reduce", tile, (P, MY, splits, Ho, Wo, *place),
                                              grid=(ceil_div(P * MY, REDUCE_THREADS),), block=(REDUCE_THREADS,))

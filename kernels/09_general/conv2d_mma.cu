@@ -9,7 +9,7 @@
 // ("KRSC"), so a row of A (one pixel's receptive field, one tap at a time) and a row of B (one
 // map's weights) are both contiguous along K: 8 channels are one 16-byte cp.async. Needs C % 8 == 0
 // (the launcher pads fewer channels, e.g. an RGB stem, with zeros up to 8).
-// Groups: one GEMM per group, the group on gridDim.z. C and M are then a group's channels and maps;
+// Groups: one GEMM per group, the group a part of the block's index. C and M are then a group's channels and maps;
 // x's pixels hold CX = groups*C channels and y's MY = groups*M maps, and group g reads channels
 // g*C.. of x and rows g*M.. of the mask and writes maps g*M.. of y (C % 8 == 0 per group: the
 // launcher pads each group's channels).
@@ -49,14 +49,15 @@
 //    partial tile to ws (splits, P, M); conv2d_mma_splitk_reduce then adds the splits and the bias
 //    and rounds to half once, as the one-pass epilogue does.
 //  - Blocks: one 1-D grid, the BN-wide map tiles of one pixel tile adjacent, so the blocks running
-//    together share their input rows in L2 (the mask is small and stays in L2 anyway).
+//    together share their input rows in L2 (the mask is small and stays in L2 anyway); with groups,
+//    every group's map tiles of one pixel tile adjacent: together they read whole pixels of x.
 //
 // Layout: x (B, H, W, CX) half, CX = groups*C, C % 8 == 0, 16-byte aligned; w (groups*M, Kh, Kw, C)
 // half; bias (MY) half (read only when has_bias); y (B, Ho, Wo, MY) half, MY = groups*M, or dx's
 // pixels by y0, y_img, y_row, y_col. Stride, padding (negative too) and dilation: any;
 // Kh + Kw <= 31 (one 32-bit tap mask per pixel, bit 31 spare). ws (splits, P, MY) float, used only
 // when splits > 1.
-// Grid: (ceil(P/BM) * ceil(M/BN), splits, groups), block 32*WARPS_M*WARPS_N threads, dynamic shared memory
+// Grid: (ceil(P/BM) * groups * ceil(M/BN), splits), block 32*WARPS_M*WARPS_N threads, dynamic shared memory
 // max(STAGES*(BM+BN)*BK, BM*(BN+8)) * 2 bytes. Tunables: BM, BN, BK (16, 32 or 64), WARPS_M, WARPS_N, STAGES.
 
 #include <cuda_fp16.h>
@@ -128,14 +129,15 @@ conv2d_mma(const half* __restrict__ x, const half* __restrict__ w, const half* _
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int P = B * Ho * Wo, K = Kh * Kw * C;
-    // Group blockIdx.z: its C channels of x's CX, its M maps (and mask rows, biases) of y's MY.
-    x += blockIdx.z * C;
-    w += blockIdx.z * M * K;
-    bias += blockIdx.z * M;
-    y += blockIdx.z * M;
-    ws += blockIdx.z * M;
-    const int map_tiles = (M + BN - 1) / BN;
-    const int p0 = (blockIdx.x / map_tiles) * BM, m0 = (blockIdx.x % map_tiles) * BN;
+    const int map_tiles = (M + BN - 1) / BN, tiles = MY / M * map_tiles;   // a pixel tile's, every group's
+    const int g = (blockIdx.x % tiles) / map_tiles;
+    const int p0 = (blockIdx.x / tiles) * BM, m0 = (blockIdx.x % map_tiles) * BN;
+    // Group g: its C channels of x's CX, its M maps (and mask rows, biases) of y's MY.
+    x += g * C;
+    w += g * M * K;
+    bias += g * M;
+    y += g * M;
+    ws += g * M;
 
     // ---- the loader, set up once: this thread's chunk column, pixel rows and map rows ----
     const int cc = tid % CHUNKS, row0 = tid / CHUNKS;
