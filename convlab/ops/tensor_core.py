@@ -42,6 +42,7 @@ from . import Impl, ceil_div, new_output
 from ._kernels import Launch, remember
 
 MMA_FILE = "kernels/09_general/conv2d_mma.cu"
+DW_FILE = "kernels/09_general/conv2d_mma_dw.cu"
 TILE = ("BM", "BN", "BK", "WARPS_M", "WARPS_N", "STAGES")      # compile-time (#defines)
 TUNABLES = TILE + ("SPLIT_K",)                                # SPLIT_K: gridDim.y, at run time
 MAX_SPLIT_K = 8
@@ -108,8 +109,16 @@ PREFERENCE_NARROW_32 = ("128x32x32 s4 (2x1 warps)", "64x32x32 s4 (2x1 warps)")
 BLOCKS_PER_SM = 1
 SMS = 132                            # H100/H200 SXM; mma_config(shape, sms=...) for another GPU
 
+#: dW: its GEMM per group is small (maps x Kh*Kw*C) and its reduction long (B*Ho*Wo pixels), so it
+#: is split over the pixels into enough blocks for DW_BLOCKS_PER_SM a SM, each share at least
+#: MIN_DW_STEPS BK steps, at most MAX_DW_SPLIT shares (gridDim.y; the workspace grows with them).
+DW_BLOCKS_PER_SM = 2
+MIN_DW_STEPS = 8
+MAX_DW_SPLIT = 256
+
 _plans: dict = {}
 _dx_plans: dict = {}
+_dw_plans: dict = {}
 
 
 class _Gemm(NamedTuple):
@@ -278,6 +287,42 @@ def mma_dx_config(shape: Workload, sms: int = SMS) -> dict:
     return _config(*_dx_gemm(shape), sms)
 
 
+def check_dw_tunables(BM: int, BN: int, BK: int, WARPS_M: int, WARPS_N: int, STAGES: int, SPLIT_K: int = 1) -> None:
+    """conv2d_mma_dw.cu's static_asserts, its shared memory and SPLIT_K's range, as a ValueError."""
+    if not 1 <= SPLIT_K <= MAX_DW_SPLIT:
+        raise ValueError(f"SPLIT_K={SPLIT_K}: 1 (no split) to {MAX_DW_SPLIT}")
+    ok = (BM in (16, 32, 64, 128) and BN in (16, 32, 64, 128) and BK in (16, 32, 64) and STAGES >= 2
+          and WARPS_M >= 1 and WARPS_N >= 1 and 32 * WARPS_M * WARPS_N <= 1024
+          and BM % WARPS_M == 0 and BN % WARPS_N == 0 and (BM // WARPS_M) % 16 == 0 and (BN // WARPS_N) % 16 == 0)
+    if not ok:
+        raise ValueError(f"dW tile BM={BM} BN={BN} BK={BK} with {WARPS_M}x{WARPS_N} warps, {STAGES} stages does not "
+                         "split: BM and BN 16, 32, 64 or 128, BK 16, 32 or 64, warp tiles multiples of 16, STAGES >= 2")
+    smem = STAGES * BK * (BM + BN) * 2
+    if smem > SHARED_OPTIN_MAX:
+        raise ValueError(f"dW tile needs {smem:,} bytes of shared memory, over the {SHARED_OPTIN_MAX:,} a block may "
+                         "opt in to: fewer stages or a smaller tile")
+
+
+def _dw_gemm(shape: Workload) -> tuple:
+    """dW's GEMM per group: (maps padded to 8, columns Kh*Kw*C/groups padded to 8, pixels, groups)."""
+    G = shape.groups
+    return (ceil_div(shape.M // G, 8) * 8, shape.K * shape.Kw * ceil_div(shape.C // G, 8) * 8,
+            shape.B * shape.Ho * shape.Wo, G)
+
+
+def mma_dw_config(shape: Workload, sms: int = SMS) -> dict:
+    """The tunables conv2d_mma_dw uses for a layer (its forward Workload) when none are passed: maps
+    a tile as few as the group has (16, 32, else 64), 64 columns, BK=32 pixels in 4 stages; split
+    over the pixels (DW_BLOCKS_PER_SM). By design, not yet timed."""
+    M8, N, P, G = _dw_gemm(shape)
+    BM = 16 if M8 <= 16 else 32 if M8 <= 32 else 64
+    t = dict(BM=BM, BN=64, BK=32, WARPS_M=max(1, BM // 32), WARPS_N=2, STAGES=4)
+    tiles = ceil_div(M8, BM) * ceil_div(N, t["BN"]) * G
+    want = ceil_div(DW_BLOCKS_PER_SM * sms, tiles)
+    t["SPLIT_K"] = max(1, min(want, ceil_div(P, t["BK"]) // MIN_DW_STEPS, MAX_DW_SPLIT))
+    return t
+
+
 def _nhwc(x: torch.Tensor, C8: int, groups: int = 1) -> torch.Tensor:
     """x (B, C, H, W) as an NHWC tensor of groups*C8 channels, each group's C/groups padded with zero
     channels to C8: a view when x is channels_last already (and needs no padding), else one copy."""
@@ -395,6 +440,73 @@ def conv2d_mma_dx(dy, w, dx=None, *, stride=1, padding=0, input_size=None, dilat
     for rh, rw in plan.zero:
         dxn[:, rh::plan.stride[0], rw::plan.stride[1]] = 0
     return dx
+
+
+def conv2d_mma_dw(x, dy, dw=None, *, stride=1, padding=0, kernel_size, dilation=1, groups=1, **tunables):
+    """dw = dE/dW of conv2d(x, w, stride, padding, dilation, groups) in fp16 on tensor cores: per
+    group, dy^T (maps x pixels) times x's windows (pixels x Kh*Kw*C/groups), fp32 sums split over
+    the pixels (kernels/09_general/conv2d_mma_dw.cu), the splits added in order and rounded once.
+
+    x (B, C, H, W) and dy (B, M, Ho, Wo), float16, NCHW or channels_last (NCHW ones converted inside
+    the call, in its time); kernel_size: K or (Kh, Kw). A group's channels or maps not a multiple
+    of 8: padded with zeros per group (one copy). Returns dw of logical shape (M, C/groups, Kh, Kw)
+    in channels_last memory format (a given dw must be that). Tunables (TUNABLES; SPLIT_K 1 to
+    MAX_DW_SPLIT) left out come from mma_dw_config; SPLIT_K left out with a tile given: 1."""
+    _check_halves(x=x, dy=dy)
+    if x.dim() != 4 or dy.dim() != 4 or int(dy.shape[0]) != int(x.shape[0]):
+        raise ValueError(f"expected x (B, C, H, W) and dy (B, M, Ho, Wo), got {tuple(x.shape)} and {tuple(dy.shape)}")
+    C, M = int(x.shape[1]), int(dy.shape[1])
+    if not isinstance(groups, int) or groups < 1 or C % groups or M % groups:
+        raise ValueError(f"groups={groups!r} must divide C={C} and M={M}")
+    if groups == C > 1:
+        raise ValueError(f"groups={groups} == C: a depthwise layer; use convlab.ops.depthwise")
+    _check_tunables(tunables, "conv2d_mma_dw")
+    (Kh, Kw), (sh, sw) = _pair(kernel_size, "kernel_size"), _pair(stride, "stride")
+    (ph, pw), (dh, dw_) = _pair(padding, "padding"), _pair(dilation, "dilation")
+    key = (tuple(x.shape), tuple(dy.shape), Kh, Kw, sh, sw, ph, pw, dh, dw_, groups,
+           tuple(tunables.get(k) for k in TUNABLES))
+    plan = remember(_dw_plans, key, lambda: _dw_plan(x.shape, dy.shape, (Kh, Kw), (sh, sw), (ph, pw), (dh, dw_),
+                                                     groups, tunables))
+    launch, reduce, ws_shape, Cg8, Mg8 = plan
+    dw = _channels_last_out(dw, (M, C // groups, Kh, Kw), x, "dw")
+    ws = new_output(ws_shape, x, torch.float32)
+    launch(_nhwc(x, Cg8, groups), _nhwc(dy, Mg8, groups), ws)
+    reduce(ws, dw.permute(0, 2, 3, 1))
+    return dw
+
+
+def _dw_plan(x_shape, dy_shape, K, stride, padding, dilation, groups, tunables) -> tuple:
+    B, C, H, W = (int(s) for s in x_shape)
+    _, M, Ho, Wo = (int(s) for s in dy_shape)
+    (Kh, Kw), (sh, sw), (ph, pw), (dh, dw) = K, stride, padding, dilation
+    if min(sh, sw, dh, dw, Kh, Kw) < 1 or min(ph, pw) < 0:
+        raise ValueError(f"kernel_size {K}, stride {stride}, dilation {dilation} must be >= 1 and padding {padding} >= 0")
+    shape = Workload("", B=B, C=C, M=M, H=H, W=W, K=(Kh, Kw), stride=stride, padding=padding, dilation=dilation,
+                     groups=groups)
+    if (shape.Ho, shape.Wo) != (Ho, Wo):
+        raise ValueError(f"dy {tuple(dy_shape)}: x {tuple(x_shape)} with a {Kh}x{Kw} mask, stride {stride}, padding "
+                         f"{padding}, dilation {dilation} gives {shape.Ho}x{shape.Wo} outputs")
+    _check_mask(Kh, Kw)
+    Cg, Mg = C // groups, M // groups
+    Cg8, Mg8 = ceil_div(Cg, 8) * 8, ceil_div(Mg, 8) * 8
+    N = Kh * Kw * Cg8
+    cfg = mma_dw_config(shape)
+    t = {k: int(tunables[k]) if tunables.get(k) is not None else cfg[k] for k in TUNABLES}
+    if tunables.get("SPLIT_K") is None and any(tunables.get(k) is not None for k in TILE):
+        t["SPLIT_K"] = 1
+    check_dw_tunables(**t)
+    splits = t["SPLIT_K"]
+    _check_sizes(x=B * H * W * groups * Cg8, dy=B * Ho * Wo * groups * Mg8, ws=splits * M * N)
+    tile = {k: t[k] for k in TILE}
+    smem = t["STAGES"] * t["BK"] * (t["BM"] + t["BN"]) * 2
+    blocks = groups * ceil_div(Mg8, t["BM"]) * ceil_div(N, t["BN"])
+    launch = Launch(DW_FILE, "conv2d_mma_dw", tile, (B, H, W, Cg8, groups * Cg8, Mg8, groups * Mg8, Mg, Kh, Kw, Ho, Wo,
+                                                     sh, sw, ph, pw, dh, dw),
+                    grid=(blocks, splits), block=(32 * t["WARPS_M"] * t["WARPS_N"],), shared=smem,
+                    max_shared=smem if smem > SHARED_DEFAULT_MAX else None)
+    reduce = Launch(DW_FILE, "conv2d_mma_dw_reduce", tile, (M, Kh * Kw, Cg, Cg8, splits),
+                    grid=(ceil_div(M * Kh * Kw * Cg, REDUCE_THREADS),), block=(REDUCE_THREADS,))
+    return launch, reduce, (splits, M, N), Cg8, Mg8
 
 
 def _dx_mask(flipped: torch.Tensor, groups: int, rows: tuple, cols: tuple, Mg8: int) -> torch.Tensor:
@@ -548,5 +660,8 @@ MMA = Impl("mma.sync implicit GEMM (NHWC)", conv2d_mma, op="conv2d_fp16", applie
 #: dE/dX of the same layers by the same kernel (stride phases for a strided layer).
 MMA_DX = Impl("mma.sync implicit GEMM dX (NHWC)", conv2d_mma_dx, op="conv2d_dx_fp16", applies=_takes,
               config=mma_dx_config, any_layer=True)
+#: dE/dW of the same layers (fp32 sums split over the pixels).
+MMA_DW = Impl("mma.sync implicit GEMM dW (NHWC)", conv2d_mma_dw, op="conv2d_dw_fp16", applies=_takes,
+              config=mma_dw_config, any_layer=True)
 #: The chapter's tensor-core implementations, by the names the figures use.
-IMPLEMENTATIONS: tuple[Impl, ...] = (MMA, MMA_DX)
+IMPLEMENTATIONS: tuple[Impl, ...] = (MMA, MMA_DX, MMA_DW)
