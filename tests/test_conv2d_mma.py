@@ -181,8 +181,8 @@ GROUPED = [
 
 def _gids(case):
     B, C, H, W, M, g, Kh, Kw, s, p, d, t = case
-    return (f"B{B}C{C}M{M}g{g}-{H}x{W}-k{Kh}x{Kw}-s{s}-p{p}-d{d}-{t['BM']}x{t['BN']}x{t['BK']}"
-            f"-split{t.get('SPLIT_K', 1)}").replace(" ", "")
+    tile = f"{t['BM']}x{t['BN']}x{t['BK']}-split{t.get('SPLIT_K', 1)}" if t else "default"
+    return f"B{B}C{C}M{M}g{g}-{H}x{W}-k{Kh}x{Kw}-s{s}-p{p}-d{d}-{tile}".replace(" ", "")
 
 
 def _layer(case, channels_last=False):
@@ -294,3 +294,60 @@ def test_group_and_dx_errors():
         tc.conv2d_mma_dx(dy, w, stride=2, padding=1, input_size=(8, 5))
     with pytest.raises(ValueError, match="channels_last"):
         tc.conv2d_mma_dx(dy, w, torch.empty(1, 16, 5, 5, dtype=torch.float16, device=dy.device), padding=0)
+
+
+# ---- dW: per group dy^T times x's windows, split over the pixels --------------------------------
+
+# dW on the grouped shapes (their tiles read as dW tiles: maps x columns x pixels), and: stride 2 with
+# dilation and 5 splits of 2 steps (3 shares empty: they store zeros); a 128x128x64 tile over 136
+# maps (a map tile's tail) with K's columns a tail too; a 1x1 stride-2 layer; mma_dw_config's tile
+DW = [dict(case=c) for c in GROUPED] + [
+    dict(case=(1, 32, 8, 9, 24, 2, 3, 3, 2, 1, 2, dict(BM=16, BN=32, BK=32, WARPS_M=1, WARPS_N=1, STAGES=4, SPLIT_K=5))),
+    dict(case=(1, 16, 6, 6, 136, 1, 3, 3, 1, 1, 1, dict(BM=128, BN=128, BK=64, WARPS_M=2, WARPS_N=2, STAGES=2,
+                                                         SPLIT_K=2))),
+    dict(case=(2, 16, 7, 6, 24, 1, 1, 1, 2, 0, 1, dict(SMALL, BK=16))),
+    dict(case=(2, 24, 9, 7, 16, 1, 3, 5, (2, 1), (1, 2), 1, {})),
+]
+
+
+def _dw_reference(x, dy, w_shape, **kw):
+    w = torch.zeros(w_shape, dtype=torch.float64, requires_grad=True)
+    F.conv2d(x.double().cpu(), w, **kw).backward(dy.double().cpu())
+    return w.grad
+
+
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
+@pytest.mark.parametrize("dw_case", DW, ids=lambda c: _gids(c["case"]))
+def test_dw(dw_case, channels_last):
+    """dE/dW against torch's autograd in fp64, x and dy NCHW or channels_last; the workspace and dw
+    start NaN. The bound: float sums of B*Ho*Wo products of rounded halves."""
+    B, C, H, W, M, g, Kh, Kw, s, p, d, t = dw_case["case"]
+    x, w, kw = _layer(dw_case["case"], channels_last)
+    Ho, Wo = F.conv2d(x.double().cpu(), w.double().cpu(), **kw).shape[2:]
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    dy = cl.randn(B, M, Ho, Wo).half().contiguous(memory_format=fmt)
+    dw = tc.conv2d_mma_dw(x, dy, kernel_size=(Kh, Kw), **kw, **t)
+    assert dw.shape == w.shape and dw.is_contiguous(memory_format=torch.channels_last)
+    check_fp16(dw, _dw_reference(x, dy, tuple(w.shape), **kw), C=B * Ho * Wo, K=1, accumulate="float",
+               rounded_inputs=True)
+
+
+def test_dw_given_output_config_and_errors():
+    """A given dw (NaN first) is written whole; mma_dw_config narrows the map tile to a group's maps
+    and splits a long reduction; bad tiles and shapes say what to change."""
+    x = cl.randn(2, 16, 6, 6).half()
+    dy = cl.randn(2, 16, 3, 3).half()
+    kw = dict(stride=2, padding=1, groups=2)
+    dw = torch.full((16, 8, 3, 3), float("nan"), dtype=torch.float16, device=x.device)
+    dw = dw.to(memory_format=torch.channels_last)
+    assert tc.conv2d_mma_dw(x, dy, dw, kernel_size=3, **kw) is dw
+    check_fp16(dw, _dw_reference(x, dy, (16, 8, 3, 3), **kw), C=18, K=1, accumulate="float", rounded_inputs=True)
+    g32 = workloads.get("resnext_g32_28")
+    assert tc.mma_dw_config(g32)["BM"] == 16 and tc.MMA_DW.takes(g32)
+    assert tc.mma_dw_config(workloads.get("resnet_3x3_56"))["SPLIT_K"] > 1      # 9 tiles of 64x64, 25,088 pixels
+    with pytest.raises(ValueError, match="gives"):
+        tc.conv2d_mma_dw(x, dy, kernel_size=3, padding=1)                        # stride 1 gives 6x6, not 3x3
+    with pytest.raises(ValueError, match="BM and BN"):
+        tc.conv2d_mma_dw(x, dy, kernel_size=3, BM=48, **kw)
+    with pytest.raises(ValueError, match="SPLIT_K"):
+        tc.conv2d_mma_dw(x, dy, kernel_size=3, SPLIT_K=tc.MAX_DW_SPLIT + 1, **kw)
