@@ -5,6 +5,9 @@ Shapes are small (the emulator runs every lane's mma.sync on the CPU) but awkwar
 and map counts that are not multiples of the tile, channels 3 (padded to 8), 8, 16, 24 (one BK=32
 step spans several taps), odd and even masks, 3x5, stride, padding, dilation, B=1, non-square,
 several blocks along both axes, and every tile shape and pipeline depth mma_config can choose.
+Grouped layers (2, 4 and 32 groups; 8, 16 and 12 channels a group, 12 padded to 16; maps a group
+not a multiple of the tile), and their data and weight gradients (conv2d_mma_dx, conv2d_mma_dw)
+against torch's autograd in float64: stride phases, dilation, 1x7 masks, split-K, both layouts.
 Outputs start as NaN (the launchers poison them on the emulator), so one never written fails.
 Tolerance: chapter 6's fp16_tolerance for float sums of rounded inputs (the output's rounding).
 """
