@@ -7,6 +7,8 @@ timed, against torch at its best, through the book's harness (convlab.measure).
     python benchmarks/tensor_core_layers.py --layers resnet_3x3_28,resnet_stem_7x7_s2 --configs default
     python benchmarks/tensor_core_layers.py --batch 64 --out /tmp/tc_b64   # another batch, another folder
     python benchmarks/tensor_core_layers.py --splits 2,3,4,8                  # more split-K depths
+    python benchmarks/tensor_core_layers.py --layers resnext_g32_56,resnext_g32_28 --out /tmp/tc_grouped
+                                                                    # the grouped layers (ResNeXt), on request
     CONVLAB_BACKEND=emu python benchmarks/tensor_core_layers.py     # emulator: small twins, checks only
 
 Per layer, ours (tensor_core.MMA) swept (measure.sweep) over mma_config's choice and each tile of
@@ -44,6 +46,8 @@ from convlab.ops import ceil_div  # noqa: E402
 from convlab.ops import tensor_core as tc  # noqa: E402
 
 DEFAULT = "default"     # the --configs name of mma_config's choice
+#: chapter 9's grouped layers (ResNeXt): timed only when --layers names them
+GROUPED = [w for w in workloads.LAYERS if w.family == "grouped"]
 DTYPE = "fp16"
 
 
@@ -60,11 +64,11 @@ def tile_name(t: dict) -> str:
 def configs(wl, names: list[str], splits: list[int]) -> list[dict]:
     """mma_config's choice, then each named candidate tile (SPLIT_K=1), then each of those split along
     K into each of `splits` where its grid is under two waves and every split gets a BK step."""
-    P, K = wl.B * wl.Ho * wl.Wo, wl.K * wl.Kw * ceil_div(wl.C, 8) * 8
+    P, M, K, _, G = tc.gemm_shape(wl)                 # a group's GEMM (one group: the layer's)
     tiles = [dict(tc.CANDIDATES[n], SPLIT_K=1) for n in names if n != DEFAULT]
     out = [tc.mma_config(wl)] + tiles
     for t in tiles:
-        if ceil_div(P, t["BM"]) * ceil_div(wl.M, t["BN"]) < 2 * tc.SMS:
+        if ceil_div(P, t["BM"]) * ceil_div(M, t["BN"]) * G < 2 * tc.SMS:
             out += [dict(t, SPLIT_K=k) for k in splits if k <= ceil_div(K, t["BK"])]
     return [dict(c) for c in dict.fromkeys(tuple(sorted(c.items())) for c in out)]
 
@@ -147,7 +151,8 @@ def sass_lines(tiles: dict) -> list[str]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     known = [w.name for w in workloads.GEMM_LAYERS]
-    ap.add_argument("--layers", default="", help=f"comma-separated (default all: {', '.join(known)})")
+    ap.add_argument("--layers", default="", help=f"comma-separated (default all: {', '.join(known)}); also, on "
+                    f"request, the grouped layers {', '.join(w.name for w in GROUPED)}")
     ap.add_argument("--configs", default="all", help=f"'all' (mma_config's choice and every candidate), "
                     f"'{DEFAULT}', or comma-separated names of tensor_core.CANDIDATES")
     ap.add_argument("--splits", default="2,4", help="SPLIT_K depths to time for tiles with under two waves "
@@ -159,8 +164,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     gpu = cl.backend() == "cuda"
     names = [n for n in args.layers.split(",") if n]
-    if set(names) - set(known):
-        ap.error(f"unknown layers {sorted(set(names) - set(known))}; known: {', '.join(known)}")
+    if set(names) - set(known) - {w.name for w in GROUPED}:
+        ap.error(f"unknown layers {sorted(set(names) - set(known) - {w.name for w in GROUPED})}; known: "
+                 f"{', '.join(known + [w.name for w in GROUPED])}")
     splits = [int(k) for k in args.splits.split(",") if k]
     tiles = [DEFAULT, *tc.CANDIDATES] if args.configs == "all" else [c for c in args.configs.split(",") if c]
     if set(tiles) - {DEFAULT, *tc.CANDIDATES}:
@@ -168,7 +174,7 @@ def main(argv=None) -> int:
                  + ", ".join(tc.CANDIDATES))
     if not gpu and args.configs == "all":
         tiles = [DEFAULT, "64x64x32 s4 (2x2 warps)"]           # the emulator: a few compiles
-    layers = [w for w in workloads.GEMM_LAYERS if not names or w.name in names]
+    layers = [w for w in [*workloads.GEMM_LAYERS, *GROUPED] if w.name in names] if names else workloads.GEMM_LAYERS
     if args.batch:
         layers = [replace(w.with_batch(args.batch), name=f"{w.name}_b{args.batch}") for w in layers]
     shapes = {s.name: s for s in (w if gpu else w.small() for w in layers)}   # as measured

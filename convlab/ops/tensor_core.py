@@ -5,22 +5,29 @@ kernels/09_general/tensor_core.cuh).
 - conv2d_mma(x, w, y=None, *, stride, padding, dilation, groups, bias, **tunables): half in, half
   out, float sums. x NCHW or channels_last; the result is channels_last (logical shape
   (B, M, Ho, Wo), as torch's). Any stride, padding and dilation (ints or pairs); groups: one GEMM
-  per group, the group part of the block's index (depthwise layers, groups == C > 1, are refused: one
-  channel a group would be padded to 8, and convlab.ops.depthwise has kernels of their own).
+  per group, the group part of the block's index (depthwise layers, groups == C > 1, are refused:
+  one channel a group would be padded to 8, and convlab.ops.depthwise has kernels of their own).
 - conv2d_mma_dx(dy, w, dx=None, *, stride, padding, input_size, dilation, groups, **tunables): the
   data gradient dE/dX in fp16 by the same kernel: the forward of dy with the flipped mask,
   transposed per group (C/groups maps of M/groups channels). Stride 1: one convolution, padding
   dilation*(K-1) - padding. A strided layer: one such convolution per stride phase (dx's pixels
   (ih, iw) of one residue mod the stride, dx_phases), each with the taps that reach that phase
   and writing every stride-th pixel of dx; a phase no tap reaches is zero.
+- conv2d_mma_dw(x, dy, dw=None, *, stride, padding, kernel_size, dilation, groups, **tunables): the
+  weight gradient dE/dW in fp16 (kernels/09_general/conv2d_mma_dw.cu): per group dy^T times x's
+  windows, fp32 sums split over the pixels, added in order and rounded once; dw channels_last.
 - mma_config(shape): the tile a layer gets (tunables BM, BN, BK, WARPS_M, WARPS_N, STAGES) and its
   SPLIT_K (K split over that many blocks when the output tiles alone would leave SMs idle), from
   preference(shape) (the PREFERENCE tuples); the one place to change the choice. mma_dx_config:
-  the same for a layer's dX. CANDIDATES: the tiles benchmarks/tensor_core_layers.py times.
-- MMA.applies, MMA_DX.applies: a 2D layer, not depthwise, Kh + Kw <= 31, on sm_80 or newer
-  (runs_here; the emulator runs it too).
-- check_mma_tunables(...): the kernel's static_asserts and its shared memory, as a Python error.
-- MMA: the Impl record, "mma.sync implicit GEMM (NHWC)"; MMA_DX, op "conv2d_dx_fp16".
+  the same for a layer's dX; mma_dw_config: dW's tile and split. CANDIDATES: the tiles
+  benchmarks/tensor_core_layers.py times.
+- MMA.applies (and MMA_DX's, MMA_DW's): a 2D layer, not depthwise, Kh + Kw <= 31, on sm_80 or
+  newer (runs_here; the emulator runs it too).
+- gemm_shape(shape): a layer's GEMM per group, (P, M/groups, K, C/groups, groups).
+- check_mma_tunables(...), check_dw_tunables(...): the kernels' static_asserts and shared memory,
+  as a Python error.
+- MMA: the Impl record, "mma.sync implicit GEMM (NHWC)"; MMA_DX, op "conv2d_dx_fp16"; MMA_DW, op
+  "conv2d_dw_fp16".
 
 A group's channels not a multiple of 8 (an RGB stem, ResNeXt's 4 channels a group; for dX, the
 maps a group): the input and the mask are padded with zero channels up to a multiple of 8, per
@@ -202,8 +209,9 @@ def split_k(P: int, M: int, K: int, t: dict, sms: int = SMS, groups: int = 1) ->
     return max(1, min(want, MAX_SPLIT_K, steps // MIN_STEPS_PER_SPLIT))
 
 
-def _gemm_of(shape: Workload) -> tuple:
-    """A layer's GEMM per group: (P, maps, K with the channels padded to 8, channels, groups)."""
+def gemm_shape(shape: Workload) -> tuple:
+    """A layer's GEMM per group: (P pixels, maps, K with the channels padded to 8, channels, groups)
+    (one group: the layer's own GEMM)."""
     G = shape.groups
     Cg = shape.C // G
     return shape.B * shape.Ho * shape.Wo, shape.M // G, shape.K * shape.Kw * ceil_div(Cg, 8) * 8, Cg, G
@@ -226,7 +234,7 @@ def _preference(P: int, M: int, K: int, C: int, G: int, sms: int) -> tuple:
 def preference(shape: Workload, sms: int = SMS) -> tuple:
     """The tiles mma_config tries for a layer, best first (the PREFERENCE tuples: which kind of
     layer gets which, and the reason), by its GEMM per group."""
-    return _preference(*_gemm_of(shape), sms)
+    return _preference(*gemm_shape(shape), sms)
 
 
 def _config(P: int, M: int, K: int, C: int, G: int, sms: int) -> dict:
@@ -243,7 +251,7 @@ def mma_config(shape: Workload, sms: int = SMS) -> dict:
     first tile whose grid (every group's tiles), split along K if need be (split_k), fills
     SPLIT_BELOW of the SMs' slots; else the one with the most blocks (7x7 maps: few pixels, where
     even a 128x64 tile leaves SMs idle without a split)."""
-    return _config(*_gemm_of(shape), sms)
+    return _config(*gemm_shape(shape), sms)
 
 
 def _axis_phases(n: int, K: int, s: int, p: int, d: int) -> list:
