@@ -17,9 +17,9 @@
 //    16-byte chunks XOR-swizzled by the row (swz), as in conv2d_mma.cu, for conflict-free ldmatrix.
 //  - STAGES-deep cp.async pipeline as in conv2d_mma.cu. A copy of dy is one pixel's 8 maps: its
 //    address is linear in the pixel. A copy of x is one pixel's 8 channels at one tap: the thread's
-//    tap (r, s) and channel are fixed for the whole loop (worked out once); the pixel's (n, oh, ow)
-//    costs two divisions a copy a step. Taps in the padding, pixels past P and columns past N are
-//    zero-filled (src-size 0).
+//    tap (r, s) and channel are fixed for the whole loop (worked out once), and its pixel's
+//    (n, oh, ow) moves on by BK pixels a step with carries, no division. Taps in the padding,
+//    pixels past P and columns past N are zero-filled (src-size 0).
 //  - Split-K over the pixels (gridDim.y = splits): a block sums its share of the BK steps and
 //    stores its fp32 partial tile to ws (splits, G*M, N); conv2d_mma_dw_reduce adds the splits in
 //    order (deterministic), drops the padding channels and rounds to half once. The reduction is
@@ -112,7 +112,19 @@ conv2d_mma_dw(const half* __restrict__ x, const half* __restrict__ dy, float* __
     const int steps_all = (P + BK - 1) / BK, per_split = (steps_all + gridDim.y - 1) / gridDim.y;
     const int kt0 = blockIdx.y * per_split, steps = max(0, min(steps_all - kt0, per_split));
 
-    auto load_tile = [&](int stage, int kt) {
+    // Each x copy's pixel (n, oh, ow) in the next tile to load: divided out once here, then moved on
+    // by BK pixels a load (tiles load in order), ow carrying into oh and oh into n.
+    int b_n[B_ITERS], b_oh[B_ITERS], b_ow[B_ITERS];
+#pragma unroll
+    for (int i = 0; i < B_ITERS; i++) {
+        const int p = kt0 * BK + (tid + i * THREADS) / B_CHUNKS, q = p % (Ho * Wo);
+        b_n[i] = p / (Ho * Wo);
+        b_oh[i] = q / Wo;
+        b_ow[i] = q % Wo;
+    }
+    const int d_oh = BK / Wo, d_ow = BK % Wo;
+
+    auto load_tile = [&](int stage, int kt) {     // kt: kt0, kt0 + 1, ... in order
         half* as = smem + stage * STAGE;
         half* bs = as + BK * BM;
 #pragma unroll
@@ -127,11 +139,13 @@ conv2d_mma_dw(const half* __restrict__ x, const half* __restrict__ dy, float* __
         for (int i = 0; i < B_ITERS; i++) {
             const int v = tid + i * THREADS, row = v / B_CHUNKS, ch = v % B_CHUNKS;
             if (v >= B_COPIES) break;
-            const int p = kt * BK + row;
-            const int n = p / (Ho * Wo), q = p % (Ho * Wo);
-            const int ih = (q / Wo) * sh - ph + b_r[i] * dh, iw = (q % Wo) * sw - pw + b_s[i] * dw;
-            const bool ok = b_r[i] >= 0 && p < P && ih >= 0 && ih < H && iw >= 0 && iw < W;
+            const int n = b_n[i], ih = b_oh[i] * sh - ph + b_r[i] * dh, iw = b_ow[i] * sw - pw + b_s[i] * dw;
+            const bool ok = b_r[i] >= 0 && n < B && ih >= 0 && ih < H && iw >= 0 && iw < W;   // n < B: p < P
             cp_async_16(bs + row * BN + swz<B_CHUNKS>(row, ch) * 8, ok ? x + ((n * H + ih) * W + iw) * CX + b_c[i] : x, ok);
+            b_ow[i] += d_ow;
+            b_oh[i] += d_oh;
+            if (b_ow[i] >= Wo) { b_ow[i] -= Wo; b_oh[i]++; }
+            while (b_oh[i] >= Ho) { b_oh[i] -= Ho; b_n[i]++; }   // more than once only for maps under BK pixels
         }
     };
 
