@@ -269,7 +269,9 @@ def test_groups_config_and_applies():
     assert tc.mma_dx_config(g32)["BN"] == 16
     assert tc.MMA.takes(g32) and tc.MMA_DX.takes(g32)
     dw_layer = workloads.Workload("dw", B=1, C=8, M=8, H=5, W=5, K=3, padding=1, groups=8)
-    assert not tc.MMA.takes(dw_layer) and not tc.MMA_DX.takes(dw_layer)
+    huge = workloads.Workload("huge", B=4096, C=256, M=256, H=56, W=56, K=3, padding=1, groups=2)   # x: 3.3e9 halves
+    for impl in (tc.MMA, tc.MMA_DX, tc.MMA_DW):
+        assert impl.takes(workloads.get("resnet_3x3_56")) and not impl.takes(dw_layer) and not impl.takes(huge)
     x = cl.randn(1, 32, 5, 6).half()
     w = cl.randn(32, 8, 3, 3).half()
     _check(tc.conv2d_mma(x, w, padding=1, groups=4), _reference(x, w, None, padding=1, groups=4), 8, 3, 3)

@@ -504,7 +504,7 @@ def _dw_plan(x_shape, dy_shape, K, stride, padding, dilation, groups, tunables) 
         t["SPLIT_K"] = 1
     check_dw_tunables(**t)
     splits = t["SPLIT_K"]
-    _check_sizes(x=B * H * W * groups * Cg8, dy=B * Ho * Wo * groups * Mg8, ws=splits * M * N)
+    _check_sizes(**_numels(shape, "dw"), ws=splits * M * N)
     tile = {k: t[k] for k in TILE}
     smem = t["STAGES"] * t["BK"] * (t["BM"] + t["BN"]) * 2
     blocks = groups * ceil_div(Mg8, t["BM"]) * ceil_div(N, t["BN"])
@@ -563,6 +563,19 @@ def _check_mask(Kh: int, Kw: int) -> None:
                          "(convlab.ops.general, fp16 or fp32)")
 
 
+def _numels(shape: Workload, op: str) -> dict:
+    """The element counts the kernels of op ("forward", "dx" or "dw") index with int: its tensors as
+    the kernel reads them (channels padded per group)."""
+    G, KK = shape.groups, shape.K * shape.Kw
+    Cg8, Mg8 = ceil_div(shape.C // G, 8) * 8, ceil_div(shape.M // G, 8) * 8
+    pix_in, pix_out = shape.B * shape.H * shape.W, shape.B * shape.Ho * shape.Wo
+    if op == "forward":
+        return dict(x=pix_in * G * Cg8, y=pix_out * shape.M, w=shape.M * KK * Cg8)
+    if op == "dx":
+        return dict(dy=pix_out * G * Mg8, dx=pix_in * shape.C, w=shape.C * KK * Mg8)
+    return dict(x=pix_in * G * Cg8, dy=pix_out * G * Mg8)
+
+
 def _check_sizes(**numels) -> None:
     for name, n in numels.items():
         if n > INT32_MAX // 2:
@@ -605,9 +618,9 @@ def _plan(x_shape, w_shape, stride, padding, dilation, groups, tunables) -> _Pla
                          f"dilation {dilation}")
     _check_mask(Kh, Kw)
     Cg8 = ceil_div(Cg, 8) * 8
-    _check_sizes(x=B * H * W * groups * Cg8, y=B * Ho * Wo * M, w=M * Kh * Kw * Cg8)
     shape = Workload("", B=B, C=C, M=M, H=H, W=W, K=(Kh, Kw), stride=stride, padding=padding, dilation=dilation,
                      groups=groups)
+    _check_sizes(**_numels(shape, "forward"))
     t = _tile(tunables, mma_config(shape))
     gemm = _gemm(B, H, W, Cg8, groups, M // groups, Kh, Kw, Ho, Wo, stride, padding, dilation, t)
     return _Plan((B, M, Ho, Wo), Cg8, gemm)
@@ -628,9 +641,9 @@ def _dx_plan(dy_shape, w_shape, stride, padding, dilation, groups, size, tunable
     _check_mask(Kh, Kw)
     C, Mg = groups * Cg, M // groups
     Mg8 = ceil_div(Mg, 8) * 8
-    _check_sizes(dy=B * Ho * Wo * groups * Mg8, dx=B * H * W * C, w=C * Kh * Kw * Mg8)
     shape = Workload("", B=B, C=C, M=M, H=H, W=W, K=(Kh, Kw), stride=stride, padding=padding, dilation=dilation,
                      groups=groups)
+    _check_sizes(**_numels(shape, "dx"))
     t = _tile(tunables, mma_dx_config(shape))
     phases, zero = [], []
     for (rh, Hp, th, pad_h, dil_h), (rw, Wp, tw, pad_w, dil_w) in dx_phases(H, W, (Kh, Kw), stride, padding, dilation):
@@ -655,21 +668,27 @@ def runs_here() -> bool:
     return dev.backend != "cuda" or tuple(dev.cc) >= (8, 0)
 
 
-def _takes(shape) -> bool:
-    """A 2D layer, not depthwise (groups == C > 1), a mask of Kh + Kw <= MAX_TAP_BITS taps, on a GPU
-    that has mma.sync: the forward's and dX's layers alike (a dX phase's mask is part of the layer's)."""
-    return (getattr(shape, "D", None) is None and not shape.groups == shape.C > 1
-            and shape.K + shape.Kw <= MAX_TAP_BITS and runs_here())
+def _takes(shape, op: str = "forward") -> bool:
+    """What the launcher of op ("forward", "dx", "dw") runs with its default tile: a 2D layer, not
+    depthwise (groups == C > 1), a mask of Kh + Kw <= MAX_TAP_BITS taps (a dX phase's mask is part
+    of the layer's), tensors and workspace within int indices, on a GPU that has mma.sync."""
+    if getattr(shape, "D", None) is not None or shape.groups == shape.C > 1 or shape.K + shape.Kw > MAX_TAP_BITS:
+        return False
+    G, P, KK = shape.groups, shape.B * shape.Ho * shape.Wo, shape.K * shape.Kw
+    ws = {"forward": lambda: mma_config(shape)["SPLIT_K"] * P * shape.M,
+          "dx": lambda: mma_dx_config(shape)["SPLIT_K"] * _dx_gemm(shape)[0] * shape.C,
+          "dw": lambda: mma_dw_config(shape)["SPLIT_K"] * shape.M * KK * ceil_div(shape.C // G, 8) * 8}[op]()
+    return all(n <= INT32_MAX // 2 for n in (*_numels(shape, op).values(), ws)) and runs_here()
 
 
 #: any_layer: stride, padding and dilation per axis, non-square masks and groups (not depthwise: _takes).
 MMA = Impl("mma.sync implicit GEMM (NHWC)", conv2d_mma, op="conv2d_fp16", applies=_takes, config=mma_config,
            any_layer=True)
 #: dE/dX of the same layers by the same kernel (stride phases for a strided layer).
-MMA_DX = Impl("mma.sync implicit GEMM dX (NHWC)", conv2d_mma_dx, op="conv2d_dx_fp16", applies=_takes,
-              config=mma_dx_config, any_layer=True)
+MMA_DX = Impl("mma.sync implicit GEMM dX (NHWC)", conv2d_mma_dx, op="conv2d_dx_fp16",
+              applies=lambda s: _takes(s, "dx"), config=mma_dx_config, any_layer=True)
 #: dE/dW of the same layers (fp32 sums split over the pixels).
-MMA_DW = Impl("mma.sync implicit GEMM dW (NHWC)", conv2d_mma_dw, op="conv2d_dw_fp16", applies=_takes,
-              config=mma_dw_config, any_layer=True)
+MMA_DW = Impl("mma.sync implicit GEMM dW (NHWC)", conv2d_mma_dw, op="conv2d_dw_fp16",
+              applies=lambda s: _takes(s, "dw"), config=mma_dw_config, any_layer=True)
 #: The chapter's tensor-core implementations, by the names the figures use.
 IMPLEMENTATIONS: tuple[Impl, ...] = (MMA, MMA_DX, MMA_DW)
