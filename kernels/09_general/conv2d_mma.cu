@@ -9,10 +9,10 @@
 // ("KRSC"), so a row of A (one pixel's receptive field, one tap at a time) and a row of B (one
 // map's weights) are both contiguous along K: 8 channels are one 16-byte cp.async. Needs C % 8 == 0
 // (the launcher pads fewer channels, e.g. an RGB stem, with zeros up to 8).
-// Groups: one GEMM per group, the group a part of the block's index. C and M are then a group's channels and maps;
-// x's pixels hold CX = groups*C channels and y's MY = groups*M maps, and group g reads channels
-// g*C.. of x and rows g*M.. of the mask and writes maps g*M.. of y (C % 8 == 0 per group: the
-// launcher pads each group's channels).
+// Groups: one GEMM per group, the group part of the block's index. C and M are then a group's
+// channels and maps; x's pixels hold CX = groups*C channels and y's MY = groups*M maps, and group
+// g reads channels g*C.. of x and rows g*M.. of the mask and writes maps g*M.. of y (C % 8 == 0
+// per group: the launcher pads each group's channels).
 // The same kernel is the data gradient dX (convlab.ops.tensor_core.conv2d_mma_dx): the forward of
 // dy with the flipped, per-group transposed mask; a strided layer's dX runs as stride phases, each
 // writing every stride-th pixel of dx, so y's pixel of GEMM row (n, oh, ow) is
@@ -46,7 +46,7 @@
 //    so a pixel's BN maps are contiguous, whole 32-byte sectors.
 //  - Split-K (gridDim.y = splits > 1), for layers with too few output tiles to fill the GPU (7x7
 //    and 14x14 maps): block (t, z) sums only its z-th share of the K steps and stores its fp32
-//    partial tile to ws (splits, P, M); conv2d_mma_splitk_reduce then adds the splits and the bias
+//    partial tile to ws (splits, P, MY); conv2d_mma_splitk_reduce then adds the splits and the bias
 //    and rounds to half once, as the one-pass epilogue does.
 //  - Blocks: one 1-D grid, the BN-wide map tiles of one pixel tile adjacent, so the blocks running
 //    together share their input rows in L2 (the mask is small and stays in L2 anyway); with groups,
@@ -57,8 +57,9 @@
 // pixels by y0, y_img, y_row, y_col. Stride, padding (negative too) and dilation: any;
 // Kh + Kw <= 31 (one 32-bit tap mask per pixel, bit 31 spare). ws (splits, P, MY) float, used only
 // when splits > 1.
-// Grid: (ceil(P/BM) * groups * ceil(M/BN), splits), block 32*WARPS_M*WARPS_N threads, dynamic shared memory
-// max(STAGES*(BM+BN)*BK, BM*(BN+8)) * 2 bytes. Tunables: BM, BN, BK (16, 32 or 64), WARPS_M, WARPS_N, STAGES.
+// Grid: (ceil(P/BM) * groups * ceil(M/BN), splits), block 32*WARPS_M*WARPS_N threads, dynamic
+// shared memory max(STAGES*(BM+BN)*BK, BM*(BN+8)) * 2 bytes. Tunables: BM, BN, BK (16, 32 or 64),
+// WARPS_M, WARPS_N, STAGES.
 
 #include <cuda_fp16.h>
 #include "tensor_core.cuh"
