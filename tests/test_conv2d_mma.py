@@ -356,3 +356,13 @@ def test_dw_given_output_config_and_errors():
         tc.conv2d_mma_dw(x, dy, kernel_size=3, BM=48, **kw)
     with pytest.raises(ValueError, match="SPLIT_K"):
         tc.conv2d_mma_dw(x, dy, kernel_size=3, SPLIT_K=tc.MAX_DW_SPLIT + 1, **kw)
+
+
+def test_backward_impls_run_through_the_harness():
+    """measure.run times MMA_DX and MMA_DW as the dX and dW passes (op conv2d_dx_fp16 / conv2d_dw_fp16),
+    each output checked against the fp64 reference first."""
+    from convlab import measure
+
+    wl = workloads.Workload("g", B=1, C=16, M=16, H=6, W=5, K=3, stride=2, padding=1, groups=2)
+    df = measure.run([tc.MMA_DX, tc.MMA_DW], [wl], dtype="fp16", layout="channels_last", torch_baseline=False, reps=1)
+    assert sorted(zip(df["impl"], df["pass"])) == [(tc.MMA_DW.name, "dW"), (tc.MMA_DX.name, "dX")]
