@@ -498,11 +498,7 @@ def _dw_plan(x_shape, dy_shape, K, stride, padding, dilation, groups, tunables) 
     Cg, Mg = C // groups, M // groups
     Cg8, Mg8 = ceil_div(Cg, 8) * 8, ceil_div(Mg, 8) * 8
     N = Kh * Kw * Cg8
-    cfg = mma_dw_config(shape)
-    t = {k: int(tunables[k]) if tunables.get(k) is not None else cfg[k] for k in TUNABLES}
-    if tunables.get("SPLIT_K") is None and any(tunables.get(k) is not None for k in TILE):
-        t["SPLIT_K"] = 1
-    check_dw_tunables(**t)
+    t = _tile(tunables, mma_dw_config(shape), check_dw_tunables)
     splits = t["SPLIT_K"]
     _check_sizes(**_numels(shape, "dw"), ws=splits * M * N)
     tile = {k: t[k] for k in TILE}
@@ -546,13 +542,13 @@ def _no_workspace(like: torch.Tensor) -> torch.Tensor:
     return torch.empty(1, dtype=torch.float32, device=like.device)
 
 
-def _tile(tunables: dict, cfg: dict) -> dict:
+def _tile(tunables: dict, cfg: dict, check=check_mma_tunables) -> dict:
     """The tunables given, the rest from cfg; SPLIT_K 1 when a tile is given without it (cfg's split
-    was for its own tile); checked."""
+    was for its own tile); checked by check."""
     t = {k: int(tunables[k]) if tunables.get(k) is not None else cfg[k] for k in TUNABLES}
     if tunables.get("SPLIT_K") is None and any(tunables.get(k) is not None for k in TILE):
         t["SPLIT_K"] = 1
-    check_mma_tunables(**t)
+    check(**t)
     return t
 
 
