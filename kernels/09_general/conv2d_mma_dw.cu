@@ -27,8 +27,9 @@
 //  - Blocks: one 1-D grid per split, a group's tiles adjacent, every group's together: the blocks
 //    running together read the same pixels of x and dy.
 //
-// Layout: x (B, H, W, CX) half, dy (B, Ho, Wo, MX) half, 16-byte aligned; ws (splits, G*M, Kh*Kw*C)
-// float; dw (G*M, Kh, Kw, Cg) half, Cg <= C the real channels. Kh*Kw*C < 2^31.
+// Layout: x (B, H, W, CX) half, CX = G*C; dy (B, Ho, Wo, MX) half, MX = G*M, of a group's M maps
+// the first Mreal real; both 16-byte aligned. ws (splits, G*Mreal, Kh*Kw*C) float; dw
+// (G*Mreal, Kh, Kw, Cg) half, Cg <= C the real channels.
 // Grid: (G * ceil(M/BM) * ceil(N/BN), splits), block 32*WARPS_M*WARPS_N threads, dynamic shared
 // memory STAGES*BK*(BM+BN)*2 bytes. Tunables: BM, BN (16, 32, 64 or 128), BK (16, 32 or 64),
 // WARPS_M, WARPS_N, STAGES.
