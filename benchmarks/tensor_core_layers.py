@@ -1,12 +1,17 @@
 #!/usr/bin/env python3
 """Chapter 9's tensor-core convolution (convlab.ops.tensor_core.conv2d_mma, fp16, NHWC) on the
-standard ResNet/VGG layers (convlab.workloads.GEMM_LAYERS): every candidate tile checked, then
-timed, against torch at its best, through the book's harness (convlab.measure).
+standard ResNet/VGG layers (convlab.workloads.GEMM_LAYERS; the grouped ResNeXt layers on request):
+every candidate tile checked, then timed, against torch at its best, through the book's harness
+(convlab.measure).
 
     python benchmarks/tensor_core_layers.py                         # every layer, every candidate tile
     python benchmarks/tensor_core_layers.py --layers resnet_3x3_28,resnet_stem_7x7_s2 --configs default
     python benchmarks/tensor_core_layers.py --batch 64 --out /tmp/tc_b64   # another batch, another folder
     python benchmarks/tensor_core_layers.py --splits 2,3,4,8                  # more split-K depths
+    python benchmarks/tensor_core_layers.py --layers resnext_g32_56,resnext_g32_28 --out /tmp/tc_grouped
+                                                                    # the grouped layers (ResNeXt), on request
+    python benchmarks/tensor_core_layers.py --configs default --backward --out /tmp/tc_backward
+                                                                    # and the fp16 dX and dW passes
     CONVLAB_BACKEND=emu python benchmarks/tensor_core_layers.py     # emulator: small twins, checks only
 
 Per layer, ours (tensor_core.MMA) swept (measure.sweep) over mma_config's choice and each tile of
@@ -15,13 +20,15 @@ gets); each tile whose grid is under two waves (SMs x 2 blocks) also split along
 --splits (the fp32 partials and their reducing pass in the time). mma_config's choice once more on
 NCHW inputs (measure.run): x and the mask converted to NHWC inside the call, in its time. torch
 from convlab.baselines: NCHW and channels_last, each timed in a fresh process, "torch best" the
-faster. Every output is first checked against an fp64 reference (chapter 6's derived fp16 bound):
-a wrong one stops the script.
+faster. With --backward, the dX and dW passes too (tensor_core.MMA_DX and MMA_DW with their default
+tiles, channels_last tensors, beside torch's). Every output is first checked against an fp64
+reference (chapter 6's derived fp16 bound; dW the generic one): a wrong one stops the script.
 
 Printed: each layer's rows; per layer, torch best beside mma_config's tile (channels_last and NCHW
 input) and the best tile; geometric means of torch best / ours (above 1: ours faster); the SASS of
 each timed tile's main loop (--no-sass to skip). To change the choice: PREFERENCE / preference() /
-BLOCKS_PER_SM / MIN_STEPS_PER_SPLIT in convlab/ops/tensor_core.py (mma_config).
+BLOCKS_PER_SM / MIN_STEPS_PER_SPLIT in convlab/ops/tensor_core.py (mma_config). With --backward, a
+table of the gradients: torch best / ours per pass, and its geometric means.
 
 On a GPU the rows (convlab.results' columns and the tunables BM ... SPLIT_K) go to
 benchmarks/results/tensor_core_layers_<GPU>.csv (--out: another folder).
@@ -44,6 +51,8 @@ from convlab.ops import ceil_div  # noqa: E402
 from convlab.ops import tensor_core as tc  # noqa: E402
 
 DEFAULT = "default"     # the --configs name of mma_config's choice
+#: chapter 9's grouped layers (ResNeXt): timed only when --layers names them
+GROUPED = [w for w in workloads.LAYERS if w.family == "grouped"]
 DTYPE = "fp16"
 
 
@@ -60,18 +69,19 @@ def tile_name(t: dict) -> str:
 def configs(wl, names: list[str], splits: list[int]) -> list[dict]:
     """mma_config's choice, then each named candidate tile (SPLIT_K=1), then each of those split along
     K into each of `splits` where its grid is under two waves and every split gets a BK step."""
-    P, K = wl.B * wl.Ho * wl.Wo, wl.K * wl.Kw * ceil_div(wl.C, 8) * 8
+    P, M, K, _, G = tc.gemm_shape(wl)                 # a group's GEMM (one group: the layer's)
     tiles = [dict(tc.CANDIDATES[n], SPLIT_K=1) for n in names if n != DEFAULT]
     out = [tc.mma_config(wl)] + tiles
     for t in tiles:
-        if ceil_div(P, t["BM"]) * ceil_div(wl.M, t["BN"]) < 2 * tc.SMS:
+        if ceil_div(P, t["BM"]) * ceil_div(M, t["BN"]) * G < 2 * tc.SMS:
             out += [dict(t, SPLIT_K=k) for k in splits if k <= ceil_div(K, t["BK"])]
     return [dict(c) for c in dict.fromkeys(tuple(sorted(c.items())) for c in out)]
 
 
-def measure_layer(wl, names, splits, reps):
+def measure_layer(wl, names, splits, reps, backward: bool = False):
     """The layer's rows: the sweep on channels_last inputs, mma_config's choice on NCHW inputs (its
-    tunables filled in), torch's rows."""
+    tunables filled in), torch's rows; with backward, the dX and dW passes (tensor_core.MMA_DX,
+    MMA_DW, their default tiles) on channels_last tensors beside torch's."""
     import pandas as pd
 
     small = wl if cl.backend() == "cuda" else wl.small()
@@ -81,7 +91,11 @@ def measure_layer(wl, names, splits, reps):
     mine = nchw["kind"] == "ours"
     for k, v in tc.mma_config(small).items():
         nchw.loc[mine, k] = v
-    return pd.concat([swept, nchw], ignore_index=True)
+    frames = [swept, nchw]
+    if backward:
+        frames.append(measure.run([tc.MMA_DX, tc.MMA_DW], [wl], dtype=DTYPE, layout="channels_last", reps=reps,
+                                  desc=wl.name))
+    return pd.concat(frames, ignore_index=True)
 
 
 def picks(shapes: dict) -> dict:
@@ -103,15 +117,17 @@ def picks(shapes: dict) -> dict:
 
 
 def label(r) -> str:
-    if r["kind"] != "ours":
+    if r["kind"] != "ours" or r["pass"] != "forward":
         return r["impl"]
     return f"ours {tile_name(st.tunables(r, tc.TUNABLES))}" + (", NCHW input" if r["layout"] == "NCHW" else "")
 
 
 def report(df, shapes: dict) -> list[str]:
-    """Each layer's rows; the summary per layer; geometric means."""
+    """Each layer's forward rows; the summary per layer; geometric means; the gradients, if measured."""
     cols = picks(shapes)
     out = []
+    back = df[df["pass"] != "forward"]
+    df = df[df["pass"] == "forward"]
     for wl, rows in df.groupby("workload", sort=False):
         cfg = tc.mma_config(shapes[wl])
         marked = lambda r: label(r) + (" *" if st.tunables(r, tc.TUNABLES) == cfg else "")  # noqa: E731
@@ -120,7 +136,20 @@ def report(df, shapes: dict) -> list[str]:
     out += ["", "# per layer: GPU ms (torch best / ours: above 1, ours faster); mma_config's tile on channels_last "
             "and on NCHW inputs (the conversion in its time); the fastest tile (channels_last) and its config",
             st.show(table, cols), ""]
-    return out + st.geomeans(table, cols)
+    out += st.geomeans(table, cols)
+    if len(back):
+        import pandas as pd
+
+        tables = {ps: st.versus(rows, {ps: lambda r: st.fastest(st.ours(r))})
+                  for ps, rows in back.groupby("pass", sort=False)}
+        cell = lambda a, b: f"{a:.4f} / {b:.4f} ({a / b:.2f}x)"  # noqa: E731
+        shown = pd.DataFrame({ps: [cell(a, b) for a, b in zip(t["torch best ms"], t[f"{ps} ms"])]
+                              for ps, t in tables.items()}, index=next(iter(tables.values())).index)
+        out += ["", "# gradients, channels_last, mma_dx_config's and mma_dw_config's tiles: torch best ms / ours ms "
+                "(their ratio: above 1, ours faster)", shown.to_string(), "# geometric mean of the ratio:"]
+        for ps, t in tables.items():
+            out += st.geomeans(t, [ps])[1:]
+    return out
 
 
 def sass_lines(tiles: dict) -> list[str]:
@@ -147,7 +176,8 @@ def sass_lines(tiles: dict) -> list[str]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     known = [w.name for w in workloads.GEMM_LAYERS]
-    ap.add_argument("--layers", default="", help=f"comma-separated (default all: {', '.join(known)})")
+    ap.add_argument("--layers", default="", help=f"comma-separated (default all: {', '.join(known)}); also, on "
+                    f"request, the grouped layers {', '.join(w.name for w in GROUPED)}")
     ap.add_argument("--configs", default="all", help=f"'all' (mma_config's choice and every candidate), "
                     f"'{DEFAULT}', or comma-separated names of tensor_core.CANDIDATES")
     ap.add_argument("--splits", default="2,4", help="SPLIT_K depths to time for tiles with under two waves "
@@ -156,11 +186,13 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--out", default=None, help="folder for the CSV (default benchmarks/results)")
     ap.add_argument("--no-sass", action="store_true", help="skip the SASS counts")
+    ap.add_argument("--backward", action="store_true", help="also the dX and dW passes (MMA_DX, MMA_DW)")
     args = ap.parse_args(argv)
     gpu = cl.backend() == "cuda"
     names = [n for n in args.layers.split(",") if n]
-    if set(names) - set(known):
-        ap.error(f"unknown layers {sorted(set(names) - set(known))}; known: {', '.join(known)}")
+    if set(names) - set(known) - {w.name for w in GROUPED}:
+        ap.error(f"unknown layers {sorted(set(names) - set(known) - {w.name for w in GROUPED})}; known: "
+                 f"{', '.join(known + [w.name for w in GROUPED])}")
     splits = [int(k) for k in args.splits.split(",") if k]
     tiles = [DEFAULT, *tc.CANDIDATES] if args.configs == "all" else [c for c in args.configs.split(",") if c]
     if set(tiles) - {DEFAULT, *tc.CANDIDATES}:
@@ -168,7 +200,7 @@ def main(argv=None) -> int:
                  + ", ".join(tc.CANDIDATES))
     if not gpu and args.configs == "all":
         tiles = [DEFAULT, "64x64x32 s4 (2x2 warps)"]           # the emulator: a few compiles
-    layers = [w for w in workloads.GEMM_LAYERS if not names or w.name in names]
+    layers = [w for w in [*workloads.GEMM_LAYERS, *GROUPED] if w.name in names] if names else workloads.GEMM_LAYERS
     if args.batch:
         layers = [replace(w.with_batch(args.batch), name=f"{w.name}_b{args.batch}") for w in layers]
     shapes = {s.name: s for s in (w if gpu else w.small() for w in layers)}   # as measured
@@ -176,7 +208,7 @@ def main(argv=None) -> int:
     print(f"# {cl.device()}")
     import pandas as pd
 
-    df = pd.concat([measure_layer(w, tiles, splits, args.reps) for w in layers], ignore_index=True)
+    df = pd.concat([measure_layer(w, tiles, splits, args.reps, args.backward) for w in layers], ignore_index=True)
     if not gpu:
         print("\n".join(st.checked_lines(df, label)))
         return 0

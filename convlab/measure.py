@@ -78,9 +78,9 @@ def call(impl, wl, t: dict, tunables: dict):
     f = impl.launcher
     if impl.op in ("conv2d", "conv3d", "conv2d_fp16"):
         return lambda: f(t["x"], t["w"], **kw)
-    if impl.op == "conv2d_dx":
+    if impl.op in ("conv2d_dx", "conv2d_dx_fp16"):
         return lambda: f(t["dy"], t["w"], input_size=(wl.H, wl.W), **kw)
-    if impl.op == "conv2d_dw":
+    if impl.op in ("conv2d_dw", "conv2d_dw_fp16"):
         return lambda: f(t["x"], t["dy"], kernel_size=wl.kernel_size, **kw)
     if impl.op == "conv2d_train":
         return lambda: f(t["x"], t["w"], t["dy"], **kw)
@@ -88,7 +88,7 @@ def call(impl, wl, t: dict, tunables: dict):
 
 
 PASS_OF_OP = {"conv2d": "forward", "conv3d": "forward", "conv2d_fp16": "forward", "conv2d_dx": "dX",
-              "conv2d_dw": "dW", "conv2d_train": "forward+dX+dW"}
+              "conv2d_dw": "dW", "conv2d_train": "forward+dX+dW", "conv2d_dx_fp16": "dX", "conv2d_dw_fp16": "dW"}
 
 
 def sample_images(B: int) -> list:

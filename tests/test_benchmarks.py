@@ -48,6 +48,16 @@ def test_tensor_core_layers_on_the_emulator(capsys):
     text = "\n".join(T.report(pd.concat([df, torch_best(s, 2 * ms, "fp16")], ignore_index=True), {s.name: s}))
     assert f"{ms:.4f} (2.00x)" in text and "geometric mean" in text
 
+    # --backward: the dX and dW passes of a grouped layer, in their own table
+    g = workloads.get("resnext_g32_28")
+    gs = g.small()
+    df = T.measure_layer(g, [T.DEFAULT], [], reps=1, backward=True)
+    back = df[df["pass"] != "forward"]
+    assert set(zip(back["impl"], back["pass"])) == {(tc.MMA_DX.name, "dX"), (tc.MMA_DW.name, "dW")}
+    stand_in = torch_best(gs, 1.0, "fp16", passes=("forward", "dX", "dW"))
+    text = "\n".join(T.report(pd.concat([df, stand_in], ignore_index=True), {gs.name: gs}))
+    assert "# gradients" in text and f"1.0000 / {float(back[back['pass'] == 'dX']['ms'].iloc[0]):.4f}" in text
+
 
 def test_f32_layers_on_the_emulator(capsys):
     from benchmarks import f32_layers as F

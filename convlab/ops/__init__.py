@@ -51,6 +51,7 @@ class Impl:
     name: str                   # the label figures and tables show (free to change)
     launcher: Callable          # the contract above
     op: str = "conv2d"          # "conv2d" | "conv2d_fp16" | "conv3d" | "conv2d_dx" | "conv2d_dw" | "conv2d_train"
+                                # | "conv2d_dx_fp16" | "conv2d_dw_fp16" (half in and out)
     applies: Callable = _always         # Workload -> bool: which shapes it can take
     config: Callable = _no_tunables     # Workload -> dict: its default tunables
     any_layer: bool = False

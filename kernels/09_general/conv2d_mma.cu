@@ -9,6 +9,14 @@
 // ("KRSC"), so a row of A (one pixel's receptive field, one tap at a time) and a row of B (one
 // map's weights) are both contiguous along K: 8 channels are one 16-byte cp.async. Needs C % 8 == 0
 // (the launcher pads fewer channels, e.g. an RGB stem, with zeros up to 8).
+// Groups: one GEMM per group, the group part of the block's index. C and M are then a group's
+// channels and maps; x's pixels hold CX = groups*C channels and y's MY = groups*M maps, and group
+// g reads channels g*C.. of x and rows g*M.. of the mask and writes maps g*M.. of y (C % 8 == 0
+// per group: the launcher pads each group's channels).
+// The same kernel is the data gradient dX (convlab.ops.tensor_core.conv2d_mma_dx): the forward of
+// dy with the flipped, per-group transposed mask; a strided layer's dX runs as stride phases, each
+// writing every stride-th pixel of dx, so y's pixel of GEMM row (n, oh, ow) is
+// y0 + n*y_img + oh*y_row + ow*y_col (a forward: dense, y_img = Ho*Wo, y_row = Wo, y_col = 1).
 //
 //  - Block tile BM x BN (pixels x maps), BK-deep steps of K; WARPS_M x WARPS_N warps, each owning a
 //    (BM/WARPS_M) x (BN/WARPS_N) warp tile of MI x NI m16n8 accumulators (64 x 64: 4 x 8, 128 floats
@@ -38,17 +46,20 @@
 //    so a pixel's BN maps are contiguous, whole 32-byte sectors.
 //  - Split-K (gridDim.y = splits > 1), for layers with too few output tiles to fill the GPU (7x7
 //    and 14x14 maps): block (t, z) sums only its z-th share of the K steps and stores its fp32
-//    partial tile to ws (splits, P, M); conv2d_mma_splitk_reduce then adds the splits and the bias
+//    partial tile to ws (splits, P, MY); conv2d_mma_splitk_reduce then adds the splits and the bias
 //    and rounds to half once, as the one-pass epilogue does.
 //  - Blocks: one 1-D grid, the BN-wide map tiles of one pixel tile adjacent, so the blocks running
-//    together share their input rows in L2 (the mask is small and stays in L2 anyway).
+//    together share their input rows in L2 (the mask is small and stays in L2 anyway); with groups,
+//    every group's map tiles of one pixel tile adjacent: together they read whole pixels of x.
 //
-// Layout: x (B, H, W, C) half, C % 8 == 0, 16-byte aligned; w (M, Kh, Kw, C) half; bias (M) half
-// (read only when has_bias); y (B, Ho, Wo, M) half. Stride, padding and dilation: any;
-// Kh + Kw <= 31 (one 32-bit tap mask per pixel, bit 31 spare). ws (splits, P, M) float, used only
+// Layout: x (B, H, W, CX) half, CX = groups*C, C % 8 == 0, 16-byte aligned; w (groups*M, Kh, Kw, C)
+// half; bias (MY) half (read only when has_bias); y (B, Ho, Wo, MY) half, MY = groups*M, or dx's
+// pixels by y0, y_img, y_row, y_col. Stride, padding (negative too) and dilation: any;
+// Kh + Kw <= 31 (one 32-bit tap mask per pixel, bit 31 spare). ws (splits, P, MY) float, used only
 // when splits > 1.
-// Grid: (ceil(P/BM) * ceil(M/BN), splits), block 32*WARPS_M*WARPS_N threads, dynamic shared memory
-// max(STAGES*(BM+BN)*BK, BM*(BN+8)) * 2 bytes. Tunables: BM, BN, BK (16, 32 or 64), WARPS_M, WARPS_N, STAGES.
+// Grid: (ceil(P/BM) * groups * ceil(M/BN), splits), block 32*WARPS_M*WARPS_N threads, dynamic
+// shared memory max(STAGES*(BM+BN)*BK, BM*(BN+8)) * 2 bytes. Tunables: BM, BN, BK (16, 32 or 64),
+// WARPS_M, WARPS_N, STAGES.
 
 #include <cuda_fp16.h>
 #include "tensor_core.cuh"
@@ -100,17 +111,34 @@ __device__ __forceinline__ int swz(int row, int chunk)
 
 __device__ __forceinline__ int at(int row, int chunk) { return row * BK + swz(row, chunk) * 8; }
 
+// The y pixel of GEMM row p = (n, oh, ow): y0 + n*y_img + oh*y_row + ow*y_col. A forward's y is
+// dense (p itself); a strided layer's dX phase writes every stride-th pixel of dx.
+__device__ __forceinline__ int y_pixel(int p, int Ho, int Wo, int y0, int y_img, int y_row, int y_col)
+{
+    if (y0 == 0 && y_col == 1 && y_row == Wo && y_img == Ho * Wo) return p;
+    const int n = p / (Ho * Wo), q = p % (Ho * Wo);
+    return y0 + n * y_img + (q / Wo) * y_row + (q % Wo) * y_col;
+}
+
 __global__ void __launch_bounds__(THREADS)
 conv2d_mma(const half* __restrict__ x, const half* __restrict__ w, const half* __restrict__ bias,
-           half* __restrict__ y, float* __restrict__ ws, int has_bias, int B, int H, int W, int C, int M, int Kh, int Kw, int Ho, int Wo,
-           int sh, int sw, int ph, int pw, int dh, int dw)
+           half* __restrict__ y, float* __restrict__ ws, int has_bias, int B, int H, int W, int C, int CX, int M, int MY,
+           int Kh, int Kw, int Ho, int Wo, int sh, int sw, int ph, int pw, int dh, int dw,
+           int y0, int y_img, int y_row, int y_col)
 {
     extern __shared__ __align__(128) half smem[];    // [STAGES][BM + BN][BK] (A rows, B rows); then [BM][CS]
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int P = B * Ho * Wo, K = Kh * Kw * C;
-    const int map_tiles = (M + BN - 1) / BN;
-    const int p0 = (blockIdx.x / map_tiles) * BM, m0 = (blockIdx.x % map_tiles) * BN;
+    const int map_tiles = (M + BN - 1) / BN, tiles = MY / M * map_tiles;   // a pixel tile's, every group's
+    const int g = (blockIdx.x % tiles) / map_tiles;
+    const int p0 = (blockIdx.x / tiles) * BM, m0 = (blockIdx.x % map_tiles) * BN;
+    // Group g: its C channels of x's CX, its M maps (and mask rows, biases) of y's MY.
+    x += g * C;
+    w += g * M * K;
+    bias += g * M;
+    y += g * M;
+    ws += g * M;
 
     // ---- the loader, set up once: this thread's chunk column, pixel rows and map rows ----
     const int cc = tid % CHUNKS, row0 = tid / CHUNKS;
@@ -122,7 +150,7 @@ conv2d_mma(const half* __restrict__ x, const half* __restrict__ w, const half* _
         const int p = p0 + row0 + i * ROWS_PER_PASS;
         const int n = p / (Ho * Wo), q = p % (Ho * Wo);
         const int ih0 = (q / Wo) * sh - ph, iw0 = (q % Wo) * sw - pw;
-        a_base[i] = ((n * H + ih0) * W + iw0) * C;   // may point before x (padding): its copies read nothing
+        a_base[i] = ((n * H + ih0) * W + iw0) * CX;  // may point before x (padding): its copies read nothing
         a_taps[i] = 0;
         for (int r = 0; r < Kh; r++)
             if (p < P && ih0 + r * dh >= 0 && ih0 + r * dh < H) a_taps[i] |= 1u << r;   // past P: no tap valid
@@ -147,11 +175,11 @@ conv2d_mma(const half* __restrict__ x, const half* __restrict__ w, const half* _
     // (C < BK: the RGB stem's 8 channels). Past the last tap, r >= Kh.
     const int k0 = kt0 * BK + cc * 8;
     int c = k0 % C, s = (k0 / C) % Kw, r = (k0 / C) / Kw;
-    const half* xk = x + (r * dh * W + s * dw) * C + c;
+    const half* xk = x + (r * dh * W + s * dw) * CX + c;
     const half* wk = w + k0;
     const int dc = BK % C, ds = (BK / C) % Kw, dr = (BK / C) / Kw;
-    const int step_x = (dr * dh * W + ds * dw) * C + dc;
-    const int carry_c = (dw - 1) * C, carry_s = (dh * W - Kw * dw) * C;   // xk's extra moves on a carry
+    const int step_x = (dr * dh * W + ds * dw) * CX + dc;
+    const int carry_c = dw * CX - C, carry_s = (dh * W - Kw * dw) * CX;   // xk's extra moves on a carry
 
     auto load_tile = [&](int to) {               // to: dst in the stage being filled
         half* as = smem + to;
@@ -230,7 +258,7 @@ conv2d_mma(const half* __restrict__ x, const half* __restrict__ w, const half* _
     }
 
     if (gridDim.y > 1) {                         // split-K: the fp32 partial sums, no bias, to ws
-        float* part = ws + blockIdx.y * P * M;   // a quad's 4 lanes store 8 adjacent floats: whole sectors
+        float* part = ws + blockIdx.y * P * MY;  // a quad's 4 lanes store 8 adjacent floats: whole sectors
 #pragma unroll
         for (int i = 0; i < MI; i++)
 #pragma unroll
@@ -239,8 +267,8 @@ conv2d_mma(const half* __restrict__ x, const half* __restrict__ w, const half* _
 #pragma unroll
                 for (int j = 0; j < NI; j++) {
                     const int m = m0 + wn * WTN + j * 8 + (lane & 3) * 2;
-                    if (p < P && m < M) part[p * M + m] = acc[i][j][2 * h];
-                    if (p < P && m + 1 < M) part[p * M + m + 1] = acc[i][j][2 * h + 1];
+                    if (p < P && m < M) part[p * MY + m] = acc[i][j][2 * h];
+                    if (p < P && m + 1 < M) part[p * MY + m + 1] = acc[i][j][2 * h + 1];
                 }
             }
         return;                                  // (no copy is in flight: the last steps issue none)
@@ -271,15 +299,16 @@ conv2d_mma(const half* __restrict__ x, const half* __restrict__ w, const half* _
             }
         }
     __syncthreads();
-    const bool vec = (M & 7) == 0;               // 16-byte stores need rows that start 16-byte aligned
+    const bool vec = (M & 7) == 0;               // 16-byte stores need rows that start 16-byte aligned (MY = M*groups)
     for (int v = tid; v < BM * (BN / 8); v += THREADS) {
         const int row = v / (BN / 8), col = (v % (BN / 8)) * 8;
         const int p = p0 + row, m = m0 + col;
         if (p >= P || m >= M) continue;
+        half* out = y + y_pixel(p, Ho, Wo, y0, y_img, y_row, y_col) * MY + m;
         if (vec) {
-            *reinterpret_cast<uint4*>(&y[p * M + m]) = *reinterpret_cast<const uint4*>(cs + row * CS + col);
+            *reinterpret_cast<uint4*>(out) = *reinterpret_cast<const uint4*>(cs + row * CS + col);
         } else {
-            for (int e = 0; e < 8 && m + e < M; e++) y[p * M + m + e] = cs[row * CS + col + e];
+            for (int e = 0; e < 8 && m + e < M; e++) out[e] = cs[row * CS + col + e];
         }
     }
 }
@@ -287,12 +316,13 @@ conv2d_mma(const half* __restrict__ x, const half* __restrict__ w, const half* _
 // Split-K's second pass: y = half(the splits' fp32 partial sums + bias), each output rounded once.
 // One thread per output element; a warp reads 32 adjacent floats of each split.
 __global__ void conv2d_mma_splitk_reduce(const float* __restrict__ ws, const half* __restrict__ bias,
-                                         half* __restrict__ y, int has_bias, int P, int M, int splits)
+                                         half* __restrict__ y, int has_bias, int P, int MY, int splits,
+                                         int Ho, int Wo, int y0, int y_img, int y_row, int y_col)
 {
     const int e = blockIdx.x * blockDim.x + threadIdx.x;
-    if (e >= P * M) return;
+    if (e >= P * MY) return;
     float v = ws[e];
-    for (int z = 1; z < splits; z++) v += ws[z * P * M + e];
-    if (has_bias) v += __half2float(bias[e % M]);
-    y[e] = __float2half_rn(v);
+    for (int z = 1; z < splits; z++) v += ws[z * P * MY + e];
+    if (has_bias) v += __half2float(bias[e % MY]);
+    y[y_pixel(e / MY, Ho, Wo, y0, y_img, y_row, y_col) * MY + e % MY] = __float2half_rn(v);
 }
