@@ -44,7 +44,7 @@ from .fp16 import U16, accumulation, fp16_tolerance
 from .general import GENERAL, GENERAL_DW, GENERAL_DX, GENERAL_FP16, conv2d_general_dw, conv2d_general_dx
 from .igemm import IGEMM_F32, IGEMM_F32_DW, IGEMM_F32_DX, conv2d_igemm_f32_dw, conv2d_igemm_f32_dx, dx_workload
 from .shapes import layer, plain_arg, two
-from .tensor_core import conv2d_mma
+from .tensor_core import MMA_DW, MMA_DX, conv2d_mma, conv2d_mma_dw, conv2d_mma_dx
 
 LAYOUTS = ("nchw", "channels_last")                 # x's memory format, as pick() takes it
 OPS = {"fp32": "conv2d", "fp16": "conv2d_fp16"}      # the forward op of each dtype's kernels
@@ -154,6 +154,9 @@ RULES = {
              _pads_cheaply(s), "mma",
              "a layer WMMA does not take (dilated, non-square): faster than the general kernel even with x "
              "converted from NCHW (09_general)"),
+        Rule("grouped, not depthwise", lambda s: 1 < s.groups < s.C, "mma",
+             "a grouped GEMM on tensor cores, a group's channels padded to 8 where they are fewer "
+             "(benchmarks/general_layers.py --all)"),
         Rule("depthwise (groups = C)", lambda s: s.groups == s.C,
              "depthwise_fp16",
              "memory-bound: each input read once into shared memory (09_general)"),
@@ -299,6 +302,11 @@ def igemm_dx_applies(s: Workload) -> bool:
     return pick(dx_workload(s), "fp32") is IGEMM_F32
 
 
+def _into(out, result):
+    """result in out's memory (the mma.sync kernels return channels_last), or result itself."""
+    return result if out is None else out.copy_(result)
+
+
 def _resolved(s: Workload) -> dict:
     """The layer's stride, padding, dilation and groups as pairs and ints (torch's 'same' and
     'valid' resolved): what the implicit GEMM's launchers take."""
@@ -310,7 +318,8 @@ def dx_route(dy, w, stride, padding, input_size, dilation, groups):
     """f(dy, w, dx): the dX kernel for this layer, with its arguments resolved (f.impl: which): the
     fp32 implicit GEMM's dX where igemm_dx_applies (plain layers where pick() gives it the dX
     convolution), chapter 8's best dX on the other plain fp32 layers, the implicit GEMM's dX (stride
-    phases) on every other fp32 layer it takes, the depthwise forward on dy with the flipped mask
+    phases) on every other fp32 layer it takes, the mma.sync kernel's dX on the fp16 layers it takes
+    (not depthwise; sm_80 or newer), the depthwise forward on dy with the flipped mask
     where depthwise_dx_padding allows (MobileNet and ConvNeXt layers), else the general dX kernel."""
     H, W = (int(v) for v in two(input_size))
     s = layer((dy.shape[0], w.shape[1] * groups, H, W), w.shape, stride, padding, dilation, groups)
@@ -323,6 +332,9 @@ def dx_route(dy, w, stride, padding, input_size, dilation, groups):
     if dy.dtype == torch.float32 and s.symmetric and IGEMM_F32_DX.applies(s):
         kw = _resolved(s)
         return _tagged(lambda dy, w, dx: conv2d_igemm_f32_dx(dy, w, dx, input_size=(H, W), **kw), IGEMM_F32_DX)
+    if dy.dtype == torch.float16 and s.symmetric and MMA_DX.applies(s):
+        kw = _resolved(s)
+        return _tagged(lambda dy, w, dx: _into(dx, conv2d_mma_dx(dy, w, input_size=(H, W), **kw)), MMA_DX)
     pad = depthwise_dx_padding(s)
     if pad is not None and depthwise_applies(s):
         return _tagged(lambda dy, w, dx: conv2d_depthwise(dy, torch.flip(w, (2, 3)), dx, padding=pad,
@@ -335,12 +347,15 @@ def dx_route(dy, w, stride, padding, input_size, dilation, groups):
 def dw_route(x, dy, stride, padding, kernel_size, dilation, groups):
     """f(x, dy, dw): the dW kernel for this layer (f.impl: which): chapter 8's best dW where
     course_applies, the implicit GEMM's dW (per group, over the batch) on every other fp32 layer it
-    takes, else the general dW kernel."""
+    takes, the mma.sync kernel's dW on the fp16 layers it takes, else the general dW kernel."""
     Kh, Kw = (int(k) for k in two(kernel_size))
     s = layer(x.shape, (dy.shape[1], x.shape[1] // groups, Kh, Kw), stride, padding, dilation, groups)
     if course_applies(s, x.dtype):
         return _tagged(lambda x, dy, dw: conv2d_weight_grad_best(x, dy, dw, stride=s.stride, padding=s.padding,
                                                                  kernel_size=Kh), pick_weight_grad(s))
+    if x.dtype == torch.float16 and s.symmetric and MMA_DW.applies(s):
+        kw = _resolved(s)
+        return _tagged(lambda x, dy, dw: _into(dw, conv2d_mma_dw(x, dy, kernel_size=(Kh, Kw), **kw)), MMA_DW)
     if x.dtype == torch.float32 and s.symmetric and IGEMM_F32_DW.applies(s):
         kw = _resolved(s)
         return _tagged(lambda x, dy, dw: conv2d_igemm_f32_dw(x, dy, dw, kernel_size=(Kh, Kw), **kw), IGEMM_F32_DW)
