@@ -7,6 +7,8 @@ import sys
 
 import torch
 
+import convlab as cl
+
 
 def _to_device(v):
     if isinstance(v, tuple) and len(v) == 3 and v[0] == "__tensor__":
@@ -21,7 +23,6 @@ def _to_device(v):
 def _callable(job):
     if job["kind"] == "call":
         return job["fn"]
-    import convlab as cl
     from pathlib import Path
     path = Path(job["path"])
     m = cl.load_source(job["text"], name=path.name, defines=job["defines"], options=job["options"],

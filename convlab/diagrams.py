@@ -32,6 +32,8 @@ import numpy as np
 import seaborn as sns
 from matplotlib.patches import Rectangle
 
+import convlab as cl
+
 from . import workloads
 from ._limits import GRID_YZ_MAX
 from .ops import backprop, ceil_div, conv3d, fp16, fused, igemm, im2col, layers, naive
@@ -93,7 +95,6 @@ _WHO = "(float)((blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z))
 
 def _who_kernels():
     """conv2d_naive.cu with every output store replaced by the writer's (block, thread) index."""
-    import convlab as cl
     src = (ROOT / naive.KERNEL_FILE).read_text()
     store = "y[((b * M + m) * Ho + h) * Wo + w] = acc;"
     if src.count(store) != 2 or src.count("y[i] = acc;") != 1:
@@ -106,7 +107,6 @@ def grid_map_data(B: int = 2, M: int = 2, Ho: int = 6, Wo: int = 6, block=(4, 4)
     """For each of chapter 2's maps ("z", "flat", "textbook"): the grid and block its launcher gives,
     and (block, thread) arrays of shape (B, M, Ho, Wo): which block (linear index) and which thread
     of it wrote each output, read back from the kernel itself run with its stores patched."""
-    import convlab as cl
     import torch
     mod = _who_kernels()
     x, w = cl.zeros(B, 1, Ho, Wo), cl.zeros(M, 1, 1, 1)      # C=1, K=1: the output is the input's size
@@ -159,7 +159,6 @@ def im2col_matrix(H: int = 5, W: int = 5, K: int = 3, column: int = 4):
     What to see: column `column` of U is the K×K window under output pixel `column` (row-major),
     read row by row; neighbouring columns repeat most of the same pixels, so U is about K² times
     the input."""
-    import convlab as cl
     import torch
     x = cl.to_device(torch.arange(1, H * W + 1, dtype=torch.float32).reshape(1, 1, H, W))
     U = im2col.unroll(x, K)[0].cpu().numpy().astype(int)
@@ -437,7 +436,6 @@ def mma_fragment_maps() -> dict:
     + col) in its 16 bits; then C/D from mma.sync itself: A = identity and B = the codes, so D = B
     arrives in D's layout. Returns {"A": (32, 8, 2), "B": (32, 4, 2), "D": (32, 4, 2)} arrays of
     (row, col) per lane and element (element e is register e//2, its low half first)."""
-    import convlab as cl
     import torch
     mod = cl.load(FRAGMENTS_FILE)
 

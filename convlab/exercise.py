@@ -49,8 +49,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .ops import out_size
-from .workloads import Workload
+import convlab as cl
+
+from . import emu, network, simgpu, streams
+from .baselines import torch_algorithm
+from .exercise_answers import ANSWERS, COMPARE, COUNTER_SHAPES, TARGETS
+from .measure import call, inputs
+from .ops import naive, out_size
+from .ops.fp16 import fp16_tolerance
+from .profile import ATOMICS, EMU_CONSTANT_ADDRESSES, EMU_CONSTANT_REQUESTS
+from .workloads import Workload, get
 
 
 #: The emulator's time limit for a launch inside a check (cl.set_timeout overrides it): the checks'
@@ -129,7 +137,6 @@ def _mistakes(x, w, stride: int, pad: int):
     import torch
     import torch.nn.functional as F
 
-    import convlab as cl
 
     x, w = torch.as_tensor(x).detach().cpu().double(), torch.as_tensor(w).detach().cpu().double()
     Ho, Wo = out_size(x.shape[-2], w.shape[-1], stride, pad), out_size(x.shape[-1], w.shape[-1], stride, pad)
@@ -456,7 +463,6 @@ def _as_numpy(a) -> np.ndarray:
 def describe_error(e: BaseException) -> str:
     """A fault as a student should read it: convlab's own messages whole, other errors in one line
     with the line of the notebook cell where they happened."""
-    import convlab as cl
 
     if isinstance(e, cl.ConvlabError):
         return f"{type(e).__name__}: {e}"
@@ -498,7 +504,6 @@ def _todo_left(run) -> str | None:
     """Where an exercise's TODO stub is still in the code a check runs: the function itself, the
     functions it calls and the %%cuda modules (or their kernels) it names, through its globals
     and closure. None when no stub is left (the code was written, right or wrong)."""
-    import convlab as cl
 
     seen: set[int] = set()
 
@@ -567,7 +572,6 @@ def _fault(run, error: str) -> str:
 
 def checked_launch(call):
     """Run a student's launch under the race detector and the checks' time limit; its result."""
-    import convlab as cl
 
     with cl.detect_races(True), cl.time_limit(CHECK_TIMEOUT_S):
         out = call()
@@ -633,8 +637,6 @@ def _read_on(e: BaseException, case: _Case, labels: str) -> str:
     still faults, or comes out right)."""
     import torch
 
-    import convlab as cl
-    from . import emu
 
     if cl.backend() != "emu" or not isinstance(e, cl.OutOfBoundsError) or " of dimension " not in str(e):
         return ""
@@ -662,7 +664,6 @@ def _read_on(e: BaseException, case: _Case, labels: str) -> str:
 def _conv2d_cases(run, shapes, *, fp16: str | None, locate):
     import torch
 
-    import convlab as cl
 
     for shape in shapes:
         x = cl.randn(shape.B, shape.C, shape.H, shape.W)
@@ -672,7 +673,6 @@ def _conv2d_cases(run, shapes, *, fp16: str | None, locate):
         xk, wk = (x.half(), w.half()) if fp16 else (x, w)
         bound = None
         if fp16 is not None:
-            from .ops.fp16 import fp16_tolerance
 
             rtol, atol_rms = fp16_tolerance(shape.C, shape.K, fp16)
             bound = {"rtol": rtol, "atol": atol_rms * float(ref.double().pow(2).mean().sqrt())}
@@ -685,7 +685,6 @@ def _conv2d_cases(run, shapes, *, fp16: str | None, locate):
 def _same_in_every_order(launch) -> bool:
     """The emulator's race test (cl.find_race: the launch with each block's threads in three
     orders) on one awkward shape; prints what differs, or a fault, and says whether it passed."""
-    import convlab as cl
 
     if cl.backend() != "emu":
         return True
@@ -727,7 +726,6 @@ def check_kernel(launch, shapes=None, *, name: str = "your kernel", fp16: str | 
 
 def check_function(fn, shapes=None, *, name: str = "your function") -> Verdict:
     """fn(x, w, stride, pad) takes numpy float32 arrays and returns y. Prints a verdict."""
-    import convlab as cl
 
     shapes = list(AWKWARD_SHAPES if shapes is None else shapes)
     for i, shape in enumerate(shapes):
@@ -763,7 +761,6 @@ def check_conv3d(launch, K: int, volumes=None, *, name: str = "your kernel", tol
     """launch(x, w, y) runs a single-channel 3D convolution (valid, stride 1) of x (D, H, W) with
     the mask w (K, K, K) into y, which starts as NaN; checked on `volumes` ((D, H, W, why), VOLUMES
     by default) against the fp64 reference within tol, the challenge's tolerance."""
-    import convlab as cl
 
     volumes = VOLUMES if volumes is None else volumes
 
@@ -792,7 +789,6 @@ def _weight_grad_mistakes(x, dy, w_shape, stride: int, pad: int):
     import torch
     import torch.nn.functional as F
 
-    import convlab as cl
 
     x, dy = x.double().cpu(), dy.double().cpu()
     grad = lambda xx, gy, s=stride, p=pad: cl.ref.conv2d_weight_grad(xx, w_shape, gy, stride=s, padding=p)  # noqa: E731
@@ -826,7 +822,6 @@ def check_dw(launch, shapes=None, *, name: str = "your kernel") -> Verdict:
     """launch(x, dy, dw, stride, pad) computes the weight gradient (M, C, K, K) of a conv2d into dw,
     which starts as NaN (a kernel that adds into it zeroes it first); checked on the awkward shapes
     against the fp64 reference."""
-    import convlab as cl
 
     shapes = list(AWKWARD_SHAPES if shapes is None else shapes)
 
@@ -915,7 +910,6 @@ def _input_grad_mistakes(dy, w, H: int, W: int, stride: int, pad: int):
 
 def _dy_hint(launch):
     """launch with a hint added to a read outside dy: the taps whose dy position is outside dy."""
-    import convlab as cl
 
     def run(*args):
         try:
@@ -935,7 +929,6 @@ def check_dx(launch, shapes=None, *, name: str = "your kernel") -> Verdict:
     conv2d_input). A wrong dx is tried against the usual mistakes of the gather's index arithmetic
     (the mask flipped twice or not at all, the stride test, the padding ignored or its sign, `=`
     for `+=`), and a read outside dy (dy's bounds not tested) gets a hint."""
-    import convlab as cl
 
     shapes = list(AWKWARD_SHAPES if shapes is None else shapes)
     run = _dy_hint(launch)
@@ -944,10 +937,10 @@ def check_dx(launch, shapes=None, *, name: str = "your kernel") -> Verdict:
         for s in shapes:
             dy, w = cl.randn(s.B, s.M, s.Ho, s.Wo), cl.randn(s.M, s.C, s.K, s.K)
             dx = cl.empty(s.B, s.C, s.H, s.W)
-            yield _Case(str(s), s.why, lambda dy=dy, w=w, dx=dx, s=s: run(dy, w, dx, s.stride, s.pad), dx,
-                        cl.ref.conv2d_input_grad(dx.shape, w, dy, stride=s.stride, padding=s.pad),
+            yield _Case(str(s), s.note, lambda dy=dy, w=w, dx=dx, s=s: run(dy, w, dx, s.stride, s.padding), dx,
+                        cl.ref.conv2d_input_grad(dx.shape, w, dy, stride=s.stride, padding=s.padding),
                         mistakes=[(what, make) for what, make in
-                                  _input_grad_mistakes(dy, w, s.H, s.W, s.stride, s.pad)])
+                                  _input_grad_mistakes(dy, w, s.H, s.W, s.stride, s.padding)])
 
     return _run_cases(launch, cases(), name=name,
                       nothing_hint={
@@ -966,8 +959,6 @@ STREAM_CASES = ((16, 8), (10, 4))
 def _stream_network():
     """Chapter 10's network for the streams check: the class project's, on 30×30 images on the
     emulator (its twin), whole on a GPU; its params and forward(xb, out)."""
-    import convlab as cl
-    from . import network
 
     arch = network.CLASS_PROJECT if cl.backend() == "cuda" else network.CLASS_PROJECT.at_size(30)
     params = network.init(arch, seed=0)
@@ -1004,9 +995,6 @@ def check_streams(run, *, name: str = "your schedule") -> Verdict:
     exercise_answers.TARGETS["10_streams"]). On a GPU it also times the schedule on 10,000 images."""
     import torch
 
-    import convlab as cl
-    from . import streams
-    from .exercise_answers import TARGETS
 
     arch, forward = _stream_network()
     gen = torch.Generator().manual_seed(0)
@@ -1091,7 +1079,6 @@ def check_stage(launch, shapes=None, *, name: str = "your kernel") -> Verdict:
     import torch
     import torch.nn.functional as F
 
-    import convlab as cl
 
     shapes = STAGE_SHAPES if shapes is None else shapes
 
@@ -1152,11 +1139,9 @@ def _quantity(what: str, k, macs: int | None) -> float | None:
     if what == "shared loads per multiply-add":      # a warp's load instruction is 32 threads' loads
         return 32 * m["smsp__inst_executed_op_shared_ld.sum"] / macs if macs else None
     if what == "global atomics":                     # warp instructions, as ncu counts them
-        from .profile import ATOMICS
 
         return k.value(ATOMICS)
     if what == "constant addresses per request":     # each served in turn by the constant cache
-        from .profile import EMU_CONSTANT_ADDRESSES, EMU_CONSTANT_REQUESTS
 
         requests = m.get(EMU_CONSTANT_REQUESTS, 0)
         return m[EMU_CONSTANT_ADDRESSES] / requests if requests else None
@@ -1195,7 +1180,6 @@ def check_counters(launch, targets: dict, *, shape: Workload | None = None, resu
     e.g. "✓ correct; 4 sectors per load request (target ≤ 4.5); ..." and the costliest line."""
     import torch
 
-    import convlab as cl
 
     for what in targets:
         if what not in COUNTERS:
@@ -1256,8 +1240,6 @@ def _comparison(key):
     """(workload, the chapter's Impl) an exercise's kernel is timed against, or None."""
     import importlib
 
-    from .exercise_answers import COMPARE
-    from .workloads import get
 
     if key not in COMPARE:
         return None
@@ -1284,7 +1266,6 @@ def torch_best_row(workload: str) -> dict | None:
 def side_by_side(wl, device: str, chapter: str, yours, theirs, torch_row: dict | None) -> str:
     """The three GPU times of check_counters's comparison as lines of text: your kernel, the
     chapter's (each a cl.bench Timing), torch best from book/data/torch.csv (its GPU and kernel named)."""
-    from .baselines import torch_algorithm
 
     lines = [f"  on {device}, {wl.name} ({wl.shape_text}), GPU time (median of 20, IQR):"]
 
@@ -1308,9 +1289,7 @@ def compare_on_gpu(launch, targets, *, name: str = "your kernel") -> None:
     check_targets gave targets); on the emulator, one line saying so. Prints; never raises."""
     import torch
 
-    import convlab as cl
 
-    from .measure import call, inputs
 
     found = _comparison(getattr(targets, "key", None))
     if found is None:
@@ -1338,7 +1317,6 @@ def compare_on_gpu(launch, targets, *, name: str = "your kernel") -> None:
 
 def _mask_index_mistakes(x, w, stride: int, pad: int):
     """(what, the output it gives) for an index into a flat mask that leaves out the map or channel."""
-    import convlab as cl
 
     x, w = x.detach().cpu().double(), w.detach().cpu().double()
     M, C, K = w.shape[0], w.shape[1], w.shape[-1]
@@ -1355,12 +1333,11 @@ def _mask_index_mistakes(x, w, stride: int, pad: int):
 def _global_reads(launch, arg: str, shape: Shape) -> str | None:
     """Where a conv2d launch reads its argument `arg` from global memory (block 0's first such
     read, as "line: code"), or None."""
-    import convlab as cl
 
     x, w = cl.randn(shape.B, shape.C, shape.H, shape.W), cl.randn(shape.M, shape.C, shape.K, shape.K)
     y = cl.empty(shape.B, shape.M, shape.Ho, shape.Wo)
     try:
-        a = cl.trace(launch, x, w, y, shape.stride, shape.pad, blocks=[(0, 0, 0)]).accesses
+        a = cl.trace(launch, x, w, y, shape.stride, shape.padding, blocks=[(0, 0, 0)]).accesses
     except Exception:  # noqa: BLE001 (the verdict is already printed: this only adds where)
         return None
     hits = a[(a.buffer == arg) & (a.space == "global") & (a.access == "read")]
@@ -1379,7 +1356,6 @@ def check_constant_mask(launch, module, targets: dict, *, constant: str = "c_mas
     lanes reading different elements (the constant cache serves them in turn)."""
     import torch
 
-    import convlab as cl
 
     def zeroed_first(call, w):
         def run():
@@ -1454,7 +1430,6 @@ def check_general_kernel(launch, shapes=None, *, name: str = "your kernel") -> V
     with NaN. Each shape of GENERAL_SHAPES (or `shapes`) is checked against torch's conv2d in fp64
     through the checks' common path; a wrong output is also tried against the usual mistakes
     (dilation left out of the input's index, every map reading the first group)."""
-    import convlab as cl
 
     shapes = list(GENERAL_SHAPES if shapes is None else shapes)
 
@@ -1556,7 +1531,6 @@ def check_timing(time_it, *, seed: int | None = None) -> Verdict:
     import random
     import statistics
 
-    from . import simgpu
 
     rng = random.Random(seed)
     true_ms = round(rng.uniform(0.4, 1.6), 3)
@@ -1648,11 +1622,7 @@ def check_timing(time_it, *, seed: int | None = None) -> Verdict:
 
 def _timing_on_gpu(time_it) -> Verdict:
     """On a GPU: time_it and cl.bench on chapter 2's flat naive kernel on lenet_c1, side by side."""
-    import convlab as cl
 
-    from . import simgpu
-    from .ops import naive
-    from .workloads import get
 
     if cl.backend() == "emu":
         return _say(True, "  (on the emulator: comparing time_it with cl.bench on the chapter's kernel needs a GPU)")
@@ -1791,7 +1761,6 @@ COUNTER_VOLUME = (12, 20, 70)
 def check_conv3d_counters(launch, K: int, targets: dict, *, volume=COUNTER_VOLUME,
                           name: str = "your kernel") -> Verdict:
     """check_counters for a 3D kernel launch(x, w, y) (as check_conv3d takes it) on `volume`."""
-    import convlab as cl
 
     D, H, W = volume
     x, w = cl.randn(D, H, W), cl.randn(K, K, K)
@@ -1804,14 +1773,13 @@ def check_dx_counters(launch, targets: dict, *, shape: Shape = COUNTER_SHAPE,
                       name: str = "your kernel") -> Verdict:
     """check_counters for an input-gradient launch(dy, w, dx, stride, pad) (as check_dx takes it) on
     `shape`; "per multiply-add" counts the products of the forward pass (dX has as many)."""
-    import convlab as cl
 
     s = shape
     dy, w = cl.randn(s.B, s.M, s.Ho, s.Wo), cl.randn(s.M, s.C, s.K, s.K)
     dx = cl.empty(s.B, s.C, s.H, s.W)
-    return check_counters(lambda: launch(dy, w, dx, s.stride, s.pad), targets,
+    return check_counters(lambda: launch(dy, w, dx, s.stride, s.padding), targets,
                           result=lambda: (dx, cl.ref.conv2d_input_grad(dx.shape, w, dy, stride=s.stride,
-                                                                       padding=s.pad)),
+                                                                       padding=s.padding)),
                           macs=_macs(s), name=name)
 
 
@@ -1820,8 +1788,6 @@ def count_atomics(fn, *args, **kwargs) -> int:
     **kwargs) launches, by cl.profile: on the emulator its counters, on a GPU ncu's (fn a Kernel
     with its launch keywords, or a launcher). One per atomicAdd that a warp's active lanes reach.
     NaN, with the reason printed, when the call faults or cannot be profiled."""
-    import convlab as cl
-    from .profile import ATOMICS
 
     try:
         return int(sum(k.value(ATOMICS) or 0 for k in cl.profile(fn, *args, **kwargs).kernels))
@@ -1834,7 +1800,6 @@ def check_answer(key: str, got, *args) -> Verdict:
     """An exercise's number (or list) against the answer kept in convlab.exercise_answers, so the
     exercise page never shows it: check_answer("03.reuse", reuse); args go to the answer (a
     workload's name). Says how far off, never the answer."""
-    from .exercise_answers import ANSWERS
 
     what, answer = ANSWERS[key]
     return check_value(what.format(*args), got, answer(*args))
@@ -1847,7 +1812,6 @@ class Targets(dict):
 
 def check_targets(key: str) -> dict:
     """The counter targets kept for an exercise's kernel (convlab.exercise_answers.TARGETS)."""
-    from .exercise_answers import TARGETS
 
     targets = Targets(TARGETS[key])
     targets.key = key
@@ -1856,7 +1820,6 @@ def check_targets(key: str) -> dict:
 
 def counter_shape(key: str) -> Shape:
     """The shape an exercise's kernel is profiled on: COUNTER_SHAPE unless its tiles need another."""
-    from .exercise_answers import COUNTER_SHAPES
 
     if key not in COUNTER_SHAPES:
         return COUNTER_SHAPE
@@ -1871,7 +1834,6 @@ def check_unroll(unroll) -> Verdict:
     import torch
     import torch.nn.functional as F
 
-    import convlab as cl
 
     for i, s in enumerate(AWKWARD_SHAPES):
         x = cl.randn(s.B, s.C, s.H, s.W)

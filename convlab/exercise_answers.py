@@ -6,6 +6,7 @@ targets for ex.check_counters, from the chapter's kernel on the same shape
 """
 from __future__ import annotations
 
+from .ops.fused import regtile_config
 from .workloads import get as _wl
 
 #: The shape a kernel's counters are graded on where ex.COUNTER_SHAPE does not fit its tiles:
@@ -15,9 +16,8 @@ COUNTER_SHAPES = {
     "05_register_tiles": (1, 8, 32, 16, 16, 3, 1, 1),
 }
 
-def _direct_reuse(name: str) -> float:
-    from .ops.fused import regtile_config
 
+def _direct_reuse(name: str) -> float:
     wl = _wl(name)
     cfg = regtile_config(wl.M, wl.C, wl.K)
     return wl.K * cfg["MT"] * cfg["ROWS"] / ((cfg["ROWS"] - 1) * wl.stride + wl.K)

@@ -28,6 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import convlab as cl
+
 from .ops import dropin
 
 # (kernel size, padding) of the two convolutions, and the hidden widths, by input size
@@ -38,7 +40,6 @@ ARCHITECTURES = {
 
 
 def _device():
-    import convlab as cl
     return torch.device(cl.device().torch_device)
 
 

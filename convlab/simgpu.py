@@ -35,6 +35,8 @@ import random
 import time
 from dataclasses import dataclass, field
 
+from .bench import l2_flush
+
 LAUNCH_MS = 0.006          # the host's cost of a launch (Python and the driver)
 RECORD_MS = 0.001          # the host's cost of recording an event
 COMPILE_MS = 180.0         # the first call of a kernel: compile and load the module
@@ -189,8 +191,6 @@ class CudaGPU:
         self._torch.cuda.synchronize()
 
     def flush_l2(self) -> None:
-        from .bench import l2_flush
-
         l2_flush()
 
     def empty(self, nbytes: int):

@@ -44,6 +44,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from . import runtime
+from ._paths import path
+from .network import CLASS_PROJECT     # the network of the chapter's runs, float32
+
 #: chapter 10's end-to-end runs (H200): the model's data
 E2E_FILE = "book/data/details/10_network_end_to_end.csv"
 #: the batch of chapter 10's runs: a recorded schedule of B images is scaled to it
@@ -127,10 +131,8 @@ class Recorder:
     classes: the logits per image; forward(xb, out) computes the images xb into out."""
 
     def __init__(self, forward, *, classes: int = 10):
-        import convlab as cl
-
         self._forward, self.classes = forward, classes
-        self.gpu = cl.backend() == "cuda"
+        self.gpu = runtime.backend() == "cuda"
         self.ops: list[Op] = []
         self.problems: list[str] = []
         self._memory: dict[int, str] = {}           # storage address -> "device", "pinned"
@@ -347,9 +349,6 @@ class Model:
     def from_chapter(cls, who: str = "ours") -> "Model":
         import numpy as np
         import pandas as pd
-
-        from .book import path
-        from .network import CLASS_PROJECT     # the network of the chapter's runs, float32
 
         df = pd.read_csv(path(E2E_FILE))
         df = df[df["who"] == who]

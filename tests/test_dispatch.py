@@ -159,3 +159,16 @@ def test_the_drop_ins_dx_runs_the_fp32_implicit_gemm_where_pick_gives_it_the_dx_
     cl.check(dx, ref, name="dx")
     # one channel: dX's one map is chapter 8's gather
     assert dispatch.dx_impl(cl.randn(2, 4, 6, 5), cl.randn(4, 1, 3, 3), padding=1, input_size=(6, 5)).key == "dx_gather"
+
+
+def test_every_registered_kernel_has_a_unique_key_and_a_row_in_the_api_document():
+    """A new kernel is its .cu, its Impl record and its test: the dispatcher finds the record, and
+    the document's table of registered kernels must name it (key, label, op)."""
+    from pathlib import Path
+
+    records = dispatch.registered()
+    keys = [i.key for i in records]
+    assert all(keys) and len(set(keys)) == len(keys), f"keys must be unique and non-empty: {keys}"
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "convlab-api.md").read_text()
+    for i in records:
+        assert f"| `{i.key}` | {i.name} | {i.op} |" in doc, f"docs/convlab-api.md has no row for {i.key} ({i.name})"

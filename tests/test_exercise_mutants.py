@@ -1068,14 +1068,14 @@ def test_03a_constant_mask_target_and_answer_come_from_the_chapters_kernel():
     x, w = cl.randn(s.B, s.C, s.H, s.W), cl.randn(s.M, s.C, s.K, s.K)
     per_mac = {}
     for mask in ("constant", "global"):
-        card = cl.profile(lambda: tiled.conv2d_tiled_halo_multi_pass(x, w, padding=s.pad, mask=mask, TILE=8))
+        card = cl.profile(lambda: tiled.conv2d_tiled_halo_multi_pass(x, w, padding=s.padding, mask=mask, TILE=8))
         per_mac[mask] = ex._quantity("global load bytes per multiply-add", card.kernels[-1], ex._macs(s))
     target = ex.check_targets("03a_constant_mask")["global load bytes per multiply-add"]
     assert per_mac["constant"] <= target < per_mac["constant"] + 0.01
     assert per_mac["global"] > target
     assert per_mac["global"] - per_mac["constant"] == pytest.approx(ANSWERS["03a_constant_mask.saved"][1]())
     assert ex._quantity("constant addresses per request", card.kernels[-1], None) is None   # the global build
-    card = cl.profile(lambda: tiled.conv2d_tiled_halo_multi_pass(x, w, padding=s.pad, mask="constant", TILE=8))
+    card = cl.profile(lambda: tiled.conv2d_tiled_halo_multi_pass(x, w, padding=s.padding, mask="constant", TILE=8))
     assert ex._quantity("constant addresses per request", card.kernels[-1], None) == \
         ex.check_targets("03a_constant_mask")["constant addresses per request"]
 
@@ -1184,7 +1184,7 @@ def test_05_direct_regtile_targets_come_from_the_chapters_kernel():
     s = ex.counter_shape("05_direct_regtile")
     ns = _direct()
     x, w = cl.randn(s.B, s.C, s.H, s.W), cl.randn(s.M, s.C, s.K, s.K)
-    card = cl.profile(lambda: fused.conv2d_direct_regtile(x, w, padding=s.pad, MT=ns["MT"], ROWS=ns["ROWS"],
+    card = cl.profile(lambda: fused.conv2d_direct_regtile(x, w, padding=s.padding, MT=ns["MT"], ROWS=ns["ROWS"],
                                                           BLOCK=ns["BLOCK"]))
     for what, most in ex.check_targets("05_direct_regtile").items():
         got = ex._quantity(what, card.kernels[-1], ex._macs(s))

@@ -13,6 +13,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "convlab"
 
+
 def module_name(path: Path) -> str:
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
@@ -143,3 +144,27 @@ def test_the_check_sees_a_cycle(tmp_path):
     b.write_text("def f():\n    from . import a  # optional: heavy, only for plots\n")
     g = {rel(p): imports_of(rel(p), p, known) for p in (a, b)}
     assert cycles(g) == []
+
+
+def local_imports() -> list[str]:
+    """'path:line: text' of each function-local import of a convlab module that names no optional or
+    heavy dependency."""
+    out = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        lines = path.read_text().splitlines()
+        for fn in ast.walk(ast.parse("\n".join(lines))):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(fn):
+                own = ((isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("convlab")))
+                       or (isinstance(node, ast.Import) and any(a.name.startswith("convlab") for a in node.names)))
+                if own and not _is_waived(node, lines, True):
+                    out.append(f"{path.relative_to(ROOT)}:{node.lineno}: {lines[node.lineno - 1].strip()}")
+    return sorted(set(out))
+
+
+def test_no_function_imports_its_own_package_without_a_reason():
+    """Imports run one way at the top of each module; one inside a function hides a dependency (and
+    often a cycle) and is allowed only for an optional heavy dependency, said on its line."""
+    found = local_imports()
+    assert not found, "function-local imports of convlab modules:\n" + "\n".join(found)
