@@ -97,7 +97,7 @@ def _cached_or_measured(wl, pass_, dtype, layouts: dict, op: str, roof, refresh)
 def best_of(rows: list) -> dict:
     """The "torch best" row: the fastest torch configuration by GPU time, under its own name."""
     best = dict(min(rows, key=lambda r: r["ms"]))
-    best["kind"], best["impl"] = "torch best", TORCH_BEST
+    best["kind"], best["impl"], best["key"] = "torch best", TORCH_BEST, results.key_of(TORCH_BEST)
     return best
 
 
