@@ -8,6 +8,7 @@ against torch at its best: the book's own harness (convlab.measure), printed as 
     python benchmarks/general_layers.py --families depthwise --dtypes fp32
     python benchmarks/general_layers.py --backward              # + forward, dX and dW through autograd
     python benchmarks/general_layers.py --more                  # workloads.MORE_LAYERS instead of LAYERS
+    python benchmarks/general_layers.py --dtypes fp16 --layout channels_last   # our inputs channels_last
     CONVLAB_BACKEND=emu python benchmarks/general_layers.py     # emulator: small twins, checks only
 
 Every output is checked against an fp64 reference before it is timed (fp16: chapter 6's derived
@@ -80,6 +81,8 @@ def main(argv=None) -> int:
     ap.add_argument("--dtypes", default="fp32,fp16", help="fp32, fp16 or both (default both)")
     ap.add_argument("--all", action="store_true", help="also every kernel pick() chooses among, on each layer")
     ap.add_argument("--backward", action="store_true", help="also forward + dX + dW through autograd")
+    ap.add_argument("--layout", default="nchw", choices=("nchw", "channels_last"),
+                    help="the memory format of our inputs (torch's rows time both)")
     ap.add_argument("--more", action="store_true", help="workloads.MORE_LAYERS (other groups, dilations, masks, "
                     "strides) instead of LAYERS")
     ap.add_argument("--reps", type=int, default=20)
@@ -96,7 +99,8 @@ def main(argv=None) -> int:
     layers = [w for w in table if (not families or w.family in families) and (not names or w.name in names)]
 
     print(f"# {cl.device()}")
-    frames = [measure.run(impls(d, args.all, args.backward), layers, dtype=d, reps=args.reps, desc=d) for d in dtypes]
+    frames = [measure.run(impls(d, args.all, args.backward), layers, dtype=d, layout=args.layout, reps=args.reps,
+                          desc=d) for d in dtypes]
     import pandas as pd
 
     df = pd.concat(frames, ignore_index=True)
