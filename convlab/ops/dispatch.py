@@ -274,14 +274,14 @@ def _forward_runner(x, w, bias, nhwc, stride, padding, dilation, groups):
     if "bias" in inspect.signature(f).parameters:
 
         def run(x, w, y, bias):
-            out = f(x.contiguous(), w, None if nhwc else y, bias=bias, **kw)
+            out = f(x.contiguous(), w.contiguous(), None if nhwc else y, bias=bias, **kw)
             if y is not None:
                 return y if out is y else y.copy_(out)
             return out.contiguous(memory_format=layout) if nhwc else out
         return _tagged(run, impl)
 
     def run(x, w, y, bias):
-        out = f(x.contiguous(), w, None if nhwc else y, **kw)
+        out = f(x.contiguous(), w.contiguous(), None if nhwc else y, **kw)
         if bias is not None:
             out.add_(bias.view(1, -1, 1, 1))
         if y is not None:
