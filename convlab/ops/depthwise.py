@@ -23,7 +23,7 @@ from ..workloads import Workload
 from . import Impl, ceil_div, new_output, output
 from ._kernels import Launch
 from .general import kept
-from .shapes import check_plane_sizes, check_tensor, layer, suffix
+from .shapes import check_inputs, check_plane_sizes, check_tensor, layer, suffix
 
 DEPTHWISE_FILE = "kernels/09_general/conv2d_depthwise.cu"
 NHWC_FILE = "kernels/09_general/conv2d_depthwise_nhwc.cu"
@@ -108,12 +108,7 @@ def conv2d_depthwise(x, w, y=None, *, stride=1, padding=0, dilation=1, groups: i
 
 
 def _nchw_plan(x, w, bias, stride, padding, dilation, groups, OY, BX, BY, BZ, vec):
-    check_tensor(x, "x")
-    check_tensor(w, "w", x.dtype)
-    if bias is not None:
-        check_tensor(bias, "bias", x.dtype)
-    if x.dim() != 4:
-        raise ValueError(f"x must be (B, C, H, W), got {tuple(x.shape)}")
+    check_inputs(x, w, bias)
     s = layer(x.shape, w.shape, stride, padding, dilation, groups, None if bias is None else bias.shape)
     check_plane_sizes(s)
     if not depthwise_applies(s):

@@ -22,7 +22,7 @@ from .._limits import GRID_X_MAX, GRID_YZ_MAX
 from ..workloads import Workload
 from . import Impl, ceil_div, new_output, output
 from ._kernels import Launch, sm_count
-from .shapes import check_plane_sizes, check_tensor, layer, plain_arg, suffix, two
+from .shapes import check_inputs, check_plane_sizes, check_tensor, layer, plain_arg, suffix, two
 
 FWD_FILE = "kernels/09_general/conv2d_general.cu"
 DX_FILE = "kernels/09_general/conv2d_general_dx.cu"
@@ -56,15 +56,6 @@ def kept(key: tuple, build):
     return plan
 
 
-def _inputs(a, b, bias=None) -> None:
-    check_tensor(a, "x")
-    check_tensor(b, "w", a.dtype)
-    if bias is not None:
-        check_tensor(bias, "bias", a.dtype)
-    if a.dim() != 4:
-        raise ValueError(f"expected a 4-D (B, C, H, W) tensor, got {tuple(a.shape)} (the drop-in takes unbatched inputs)")
-
-
 # ---- forward -----------------------------------------------------------------------------------
 
 def conv2d_general(x, w, y=None, *, stride=1, padding=0, dilation=1, groups: int = 1, bias=None):
@@ -80,7 +71,7 @@ def conv2d_general(x, w, y=None, *, stride=1, padding=0, dilation=1, groups: int
 
 
 def _forward_plan(x, w, bias, stride, padding, dilation, groups):
-    _inputs(x, w, bias)
+    check_inputs(x, w, bias)
     s = layer(x.shape, w.shape, stride, padding, dilation, groups, None if bias is None else bias.shape)
     check_plane_sizes(s)
     if s.outputs == 0:

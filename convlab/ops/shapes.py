@@ -181,6 +181,16 @@ def check_tensor(t, name: str, dtype=None) -> None:
         raise ValueError(f"{name} must be contiguous (NCHW): call {name}.contiguous() first")
 
 
+def check_inputs(x, w, bias=None) -> None:
+    """A forward's tensors: x 4-D, w and bias of x's dtype, each as check_tensor asks."""
+    check_tensor(x, "x")
+    check_tensor(w, "w", x.dtype)
+    if bias is not None:
+        check_tensor(bias, "bias", x.dtype)
+    if x.dim() != 4:
+        raise ValueError(f"x must be (B, C, H, W), got {tuple(x.shape)} (the drop-in takes unbatched inputs)")
+
+
 def suffix(dtype) -> str:
     """Each chapter-9 kernel file has a float entry point (_f32) and a half one (_f16) around one body."""
     return "_f16" if dtype == torch.float16 else "_f32"
