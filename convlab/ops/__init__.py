@@ -1,7 +1,10 @@
 """Launchers: the grid and block computation for each kernel of the course, in one place.
 
 Notebooks, tests and benchmarks call these, so a chapter's figure times exactly the launch its
-tests check. One module per chapter (naive.py for chapter 2; later chapters add tiled.py, ...).
+tests check. The package imports one way: shapes.py (the one shape type, convlab.workloads.Workload,
+from torch's argument forms) -> one launcher module per kernel family (naive.py for chapter 2, ...,
+general.py, depthwise.py, igemm.py, tensor_core.py for chapter 9, layers.py for chapter 10) ->
+dispatch.py (which kernel runs a layer: forward, dX, dW) -> dropin.py (conv2d, Conv2d).
 Every launcher keeps one contract:
 
     conv2d (and conv2d_fp16, with half tensors):
@@ -16,9 +19,10 @@ torch's own ops; under cl.debug and on the emulator it is filled with NaN first,
 a kernel never writes shows in cl.check. A launcher works out its launch (grid, block, defines,
 scalar arguments) once per shape and keeps it, so a repeated call costs little Python.
 
-Each module lists its kernels once, as IMPLEMENTATIONS (Impl records: the name figures, CSV
-files and text use, the launcher, the shapes it takes, its tunables), and pick(shape) returns the
-Impl a layer shape gets.
+Each module lists its kernels once, as IMPLEMENTATIONS (Impl records: the key code, rules and
+CSV files join on, the label figures show, the launcher, the shapes it takes, its tunables);
+dispatch.registered() finds them all. Chapters 2-8's modules have pick(shape), the Impl a plain
+layer gets among the chapter's kernels.
 """
 from __future__ import annotations
 
