@@ -234,7 +234,7 @@ def forward(x, w, y=None, *, stride=1, padding=0, dilation=1, groups: int = 1, b
     channels_last); stride, padding and dilation in any form torch takes. y comes back in x's
     layout, as torch's does (a given y: NCHW contiguous)."""
     nhwc = _channels_last(x)
-    key = (x.shape, w.shape, bias is None, x.dtype, nhwc, stride, padding, dilation, groups)
+    key = (x.shape, w.shape, None if bias is None else bias.shape, x.dtype, nhwc, stride, padding, dilation, groups)
     run = _routes.get(key)
     if run is None:
         run = _forward_runner(x, w, bias, nhwc, stride, padding, dilation, groups)
