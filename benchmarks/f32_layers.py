@@ -153,17 +153,7 @@ def report(df, shapes: dict) -> list[str]:
         out += [f"\n## {wl}: {rows['shape'].iloc[0]}", st.layer_table(rows, label)]
     back = df[df["pass"] != "forward"]
     if len(back):
-        import pandas as pd
-
-        tables = {ps: st.versus(rows, {ps: lambda r: st.fastest(st.ours(r))})
-                  for ps, rows in back.groupby("pass", sort=False)}
-        cell = lambda a, b: f"{a:.4f} / {b:.4f} ({a / b:.2f}x)"  # noqa: E731
-        shown = pd.DataFrame({ps: [cell(a, b) for a, b in zip(t["torch best ms"], t[f"{ps} ms"])]
-                              for ps, t in tables.items()}, index=next(iter(tables.values())).index)
-        out += ["", "# gradients of the layers, igemm_config's choice for each convolution: torch best ms / "
-                "ours ms (their ratio: above 1, ours faster)", shown.to_string(), "# geometric mean of the ratio:"]
-        for ps, t in tables.items():
-            out += st.geomeans(t, [ps])[1:]
+        out += st.gradient_lines(back, "gradients of the layers, igemm_config's choice for each convolution")
     cols = picks(shapes)
     table = st.versus(fwd, cols, label=text)
     out += ["", "# the forward pass per layer: GPU ms (torch best / ours: above 1, ours faster); the best candidate's "

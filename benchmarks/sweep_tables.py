@@ -98,3 +98,19 @@ def checked_lines(df, label, columns=()) -> list[str]:
         cols = "".join(f"{r[c]:<{max(len(str(v)) for v in df[c]) + 1}}" for c in columns)
         lines.append(f"{r['workload']:<{width}}{cols}{label(r)}")
     return lines
+
+
+def gradient_lines(back, heading: str) -> list[str]:
+    """Per layer and gradient pass (dX, dW, forward+dX+dW) of `back` (rows of those passes): torch
+    best ms / our fastest ms and their ratio, then the ratio's geometric mean per pass."""
+    import pandas as pd
+
+    tables = {ps: versus(rows, {ps: lambda r: fastest(ours(r))}) for ps, rows in back.groupby("pass", sort=False)}
+    cell = lambda a, b: f"{a:.4f} / {b:.4f} ({a / b:.2f}x)"  # noqa: E731
+    shown = pd.DataFrame({ps: [cell(a, b) for a, b in zip(t["torch best ms"], t[f"{ps} ms"])]
+                          for ps, t in tables.items()}, index=next(iter(tables.values())).index)
+    out = ["", f"# {heading}: torch best ms / ours ms (their ratio: above 1, ours faster)", shown.to_string(),
+           "# geometric mean of the ratio:"]
+    for ps, t in tables.items():
+        out += geomeans(t, [ps])[1:]
+    return out

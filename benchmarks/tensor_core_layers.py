@@ -138,17 +138,7 @@ def report(df, shapes: dict) -> list[str]:
             st.show(table, cols), ""]
     out += st.geomeans(table, cols)
     if len(back):
-        import pandas as pd
-
-        tables = {ps: st.versus(rows, {ps: lambda r: st.fastest(st.ours(r))})
-                  for ps, rows in back.groupby("pass", sort=False)}
-        cell = lambda a, b: f"{a:.4f} / {b:.4f} ({a / b:.2f}x)"  # noqa: E731
-        shown = pd.DataFrame({ps: [cell(a, b) for a, b in zip(t["torch best ms"], t[f"{ps} ms"])]
-                              for ps, t in tables.items()}, index=next(iter(tables.values())).index)
-        out += ["", "# gradients, channels_last, mma_dx_config's and mma_dw_config's tiles: torch best ms / ours ms "
-                "(their ratio: above 1, ours faster)", shown.to_string(), "# geometric mean of the ratio:"]
-        for ps, t in tables.items():
-            out += st.geomeans(t, [ps])[1:]
+        out += st.gradient_lines(back, "gradients, channels_last, mma_dx_config's and mma_dw_config's tiles")
     return out
 
 

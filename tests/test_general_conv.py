@@ -324,3 +324,22 @@ def test_no_race_under_other_thread_orders(what):
         launch = lambda: depthwise.conv2d_depthwise(x, w, out, bias=b, BX=4, BY=2, BZ=2, **kw)  # noqa: E731
     problem = cl.find_race(launch, out)
     assert problem is None, problem
+
+
+def test_chapter_9_launchers_keep_their_plan(monkeypatch):
+    """A repeated call with the same signature reuses the launch worked out the first time (plain
+    arguments); a list argument, whose value alone torch reads differently, is never kept."""
+    built = []
+    for module, name in ((general, "_forward_plan"), (general, "_dx_plan"), (depthwise, "_nchw_plan")):
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, real=real, name=name: built.append(name) or real(*a))
+    x, w, wd = cl.randn(2, 4, 9, 8), cl.randn(6, 2, 3, 3), cl.randn(4, 1, 3, 3)
+    dy = cl.randn(2, 6, 9, 8)
+    for _ in range(3):
+        general.conv2d_general(x, w, padding=1, groups=2)
+        general.conv2d_general_dx(dy, w, padding=1, groups=2, input_size=(9, 8))
+        depthwise.conv2d_depthwise(x, wd, padding=(1, 1), groups=4)
+    assert built == ["_forward_plan", "_dx_plan", "_nchw_plan"], built
+    general.conv2d_general(x, w, padding=[1, 1], groups=2)
+    general.conv2d_general(x, w, padding=[1, 1], groups=2)
+    assert built.count("_forward_plan") == 3

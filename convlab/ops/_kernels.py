@@ -21,6 +21,7 @@ import os
 
 from .. import runtime
 from .._paths import path as repo_path
+from .shapes import plain_arg
 from .._limits import GRID_YZ_MAX
 
 EMULATED_SMS = 132      # H100/H200 SXM: the GPU the committed results and tuned choices come from
@@ -120,8 +121,12 @@ class Launch:
         return self.ref
 
 
-def remember(cache: dict, key, build):
-    """cache[key], built by build() the first time (a launcher's plan for one call signature)."""
+def remember(cache: dict, key, build, args: tuple = ()):
+    """cache[key], built by build() the first time (a launcher's plan for one call signature). args:
+    the arguments as the caller gave them (stride, padding, ...), part of key; where one is not
+    plain (a list, a float: its value alone does not say what torch makes of it) nothing is kept."""
+    if not all(map(plain_arg, args)):       # maybe unhashable too
+        return build()
     plan = cache.get(key)
     if plan is None:
         plan = cache[key] = build()

@@ -21,8 +21,7 @@ import torch
 from .._limits import GRID_X_MAX, GRID_YZ_MAX, SHARED_DEFAULT_MAX
 from ..workloads import Workload
 from . import Impl, ceil_div, new_output, output
-from ._kernels import Launch
-from .general import kept
+from ._kernels import Launch, remember
 from .shapes import check_inputs, check_plane_sizes, check_tensor, layer, suffix
 
 DEPTHWISE_FILE = "kernels/09_general/conv2d_depthwise.cu"
@@ -30,6 +29,8 @@ NHWC_FILE = "kernels/09_general/conv2d_depthwise_nhwc.cu"
 DEPTHWISE_MAX_TAPS = 64      # the mask lives in registers: up to 8x8 (3x3, 5x5, 7x7 layers)
 MAX_SHARED = SHARED_DEFAULT_MAX     # bytes of shared memory a block may use without opting in
 THREADS = 256       # threads an NHWC block aims at: CB lanes x PB patches
+
+_plans: dict = {}
 
 
 # ---- NCHW ----------------------------------------------------------------------------------------
@@ -98,9 +99,10 @@ def conv2d_depthwise(x, w, y=None, *, stride=1, padding=0, dilation=1, groups: i
                      vec: int | None = None):
     """y = conv2d(x, w, bias, groups=C): 16-byte loads of the tile where depthwise_vec allows (vec=1
     forces single elements). Compiled per mask size, stride, dilation, OY and load width."""
-    key = ("dw_nchw", x.shape, w.shape, x.dtype, None if bias is None else bias.shape, x.data_ptr() % 16 == 0,
-           stride, padding, dilation, groups, OY, BX, BY, BZ, vec)
-    s, launches = kept(key, lambda: _nchw_plan(x, w, bias, stride, padding, dilation, groups, OY, BX, BY, BZ, vec))
+    args = (stride, padding, dilation, groups, OY, BX, BY, BZ, vec)
+    key = ("dw_nchw", x.shape, w.shape, x.dtype, None if bias is None else bias.shape, x.data_ptr() % 16 == 0, *args)
+    s, launches = remember(_plans, key, lambda: _nchw_plan(x, w, bias, stride, padding, dilation, groups, OY, BX, BY,
+                                                           BZ, vec), args)
     y = output(y, s.y_shape, x, name="y")
     for launch in launches:
         launch(x, w, w if bias is None else bias, y)
@@ -210,9 +212,10 @@ def conv2d_depthwise_nhwc(x, w, y=None, *, stride=1, padding=0, dilation=1, grou
         raise ValueError("x must be channels-last: pass x.to(memory_format=torch.channels_last), "
                          "or use conv2d_depthwise for NCHW")
     xh = x.permute(0, 2, 3, 1)                  # (B, H, W, C): contiguous, the memory the kernel reads
-    key = ("dw_nhwc", x.shape, w.shape, x.dtype, None if bias is None else bias.shape, x.data_ptr() % 16,
-           stride, padding, dilation, groups, OY, OX, vec, CB, PB)
-    s, launch = kept(key, lambda: _nhwc_plan(x, xh, w, bias, stride, padding, dilation, groups, OY, OX, vec, CB, PB))
+    args = (stride, padding, dilation, groups, OY, OX, vec, CB, PB)
+    key = ("dw_nhwc", x.shape, w.shape, x.dtype, None if bias is None else bias.shape, x.data_ptr() % 16, *args)
+    s, launch = remember(_plans, key, lambda: _nhwc_plan(x, xh, w, bias, stride, padding, dilation, groups, OY, OX,
+                                                         vec, CB, PB), args)
     if y is None:
         yh = new_output((s.B, s.Ho, s.Wo, s.M), x)
     else:

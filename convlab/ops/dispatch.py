@@ -43,7 +43,8 @@ from .depthwise import (DEPTHWISE, DEPTHWISE_FP16, conv2d_depthwise, conv2d_dept
 from .fp16 import U16, accumulation, fp16_tolerance
 from .general import GENERAL, GENERAL_DW, GENERAL_DX, GENERAL_FP16, conv2d_general_dw, conv2d_general_dx
 from .igemm import IGEMM_F32, IGEMM_F32_DW, IGEMM_F32_DX, conv2d_igemm_f32_dw, conv2d_igemm_f32_dx, dx_workload
-from .shapes import layer, plain_arg, two
+from ._kernels import remember
+from .shapes import layer, two
 from .tensor_core import MMA_DW, MMA_DX, conv2d_mma, conv2d_mma_dw, conv2d_mma_dx
 
 LAYOUTS = ("nchw", "channels_last")                 # x's memory format, as pick() takes it
@@ -235,11 +236,7 @@ def forward(x, w, y=None, *, stride=1, padding=0, dilation=1, groups: int = 1, b
     layout, as torch's does (a given y: NCHW contiguous)."""
     nhwc = _channels_last(x)
     key = (x.shape, w.shape, None if bias is None else bias.shape, x.dtype, nhwc, stride, padding, dilation, groups)
-    run = _routes.get(key)
-    if run is None:
-        run = _forward_runner(x, w, bias, nhwc, stride, padding, dilation, groups)
-        if all(map(plain_arg, key[5:])):
-            _routes[key] = run
+    run = remember(_routes, key, lambda: _forward_runner(x, w, bias, nhwc, stride, padding, dilation, groups), key[5:])
     return run(x, w, y, bias)
 
 
@@ -367,39 +364,28 @@ def dw_route(x, dy, stride, padding, kernel_size, dilation, groups):
 _grad_routes: dict = {}     # ("dx" | "dw", shapes, dtype, arguments as given) -> the route
 
 
-def _grad_route(key: tuple, build):
-    """_grad_routes[key], built by build() the first time; kept only when the arguments after the
-    tensors' shapes and dtype (key[4:]) are plain."""
-    route = _grad_routes.get(key)
-    if route is None:
-        route = build()
-        if all(map(plain_arg, key[4:])):
-            _grad_routes[key] = route
-    return route
-
-
 def dx_impl(dy, w, *, stride=1, padding=0, input_size, dilation=1, groups: int = 1) -> Impl:
     """The Impl input_grad() runs for these arguments."""
     key = ("dx", dy.shape, w.shape, dy.dtype, input_size, stride, padding, dilation, groups)
-    return _grad_route(key, lambda: dx_route(dy, w, stride, padding, input_size, dilation, groups)).impl
+    return remember(_grad_routes, key, lambda: dx_route(dy, w, stride, padding, input_size, dilation, groups), key[4:]).impl
 
 
 def dw_impl(x, dy, *, stride=1, padding=0, kernel_size, dilation=1, groups: int = 1) -> Impl:
     """The Impl weight_grad() runs for these arguments."""
     key = ("dw", x.shape, dy.shape, x.dtype, kernel_size, stride, padding, dilation, groups)
-    return _grad_route(key, lambda: dw_route(x, dy, stride, padding, kernel_size, dilation, groups)).impl
+    return remember(_grad_routes, key, lambda: dw_route(x, dy, stride, padding, kernel_size, dilation, groups), key[4:]).impl
 
 
 def input_grad(dy, w, dx=None, *, stride=1, padding=0, input_size, dilation=1, groups: int = 1):
     """dx of conv2d by dx_route's kernel (the choice kept per call signature)."""
     key = ("dx", dy.shape, w.shape, dy.dtype, input_size, stride, padding, dilation, groups)
-    return _grad_route(key, lambda: dx_route(dy, w, stride, padding, input_size, dilation, groups))(dy, w, dx)
+    return remember(_grad_routes, key, lambda: dx_route(dy, w, stride, padding, input_size, dilation, groups), key[4:])(dy, w, dx)
 
 
 def weight_grad(x, dy, dw=None, *, stride=1, padding=0, kernel_size, dilation=1, groups: int = 1):
     """dw of conv2d by dw_route's kernel (the choice kept per call signature)."""
     key = ("dw", x.shape, dy.shape, x.dtype, kernel_size, stride, padding, dilation, groups)
-    return _grad_route(key, lambda: dw_route(x, dy, stride, padding, kernel_size, dilation, groups))(x, dy, dw)
+    return remember(_grad_routes, key, lambda: dw_route(x, dy, stride, padding, kernel_size, dilation, groups), key[4:])(x, dy, dw)
 
 
 # ---- fp16: how the routed forward adds ---------------------------------------------------------------

@@ -21,8 +21,8 @@ import torch
 from .._limits import GRID_X_MAX, GRID_YZ_MAX
 from ..workloads import Workload
 from . import Impl, ceil_div, new_output, output
-from ._kernels import Launch, sm_count
-from .shapes import check_inputs, check_plane_sizes, check_tensor, layer, plain_arg, suffix, two
+from ._kernels import Launch, remember, sm_count
+from .shapes import check_inputs, check_plane_sizes, check_tensor, layer, suffix, two
 
 FWD_FILE = "kernels/09_general/conv2d_general.cu"
 DX_FILE = "kernels/09_general/conv2d_general_dx.cu"
@@ -45,24 +45,14 @@ def _blocks(n: int) -> int:
 _plans: dict = {}
 
 
-def kept(key: tuple, build):
-    """_plans[key], built the first time; kept only when the call's arguments (key[1:]) are plain
-    (their values alone say what torch makes of them: a list or a float is never a key)."""
-    if not all(map(plain_arg, key[1:])):
-        return build()
-    plan = _plans.get(key)
-    if plan is None:
-        plan = _plans[key] = build()
-    return plan
-
-
 # ---- forward -----------------------------------------------------------------------------------
 
 def conv2d_general(x, w, y=None, *, stride=1, padding=0, dilation=1, groups: int = 1, bias=None):
     """y = conv2d(x, w, bias) by kernels/09_general/conv2d_general.cu: one thread per output."""
     b_shape = None if bias is None else bias.shape
-    s, launch = kept(("fwd", x.shape, w.shape, x.dtype, b_shape, stride, padding, dilation, groups),
-                     lambda: _forward_plan(x, w, bias, stride, padding, dilation, groups))
+    args = (stride, padding, dilation, groups)
+    s, launch = remember(_plans, ("fwd", x.shape, w.shape, x.dtype, b_shape, *args),
+                         lambda: _forward_plan(x, w, bias, stride, padding, dilation, groups), args)
     y = output(y, s.y_shape, x, name="y")
     if launch is not None:
         # no bias: any tensor of the dtype fills the slot; the kernel's has_bias=0 keeps it from reading it
@@ -85,8 +75,9 @@ def _forward_plan(x, w, bias, stride, padding, dilation, groups):
 def conv2d_general_dx(dy, w, dx=None, *, stride=1, padding=0, input_size, dilation=1, groups: int = 1):
     """dx of conv2d by kernels/09_general/conv2d_general_dx.cu (a gather: one thread per dx
     element, no atomics). input_size=(H, W): with stride > 1 several input sizes give dy's size."""
-    s, launch = kept(("dx", dy.shape, w.shape, dy.dtype, input_size, stride, padding, dilation, groups),
-                     lambda: _dx_plan(dy, w, stride, padding, input_size, dilation, groups))
+    args = (input_size, stride, padding, dilation, groups)
+    s, launch = remember(_plans, ("dx", dy.shape, w.shape, dy.dtype, *args),
+                         lambda: _dx_plan(dy, w, stride, padding, input_size, dilation, groups), args)
     dx = output(dx, s.x_shape, dy, name="dx")
     if launch is not None:
         launch(dy, w, dx)
@@ -128,9 +119,10 @@ def conv2d_general_dw(x, dy, dw=None, *, stride=1, padding=0, kernel_size, dilat
     """dw of conv2d by kernels/09_general/conv2d_general_dw.cu: a block per (map, channel, 12 taps,
     pixel slice), sums in registers then shared memory, the slices added in order by a second
     kernel (deterministic). kernel_size: Kh or (Kh, Kw). splits: pixel slices (default dw_splits)."""
-    s, splits, launch, finish = kept(
-        ("dw", x.shape, dy.shape, x.dtype, kernel_size, stride, padding, dilation, groups, splits),
-        lambda: _dw_plan(x, dy, stride, padding, kernel_size, dilation, groups, splits))
+    args = (kernel_size, stride, padding, dilation, groups, splits)
+    s, splits, launch, finish = remember(_plans, ("dw", x.shape, dy.shape, x.dtype, *args),
+                                         lambda: _dw_plan(x, dy, stride, padding, kernel_size, dilation, groups,
+                                                          splits), args)
     dw = output(dw, s.w_shape, x, name="dw")
     if launch is not None:
         partial = new_output((splits * dw.numel(),), x, torch.float32)       # float sums, whatever the dtype
