@@ -13,11 +13,13 @@ import torch
 from . import _limits
 from ._errors import ArgumentError, LaunchError
 from ._source import Param
+from ._tensor_map import TensorMap
 
 
 @dataclass(frozen=True)
 class CType:
-    kind: str                     # "f" float, "i" signed int, "u" unsigned int, "b" bool, "v" vector/void
+    kind: str                     # "f" float, "i" signed int, "u" unsigned int, "b" bool, "v" vector/void,
+                                  # "m" a tensor map (passed by value)
     dtypes: tuple                 # tensor dtypes a pointer to it accepts (empty: any)
     ctype: object                 # ctypes type of a scalar of it (None: pointer only)
     code: str                     # struct code of a scalar of it (how the GPU backend packs it)
@@ -60,6 +62,7 @@ TYPES = {
     "int4": CType("v", _I32, None, ""),
     "uchar4": CType("v", (torch.uint8,), None, ""),
     "void": CType("v", (), None, ""),
+    "CUtensorMap": CType("m", (), None, "128s"),
 }
 
 _INT_RANGE = {"i": {1: 7, 2: 15, 4: 31, 8: 63}, "u": {1: 8, 2: 16, 4: 32, 8: 64}}
@@ -102,6 +105,12 @@ def check_args(kernel: str, params: list[Param], args: tuple, device: str) -> li
             if not a.is_contiguous():
                 raise ArgumentError(f"{what} is not contiguous (a transposed or sliced view): pass "
                                     f"`{p.name}.contiguous()`")
+            out.append((p, t, a))
+            continue
+        if t.kind == "m":
+            if not isinstance(a, TensorMap):
+                raise ArgumentError(f"{what} needs a tensor map: pass cl.tensor_map(t, box), got "
+                                    f"{type(a).__name__}")
             out.append((p, t, a))
             continue
         if isinstance(a, torch.Tensor):

@@ -90,7 +90,8 @@ def _parse_param(text: str, typedefs: dict[str, str]) -> Param:
         base = "pointer"
     words = type_part.replace("*", " ").split()
     const = pointer and "const" in type_part.split("*")[0].split()
-    core = [w for w in words if w not in ("const", "volatile", "__restrict__", "__restrict", "restrict", "struct")]
+    core = [w for w in words if w not in ("const", "volatile", "__restrict__", "__restrict", "restrict", "struct",
+                                         "__grid_constant__")]
     base = " ".join(core)
     base = typedefs.get(base, base)
     base = TYPE_ALIASES.get(base, base)

@@ -17,6 +17,8 @@ import re
 ARCHS = ("sm_75", "sm_80", "sm_86", "sm_89", "sm_90")
 OLDEST = (7, 5)
 REQUIRES = re.compile(r"^//\s*Requires sm_(\d)(\d)\b or newer:?\s*(.*)$", re.MULTILINE)
+# an architecture-specific target ("a"): that compute capability only, e.g. sm_90a's wgmma on H100/H200
+REQUIRES_ONLY = re.compile(r"^//\s*Requires sm_(\d)(\d)a:?\s*(.*)$", re.MULTILINE)
 
 
 def header(text: str) -> str:
@@ -31,10 +33,24 @@ def header(text: str) -> str:
 
 def required(text: str) -> tuple[tuple[int, int], str]:
     """(the oldest compute capability the file runs on, why), from its header."""
-    m = REQUIRES.search(header(text))
+    m = REQUIRES.search(header(text)) or REQUIRES_ONLY.search(header(text))
     if m is None:
         return OLDEST, ""
     return (int(m.group(1)), int(m.group(2))), m.group(3).strip()
+
+
+def required_suffix(text: str) -> str:
+    """"a" when the file is built for its compute capability's architecture-specific target only
+    (its header says `// Requires sm_90a: ...`), else ""."""
+    return "a" if REQUIRES_ONLY.search(header(text)) else ""
+
+
+def targets(text: str) -> list[str]:
+    """The targets `make kernels-check` compiles the file for."""
+    need, _ = required(text)
+    if required_suffix(text):
+        return [sm(need) + "a"]
+    return [t for t in ARCHS if (int(t[3]), int(t[4:])) >= need]
 
 
 def sm(cc: tuple[int, int]) -> str:
@@ -45,6 +61,12 @@ def too_old(text: str, path, cc: tuple[int, int], gpu: str) -> str | None:
     """None when a GPU of compute capability cc runs the file, else the message that says why not
     and what to do instead."""
     need, why = required(text)
+    if required_suffix(text):
+        if tuple(cc) == need:
+            return None
+        return (f"{path} runs only on a GPU of compute capability {need[0]}.{need[1]} ({sm(need)}a: an H100 or "
+                f"H200)" + (f" ({why})" if why else "") + f"; this {gpu} is {cc[0]}.{cc[1]}. Run it on the CPU "
+                "emulator (CONVLAB_BACKEND=emu); on this GPU, chapter 9's mma.sync kernel is the fp16 path.")
     if tuple(cc) >= need:
         return None
     return (f"{path} needs a GPU of compute capability {need[0]}.{need[1]} ({sm(need)}) or newer"

@@ -59,6 +59,8 @@ class Driver:
                "cuMemcpyDtoDAsync_v2": [ctypes.c_uint64, ctypes.c_uint64, S, P],
                "cuFuncGetAttribute": [ctypes.POINTER(I), I, P],
                "cuFuncSetAttribute": [P, I, I],
+               "cuTensorMapEncodeTiled": [P, I, U, P, ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64),
+                                          ctypes.POINTER(U), ctypes.POINTER(U), I, I, I, I],
                "cuGetErrorName": [U, ctypes.POINTER(ctypes.c_char_p)],
                "cuGetErrorString": [U, ctypes.POINTER(ctypes.c_char_p)]}
         for name, argtypes in sig.items():
@@ -106,6 +108,18 @@ class Driver:
     def copy_on_device(self, address: int, source: int, nbytes: int, stream: int):
         """Stream-ordered copy of nbytes from device memory at source to address."""
         self._call("copying to __constant__ memory", self.lib.cuMemcpyDtoDAsync_v2, address, source, nbytes, stream)
+
+    def encode_tensor_map(self, dtype: int, address: int, dims, strides, box, swizzle: int) -> bytes:
+        """cuTensorMapEncodeTiled's 128 bytes: a tiled map, element strides 1, no interleave, the
+        swizzle (CUtensorMapSwizzle: 0 none, 1 32B, 2 64B, 3 128B), L2 promotion of 256 bytes,
+        zeros outside the tensor."""
+        out = (ctypes.c_uint64 * 16)()
+        rank = len(dims)
+        U64, U32 = ctypes.c_uint64, ctypes.c_uint
+        self._call("encoding a tensor map", self.lib.cuTensorMapEncodeTiled, ctypes.byref(out), dtype, rank, address,
+                   (U64 * rank)(*dims), (U64 * max(rank - 1, 1))(*strides), (U32 * rank)(*box),
+                   (U32 * rank)(*([1] * rank)), 0, swizzle, 3, 0, error=ArgumentError)
+        return bytes(out)
 
     def attribute(self, func: int, attr: int) -> int:
         v = ctypes.c_int()
@@ -168,6 +182,9 @@ class CudaBackend:
         self.threads = self.dev.get_attribute(attr.MULTIPROCESSOR_COUNT)
         self._threads = threading.local()
 
+    def encode_tensor_map(self, dtype, address, dims, strides, box, swizzle) -> bytes:
+        return self.cu.encode_tensor_map(dtype, address, dims, strides, box, swizzle)
+
     def stream(self) -> ctypes.c_void_p:
         """torch's current stream in this thread, as the ctypes object cuLaunchKernel takes."""
         h = self.raw_stream()
@@ -214,8 +231,13 @@ class CudaBackend:
         cache = Path(os.environ.get("CONVLAB_CACHE") or Path.home() / ".cache" / "convlab") / "cuda"
         cache.mkdir(parents=True, exist_ok=True)
         try:
+            # an "a" target (sm_90a: wgmma, setmaxnreg) as -arch compute_90a -code sm_90a: the -arch sm_90a
+            # shorthand also runs a plain sm_90 pass that rejects those instructions
+            arch_only = arch.required_suffix(src.text)
+            target = f"{self.cc[0]}{self.cc[1]}{arch_only}"
             cubin = nvcc(text, options=opts, include_dirs=[str(src.path.parent), str(repo_root() / "kernels")],
-                         no_extern_c=True, arch=f"sm_{self.cc[0]}{self.cc[1]}", cache_dir=str(cache))
+                         no_extern_c=True, arch=f"compute_{target}" if arch_only else f"sm_{target}",
+                         code=f"sm_{target}" if arch_only else None, cache_dir=str(cache))
         except Exception as e:   # pycuda.driver.CompileError carries nvcc's stderr
             err = getattr(e, "stderr", None) or str(e)
             raise CompileError(f"{src.path} does not compile (nvcc):\n" + map_compiler_output(err)) from None
@@ -287,14 +309,18 @@ def _half_bits(v) -> int:
 
 
 class _Slots(threading.local):
-    """One thread's argument buffer for one kernel: 8 bytes per argument, and the void** array of
-    their addresses that cuLaunchKernel reads. Per thread, because packing and launching are two
-    steps between which another thread may run."""
+    """One thread's argument buffer for one kernel: a slot per argument (8 bytes; a tensor map's
+    128, 64-byte aligned), and the void** array of their addresses that cuLaunchKernel reads. Per
+    thread, because packing and launching are two steps between which another thread may run."""
 
-    def __init__(self, n: int, init: bytes):
-        self.buf = ctypes.create_string_buffer(init, 8 * max(n, 1))
-        base = ctypes.addressof(self.buf)
-        self.params = (ctypes.c_void_p * n)(*[base + 8 * i for i in range(n)]) if n else None
+    def __init__(self, offsets: list, size: int, init: bytes):
+        self.raw = ctypes.create_string_buffer(init.ljust(size + 64, b"\0"), size + 64)
+        base = ctypes.addressof(self.raw)
+        self.at = (-base) % 64                   # a tensor map's slot must be 64-byte aligned
+        ctypes.memmove(base + self.at, init, len(init))
+        self.buf = (ctypes.c_char * size).from_buffer(self.raw, self.at)
+        n = len(offsets)
+        self.params = (ctypes.c_void_p * n)(*[base + self.at + o for o in offsets]) if n else None
 
 
 def _dims(grid, block, shared) -> tuple:
@@ -310,16 +336,28 @@ class KernelLauncher:
 
     def __init__(self, backend, name: str, func: int, params, ctypes_):
         self.backend, self.name, self.func = backend, name, ctypes.c_void_p(func)
-        codes = []
+        codes, self.offsets, at = [], [], 0
         for p, t in zip(params, ctypes_):
-            code, size = ("Q", 8) if p.pointer else (t.code, ctypes.sizeof(t.ctype))
-            codes.append(code + (f"{8 - size}x" if size < 8 else ""))
+            if p.pointer:
+                code, size, slot = "Q", 8, 8
+            elif t.kind == "m":
+                pad = (-at) % 64
+                if pad:
+                    codes.append(f"{pad}x")
+                    at += pad
+                code, size, slot = t.code, 128, 128
+            else:
+                code, size, slot = t.code, ctypes.sizeof(t.ctype), 8
+            codes.append(code + (f"{slot - size}x" if size < slot else ""))
+            self.offsets.append(at)
+            at += slot
         self.n = len(params)
         self.struct = struct.Struct("=" + "".join(codes))
         self.pointers = [i for i, p in enumerate(params) if p.pointer]
         self.halves = [i for i, p in enumerate(params) if not p.pointer and p.base == "half"]
+        self.maps = [i for i, t in enumerate(ctypes_) if t.kind == "m"]
         self.params = params
-        self.slots = _Slots(self.n, bytes(8 * self.n))
+        self.slots = _Slots(self.offsets, self.struct.size, bytes(self.struct.size))
         self.opt_in = SHARED_DEFAULT_MAX      # the dynamic shared memory this function may use now
         self._dims = {}                       # (grid, block, shared) -> their c_uint objects
 
@@ -329,6 +367,8 @@ class KernelLauncher:
             values[i] = values[i].data_ptr()
         for i in self.halves:
             values[i] = _half_bits(values[i])
+        for i in self.maps:
+            values[i] = values[i].encoded
         if shared > self.opt_in:
             self.allow_shared(shared)
         dims = self._dims.get((grid, block, shared))
@@ -387,8 +427,10 @@ class BoundLaunch:
         for i in launcher.halves:
             values[i] = _half_bits(values[i])
         self.launcher, self.n, self.slow = launcher, n, slow
+        for i in launcher.maps:
+            values[i] = values[i].encoded
         self.pack = struct.Struct("=" + "Q" * n).pack_into
-        self.slots = _Slots(launcher.n, launcher.struct.pack(*values))
+        self.slots = _Slots(launcher.offsets, launcher.struct.size, launcher.struct.pack(*values))
         if shared > launcher.opt_in:
             launcher.allow_shared(shared)
         self.dims = _dims(grid, block, shared)

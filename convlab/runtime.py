@@ -19,6 +19,7 @@ import torch
 from . import _args, _limits, _source, backend_cuda, emu
 from ._errors import ArgumentError, BackendUnavailable, LaunchError, RaceError
 from ._paths import repo_root
+from ._tensor_map import SWIZZLES, TensorMap
 
 _backend = None
 _lock = threading.Lock()
@@ -443,6 +444,48 @@ class CpuFunction:
         checked = _args.check_args(self.name, self.params, args, "cpu")
         self.module._impl.launch(self.name, checked, (1, 1, 1), (1, 1, 1), 0,
                                  timeout=timeout or launch_timeout(), fibers=False)
+
+
+# CUtensorMapDataType of the dtypes a tensor map may describe
+_MAP_DTYPES = {torch.uint8: 0, torch.float16: 6, torch.float32: 7, torch.bfloat16: 9}
+
+
+def tensor_map(t: torch.Tensor, box, swizzle: int = 128) -> TensorMap:
+    """A tiled tensor map of the contiguous tensor t for a kernel's `const __grid_constant__
+    CUtensorMap` parameter: the copy engine (tma_load_Nd, kernels/11_hopper/hopper.cuh) then
+    fetches boxes of `box` elements (listed as t's shape is, outermost first), zeros outside t,
+    into shared memory in the given swizzle (bytes: 0, 32, 64, 128; with a swizzle, the box's
+    innermost extent is at most that many bytes). Made by the same call on both backends: the GPU
+    driver's cuTensorMapEncodeTiled, or the emulator's record of the same fields."""
+    if not isinstance(t, torch.Tensor) or not t.is_contiguous():
+        raise ArgumentError("tensor_map needs a contiguous tensor (a channels_last x: x.permute(0, 2, 3, 1))")
+    if t.dtype not in _MAP_DTYPES:
+        raise ArgumentError(f"tensor_map: {t.dtype} is not one of {', '.join(map(str, _MAP_DTYPES))}")
+    if t.device.type != device().torch_device:
+        raise ArgumentError(f"tensor_map: the tensor is on '{t.device}', the kernels run on '{device().torch_device}'")
+    box = tuple(int(b) for b in box)
+    if len(box) != t.dim() or not 1 <= t.dim() <= 5:
+        raise ArgumentError(f"tensor_map: a box of {t.dim()} extents (1 to 5 dimensions) for a tensor of shape "
+                            f"{tuple(t.shape)}, got {box}")
+    if swizzle not in SWIZZLES:
+        raise ArgumentError(f"tensor_map: swizzle={swizzle!r}, one of {SWIZZLES} bytes")
+    size = t.element_size()
+    dims, box_in = tuple(int(d) for d in reversed(t.shape)), tuple(reversed(box))
+    strides = tuple(int(s) * size for s in reversed(t.stride()))[1:]
+    if any(not 1 <= b <= 256 for b in box_in):
+        raise ArgumentError(f"tensor_map: each extent of the box is 1 to 256 elements, got {box}")
+    if box_in[0] * size % 16:
+        raise ArgumentError(f"tensor_map: the box's innermost extent must be a multiple of 16 bytes, got "
+                            f"{box_in[0]} x {size} bytes")
+    if swizzle and box_in[0] * size > swizzle:
+        raise ArgumentError(f"tensor_map: with a {swizzle}-byte swizzle the box's innermost extent is at most "
+                            f"{swizzle} bytes, got {box_in[0] * size}")
+    if any(s % 16 for s in strides) or t.data_ptr() % 16:
+        raise ArgumentError(f"tensor_map: the tensor's address and strides ({strides} bytes) must be multiples of "
+                            f"16 bytes (e.g. channels a multiple of {16 // size})")
+    encoded = backend_impl().encode_tensor_map(_MAP_DTYPES[t.dtype], t.data_ptr(), dims, strides, box_in,
+                                               SWIZZLES.index(swizzle))
+    return TensorMap(t, dims, strides, box_in, swizzle, encoded)
 
 
 def sync():
