@@ -196,6 +196,10 @@ _EXTERN_SHARED_RE = re.compile(
 _STATIC_SHARED_RE = re.compile(
     r"\b__shared__\s+((?:[^;{}=\[\],]|\([^;{}]*?\))*?)\s*\b([A-Za-z_]\w*)\s*((?:\[[^\[\];]+\]\s*)+);")
 _ALIGN_RE = re.compile(r"__align__\s*\(\s*\d+\s*\)")
+# `__shared__ uint64_t full[S], empty[S];`: several arrays of one type in one declaration
+_DECLARATOR = r"[A-Za-z_]\w*\s*(?:\[[^\[\];]+\]\s*)+"
+_STATIC_SHARED_LIST_RE = re.compile(
+    rf"\b__shared__\s+((?:[^;{{}}=\[\],]|\([^;{{}}]*?\))*?)\s*\b({_DECLARATOR}(?:,\s*{_DECLARATOR})+);")
 
 
 # Pointer types the emulator's hooked build turns into clemu::lptr<T> (cuda_emu.h): C's and CUDA's
@@ -333,23 +337,27 @@ def rewrite_for_emulator(src: Source) -> str:
         name = m.group(3)
         edits.append((m.start(), m.end(), f'static const ::clemu::dyn_shared<{elem}> {name}{{"{name}"}};'))
         edits += _shared_decay_edits(clean, m.end(), name, 1)
-    for m in _STATIC_SHARED_RE.finditer(clean):
+    shared = [(m, m.group(1), [(m.group(2), m.group(3))]) for m in _STATIC_SHARED_RE.finditer(clean)]
+    shared += [(m, m.group(1), [(d.group(1), d.group(2)) for d in re.finditer(rf"([A-Za-z_]\w*)\s*((?:\[[^\[\];]+\]\s*)+)",
+                                                                               m.group(2))])
+               for m in _STATIC_SHARED_LIST_RE.finditer(clean)]
+    for m, type_part, declarators in shared:
         if re.search(r"\bextern\s*$", clean[max(0, m.start() - 20):m.start()]):
             continue
         if clean.count("{", 0, m.start()) <= clean.count("}", 0, m.start()):
             continue   # at file scope: stays a plain static thread_local array
-        elem = " ".join(_ALIGN_RE.sub(" ", m.group(1)).split())
-        name, dims = m.group(2), "".join(m.group(3).split())
+        elem = " ".join(_ALIGN_RE.sub(" ", type_part).split())
         if not elem or elem in ("static", "extern"):
             continue
-        array = f"{elem}{dims}"
-        newlines = text[m.start():m.end()].count("\n")
-        edits.append((m.start(), m.end(),
-                      f"static thread_local ::clemu::shared_store<{array}> {name}__clemu; "
-                      f"const ::clemu::sview<{array}> {name} = ::clemu::shared_open({name}__clemu, \"{name}\");"
-                      + "\n" * newlines))
-        edits += _shared_sizeof_edits(clean, m.end(), name)
-        edits += _shared_decay_edits(clean, m.end(), name, dims.count("["))
+        views = []
+        for name, dims in declarators:
+            dims = "".join(dims.split())
+            array = f"{elem}{dims}"
+            views.append(f"static thread_local ::clemu::shared_store<{array}> {name}__clemu; "
+                         f"const ::clemu::sview<{array}> {name} = ::clemu::shared_open({name}__clemu, \"{name}\");")
+            edits += _shared_sizeof_edits(clean, m.end(), name)
+            edits += _shared_decay_edits(clean, m.end(), name, dims.count("["))
+        edits.append((m.start(), m.end(), " ".join(views) + "\n" * text[m.start():m.end()].count("\n")))
     for m in _CONST_RE.finditer(clean):
         # an accessor right after the declaration, on the same line, so it lives in the same #if branch
         name, depth, i = m.group(2), 0, m.end() - 1

@@ -6,6 +6,7 @@ import ctypes
 import hashlib
 import os
 import re
+import struct
 import subprocess
 import sys
 import tempfile
@@ -21,7 +22,8 @@ import torch
 from .._errors import (ArgumentError, BarrierError, CompileError, KernelFault, KernelInterrupted, KernelTimeout,
                        LaunchError, OutOfBoundsError, ProfileUnavailable, RaceDetectorOff, RaceError, WarpMaskError)
 from .._paths import repo_root
-from .._source import Source, display_name, locate, map_compiler_output, rewrite_for_emulator, where
+from .._source import (Source, display_name, locate, map_compiler_output, rewrite_for_emulator, strip_comments,
+                       where)
 
 HERE = Path(__file__).resolve().parent
 INCLUDE = HERE / "include"
@@ -35,7 +37,15 @@ CXXFLAGS = ["-std=c++17", "-O2", "-g1", "-fPIC", "-shared", "-fno-strict-aliasin
 # warp operations too (ldmatrix and mma exchange registers between lanes: tensor_core.cuh)
 _BARRIER_RE = re.compile(r"\b(__syncthreads\w*|__syncwarp|__shfl\w*|__ballot_sync|__any_sync|__all_sync|__match_\w+_sync|"
                          r"__reduce_\w+_sync|ldmatrix_\w+|"
-                         r"mma_16816\w*)\b")
+                         r"mma_16816\w*|wgmma_\w+|mbar_wait|setmaxnreg_\w+)\b")
+# Hopper's asynchronous path (clemu_hopper.h): the runtime then records ordinary shared-memory stores
+# too, for the checks against TMA copies and wgmma reads (fence_proxy_async)
+_ASYNC_RE = re.compile(r"\b(wgmma_\w+|tma_load_\w+|mbar_\w+|fence_proxy_async|smem_desc_128b)\s*[(<]")
+#: the emulator's CUtensorMap (clemu_abi.h's clemu_tensor_map): magic, dtype, rank, swizzle, address,
+#: dims[5], strides[4], box[5], element bytes, 8 bytes reserved
+_TMAP = struct.Struct("<IiiiQ5q4q5II8x")
+_TMAP_MAGIC = 0x4D544C43
+_MAP_ELEM_BYTES = {0: 1, 6: 2, 7: 4, 9: 2}
 _STATUS = {1: KernelFault, 2: BarrierError, 3: OutOfBoundsError, 4: KernelTimeout, 5: OutOfBoundsError,
            6: KernelFault, 7: KernelFault, 8: KernelFault, 9: LaunchError, 10: RaceError, 11: KernelInterrupted,
            12: WarpMaskError}
@@ -106,7 +116,8 @@ class _Launch(ctypes.Structure):
                 ("n_workers", ctypes.c_int), ("use_fibers", ctypes.c_int), ("stack_bytes", ctypes.c_longlong),
                 ("body", ctypes.c_void_p), ("args", ctypes.POINTER(ctypes.c_void_p)), ("n_bufs", ctypes.c_int),
                 ("bufs", ctypes.POINTER(_Buf)), ("buf_names", ctypes.POINTER(ctypes.c_char_p)),
-                ("detect", ctypes.c_int), ("profile", ctypes.c_int), ("status", ctypes.c_int), ("message", ctypes.c_char * 4096)]
+                ("detect", ctypes.c_int), ("profile", ctypes.c_int), ("async_proxy", ctypes.c_int),
+                ("status", ctypes.c_int), ("message", ctypes.c_char * 4096)]
 
 
 def compile_library(cpp_text: str, key: str, flags: list[str], display: str, libs: list[str] = (),
@@ -235,7 +246,7 @@ def _elem(p) -> str:
 
 
 def _scalar_type(p) -> str:
-    return " ".join(w for w in p.ctype.split() if w not in ("const", "volatile"))
+    return " ".join(w for w in p.ctype.split() if w not in ("const", "volatile", "__grid_constant__"))
 
 
 class EmuBackend:
@@ -244,6 +255,15 @@ class EmuBackend:
 
     def __init__(self):
         self.threads = int(os.environ.get("CONVLAB_EMU_THREADS") or os.cpu_count() or 1)
+
+    def encode_tensor_map(self, dtype: int, address: int, dims, strides, box, swizzle: int) -> bytes:
+        """The 128 bytes a kernel's CUtensorMap parameter receives on the emulator: the same fields
+        as the driver's cuTensorMapEncodeTiled (dims and box innermost first, in elements; strides in
+        bytes for dims[1:]; swizzle 0 none, 1 32B, 2 64B, 3 128B), read by clemu_hopper.h's TMA loads."""
+        def pad(v, n):
+            return list(v) + [0] * (n - len(v))
+        return _TMAP.pack(_TMAP_MAGIC, dtype, len(dims), swizzle, address, *pad(dims, 5), *pad(strides, 4),
+                          *pad(box, 5), _MAP_ELEM_BYTES[dtype])
 
     def compile(self, src: Source, defines: dict, options: list[str]) -> "EmuModule":
         rt = _Runtime.get()
@@ -275,7 +295,9 @@ class EmuBackend:
             so = compile_library(text, key, flags + (["-DCLEMU_HOOKS"] if hooks else []), display_name(src.path), libs, src)
             return ctypes.CDLL(str(so))
         uses_barriers = bool(_BARRIER_RE.search(src.all_text()))
-        return EmuModule(self, rt, build, src, uses_barriers)
+        module = EmuModule(self, rt, build, src, uses_barriers)
+        module.uses_async = bool(_ASYNC_RE.search(strip_comments(src.all_text())))
+        return module
 
     def compile_cpu(self, src: Source, functions: dict, defines: dict, options: list[str]) -> "EmuModule":
         """Plain C++ (chapter 1): run each call as a one-thread launch, so a crash or an endless loop
@@ -308,6 +330,7 @@ class EmuModule:
     def __init__(self, backend, rt, build, src, uses_barriers, cpu: bool = False):
         self.backend, self.rt, self.src = backend, rt, src
         self.uses_barriers = uses_barriers
+        self.uses_async = False
         self._constants = {}
         self._cpu = cpu
         if cpu:   # plain C++ (cl.load_cpu): one build, no hooks
@@ -378,6 +401,12 @@ class EmuModule:
                 if p.base != "pointer":
                     bufs.append(b)
                     names.append(p.name.encode())
+            elif t.kind == "m":      # a CUtensorMap by value: 128 bytes, 64-byte aligned as the struct is
+                raw = ctypes.create_string_buffer(128 + 64)
+                addr = (ctypes.addressof(raw) + 63) & ~63
+                ctypes.memmove(addr, v.encoded, 128)
+                keep.append(raw)
+                argv[i] = addr
             else:
                 if p.base == "half":
                     c = ctypes.c_uint16(int(torch.tensor(v, dtype=torch.float16).view(torch.int16).item()) & 0xFFFF)
@@ -416,6 +445,7 @@ class EmuModule:
         L.buf_names = name_arr
         L.detect = int(detect)
         L.profile = int(profiling)
+        L.async_proxy = int(self.uses_async)
         with _one_launch:
             if profiling:
                 rec.arm(self.rt)

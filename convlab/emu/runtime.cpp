@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cerrno>
 #include <csetjmp>
 #include <csignal>
@@ -33,6 +34,7 @@
 #include <sys/mman.h>
 #include <ucontext.h>
 #include <unistd.h>
+#include <xmmintrin.h>
 
 thread_local clemu_thread* clemu_cur = nullptr;
 
@@ -138,12 +140,20 @@ struct clemu_launch {
     const char** buf_names;
     int detect;                // run the race detector (one worker, so its verdict is deterministic)
     int profile;               // count requests, sectors and bank conflicts (profile.cpp)
+    int async_proxy;           // the kernel uses Hopper's async path: ordinary shared stores are recorded (fence checks)
     // results
     int status;
     char message[4096];
 };
 
-enum { T_RUN, T_BAR, T_WARP, T_DONE, T_FAULT };
+enum { T_RUN, T_BAR, T_WARP, T_DONE, T_FAULT, T_WG, T_MBAR };
+
+// A wgmma's accumulators in flight (clemu_hopper.h): the thread's d, the result it gets at the wait
+// that covers `group`, and the last wgmma that wrote it.
+struct wg_acc { float* d; int n; unsigned long long group; const char* file; int line; std::vector<float> val; };
+// What one thread knows of an mbarrier: how many of its phases have completed (mbar_wait, or a
+// __syncthreads() after another thread's wait).
+struct mbar_seen { uintptr_t bar; unsigned long long phases; };
 
 struct fiber_thread {
     clemu_thread pub;
@@ -157,6 +167,15 @@ struct fiber_thread {
     unsigned warp_gen;
     unsigned seq;          // checked accesses since the block's last barrier (the race detector's program order)
     unsigned cp_groups;    // cp.async groups the thread has committed in this block
+    // Hopper (clemu_hopper.h)
+    void* mbar;            // T_MBAR: the mbarrier it waits on, for the phase of this parity
+    unsigned mbar_parity;
+    int wg_op, wg_n, wg_acc_flag;              // T_WG: the warpgroup instruction and its operands
+    float* wg_d;
+    unsigned long long wg_da, wg_db;
+    unsigned long long fences, fences_at_bar;  // fence_proxy_async calls so far, and as of the last __syncthreads()
+    std::vector<mbar_seen> seen;
+    std::vector<wg_acc> inflight;
 };
 
 // Static __shared__ arrays the running block has opened (clemu_shared_region).
@@ -166,6 +185,32 @@ struct shared_region { const char* lo; long long bytes, elem; const char* name; 
 // (group == the thread's cp_groups while it is not committed yet).
 struct cp_copy { unsigned char* dst; unsigned char data[16]; int bytes; unsigned group; const void* site; };
 struct cp_word { int thread; unsigned group; const void* site; };
+
+// An mbarrier (clemu_hopper.h): arrivals still due and bytes still expected in the current phase.
+struct mbar_state {
+    unsigned count;
+    long long pending, tx, announced;
+    unsigned long long phase;          // phases completed; the current one's parity is phase & 1
+    const char* tx_file; int tx_line;  // the phase's last mbar_arrive_expect_tx
+};
+// A 16-byte chunk of shared memory as the asynchronous proxy sees it: the last TMA copy into it
+// (done for a thread once it has seen phase tma_phase of tma_bar complete), the last ordinary store
+// (fenced for the tensor cores once its thread's fence_proxy_async count passes w_fences), and the
+// wgmmas of each warpgroup that read it, until the wait that covers their group.
+enum { MAX_WARPGROUPS = 8 };
+struct async_chunk {
+    bool tma = false, written = false;
+    const char* tma_file = nullptr; int tma_line = 0, tma_thread = 0;
+    uintptr_t tma_bar = 0; unsigned long long tma_phase = 0;
+    const void* w_site = nullptr; int w_thread = 0; unsigned long long w_fences = 0;
+    unsigned rd_mask = 0;
+    unsigned long long rd_group[MAX_WARPGROUPS];
+    const char* rd_file[MAX_WARPGROUPS]; int rd_line[MAX_WARPGROUPS];
+};
+// A warpgroup's state: `gen` counts its instructions met, `done` the ones their first resumer has
+// carried out; commit groups committed, and the groups below `waited` are complete.
+struct wg_state { unsigned gen = 0, done = 0; unsigned long long committed = 0, waited = 0; bool fenced = false;
+                  const char* wait_file = nullptr; int wait_line = 0; };
 
 static const long long MAX_DYN_SHARED = 232448;   // an H100/H200's opt-in maximum (227 KB)
 
@@ -181,6 +226,9 @@ struct worker {
     std::vector<shared_region> regions;            // the running block's static __shared__ arrays
     std::vector<std::vector<cp_copy>> cp_pending;  // per thread of the block: its copies in flight
     std::unordered_map<uintptr_t, cp_word> cp_words;   // every 4-byte word a copy in flight writes
+    std::unordered_map<uintptr_t, mbar_state> mbars;   // the block's mbarriers, by address
+    std::unordered_map<uintptr_t, async_chunk> chunks; // shared memory the TMA, wgmma or (recorded) stores touched
+    wg_state wgs[MAX_WARPGROUPS];
     unsigned char* dyn_shared = nullptr;
     char* stacks = nullptr;                        // n_stacks * stack_bytes, guard page at the bottom of each
     long long stack_bytes = 0;
@@ -654,6 +702,8 @@ static void count_access(unsigned op, const void* addr, unsigned bytes, const vo
 }
 
 static void local_pointer_access(unsigned op, const void* addr, unsigned bytes, const void* pc);
+static void async_access(unsigned op, const void* addr, unsigned bytes, const void* pc);
+static bool async_on = false;    // the launch's kernel uses Hopper's async path: shared accesses go to async_access
 
 extern "C" __attribute__((visibility("default")))
 void clemu_access(unsigned op, const volatile void* addr, unsigned bytes, const char* name, const void* base) {
@@ -663,12 +713,14 @@ void clemu_access(unsigned op, const volatile void* addr, unsigned bytes, const 
     }
     if (op & CLEMU_ANY) {         // an arithmetic element through a local pointer
         if (prof_on) count_access(op, (const void*)addr, bytes, __builtin_return_address(0));
-        if (W && (detect_on || !W->cp_words.empty()))
+        if (W && (detect_on || async_on || !W->cp_words.empty()))
             local_pointer_access(op, (const void*)addr, bytes, __builtin_return_address(0));
         return;
     }
     if (W && !W->cp_words.empty() && !(op & CLEMU_ATOM))
         cp_check(op, (const void*)addr, bytes, name, base, __builtin_return_address(0));
+    if (async_on && W && (op & CLEMU_SHARED) && !(op & CLEMU_ATOM))
+        async_access(op, (const void*)addr, bytes, __builtin_return_address(0));
     if (prof_on) count_access(op, (const void*)addr, bytes, __builtin_return_address(0));
     if (!detect_on || (op & CLEMU_ATOM)) return;
     detect(op, addr, bytes, name, base, __builtin_return_address(0));
@@ -693,6 +745,7 @@ static void local_pointer_access(unsigned op, const void* addr, unsigned bytes, 
     if (a < m.lo || a + bytes > m.lo + m.bytes) return;   // near a static array, not in it: nothing known
     op = (op & ~(unsigned)CLEMU_ANY) | CLEMU_SHARED;
     if (!W->cp_words.empty()) cp_check(op, addr, bytes, m.name, m.lo, pc);
+    if (async_on) async_access(op, addr, bytes, pc);
     if (detect_on) detect(op, addr, bytes, m.name, m.lo, pc);
 }
 
@@ -978,12 +1031,720 @@ extern "C" __attribute__((visibility("default"))) void clemu_cp_async_wait(int n
 }
 
 // ----------------------------------------------------------------------------------------
+// Hopper's asynchronous path (clemu_hopper.h): warpgroup MMA, mbarriers, TMA loads.
+//
+// Model: a TMA copy lands when it is issued and counts its bytes against its mbarrier at once; a
+// wgmma computes when the warpgroup issues it, from the shared tiles as they are then, and hands
+// the result to the accumulators at the wgmma_wait that covers its commit group (until then they
+// hold a signalling NaN). What the GPU leaves undefined is checked instead: every access to a
+// chunk of shared memory is held against the copies and MMAs that use it (async_chunk).
+
+static inline unsigned csr_quiet() {          // mask the invalid-operation trap (the runtime's own arithmetic)
+    unsigned old = _mm_getcsr();
+    _mm_setcsr(old | 0x80u);
+    return old;
+}
+// While the thread has a wgmma in flight, arithmetic on its poisoned accumulators traps (SIGFPE,
+// on_signal names the line). The fiber switch keeps each thread's MXCSR.
+static void trap_update(fiber_thread* t) {
+    unsigned c = _mm_getcsr() & ~1u;          // clear a stale invalid flag
+    _mm_setcsr(t->inflight.empty() ? (c | 0x80u) : (c & ~0x80u));
+}
+
+static float hp_h2f(uint16_t h) {
+    uint32_t u = (uint32_t)(h & 0x7fff) << 13, e = u & 0x0f800000u;
+    u += 0x38000000u;
+    float f;
+    if (e == 0x0f800000u) u += 0x38000000u;
+    else if (e == 0) { u += 0x00800000u; memcpy(&f, &u, 4); f -= 6.10351562e-05f; memcpy(&u, &f, 4); }
+    u |= (uint32_t)(h & 0x8000) << 16;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+// One m64nNk16 step for one output element: the accumulator c plus the 16 products a[k] * b[k]
+// (each exact in float: a product of two halves has at most 22 significant bits). The order and
+// rounding of the sum is the model of the GPU's accumulation: sequential fmaf over k for now.
+static inline float wgmma_k16(float c, const float* a, const float* b) {
+    for (int k = 0; k < 16; k++) c = fmaf(a[k], b[k], c);
+    return c;
+}
+
+// The swizzles as functions of the shared address: 16-byte chunk bits [4:6] ^= bits [7:9] (128B),
+// [4:5] ^= [7:8] (64B), [4] ^= [7] (32B).
+static inline uintptr_t swizzle(uintptr_t a, int mode) {
+    static const uintptr_t mask[4] = {0, 1, 3, 7};
+    return a ^ (((a >> 7) & mask[mode & 3]) << 4);
+}
+
+static std::string file_line(const char* file, int line) { return std::string(file) + ":" + std::to_string(line); }
+
+static std::string warps_str(unsigned bits, int first_warp) {
+    std::string s;
+    for (int k = 0; k < 4; k++) {
+        if (!((bits >> k) & 1u)) continue;
+        int e = k;
+        while (e + 1 < 4 && ((bits >> (e + 1)) & 1u)) e++;
+        if (!s.empty()) s += ", ";
+        s += std::to_string(first_warp + k) + (e > k ? "-" + std::to_string(first_warp + e) : "");
+        k = e;
+    }
+    return (__builtin_popcount(bits) > 1 ? "warps " : "warp ") + s;
+}
+
+static const char* wg_name(int op, int n) {
+    switch (op) {
+        case CLEMU_WG_FENCE: return "wgmma_fence()";
+        case CLEMU_WG_COMMIT: return "wgmma_commit()";
+        case CLEMU_WG_WAIT: return "wgmma_wait<N>()";
+        case CLEMU_WG_SETMAXNREG: return "setmaxnreg";
+        default: return n == 64 ? "wgmma_m64n64k16" : n == 128 ? "wgmma_m64n128k16" : "wgmma_m64n256k16";
+    }
+}
+enum { WG_MMA = 4 };
+
+// What a thread has seen of an mbarrier's phases.
+static mbar_seen* seen_of(fiber_thread* t, uintptr_t bar) {
+    for (auto& s : t->seen) if (s.bar == bar) return &s;
+    t->seen.push_back({bar, 0});
+    return &t->seen.back();
+}
+static bool has_seen(fiber_thread* t, uintptr_t bar, unsigned long long phase) {
+    for (auto& s : t->seen) if (s.bar == bar) return s.phases > phase;
+    return false;
+}
+
+static std::string shared_name(const void* a) {
+    mem_place m = place_of(a);
+    if (m.space != SP_SHARED) return "address " + std::to_string((uintptr_t)a);
+    return shared_what(a, m);
+}
+
+// "the mbarrier __shared__ full[1] (phase 3, parity 1: 0 of 1 arrivals and 8192 bytes still due)"
+static std::string mbar_text(uintptr_t bar, const mbar_state& m) {
+    char s[300];
+    snprintf(s, sizeof s, "the mbarrier %s (current phase %llu, parity %llu: %lld of its %u arrivals and %lld bytes "
+             "still due)", shared_name((void*)bar).c_str(), m.phase, m.phase & 1, m.pending, m.count, m.tx);
+    return s;
+}
+
+static mbar_state& mbar_get(void* bar, const char* what, const char* file, int line) {
+    if (!W || !me()) clemu_fault(CLEMU_FAULT, "%s outside a kernel", what);
+    mem_place m = place_of(bar);
+    const char* lo = (const char*)bar;
+    if (m.space != SP_SHARED || lo < m.lo || lo + 8 > m.lo + m.bytes)
+        tc_fault(CLEMU_FAULT, "%s at %s:%d: the mbarrier %p is not in shared memory (%s): an mbarrier is a uint64_t "
+                 "of a __shared__ array", what, file, line, bar,
+                 m.space == SP_GLOBAL ? "it is inside a buffer argument" : m.space == SP_LOCAL ?
+                 "it is a local variable of the thread" : "it is in no shared array");
+    if ((uintptr_t)bar % 8)
+        tc_fault(CLEMU_FAULT, "%s at %s:%d: the mbarrier %s is not 8-byte aligned: declare it a uint64_t", what, file,
+                 line, shared_name(bar).c_str());
+    auto it = W->mbars.find((uintptr_t)bar);
+    if (it == W->mbars.end())
+        tc_fault(CLEMU_FAULT, "%s at %s:%d: the mbarrier %s is used before mbar_init: one thread calls "
+                 "mbar_init(&bar, count), then fence_mbar_init(), and a __syncthreads() orders that before every "
+                 "other use", what, file, line, shared_name(bar).c_str());
+    return it->second;
+}
+
+static void mbar_complete(mbar_state& m) {
+    if (m.pending == 0 && m.tx == 0) { m.phase++; m.pending = m.count; m.announced = 0; }
+}
+
+extern "C" __attribute__((visibility("default"))) void clemu_mbar_init(void* bar, unsigned count, const char* file,
+                                                                       int line) {
+    mem_place m = place_of(bar);
+    const char* lo = (const char*)bar;
+    if (!W || !me()) clemu_fault(CLEMU_FAULT, "mbar_init outside a kernel");
+    if (m.space != SP_SHARED || lo < m.lo || lo + 8 > m.lo + m.bytes || (uintptr_t)bar % 8)
+        tc_fault(CLEMU_FAULT, "mbar_init at %s:%d: %p is not an 8-byte aligned uint64_t in shared memory: an "
+                 "mbarrier is an element of a __shared__ uint64_t array", file, line, bar);
+    if (count < 1 || count >= (1u << 20))
+        tc_fault(CLEMU_FAULT, "mbar_init at %s:%d: count %u: an mbarrier expects 1 to 2^20 - 1 arrivals a phase",
+                 file, line, count);
+    mbar_state s{};
+    s.count = count;
+    s.pending = count;
+    W->mbars[(uintptr_t)bar] = s;
+}
+
+extern "C" __attribute__((visibility("default"))) void clemu_mbar_arrive(void* bar, unsigned tx, int expect,
+                                                                         const char* file, int line) {
+    const char* what = expect ? "mbar_arrive_expect_tx" : "mbar_arrive";
+    mbar_state& m = mbar_get(bar, what, file, line);
+    if (m.pending == 0)
+        tc_fault(CLEMU_BARRIER, "%s at %s:%d: %s has had all its arrivals this phase and waits only for bytes: one "
+                 "arrival too many (mbar_init's count is the number of mbar_arrive and mbar_arrive_expect_tx calls "
+                 "of one phase)", what, file, line, mbar_text((uintptr_t)bar, m).c_str());
+    if (expect) {
+        m.tx += tx;
+        m.announced += tx;
+        m.tx_file = file;
+        m.tx_line = line;
+    }
+    m.pending--;
+    mbar_complete(m);
+}
+
+extern "C" __attribute__((visibility("default"))) void clemu_mbar_wait(void* bar, unsigned parity, const char* file,
+                                                                       int line) {
+    unsigned csr = csr_quiet();
+    fiber_thread* t = me();
+    mbar_state* m = &mbar_get(bar, "mbar_wait", file, line);
+    if ((m->phase & 1) == (parity & 1)) {     // that phase is still running: let the others work
+        t->mbar = bar;
+        t->mbar_parity = parity & 1;
+        park(T_MBAR, file, line);
+        m = &W->mbars[(uintptr_t)bar];
+    }
+    mbar_seen* s = seen_of(t, (uintptr_t)bar);
+    if (s->phases < m->phase) s->phases = m->phase;
+    _mm_setcsr(csr);
+}
+
+extern "C" __attribute__((visibility("default"))) void clemu_fence_proxy_async(const char*, int) {
+    if (me()) me()->fences++;
+}
+
+// A chunk's TMA copy or in-flight wgmma read, against an ordinary access by the running thread at pc
+// (hooked launches of a kernel that uses the async path).
+static void async_access(unsigned op, const void* addr, unsigned bytes, const void* pc) {
+    fiber_thread* t = me();
+    if (!t) return;
+    bool wr = op & CLEMU_WR;
+    for (uintptr_t c = (uintptr_t)addr & ~(uintptr_t)15; c < (uintptr_t)addr + bytes; c += 16) {
+        auto it = W->chunks.find(c);
+        if (it != W->chunks.end()) {
+            async_chunk& k = it->second;
+            if (k.tma && !has_seen(t, k.tma_bar, k.tma_phase)) {
+                const mbar_state& m = W->mbars[k.tma_bar];
+                set_failure(CLEMU_RACE, "%s %s at %s by %s, before this thread has waited for the copy that writes it: "
+                    "the tma_load at %s (thread %s) lands when phase %llu (parity %llu) of the mbarrier %s completes, "
+                    "and nothing orders this %s after that. Call mbar_wait(&bar, %llu) in this thread before the %s "
+                    "(or have one thread wait, then __syncthreads())%s.",
+                    wr ? "write to" : "read of", shared_name(addr).c_str(), site(pc).c_str(), where(clemu_cur).c_str(),
+                    file_line(k.tma_file, k.tma_line).c_str(), thread_in_block(k.tma_thread, W->blk.dim).c_str(),
+                    k.tma_phase, k.tma_phase & 1, shared_name((void*)k.tma_bar).c_str(), wr ? "write" : "read",
+                    k.tma_phase & 1, wr ? "write" : "read",
+                    m.phase > k.tma_phase ? "" : " (that phase has not even completed yet)");
+                throw clemu_fault_exc();
+            }
+            for (int g = 0; wr && g < MAX_WARPGROUPS; g++)
+                if (((k.rd_mask >> g) & 1u) && k.rd_group[g] >= W->wgs[g].waited) {
+                    set_failure(CLEMU_RACE, "write to %s at %s by %s, while the wgmma at %s of warpgroup %d still reads "
+                        "it (no wgmma_wait covers its commit group yet, so the tensor cores may read the new value). "
+                        "Overwrite a tile only after the wgmma_wait<N>() that covers the MMAs reading it (and, for "
+                        "another warpgroup's tile, a barrier or mbarrier after that wait).",
+                        shared_name(addr).c_str(), site(pc).c_str(), where(clemu_cur).c_str(),
+                        file_line(k.rd_file[g], k.rd_line[g]).c_str(), g);
+                    throw clemu_fault_exc();
+                }
+        }
+        if (wr) {
+            async_chunk& k = W->chunks[c];
+            k.tma = false;
+            k.written = true;
+            k.w_site = pc;
+            k.w_thread = t->pub.linear;
+            k.w_fences = t->fences;
+        }
+    }
+}
+
+extern "C" __attribute__((visibility("default"))) void clemu_tma_load(void* dst, const clemu_tensor_map* map,
+                                                                      void* bar, const int* c, int rank,
+                                                                      const char* file, int line) {
+    unsigned csr = csr_quiet();
+    fiber_thread* t = me();
+    char what[32];
+    snprintf(what, sizeof what, "tma_load_%dd", rank);
+    if (!t || !W) clemu_fault(CLEMU_FAULT, "%s outside a kernel", what);
+    if (!map || map->magic != CLEMU_TMAP_MAGIC)
+        tc_fault(CLEMU_FAULT, "%s at %s:%d: the map is not a tensor map: pass the address of the kernel's `const "
+                 "__grid_constant__ CUtensorMap` parameter, made by cl.tensor_map(t, box)", what, file, line);
+    if (map->rank != rank)
+        tc_fault(CLEMU_FAULT, "%s at %s:%d: the tensor map has %d dimensions, but %d coordinates were given: call "
+                 "tma_load_%dd", what, file, line, map->rank, rank, map->rank);
+    long long row = (long long)map->box[0] * map->elem_bytes, rows = 1;
+    for (int d = 1; d < rank; d++) rows *= map->box[d];
+    long long bytes = row * rows;
+    static const int align[4] = {128, 256, 512, 1024};
+    int need = align[map->swizzle & 3];
+    if ((uintptr_t)dst % need)
+        tc_fault(CLEMU_FAULT, "%s at %s:%d: the destination %s is %d bytes past a %d-byte boundary: a box in the "
+                 "%s lands at a multiple of %d bytes", what, file, line, shared_name(dst).c_str(),
+                 (int)((uintptr_t)dst % need), need,
+                 map->swizzle == 3 ? "128-byte swizzle" : map->swizzle ? "swizzled layout" : "shared memory", need);
+    check_shared(dst, (int)bytes, what, "the destination", __builtin_return_address(0));
+    mbar_state& m = mbar_get(bar, what, file, line);
+    unsigned char* base = (unsigned char*)dst;
+    // the chunks it writes: none may still be read by a wgmma in flight
+    for (long long o = 0; o < bytes; o += 16) {
+        auto it = W->chunks.find((uintptr_t)base + o);
+        if (it == W->chunks.end()) continue;
+        async_chunk& k = it->second;
+        for (int g = 0; g < MAX_WARPGROUPS; g++)
+            if (((k.rd_mask >> g) & 1u) && k.rd_group[g] >= W->wgs[g].waited)
+                tc_fault(CLEMU_RACE, "%s at %s:%d writes %s, which the wgmma at %s of warpgroup %d still reads (no "
+                         "wgmma_wait covers its commit group yet). Refill a stage only after its consumers are done: "
+                         "they wgmma_wait<N>() for the MMAs that read it, then arrive on the stage's 'empty' mbarrier, "
+                         "and the producer waits for that before the copy", what, file, line,
+                         shared_name(base + o).c_str(), file_line(k.rd_file[g], k.rd_line[g]).c_str(), g);
+    }
+    // the box: element i of row r at linear offset r * row + i * elem, then swizzled
+    const unsigned char* src = (const unsigned char*)(uintptr_t)map->addr;
+    int eb = (int)map->elem_bytes;
+    long long idx[5] = {0, 0, 0, 0, 0};
+    for (long long r = 0; r < rows; r++) {
+        long long rem = r, off = 0;
+        bool inside = true;
+        for (int d = 1; d < rank; d++) {
+            idx[d] = rem % map->box[d];
+            rem /= map->box[d];
+            long long g = (long long)c[d] + idx[d];
+            if (g < 0 || g >= map->dims[d]) inside = false;
+            off += g * map->strides[d - 1];
+        }
+        for (long long i = 0; i < map->box[0]; i++) {
+            uintptr_t a = swizzle((uintptr_t)(base + r * row + i * eb), map->swizzle);
+            long long g = (long long)c[0] + i;
+            if (inside && g >= 0 && g < map->dims[0]) memcpy((void*)a, src + off + g * eb, (size_t)eb);
+            else memset((void*)a, 0, (size_t)eb);
+        }
+    }
+    for (long long o = 0; o < bytes; o += 16) {
+        async_chunk& k = W->chunks[(uintptr_t)base + o];
+        k.tma = true;
+        k.written = false;
+        k.tma_file = file;
+        k.tma_line = line;
+        k.tma_thread = t->pub.linear;
+        k.tma_bar = (uintptr_t)bar;
+        k.tma_phase = m.phase;
+    }
+    if (m.tx - bytes < 0)
+        tc_fault(CLEMU_BARRIER, "%s at %s:%d brings %lld bytes to %s, but only %lld bytes of its phase are still "
+                 "expected (its transaction count would go negative)%s: mbar_arrive_expect_tx must announce, before "
+                 "the copies, every byte the phase's copies bring (here %lld bytes a box)",
+                 what, file, line, bytes, mbar_text((uintptr_t)bar, m).c_str(), m.tx,
+                 m.tx_file ? (" (mbar_arrive_expect_tx at " + file_line(m.tx_file, m.tx_line) + " announced " +
+                              std::to_string(m.announced) + ")").c_str() : " (no mbar_arrive_expect_tx announced any)",
+                 bytes);
+    m.tx -= bytes;
+    mbar_complete(m);
+    _mm_setcsr(csr);
+}
+
+// The tile a descriptor points at: its shared array (0 the dynamic buffer, k the k-th static
+// array the block opened) and the start's offset in it.
+extern "C" __attribute__((visibility("default"))) unsigned long long clemu_smem_desc(const void* tile, const char* file,
+                                                                                     int line) {
+    if (!W || !me()) clemu_fault(CLEMU_FAULT, "smem_desc_128b outside a kernel");
+    mem_place m = place_of(tile);
+    const char* p = (const char*)tile;
+    if (m.space != SP_SHARED || p < m.lo || p >= m.lo + (m.name ? m.bytes : MAX_DYN_SHARED))
+        tc_fault(CLEMU_FAULT, "smem_desc_128b at %s:%d: the tile %p is not in shared memory (%s): wgmma reads its "
+                 "operands from a __shared__ array", file, line, tile,
+                 m.space == SP_GLOBAL ? "it is inside a buffer argument" : m.space == SP_LOCAL ?
+                 "it is a local variable of the thread" : "it is in no shared array");
+    if ((uintptr_t)tile % 1024)
+        tc_fault(CLEMU_FAULT, "smem_desc_128b at %s:%d: the tile %s is %d bytes past a 1024-byte boundary: a tile in "
+                 "the 128-byte swizzle starts at a multiple of 1024 bytes (round the shared buffer's start up, and "
+                 "make each tile's size a multiple of 1024 bytes)", file, line, shared_name(tile).c_str(),
+                 (int)((uintptr_t)tile % 1024));
+    unsigned long long region = 0;
+    if (m.name)
+        for (size_t i = 0; i < W->regions.size(); i++)
+            if (W->regions[i].lo == m.lo) region = i + 1;
+    unsigned long long off = (unsigned long long)(p - m.lo);
+    if (off >> 18)
+        tc_fault(CLEMU_FAULT, "smem_desc_128b at %s:%d: the tile lies %llu bytes into its shared array, past the "
+                 "descriptor's 256 KB", file, line, off);
+    return (off >> 4) | (1ull << 16) | (64ull << 32) | (region << 52) | (1ull << 62);
+}
+
+// A descriptor's start address, checked: shared, in the 128-byte swizzle, `rows` rows inside the array.
+static const unsigned char* desc_tile(unsigned long long desc, int rows, const char* operand, const char* what,
+                                      const char* file, int line) {
+    unsigned long long region = (desc >> 52) & 0x3FF, off = (desc & 0x3FFF) << 4;
+    unsigned long long sbo = ((desc >> 32) & 0x3FFF) << 4;
+    int layout = (int)(desc >> 62);
+    const char* lo;
+    long long size;
+    if (region == 0) { lo = (const char*)W->dyn_shared; size = W->blk.dyn_bytes; }
+    else if (region <= W->regions.size()) { lo = W->regions[region - 1].lo; size = W->regions[region - 1].bytes; }
+    else tc_fault(CLEMU_FAULT, "%s at %s:%d: %s's descriptor %#llx names no shared array of this block: make it with "
+                  "smem_desc_128b(tile) (plus 2 per 16 columns)", what, file, line, operand, desc);
+    if (layout != 1 || sbo != 1024)
+        tc_fault(CLEMU_FAULT, "%s at %s:%d: %s's descriptor %#llx is not smem_desc_128b's (layout %d, stride byte "
+                 "offset %llu): the emulator models K-major tiles in the 128-byte swizzle, 8-row groups 1024 bytes "
+                 "apart", what, file, line, operand, desc, layout, sbo);
+    const unsigned char* start = (const unsigned char*)lo + off;
+    if ((uintptr_t)start % 32 || (uintptr_t)start % 1024 >= 128)
+        tc_fault(CLEMU_FAULT, "%s at %s:%d: %s's descriptor starts %d bytes past a 1024-byte boundary: a tile in the "
+                 "128-byte swizzle starts 1024-aligned, and desc + 2k (k = 0..3) starts at its columns 16k..16k+15",
+                 what, file, line, operand, (int)((uintptr_t)start % 1024));
+    long long end = (long long)(start - (const unsigned char*)lo) - (long long)((uintptr_t)start % 1024) +
+                    (long long)(rows / 8) * 1024;
+    if (end > size)
+        tc_fault(CLEMU_OOB, "%s at %s:%d: %s's %d rows (%d bytes from the tile's start) run past the end of %s (%lld "
+                 "bytes)", what, file, line, operand, rows, rows * 128, region ? W->regions[region - 1].name :
+                 "the launch's extern __shared__ memory", size);
+    return start;
+}
+
+// Read `rows` rows of 16 halves of a K-major 128B-swizzled tile into out[rows][16], checking each
+// chunk for warpgroup g: a TMA copy into it that some thread of the warpgroup has not waited for,
+// an ordinary store into it that no fence_proxy_async orders for the tensor cores. The wgmma's
+// read is recorded on the chunk until the wait that covers `group`.
+static void read_tile(const unsigned char* start, int rows, float (*out)[16], int g, unsigned long long group,
+                      const char* operand, const char* what, const char* file, int line) {
+    fiber_thread* th = &W->threads[128 * g];
+    for (int r = 0; r < rows; r++)
+        for (int h = 0; h < 2; h++) {
+            uintptr_t a = swizzle((uintptr_t)start + (r / 8) * 1024 + (r % 8) * 128 + 16 * h, 3);
+            auto it = W->chunks.find(a);
+            if (it != W->chunks.end()) {
+                async_chunk& k = it->second;
+                if (k.tma)
+                    for (int i = 0; i < 128; i++)
+                        if (!has_seen(&th[i], k.tma_bar, k.tma_phase)) {
+                            const mbar_state& m = W->mbars[k.tma_bar];
+                            tc_fault(CLEMU_RACE, "%s at %s:%d reads %s (%s, row %d) before thread %s of the warpgroup "
+                                "has waited for the copy that writes it: the tma_load at %s lands when phase %llu "
+                                "(parity %llu) of the mbarrier %s completes%s. Call mbar_wait(&bar, %llu) in every "
+                                "thread of the warpgroup before its wgmmas read the stage",
+                                what, file, line, shared_name((void*)a).c_str(), operand, r,
+                                thread_in_block(th[i].pub.linear, W->blk.dim).c_str(),
+                                file_line(k.tma_file, k.tma_line).c_str(), k.tma_phase, k.tma_phase & 1,
+                                shared_name((void*)k.tma_bar).c_str(),
+                                m.phase > k.tma_phase ? "" : " (it has not completed yet)", k.tma_phase & 1);
+                        }
+                if (k.written) {
+                    fiber_thread& wt = W->threads[k.w_thread];
+                    bool mine = k.w_thread / 128 == g;
+                    if (!(wt.fences_at_bar > k.w_fences || (mine && wt.fences > k.w_fences)))
+                        tc_fault(CLEMU_RACE, "%s at %s:%d reads %s (%s, row %d), which thread %s wrote with an "
+                            "ordinary store at %s, but no fence_proxy_async() makes that store visible to the tensor "
+                            "cores (the async proxy): add fence_proxy_async() after the stores at %s, before the "
+                            "__syncthreads() that orders them before the wgmma", what, file, line,
+                            shared_name((void*)a).c_str(), operand, r,
+                            thread_in_block(k.w_thread, W->blk.dim).c_str(), site(k.w_site).c_str(),
+                            site(k.w_site).c_str());
+                }
+            }
+            async_chunk& k = it != W->chunks.end() ? it->second : W->chunks[a];
+            k.rd_mask |= 1u << g;
+            k.rd_group[g] = group;
+            k.rd_file[g] = file;
+            k.rd_line[g] = line;
+            uint16_t v[8];
+            memcpy(v, (const void*)a, 16);
+            for (int e = 0; e < 8; e++) out[r][8 * h + e] = hp_h2f(v[e]);
+        }
+}
+
+static bool is_poison(const float* d, int n) {
+    for (int i = 0; i < n; i++) {
+        unsigned u;
+        memcpy(&u, &d[i], 4);
+        if (u != CLEMU_WGMMA_POISON) return false;
+    }
+    return true;
+}
+
+static void poison(float* d, int n) {
+    unsigned u = CLEMU_WGMMA_POISON;
+    for (int i = 0; i < n; i++) memcpy(&d[i], &u, 4);
+}
+
+[[noreturn]] static void acc_touched(const fiber_thread& t, const wg_acc& e, const char* now, const char* file, int line) {
+    int k = 0;
+    while (k < e.n / 2 && is_poison(e.d + k, 1)) k++;
+    tc_fault(CLEMU_RACE, "thread %s wrote its accumulator d[%d] while the wgmma at %s that computes into it was still "
+             "in flight (found at the %s at %s:%d): a wgmma owns its accumulators from issue until the "
+             "wgmma_wait<N>() that covers its commit group; write them before the wgmma_fence() that precedes the "
+             "wgmma, or after that wait", thread_in_block(t.pub.linear, W->blk.dim).c_str(), k,
+             file_line(e.file, e.line).c_str(), now, file, line);
+}
+
+// All 128 threads of warpgroup g have met at a wgmma: compute it for each of them.
+static void wgmma_issue(int g, const char* file, int line) {
+    fiber_thread* th = &W->threads[128 * g];
+    fiber_thread& a = th[0];
+    int n = a.wg_n;
+    const char* what = wg_name(WG_MMA, n);
+    for (int i = 1; i < 128; i++)
+        if (th[i].wg_da != a.wg_da || th[i].wg_db != a.wg_db || th[i].wg_acc_flag != a.wg_acc_flag)
+            tc_fault(CLEMU_FAULT, "%s at %s:%d: threads %s and %s of warpgroup %d pass different %s: the "
+                     "descriptors and the accumulate flag of a wgmma are the warpgroup's, the same in all 128 threads",
+                     what, file, line, thread_in_block(a.pub.linear, W->blk.dim).c_str(),
+                     thread_in_block(th[i].pub.linear, W->blk.dim).c_str(), g,
+                     th[i].wg_da != a.wg_da ? "A descriptors" : th[i].wg_db != a.wg_db ? "B descriptors" :
+                     "accumulate flags");
+    wg_state& s = W->wgs[g];
+    static thread_local float A[64][16], B[256][16];
+    const unsigned char* ta = desc_tile(a.wg_da, 64, "A", what, file, line);
+    const unsigned char* tb = desc_tile(a.wg_db, n, "B", what, file, line);
+    read_tile(ta, 64, A, g, s.committed, "A", what, file, line);
+    read_tile(tb, n, B, g, s.committed, "B", what, file, line);
+    for (int i = 0; i < 128; i++) {
+        fiber_thread& t = th[i];
+        wg_acc* e = nullptr;
+        for (auto& x : t.inflight) if (x.d == t.wg_d) e = &x;
+        if (e && !is_poison(t.wg_d, n / 2)) acc_touched(t, *e, what, file, line);
+        if (!e && !s.fenced)
+            tc_fault(CLEMU_RACE, "%s at %s:%d: no wgmma_fence() since the warpgroup last touched its accumulators "
+                     "(%s%s): call wgmma_fence() before the first wgmma, and after any ordinary write of d, so the "
+                     "MMA sees it", what, file, line, s.wait_file ? "the wgmma_wait at " : "the kernel's start",
+                     s.wait_file ? file_line(s.wait_file, s.wait_line).c_str() : "");
+        if (!e) {
+            t.inflight.push_back({t.wg_d, n, 0, file, line, std::vector<float>(t.wg_d, t.wg_d + n / 2)});
+            e = &t.inflight.back();
+        }
+        int w = i / 32, l = i % 32;
+        for (int j = 0; j < n / 8; j++)
+            for (int q = 0; q < 4; q++) {
+                int row = 16 * w + l / 4 + 8 * (q >> 1), col = 8 * j + 2 * (l % 4) + (q & 1);
+                float& v = e->val[4 * j + q];
+                v = wgmma_k16(t.wg_acc_flag ? v : 0.0f, A[row], B[col]);
+            }
+        e->group = s.committed;
+        e->file = file;
+        e->line = line;
+        poison(t.wg_d, n / 2);
+    }
+}
+
+static void wg_collective(int g, int op, int arg, const char* file, int line) {
+    wg_state& s = W->wgs[g];
+    fiber_thread* th = &W->threads[128 * g];
+    if (op == CLEMU_WG_FENCE) s.fenced = true;
+    else if (op == CLEMU_WG_COMMIT) s.committed++;
+    else if (op == CLEMU_WG_WAIT) {
+        if (s.committed >= (unsigned long long)arg && s.committed - arg > s.waited) s.waited = s.committed - arg;
+        s.fenced = false;
+        s.wait_file = file;
+        s.wait_line = line;
+        for (int i = 0; i < 128; i++) {
+            auto& fl = th[i].inflight;
+            size_t keep = 0;
+            for (size_t k = 0; k < fl.size(); k++) {
+                wg_acc& e = fl[k];
+                if (e.group >= s.waited) { if (keep != k) fl[keep] = std::move(e); keep++; continue; }
+                if (!is_poison(e.d, e.n / 2)) acc_touched(th[i], e, "wgmma_wait", file, line);
+                memcpy(e.d, e.val.data(), sizeof(float) * (size_t)(e.n / 2));
+            }
+            fl.resize(keep);
+        }
+    } else if (op == WG_MMA) wgmma_issue(g, file, line);
+}
+
+// A warpgroup instruction: wait for the other 127 threads (release() checks who comes), then the
+// first of them to run on carries it out for all.
+static void wg_meet(int op, int arg, const char* file, int line) {
+    unsigned csr = csr_quiet();
+    fiber_thread* t = me();
+    if (!t || !W) clemu_fault(CLEMU_FAULT, "%s outside a kernel", wg_name(op, t ? t->wg_n : 0));
+    t->wg_op = op;
+    park(T_WG, file, line);
+    wg_state& s = W->wgs[t->pub.linear / 128];
+    if (s.done != s.gen) {
+        s.done = s.gen;
+        wg_collective(t->pub.linear / 128, op, arg, file, line);
+    }
+    _mm_setcsr(csr);
+    trap_update(t);
+}
+
+extern "C" __attribute__((visibility("default"))) void clemu_wg_op(int op, int arg, const char* file, int line) {
+    wg_meet(op, arg, file, line);
+}
+
+extern "C" __attribute__((visibility("default"))) void clemu_wgmma(float* d, int n, unsigned long long da,
+                                                                   unsigned long long db, int accumulate,
+                                                                   const char* file, int line) {
+    fiber_thread* t = me();
+    if (t) { t->wg_d = d; t->wg_n = n; t->wg_da = da; t->wg_db = db; t->wg_acc_flag = accumulate ? 1 : 0; }
+    wg_meet(WG_MMA, 0, file, line);
+}
+
+// a float -> half conversion of a wgmma accumulator's poison (cuda_fp16.h's f2h)
+extern "C" __attribute__((visibility("default"))) [[noreturn]] void clemu_poison_read() {
+    const void* pc = __builtin_return_address(0);
+    fiber_thread* t = me();
+    std::string wg = t && !t->inflight.empty() ? " at " + file_line(t->inflight[0].file, t->inflight[0].line) +
+                     ", which is still in flight" : " before the wgmma_wait that delivered it";
+    set_failure(CLEMU_RACE, "read of a wgmma accumulator at %s by %s: it holds the emulator's poison (a signalling "
+                "NaN), so it was read while the wgmma%s. Its value exists only after the wgmma_wait<N>() that covers "
+                "its commit group: put wgmma_commit() and wgmma_wait<0>() (or a smaller N that covers that group) "
+                "before the read", site(pc).c_str(), where(clemu_cur).c_str(), wg.c_str());
+    throw clemu_fault_exc();
+}
+
+// The block's threads met a barrier: what any thread saw of an mbarrier, each has seen now, and
+// fences before it order earlier stores for the async proxy.
+static void merge_at_barrier(worker* w, int n) {
+    std::vector<mbar_seen> all;
+    for (int i = 0; i < n; i++) {
+        for (auto& s : w->threads[i].seen) {
+            bool found = false;
+            for (auto& a : all) if (a.bar == s.bar) { found = true; if (a.phases < s.phases) a.phases = s.phases; }
+            if (!found) all.push_back(s);
+        }
+        w->threads[i].fences_at_bar = w->threads[i].fences;
+    }
+    if (!all.empty())
+        for (int i = 0; i < n; i++) w->threads[i].seen = all;
+}
+
+// "256 at __syncthreads() at f:12, 1 at mbar_wait at f:30 (empty[2]), 127 returned"
+static std::string where_others(worker* w, int n) {
+    struct spot { std::string text; int count; };
+    std::vector<spot> spots;
+    for (int i = 0; i < n; i++) {
+        fiber_thread& t = w->threads[i];
+        std::string s;
+        if (t.state == T_DONE) s = "returned";
+        else if (t.state == T_BAR) s = "wait at __syncthreads() at " + file_line(t.site_file, t.site_line);
+        else if (t.state == T_WARP) s = "wait at a warp operation at " + file_line(t.site_file, t.site_line);
+        else if (t.state == T_WG) s = "wait at " + std::string(wg_name(t.wg_op, t.wg_n)) + " at " +
+                                      file_line(t.site_file, t.site_line);
+        else if (t.state == T_MBAR) s = "wait at mbar_wait at " + file_line(t.site_file, t.site_line) + " on " +
+                                        shared_name(t.mbar) + " for parity " + std::to_string(t.mbar_parity);
+        else continue;
+        bool found = false;
+        for (auto& p : spots) if (p.text == s) { p.count++; found = true; }
+        if (!found) spots.push_back({s, 1});
+    }
+    std::string out;
+    for (auto& p : spots) out += (out.empty() ? "" : "; ") + std::to_string(p.count) + " " + p.text;
+    return out;
+}
+
+// Warpgroup instructions: a warpgroup moves on when all 128 of its threads are at the same one.
+// False, with the fault set, when some never can.
+static bool release_warpgroups(worker* w, int n, bool& released) {
+    auto& th = w->threads;
+    for (int g = 0; g * 128 < n; g++) {
+        int lo = 128 * g, hi = lo + 128 < n ? lo + 128 : n, here = 0;
+        fiber_thread* a = nullptr;
+        for (int i = lo; i < hi; i++)
+            if (th[i].state == T_WG) { here++; if (!a) a = &th[i]; }
+        if (!here) continue;
+        const char* what = wg_name(a->wg_op, a->wg_n);
+        for (int i = lo; i < hi; i++) {
+            fiber_thread& t = th[i];
+            if (t.state == T_WG && (t.site_line != a->site_line || strcmp(t.site_file, a->site_file))) {
+                set_failure(CLEMU_BARRIER, "threads of warpgroup %d of block %s execute different warpgroup "
+                    "instructions: thread %s %s at %s:%d, thread %s %s at %s:%d. The 128 threads of a warpgroup "
+                    "execute each wgmma, wgmma_fence/commit/wait and setmaxnreg together (.sync.aligned), at the same "
+                    "line: keep them out of branches that split a warpgroup", g, block_str(&w->blk).c_str(),
+                    tid_str(&a->pub).c_str(), what, a->site_file, a->site_line, tid_str(&t.pub).c_str(),
+                    wg_name(t.wg_op, t.wg_n), t.site_file, t.site_line);
+                return false;
+            }
+        }
+        if (hi - lo < 128) {
+            set_failure(CLEMU_BARRIER, "%s at %s:%d in block %s: warpgroup %d has only %d threads (the block has %d): "
+                "a warpgroup is 4 whole warps, 128 threads, so a kernel that uses warpgroup instructions launches "
+                "blocks of a multiple of 128 threads", what, a->site_file, a->site_line, block_str(&w->blk).c_str(), g,
+                hi - lo, n);
+            return false;
+        }
+        for (int i = lo; i < hi; i++)
+            if (th[i].state == T_DONE || th[i].state == T_FAULT) {
+                set_failure(CLEMU_BARRIER, "%s at %s:%d in block %s is executed by only %d of the 128 threads of "
+                    "warpgroup %d (threads %d-%d); thread %s had already returned. All 128 threads of a warpgroup "
+                    "execute it together: choose the warpgroup's role by threadIdx.x / 128, not by warp or thread",
+                    what, a->site_file, a->site_line, block_str(&w->blk).c_str(), here, g, lo, hi - 1,
+                    tid_str(&th[i].pub).c_str());
+                return false;
+            }
+        if (here == 128) {
+            for (int i = lo; i < hi; i++) th[i].state = T_RUN;
+            w->wgs[g].gen++;
+            released = true;
+        }
+    }
+    return true;
+}
+
+// Nothing can move and some warpgroup waits for threads that are elsewhere.
+static void warpgroup_stuck(worker* w, int n) {
+    auto& th = w->threads;
+    for (int g = 0; g * 128 < n; g++) {
+        unsigned warps = 0;
+        fiber_thread* a = nullptr;
+        for (int i = 128 * g; i < 128 * g + 128 && i < n; i++)
+            if (th[i].state == T_WG) { warps |= 1u << ((i - 128 * g) / 32); if (!a) a = &th[i]; }
+        if (!a) continue;
+        std::string hint;
+        for (int h = g - 1; h <= g + 1; h += 2) {   // the role that spans two warpgroups: warps 1-4, say
+            if (h < 0 || h * 128 >= n) continue;
+            for (int i = 128 * h; i < 128 * h + 128 && i < n; i++)
+                if (th[i].state == T_WG && th[i].site_line == a->site_line && !strcmp(th[i].site_file, a->site_file)) {
+                    hint = " Threads of warpgroup " + std::to_string(h) + " wait at the same line: the threads that "
+                           "run it span two warpgroups.";
+                    break;
+                }
+        }
+        set_failure(CLEMU_BARRIER, "%s at %s:%d in block %s: %s of warpgroup %d (warps %d-%d, threads %d-%d) wait there, "
+            "but the warpgroup's other threads never come (the block's threads: %s).%s A warpgroup is 4 consecutive "
+            "warps from a warp index divisible by 4, and all 128 of its threads execute each wgmma, "
+            "wgmma_fence/commit/wait and setmaxnreg together: choose roles by threadIdx.x / 128",
+            wg_name(a->wg_op, a->wg_n), a->site_file, a->site_line, block_str(&w->blk).c_str(),
+            warps_str(warps, 4 * g).c_str(), g, 4 * g, 4 * g + 3, 128 * g, 128 * g + 127,
+            where_others(w, n).c_str(), hint.c_str());
+        return;
+    }
+}
+
+// Nothing can move and some thread waits on an mbarrier phase that cannot complete.
+static void mbar_deadlock(worker* w, int n) {
+    fiber_thread* a = nullptr;
+    for (int i = 0; i < n && !a; i++) if (w->threads[i].state == T_MBAR) a = &w->threads[i];
+    const mbar_state& m = w->mbars[(uintptr_t)a->mbar];
+    std::string fix;
+    if (m.pending > 0)
+        fix += " It needs " + std::to_string(m.pending) + " more arrival" + (m.pending > 1 ? "s" : "") +
+               ": mbar_init's count (" + std::to_string(m.count) + ") is the number of mbar_arrive and "
+               "mbar_arrive_expect_tx calls each phase gets.";
+    if (m.tx > 0)
+        fix += " Its copies brought " + std::to_string(m.tx) + " bytes fewer than announced (" +
+               std::to_string(m.announced) + " by mbar_arrive_expect_tx at " + file_line(m.tx_file, m.tx_line) +
+               "): announce exactly the bytes of the boxes that the phase's tma_load calls fetch.";
+    if (m.pending == 0 && m.tx == 0)
+        fix += " Check the parity: mbar_wait(bar, p) returns once the phase of parity p has completed, and phases "
+               "alternate 0, 1, 0, ...";
+    set_failure(CLEMU_BARRIER, "deadlock in block %s: thread %s waits at mbar_wait at %s:%d for the phase of parity %u "
+        "of %s, and nothing can complete it (the block's threads: %s).%s",
+        block_str(&w->blk).c_str(), tid_str(&a->pub).c_str(), a->site_file, a->site_line, a->mbar_parity,
+        mbar_text((uintptr_t)a->mbar, m).c_str(), where_others(w, n).c_str(), fix.c_str());
+}
+
+// A thread that returns with a wgmma in flight never gets its result.
+static void check_thread_end(fiber_thread* t) {
+    if (t->inflight.empty() || !W) return;
+    const wg_acc& e = t->inflight[0];
+    bool committed = e.group < W->wgs[t->pub.linear / 128].committed;
+    set_failure(CLEMU_RACE, "%s returned while the wgmma at %s still computes into its accumulators (%s): its result "
+        "never arrives, and what the thread read of them was the emulator's poison (NaN). End the MMAs with %s"
+        "wgmma_wait<0>() before reading the accumulators", where(&t->pub).c_str(), file_line(e.file, e.line).c_str(),
+        committed ? "no wgmma_wait covers its commit group" : "it was never committed",
+        committed ? "" : "wgmma_commit(); ");
+    t->state = T_FAULT;
+}
+
+// ----------------------------------------------------------------------------------------
 static void fiber_entry(void* arg) {
     fiber_thread* t = (fiber_thread*)arg;
     clemu_cur = &t->pub;
     try {
         L->body(L->args);
         t->state = T_DONE;
+        check_thread_end(t);
     } catch (clemu_fault_exc&) {
         t->state = T_FAULT;
     } catch (std::exception& e) {
@@ -1086,12 +1847,14 @@ static bool warp_masks_agree(worker* w, int wp, unsigned here, int n) {
 static bool release(worker* w, int n, bool& all_done) {
     auto& th = w->threads;
     all_done = true;
-    int n_done = 0, n_bar = 0, n_warp = 0;
+    int n_done = 0, n_bar = 0, n_warp = 0, n_wg = 0, n_mbar = 0;
     for (int i = 0; i < n; i++) {
         int s = th[i].state;
         if (s == T_DONE) n_done++;
         else if (s == T_BAR) n_bar++;
         else if (s == T_WARP) n_warp++;
+        else if (s == T_WG) n_wg++;
+        else if (s == T_MBAR) n_mbar++;
         if (s != T_DONE) all_done = false;
     }
     if (all_done) return true;
@@ -1127,7 +1890,17 @@ static bool release(worker* w, int n, bool& all_done) {
             released = true;
         }
     }
+    // warpgroup instructions, and mbarrier waits whose phase has completed
+    if (n_wg && !release_warpgroups(w, n, released)) return false;
+    for (int i = 0; i < n && n_mbar; i++) {
+        fiber_thread& t = th[i];
+        if (t.state != T_MBAR) continue;
+        auto it = w->mbars.find((uintptr_t)t.mbar);
+        if (it != w->mbars.end() && (it->second.phase & 1) != t.mbar_parity) { t.state = T_RUN; released = true; }
+    }
     if (released) return true;
+    if (n_wg && !n_warp) { warpgroup_stuck(w, n); return false; }
+    if (n_mbar && !n_warp) { mbar_deadlock(w, n); return false; }
     // 2. the block barrier
     if (n_warp) {
         // the first warp that waits: the lanes its masks name that wait at a __syncthreads() instead
@@ -1192,6 +1965,7 @@ static bool release(worker* w, int n, bool& all_done) {
     int op = first->bar_op;
     bar_result = op == 0 ? count : op == 1 ? (count == n) : (count > 0);
     for (int i = 0; i < n; i++) { th[i].state = T_RUN; th[i].pred = 0; th[i].bar_op = 0; th[i].seq = 0; }
+    merge_at_barrier(w, n);
     if (prof_on) clprof_epoch(n, 1);   // what each warp did since the last barrier becomes requests
     w->epoch++;
     return true;
@@ -1245,10 +2019,16 @@ static void run_block(worker* w, long long b) {
     auto& th = w->threads;
     w->regions.clear();
     w->cp_words.clear();
+    w->mbars.clear();
+    w->chunks.clear();
+    for (auto& g : w->wgs) g = wg_state();
     for (int i = 0; i < n; i++) {
         th[i].seq = 0;
         th[i].warp_gen = 0;
         th[i].cp_groups = 0;
+        th[i].fences = th[i].fences_at_bar = 0;
+        th[i].seen.clear();
+        th[i].inflight.clear();
         w->cp_pending[i].clear();
         th[i].pub.idx = uint3{(unsigned)(i % bx), (unsigned)((i / bx) % by), (unsigned)(i / (bx * by))};
         th[i].pub.blk = &w->blk;
@@ -1345,7 +2125,14 @@ static void on_signal(int sig, siginfo_t* info, void* uctx) {
     if (w && w->in_kernel.load()) {
         const clemu_thread* t = clemu_cur;
         std::string at = at_site(fault_pc(uctx));
-        if (sig == SIGFPE)
+        fiber_thread* ft = me();
+        if (sig == SIGFPE && info->si_code == FPE_FLTINV && ft && !ft->inflight.empty())
+            set_failure(CLEMU_RACE, "read of a wgmma accumulator%s by %s while the wgmma at %s that computes into it "
+                        "is still in flight: its value exists only after the wgmma_wait<N>() that covers its commit "
+                        "group (until then the emulator leaves a signalling NaN there). Put wgmma_commit() and "
+                        "wgmma_wait<0>() (or a smaller N that covers that group) before this line", at.c_str(),
+                        where(t).c_str(), file_line(ft->inflight[0].file, ft->inflight[0].line).c_str());
+        else if (sig == SIGFPE)
             set_failure(CLEMU_FPE, "arithmetic fault (integer division or remainder by zero?)%s in %s", at.c_str(), where(t).c_str());
         else {
             std::string d = describe_address((uintptr_t)info->si_addr);
@@ -1404,7 +2191,8 @@ static void* worker_main(void* arg) {
             ensure_stacks(w, n, L->stack_bytes);
             if (!w->stacks) set_failure(CLEMU_LAUNCH, "could not allocate %d fiber stacks", n);
         }
-        if (sigsetjmp(w->jmp, 0) == 0) {
+        if (sigsetjmp(w->jmp, 0) != 0) _mm_setcsr(0x1F80);   // a fault in a wgmma's window left its trap on
+        else {
             w->in_kernel.store(1);
             for (;;) {
                 if (failed.load()) break;
@@ -1500,6 +2288,7 @@ extern "C" __attribute__((visibility("default"))) int clemu_start(clemu_launch* 
     grow_pool(n_workers);
     L = launch;
     detect_on = launch->detect != 0;
+    async_on = launch->async_proxy != 0;
     n_races = 0;
     if (detect_on) clemu_hook_on = 1;
     prof_on = launch->profile != 0;

@@ -29,6 +29,24 @@ struct clemu_thread {          // one CUDA thread of the running block
 // A buffer argument as the launcher passes it: base pointer and size in bytes.
 struct clemu_buf { void* p; long long nbytes; };
 
+// The emulator's CUtensorMap (a kernel's `const __grid_constant__ CUtensorMap` parameter, passed by
+// value): the fields of cuTensorMapEncodeTiled, as EmuBackend.encode_tensor_map packs them
+// (convlab/emu/__init__.py), 128 bytes and 64-byte aligned like the driver's.
+enum { CLEMU_TMAP_MAGIC = 0x4D544C43 };   // "CLTM"
+struct alignas(64) clemu_tensor_map {
+    unsigned magic;
+    int dtype;                   // CUtensorMapDataType: 0 uint8, 6 float16, 7 float32, 9 bfloat16
+    int rank;                    // 1 to 5
+    int swizzle;                 // 0 none, 1 32B, 2 64B, 3 128B
+    unsigned long long addr;     // the tensor's first element
+    long long dims[5];           // elements, innermost first
+    long long strides[4];        // bytes between consecutive indices of dims[1..]
+    unsigned box[5];             // the box one copy fetches, elements, innermost first
+    unsigned elem_bytes;
+    unsigned char reserved[8];
+};
+static_assert(sizeof(clemu_tensor_map) == 128, "a CUtensorMap is 128 bytes");
+
 // The runtime is built with hidden symbols and loaded RTLD_LOCAL (its C++ internals must not
 // interpose on other libraries, e.g. pybind11 in matplotlib); what kernels call is exported here.
 #pragma GCC visibility push(default)
@@ -49,6 +67,10 @@ extern thread_local clemu_thread* clemu_cur;
 // The source site is the hook's return address (the instruction in the kernel that accessed);
 // the thread and block are clemu_cur's. The race detector is one user; a profiler counting
 // requests, sectors and bank conflicts per warp and per site can be another.
+// What a wgmma leaves in its accumulators until the wgmma_wait that covers it delivers the result:
+// a signalling NaN, so arithmetic on it traps (the runtime unmasks the invalid-operation exception
+// while the thread has a wgmma in flight) and a conversion to half names the line (cuda_fp16.h).
+enum : unsigned { CLEMU_WGMMA_POISON = 0x7FA0DEADu };
 enum { CLEMU_RD = 1, CLEMU_WR = 2, CLEMU_ATOM = 4, CLEMU_SHARED = 8, CLEMU_ANY = 16, CLEMU_COUNT = 32, CLEMU_CONST = 64 };
 enum { CLEMU_XCHG_REGS = 8 };
 
@@ -92,6 +114,25 @@ void clemu_ldmatrix_hook(const void* row);
 void clemu_cp_async(void* dst, const void* src, int bytes, int full);
 void clemu_cp_async_commit();
 void clemu_cp_async_wait(int n);
+// Hopper's asynchronous path (clemu_hopper.h). file and line: the kernel's call.
+//   a shared-memory matrix descriptor of a 128-byte-swizzled K-major tile (the emulator's encoding:
+//   bits 0-13 the start's offset >> 4 inside its shared array, 16-29 LBO, 32-45 SBO, 52-61 which
+//   array, 62-63 the layout, so `desc + 2` is 32 bytes further, as on a GPU)
+unsigned long long clemu_smem_desc(const void* tile, const char* file, int line);
+//   warpgroup instructions (.sync.aligned: all 128 threads of a warpgroup execute them together)
+enum { CLEMU_WG_FENCE = 0, CLEMU_WG_COMMIT = 1, CLEMU_WG_WAIT = 2, CLEMU_WG_SETMAXNREG = 3 };
+void clemu_wg_op(int op, int arg, const char* file, int line);
+void clemu_wgmma(float* d, int n, unsigned long long desc_a, unsigned long long desc_b, int accumulate,
+                 const char* file, int line);
+//   mbarriers and the copy engine
+void clemu_mbar_init(void* bar, unsigned count, const char* file, int line);
+void clemu_mbar_arrive(void* bar, unsigned tx_bytes, int expect_tx, const char* file, int line);
+void clemu_mbar_wait(void* bar, unsigned parity, const char* file, int line);
+void clemu_fence_proxy_async(const char* file, int line);
+void clemu_tma_load(void* dst, const clemu_tensor_map* map, void* bar, const int* coords, int rank, const char* file,
+                    int line);
+//   a float -> half conversion met a wgmma accumulator's poison (read before the wait that covers it)
+[[noreturn]] void clemu_poison_read();
 }
 #pragma GCC visibility pop
 

@@ -24,9 +24,12 @@
 #define __shared__ static thread_local      // one copy per OS thread = per running block
 #define __constant__                         // plain globals, set by name from Python
 #define __managed__
+#define __grid_constant__                    // a kernel's by-value parameter (a CUtensorMap): a copy per thread
 #define __CUDA_ARCH__ 900
 #define __CUDACC__ 1
 #define CONVLAB_EMULATOR 1
+
+typedef clemu_tensor_map CUtensorMap;        // cuda.h's, for cl.tensor_map (clemu_hopper.h reads it)
 
 // ---- built-in variables -----------------------------------------------------------------
 #define threadIdx (clemu_cur->idx)
@@ -402,6 +405,7 @@ template <class T> struct dyn_shared {
     const char* name;
     operator T*() const { return (T*)clemu_dyn_shared(); }
     template <class U> explicit operator U*() const { return (U*)clemu_dyn_shared(); }
+    explicit operator uintptr_t() const { return (uintptr_t)clemu_dyn_shared(); }   // rounding it up to an alignment
     template <class I, class U = T> elem<U> operator[](I i) const {
         long long n = clemu_cur->blk->dyn_bytes / (long long)sizeof(T);
         if (__builtin_expect((long long)i < 0 || (long long)i >= n, 0))

@@ -13,7 +13,12 @@ static inline uint16_t f2h(float f) {
     uint32_t sign = u & 0x80000000u;
     u ^= sign;
     uint16_t o;
-    if (u >= 0x47800000u) o = u > 0x7f800000u ? 0x7e00 : 0x7c00;        // >= 65536, inf, nan
+    if (u >= 0x47800000u) {                                             // >= 65536, inf, nan
+#ifdef CONVLAB_EMULATOR
+        if (__builtin_expect(u == CLEMU_WGMMA_POISON, 0)) clemu_poison_read();
+#endif
+        o = u > 0x7f800000u ? 0x7e00 : 0x7c00;
+    }
     else if (u < 0x38800000u) {                                         // half subnormal or zero
         float g; memcpy(&g, &u, 4);
         g += 0.5f;                                                      // aligns the 10 bits, rounds to even

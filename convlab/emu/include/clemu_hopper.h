@@ -1,0 +1,81 @@
+// clemu_hopper.h — the CPU emulator's model of the Hopper instructions that
+// kernels/11_hopper/hopper.cuh wraps in PTX: wgmma (warpgroup MMA from shared-memory descriptors)
+// with its fence, commit and wait, mbarriers with transaction counts, TMA tiled loads,
+// fence.proxy.async and setmaxnreg. Same names and parameters as hopper.cuh; file and line (default
+// arguments) name the call in messages. The runtime (runtime.cpp) does the work and the checks:
+//  - a warpgroup instruction waits until all 128 threads of the warpgroup (4 warps from a warp
+//    index divisible by 4) reach it, at the same line, with the same operands;
+//  - wgmma computes at issue from the shared tiles (checked: each chunk a TMA wrote was waited
+//    for, each chunk an ordinary store wrote was fenced with fence_proxy_async), leaves a
+//    signalling NaN in d, and delivers the result at the wgmma_wait that covers its group; until
+//    then d must not be touched, nor the tiles overwritten;
+//  - an mbarrier completes a phase when its arrivals and expected bytes are in; mbar_wait yields to
+//    the other threads until the phase of that parity has completed (never: a deadlock that says
+//    what the barrier still waits for);
+//  - a TMA load writes its box at once (zeros outside the tensor, in the map's swizzle) and counts
+//    its bytes against the barrier; a thread that reads the box before it has waited for that
+//    phase is a fault.
+#pragma once
+#include <cstdint>
+#include "cuda_fp16.h"
+
+#define CLEMU_HP_INLINE static inline __attribute__((always_inline))
+#define CLEMU_HP_SITE const char* file = __builtin_FILE(), int line = __builtin_LINE()
+
+CLEMU_HP_INLINE uint64_t smem_desc_128b(const void* tile, CLEMU_HP_SITE) { return clemu_smem_desc(tile, file, line); }
+
+CLEMU_HP_INLINE void wgmma_fence(CLEMU_HP_SITE) { clemu_wg_op(CLEMU_WG_FENCE, 0, file, line); }
+CLEMU_HP_INLINE void wgmma_commit(CLEMU_HP_SITE) { clemu_wg_op(CLEMU_WG_COMMIT, 0, file, line); }
+template <int N> CLEMU_HP_INLINE void wgmma_wait(CLEMU_HP_SITE) {
+    static_assert(N >= 0 && N <= 7, "wgmma_wait<N>: N is how many of the most recent groups may stay in flight (0..7)");
+    clemu_wg_op(CLEMU_WG_WAIT, N, file, line);
+}
+
+CLEMU_HP_INLINE void wgmma_m64n64k16(float (&d)[32], uint64_t desc_a, uint64_t desc_b, bool accumulate = true,
+                                     CLEMU_HP_SITE) {
+    clemu_wgmma(d, 64, desc_a, desc_b, accumulate, file, line);
+}
+CLEMU_HP_INLINE void wgmma_m64n128k16(float (&d)[64], uint64_t desc_a, uint64_t desc_b, bool accumulate = true,
+                                      CLEMU_HP_SITE) {
+    clemu_wgmma(d, 128, desc_a, desc_b, accumulate, file, line);
+}
+CLEMU_HP_INLINE void wgmma_m64n256k16(float (&d)[128], uint64_t desc_a, uint64_t desc_b, bool accumulate = true,
+                                      CLEMU_HP_SITE) {
+    clemu_wgmma(d, 256, desc_a, desc_b, accumulate, file, line);
+}
+
+CLEMU_HP_INLINE void mbar_init(uint64_t* bar, unsigned count, CLEMU_HP_SITE) { clemu_mbar_init(bar, count, file, line); }
+// the init is visible to every later use in the emulator: nothing to order
+CLEMU_HP_INLINE void fence_mbar_init() {}
+CLEMU_HP_INLINE void fence_proxy_async(CLEMU_HP_SITE) { clemu_fence_proxy_async(file, line); }
+CLEMU_HP_INLINE void mbar_arrive_expect_tx(uint64_t* bar, unsigned bytes, CLEMU_HP_SITE) {
+    clemu_mbar_arrive(bar, bytes, 1, file, line);
+}
+CLEMU_HP_INLINE void mbar_arrive(uint64_t* bar, CLEMU_HP_SITE) { clemu_mbar_arrive(bar, 0, 0, file, line); }
+CLEMU_HP_INLINE void mbar_wait(uint64_t* bar, unsigned parity, CLEMU_HP_SITE) { clemu_mbar_wait(bar, parity, file, line); }
+
+CLEMU_HP_INLINE void tma_load_2d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1, CLEMU_HP_SITE) {
+    int c[2] = {c0, c1};
+    clemu_tma_load(dst, map, bar, c, 2, file, line);
+}
+CLEMU_HP_INLINE void tma_load_3d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1, int c2,
+                                 CLEMU_HP_SITE) {
+    int c[3] = {c0, c1, c2};
+    clemu_tma_load(dst, map, bar, c, 3, file, line);
+}
+CLEMU_HP_INLINE void tma_load_4d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1, int c2, int c3,
+                                 CLEMU_HP_SITE) {
+    int c[4] = {c0, c1, c2, c3};
+    clemu_tma_load(dst, map, bar, c, 4, file, line);
+}
+
+// The emulator has no register file: setmaxnreg checks that the whole warpgroup executes it.
+template <int N> CLEMU_HP_INLINE void setmaxnreg_inc(CLEMU_HP_SITE) {
+    static_assert(N % 8 == 0 && N >= 24 && N <= 256, "setmaxnreg: a multiple of 8 from 24 to 256");
+    clemu_wg_op(CLEMU_WG_SETMAXNREG, N, file, line);
+}
+template <int N> CLEMU_HP_INLINE void setmaxnreg_dec(CLEMU_HP_SITE) {
+    static_assert(N % 8 == 0 && N >= 24 && N <= 256, "setmaxnreg: a multiple of 8 from 24 to 256");
+    clemu_wg_op(CLEMU_WG_SETMAXNREG, N, file, line);
+}
+#undef CLEMU_HP_SITE
