@@ -121,6 +121,13 @@ class Driver:
                    (U32 * rank)(*([1] * rank)), 0, swizzle, 3, 0, error=ArgumentError)
         return bytes(out)
 
+    def make_current(self, context: int):
+        """Makes `context` current in the calling thread unless one already is (cuCtxSetCurrent)."""
+        c = ctypes.c_void_p()
+        self._call("asking for the current context", self.lib.cuCtxGetCurrent, ctypes.byref(c))
+        if not c.value:
+            self._call("making the context current", self.lib.cuCtxSetCurrent, ctypes.c_void_p(context))
+
     def attribute(self, func: int, attr: int) -> int:
         v = ctypes.c_int()
         self._call("reading a kernel attribute", self.lib.cuFuncGetAttribute, ctypes.byref(v), attr, func)
@@ -197,25 +204,19 @@ class CudaBackend:
 
     @contextlib.contextmanager
     def context(self):
-        """The primary context, current in this thread for the duration. torch runs autograd's
-        backward on a thread of its own, where PyCUDA may find no context; and a thread that ends
-        with a context still pushed aborts the process, so it is popped again."""
-        if self.has_context():
-            yield
-            return
-        self.ctx.push()
-        try:
-            yield
-        finally:
-            self.drv.Context.pop()
+        """The primary context, current in this thread for the duration (and after: see has_context)."""
+        self.has_context()
+        yield
 
     def has_context(self) -> bool:
-        """Whether this thread has a current context; asked of the driver once per thread that has
-        one (torch's threads and ours never pop it), so a launch costs no driver query."""
+        """Makes the primary context current in this thread when none is, and says True. torch runs
+        autograd's backward on a thread of its own, which may have none; the driver's own
+        cuCtxSetCurrent makes it current there for good, outside PyCUDA's context stack (a thread
+        that ends with a context on that stack aborts the process). Asked of the driver once per
+        thread, so a launch costs no driver query."""
         if getattr(self._threads, "current", False):
             return True
-        if self.drv.Context.get_current() is None:
-            return False
+        self.cu.make_current(self.ctx.handle)
         self._threads.current = True
         return True
 
@@ -283,11 +284,8 @@ class CudaModule:
         """The same from device memory: a copy queued on the current stream, nothing waits."""
         b = self.backend
         ptr = self._global(name, nbytes)
-        if b.has_context():
-            b.cu.copy_on_device(ptr, source, nbytes, b.stream())
-        else:
-            with b.context():
-                b.cu.copy_on_device(ptr, source, nbytes, b.stream())
+        b.has_context()
+        b.cu.copy_on_device(ptr, source, nbytes, b.stream())
 
     def limits(self, name) -> dict:
         """The compiled kernel's attributes, read from the driver (once per Kernel: its plan keeps them)."""
@@ -380,11 +378,8 @@ class KernelLauncher:
 
     def launch(self, dims, params):
         b = self.backend
-        if b.has_context():
-            err = b.cu.launch(self.func, *dims, b.stream(), params, None)
-        else:
-            with b.context():
-                err = b.cu.launch(self.func, *dims, b.stream(), params, None)
+        b.has_context()
+        err = b.cu.launch(self.func, *dims, b.stream(), params, None)
         if err:
             self.fail(err, dims)
 
@@ -449,9 +444,7 @@ class BoundLaunch:
         slots = self.slots
         self.pack(slots.buf, 0, *ptrs)
         b = self.backend
-        if b.has_context():
-            err = b.cu.launch(self.launcher.func, *self.dims, b.stream(), slots.params, None)
-            if err:
-                self.launcher.fail(err, self.dims)
-        else:
-            self.launcher.launch(self.dims, slots.params)
+        b.has_context()
+        err = b.cu.launch(self.launcher.func, *self.dims, b.stream(), slots.params, None)
+        if err:
+            self.launcher.fail(err, self.dims)

@@ -471,7 +471,12 @@ def tensor_map(t: torch.Tensor, box, swizzle: int = 128) -> TensorMap:
         raise ArgumentError(f"tensor_map: swizzle={swizzle!r}, one of {SWIZZLES} bytes")
     size = t.element_size()
     dims, box_in = tuple(int(d) for d in reversed(t.shape)), tuple(reversed(box))
-    strides = tuple(int(s) * size for s in reversed(t.stride()))[1:]
+    # a contiguous tensor's strides from its shape (a size-1 dimension may report any stride)
+    strides, step = [], size
+    for d in dims[:-1]:
+        step *= d
+        strides.append(step)
+    strides = tuple(strides)
     if any(not 1 <= b <= 256 for b in box_in):
         raise ArgumentError(f"tensor_map: each extent of the box is 1 to 256 elements, got {box}")
     if box_in[0] * size % 16:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ._errors import CompileError, ConvlabError
+from .arch import required_suffix
 from ._paths import path as workbook_path, repo_root
 from ._source import parse, rewrite_for_nvcc
 from .runtime import resolve_path
@@ -211,10 +212,14 @@ def compile_cubin(path, out: Path, defines: dict | None = None, arch: str = "sm_
     src = parse(p.read_text(), p, [repo_root() / "kernels"])
     text = rewrite_for_nvcc(src)
     flags = [f"-D{k}" if v is None else f"-D{k}={v}" for k, v in (defines or {}).items()]
+    if required_suffix(src.text) and not arch.endswith("a"):
+        arch += required_suffix(src.text)        # wgmma and setmaxnreg exist only in sm_90a
+    # an "a" target as the -gencode pair: the -arch=sm_90a shorthand also runs a plain sm_90 pass
+    target = f"-gencode=arch=compute_{arch[3:]},code={arch}" if arch.endswith("a") else f"-arch={arch}"
     with tempfile.TemporaryDirectory() as tmp:
         cu = Path(tmp) / p.name
         cu.write_text(f'#line 1 "{p}"\n' + text)
-        r = subprocess.run([nvcc, "-cubin", f"-arch={arch}", "-std=c++17", "-lineinfo", "-I", str(p.parent), "-I", str(repo_root() / "kernels"), *flags,
+        r = subprocess.run([nvcc, "-cubin", target, "-std=c++17", "-lineinfo", "-I", str(p.parent), "-I", str(repo_root() / "kernels"), *flags,
                             "-o", str(out), str(cu)], capture_output=True, text=True)
     if r.returncode != 0:
         raise CompileError(f"{p} does not compile with nvcc -cubin -arch={arch}:\n{r.stderr or r.stdout}")

@@ -217,6 +217,9 @@ def _stand_in_cuda_module(source, kernel, launches, attributes, streams):
         def set_attribute(self, func, attr, value):
             attributes.append((func, attr, value))
 
+        def make_current(self, context):
+            pass
+
         def launch(self, func, gx, gy, gz, bx, by, bz, shared, stream, args, extra):
             values = [ctypes.c_uint64.from_address(args[i]).value if p.pointer
                       else read[p.base].from_address(args[i]).value for i, p in enumerate(params)]
@@ -224,11 +227,9 @@ def _stand_in_cuda_module(source, kernel, launches, attributes, streams):
                              shared.value, stream.value, values, extra))
             return 0
 
-    class Context:
-        get_current = staticmethod(lambda: "the primary context")
-
     backend = object.__new__(CudaBackend)       # no GPU: only what a launch uses
-    backend.cu, backend.drv, backend._threads = Driver(), type("Drv", (), {"Context": Context}), threading.local()
+    backend.cu, backend._threads = Driver(), threading.local()
+    backend.ctx = type("Ctx", (), {"handle": 0xC0})()
     backend.max_shared_optin, backend._streams = 100_000, {}
     backend.raw_stream = lambda: streams[threading.get_ident()]    # torch's current stream, per thread
     streams[threading.get_ident()] = 0x5EED

@@ -240,6 +240,12 @@ def forward(x, w, y=None, *, stride=1, padding=0, dilation=1, groups: int = 1, b
     return run(x, w, y, bias)
 
 
+def forward_route(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups: int = 1):
+    """run(x, w, y, bias): forward()'s route for this call signature, every choice made, for a
+    caller that keeps it (the drop-in); run.impl the kernel it runs."""
+    return _forward_runner(x, w, bias, _channels_last(x), stride, padding, dilation, groups)
+
+
 def forward_impl(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups: int = 1) -> Impl:
     """The Impl forward() runs for these arguments (its kept route's kernel)."""
     return _forward_runner(x, w, bias, _channels_last(x), stride, padding, dilation, groups).impl

@@ -60,19 +60,24 @@ def kernel_fallback_reason(input, weight, bias=None, stride=1, padding=0, dilati
 
 
 class DropInFunction(torch.autograd.Function):
-    """y = conv2d(x, w, bias) by dispatch.forward's kernel; its backward: dx by InputGradFunction
-    (dispatch.input_grad), dw by WeightGradFunction (dispatch.weight_grad), dbias a torch sum over
-    dy. x 4-D; stride, padding, dilation in any form torch takes (checked before).
+    """y = conv2d(x, w, bias) by run (dispatch.forward_route's route for the call, or None:
+    dispatch.forward); its backward: dx by InputGradFunction (dispatch.input_grad), dw by
+    WeightGradFunction (dispatch.weight_grad), dbias a torch sum over dy. x 4-D; stride, padding,
+    dilation in any form torch takes (checked before).
 
     Differentiable to any order, like torch's conv2d: the gradients of dx and dw are again a
     forward, a dX and a dW of the same layer (dx = dX(dy, w): d/d(dy) is conv2d(g, w) and d/dw is
     dW(g, dy); dw = dW(x, dy): d/dx is dX(dy, G) and d/d(dy) is conv2d(x, G))."""
 
     @staticmethod
-    def forward(ctx, x, w, bias, stride, padding, dilation, groups):
-        # x as given: the dispatcher makes it NCHW contiguous, or keeps channels_last for its NHWC kernels
-        y = dispatch.forward(x, w.contiguous(), stride=stride, padding=padding, dilation=dilation,
-                           groups=groups, bias=None if bias is None else bias.contiguous())
+    def forward(ctx, x, w, bias, stride, padding, dilation, groups, run=None):
+        # x as given: the route makes it NCHW contiguous, or keeps channels_last for its NHWC kernels
+        b = None if bias is None else bias.contiguous()
+        if run is None:
+            y = dispatch.forward(x, w.contiguous(), stride=stride, padding=padding, dilation=dilation,
+                                 groups=groups, bias=b)
+        else:
+            y = run(x, w, None, b)
         ctx.save_for_backward(x, w)          # the inputs themselves: second derivatives flow back to them
         ctx.conf = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
         ctx.has_bias = bias is not None
@@ -95,7 +100,7 @@ class DropInFunction(torch.autograd.Function):
                   else dispatch.weight_grad(x.contiguous(), dy.contiguous(), kernel_size=size, **ctx.conf))
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = dy.sum(dim=(0, 2, 3), dtype=torch.float32).to(x.dtype)
-        return dx, dw, db, None, None, None, None
+        return dx, dw, db, None, None, None, None, None
 
 
 def _conv(x, w, conf):
@@ -142,25 +147,27 @@ class WeightGradFunction(torch.autograd.Function):
         return gx, gdy, None, None
 
 
-_decided: dict = {}     # call signature -> kernel_fallback_reason's answer: a repeated call's one lookup
+_routes: dict = {}     # call signature -> (kernel_fallback_reason's answer, the route): a repeated call's one lookup
 
 
 def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     """torch.nn.functional.conv2d, on the course's kernels: the same arguments (ints or tuples,
     'same'/'valid', unbatched (C, H, W) inputs, bias None or (M,)), results, gradients and errors.
     Where nothing needs a gradient (grad mode off, or no input that requires one) the forward runs
-    without an autograd node, as torch's does."""
+    without an autograd node, as torch's does. What to do for a call signature (shapes, dtypes,
+    devices, layout, arguments) is worked out once and kept."""
+    # 1.0 and True equal 1 and hash alike, but torch rejects them: only plain arguments key the cache
     plain = plain_arg(stride) and plain_arg(padding) and plain_arg(dilation) and plain_arg(groups)
-    key = None
-    try:     # 1.0 and True equal 1 and hash alike, but torch rejects them: only plain arguments key the cache
+    try:
         key = (input.shape, weight.shape, input.dtype, weight.dtype, input.device, weight.device,
-               None if bias is None else (bias.shape, bias.dtype, bias.device), stride, padding, dilation, groups)
-        reason = _decided[key] if plain else kernel_fallback_reason(input, weight, bias, stride, padding, dilation,
-                                                                     groups)
+               None if bias is None else (bias.shape, bias.dtype, bias.device),
+               1 if input.is_contiguous() else 2 if input.is_contiguous(memory_format=torch.channels_last) else 0,
+               stride, padding, dilation, groups)
+        reason, run = _routes[key] if plain else _decide(input, weight, bias, stride, padding, dilation, groups)
     except (AttributeError, KeyError):              # not tensors, or a first call
-        reason = kernel_fallback_reason(input, weight, bias, stride, padding, dilation, groups)
-        if plain and key is not None:
-            _decided[key] = reason
+        reason, run = _decide(input, weight, bias, stride, padding, dilation, groups)
+        if plain and isinstance(input, torch.Tensor):
+            _routes[key] = (reason, run)
     if reason is not None:
         # only what differs from the defaults, as keywords: torch's argument errors then read as
         # for F.conv2d(x, w[, b], name=value), the usual way to call it
@@ -171,12 +178,20 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     x = input if input.dim() == 4 else input.unsqueeze(0)
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
                                     or (bias is not None and bias.requires_grad)):
-        y = DropInFunction.apply(x, weight, bias, stride, padding, dilation, groups)
+        y = DropInFunction.apply(x, weight, bias, stride, padding, dilation, groups, run)
     else:
-        y = dispatch.forward(x, weight if weight.is_contiguous() else weight.contiguous(), stride=stride,
-                             padding=padding, dilation=dilation, groups=groups,
-                             bias=bias if bias is None or bias.is_contiguous() else bias.contiguous())
+        y = run(x, weight, None, bias if bias is None or bias.is_contiguous() else bias.contiguous())
     return y if input.dim() == 4 else y.squeeze(0)
+
+
+def _decide(input, weight, bias, stride, padding, dilation, groups) -> tuple:
+    """(kernel_fallback_reason's answer, dispatch's route for the kernels, or None)."""
+    reason = kernel_fallback_reason(input, weight, bias, stride, padding, dilation, groups)
+    if reason is not None:
+        return reason, None
+    x = input if input.dim() == 4 else input.unsqueeze(0)
+    return None, dispatch.forward_route(x, weight, bias, stride=stride, padding=padding, dilation=dilation,
+                                        groups=groups)
 
 
 class Conv2d(torch.nn.Conv2d):

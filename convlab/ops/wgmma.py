@@ -6,7 +6,8 @@ kernels/11_hopper/hopper.cuh).
   **tunables): half in, half out, float sums rounded once; x NCHW or channels_last (an NCHW x is
   converted inside the call, in its time); the result channels_last, logical shape (B, M, Ho, Wo).
   Stride 1, dilation 1, no groups, C and M multiples of 8 (WGMMA.applies says which layers).
-- wgmma_config(shape): the tile (BN maps, BW x 128/BW pixels, STAGES) a layer gets.
+- wgmma_config(shape): the tile a layer gets: BN maps, a box of BW x BH pixels x BI images
+  (box_shape), STAGES.
 - WGMMA: the Impl record.
 """
 from __future__ import annotations
@@ -19,39 +20,55 @@ from .. import runtime
 from .._limits import GRID_X_MAX, INT32_MAX
 from ..workloads import Workload
 from . import Impl, ceil_div
-from ._kernels import module_ref, remember
+from ._kernels import module_ref, remember, sm_count
 from .shapes import layer
 from .tensor_core import _channels_last_out, _check_halves
 
 FILE = "kernels/11_hopper/conv2d_wgmma.cu"
-TUNABLES = ("BN", "BW", "STAGES")
-PIXELS = 128                          # a block's output pixels: 64 per consumer warpgroup
+TUNABLES = ("BN", "STAGES", "BW", "BH", "BI")
+ROWS = 128                            # a tile's pixel rows: 64 per consumer warpgroup
 BK = 64                               # channels per stage
 THREADS = 384                         # a producer warpgroup and two consumers
-SHARED_OPTIN_MAX = 227 * 1024        # a block's opt-in maximum on an H100/H200
-STATIC_SHARED = 1024                 # ptxas: the kernel's static shared memory (its mbarriers, 1024-aligned)
+SHARED_OPTIN_MAX = 227 * 1024         # a block's opt-in maximum on an H100/H200 (static shared included)
+STATIC_SHARED = 64                    # the kernel's mbarriers (full and empty, 4 stages)
+MAX_STAGES = 6
 
 
 def shared_bytes(BN: int, STAGES: int, **_) -> int:
-    """The dynamic shared memory a block asks for: STAGES stages of the A box (128 pixels x 64
-    channels) and the B box (BN maps x 64 channels), and 1 KB to align the ring to 1024 bytes."""
-    return STAGES * (PIXELS + BN) * BK * 2 + 1024
+    """The dynamic shared memory a block asks for: STAGES stages of the A box (128 pixel rows x 64
+    channels) and the B box (BN maps x 64 channels), the two warpgroups' staging tiles (64 pixels x
+    BN halves + 16 bytes each), and 1 KB to align the ring to 1024 bytes."""
+    return STAGES * (ROWS + BN) * BK * 2 + 2 * 64 * (2 * BN + 16) + 1024
+
+
+def box_shape(Ho: int, Wo: int, B: int) -> tuple:
+    """(BW, BH, BI): the pixels a tile covers, BW columns x BH rows x BI images <= 128 rows, chosen
+    for the least work on pixels outside the output (a 7x7 map: two images of 7x7, 98 rows; 56x56:
+    16 x 8), ties to the wider box (longer contiguous runs in y)."""
+    best = None
+    for BW in sorted({min(Wo, ROWS), 8, 16, 32, 64}):
+        for BH in range(1, ROWS // BW + 1):
+            BI = min(B, ROWS // (BW * BH))
+            tiles = ceil_div(Wo, BW) * ceil_div(Ho, BH) * ceil_div(B, BI)
+            key = (tiles, -BW * BH * BI, -BW)
+            if best is None or key < best[0]:
+                best = (key, (BW, BH, BI))
+    return best[1]
 
 
 def wgmma_config(shape) -> dict:
-    """BN: 256 maps when the layer has that many and its tiles fill the GPU twice over, else 128
-    (64 for a layer of at most 64 maps); BW: 16 pixels a row (8 rows) on maps of 16 or more
-    columns, else 8 (16 rows); the deepest ring that fits."""
-    BW = 16 if shape.Wo >= 16 else 8
-    tiles = shape.B * ceil_div(shape.Ho, PIXELS // BW) * ceil_div(shape.Wo, BW)
-    BN = 64 if shape.M <= 64 else 256 if shape.M >= 256 and tiles * ceil_div(shape.M, 256) >= 2 * 132 else 128
-    stages = max(s for s in range(2, 9) if shared_bytes(BN, s) + STATIC_SHARED <= SHARED_OPTIN_MAX)
-    return dict(BN=BN, BW=BW, STAGES=stages)
+    """BN: 64 maps for a layer of at most 64, else 128; the box by box_shape; the deepest ring (up
+    to MAX_STAGES) that fits."""
+    BW, BH, BI = box_shape(shape.Ho, shape.Wo, shape.B)
+    BN = 64 if shape.M <= 64 else 128
+    stages = max(s for s in range(2, MAX_STAGES + 1) if shared_bytes(BN, s) + STATIC_SHARED <= SHARED_OPTIN_MAX)
+    return dict(BN=BN, STAGES=stages, BW=BW, BH=BH, BI=BI)
 
 
 class _Plan(NamedTuple):
     out_shape: tuple
     defines: dict
+    box: tuple                        # the x map's box, outermost first (BI, BH, BW, 64)
     scalars: tuple
     grid: tuple
     shared: int
@@ -66,18 +83,18 @@ def _plan(x_shape, w_shape, stride, padding, dilation, groups, tunables) -> _Pla
     if bad:
         raise TypeError(f"conv2d_wgmma got unknown tunables {bad}; it takes {', '.join(TUNABLES)}")
     t = {**wgmma_config(s), **{k: int(v) for k, v in tunables.items() if v is not None}}
-    if t["BN"] not in (64, 128, 256) or t["BW"] not in (8, 16, 32) or not 2 <= t["STAGES"] <= 8:
-        raise ValueError(f"conv2d_wgmma tunables {t}: BN 64, 128 or 256; BW 8, 16 or 32; STAGES 2..8")
+    BW, BH, BI = t["BW"], t["BH"], t["BI"]
+    if t["BN"] not in (64, 128, 256) or not 2 <= t["STAGES"] <= 8 or min(BW, BH, BI) < 1 or BW * BH * BI > ROWS:
+        raise ValueError(f"conv2d_wgmma tunables {t}: BN 64, 128 or 256; STAGES 2..8; BW*BH*BI <= {ROWS}")
     smem = shared_bytes(**t)
     if smem + STATIC_SHARED > SHARED_OPTIN_MAX:
         raise ValueError(f"conv2d_wgmma tunables {t}: {smem:,} bytes of shared memory, over {SHARED_OPTIN_MAX:,}")
-    tiles_w, tiles_h = ceil_div(s.Wo, t["BW"]), ceil_div(s.Ho, PIXELS // t["BW"])
-    blocks = s.B * tiles_w * tiles_h
-    if blocks > GRID_X_MAX:
-        raise ValueError(f"{blocks:,} blocks: over gridDim.x's limit; split the batch")
-    ph, pw = s.padding, s.padding_w     # the end's padding needs nothing: the boxes read zeros past the input
-    scalars = (s.C, s.M, s.Ho, s.Wo, s.K, s.Kw, ph, pw)
-    return _Plan((s.B, s.M, s.Ho, s.Wo), t, scalars + (tiles_w, tiles_h), (blocks, ceil_div(s.M, t["BN"])), smem)
+    tiles = ceil_div(s.Wo, BW) * ceil_div(s.Ho, BH) * ceil_div(s.B, BI) * ceil_div(s.M, t["BN"])
+    scalars = (s.B, s.C, s.M, s.Ho, s.Wo, s.K, s.Kw, s.padding, s.padding_w, BW, BH, BI, BW * BH * BI * BK * 2)
+    # persistent: one block per SM, each taking tiles in turn (the end's padding needs nothing: the
+    # boxes read zeros past the input)
+    return _Plan((s.B, s.M, s.Ho, s.Wo), {"BN": t["BN"], "STAGES": t["STAGES"]}, (BI, BH, BW, BK), scalars,
+                 (min(tiles, sm_count()),), smem)
 
 
 def _refuses(s: Workload) -> str | None:
@@ -112,14 +129,12 @@ def conv2d_wgmma(x, w, y=None, *, stride=1, padding=0, dilation=1, groups=1, bia
     wn = w.permute(0, 2, 3, 1)
     if not wn.is_contiguous() or wn.data_ptr() % 16:
         wn = wn.contiguous()
-    t = plan.defines
-    x_map = runtime.tensor_map(xn, (1, PIXELS // t["BW"], t["BW"], BK))
-    w_map = runtime.tensor_map(wn, (t["BN"], 1, 1, BK))
-    kernel = module_ref(FILE, t).get().kernel("conv2d_wgmma")
+    x_map = runtime.tensor_map(xn, plan.box)
+    w_map = runtime.tensor_map(wn, (plan.defines["BN"], 1, 1, BK))
+    kernel = module_ref(FILE, plan.defines).get().kernel("conv2d_wgmma")
     b = wn if bias is None else bias.contiguous()
     kernel(y.permute(0, 2, 3, 1), b, x_map, w_map, int(bias is not None), int(bool(relu)), *plan.scalars,
-           grid=plan.grid, block=(THREADS, 1, 1), shared=plan.shared,
-           max_shared=SHARED_OPTIN_MAX)
+           grid=plan.grid, block=(THREADS, 1, 1), shared=plan.shared, max_shared=SHARED_OPTIN_MAX)
     return y
 
 
@@ -133,5 +148,6 @@ def runs_here() -> bool:
 
 
 WGMMA = Impl("wgmma + TMA implicit GEMM (NHWC)", conv2d_wgmma, op="conv2d_fp16",
-             applies=lambda s: _refuses(s) is None and runs_here(), config=wgmma_config, any_layer=True, key="wgmma")
+             applies=lambda s: _refuses(s) is None and runs_here(), config=wgmma_config, any_layer=True, key="wgmma",
+             candidate=False)
 IMPLEMENTATIONS: tuple[Impl, ...] = (WGMMA,)

@@ -44,6 +44,10 @@
 //       (negative ones too) read as zeros. The box lands in dst (1024-byte aligned for the 128-byte
 //       swizzle) and its bytes count against bar's expected transactions.
 //
+// Named barriers: named_barrier_sync(id, threads) (bar.sync id, threads): waits until `threads`
+// threads (a multiple of 32, whole warps) have arrived at barrier id (1..15; __syncthreads is 0):
+// a warpgroup syncs its 128 threads without holding up the others.
+//
 // Registers: setmaxnreg_inc<N>() / setmaxnreg_dec<N>() (setmaxnreg.inc/dec.sync.aligned.u32 N):
 // a warpgroup gives registers back to (or takes them from) the block's pool; the kernel needs
 // __launch_bounds__(threads, 1) and every warpgroup's role in one branch of an if/else.
@@ -178,6 +182,10 @@ __device__ __forceinline__ void tma_load_4d(void* dst, const CUtensorMap* map, u
     asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
                  " [%0], [%1, {%3, %4, %5, %6}], [%2];\n"
                  :: "r"(hp_smem(dst)), "l"(map), "r"(hp_smem(bar)), "r"(c0), "r"(c1), "r"(c2), "r"(c3) : "memory");
+}
+
+__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
+    asm volatile("bar.sync %0, %1;\n" :: "r"(id), "r"(threads) : "memory");
 }
 
 template <int N> __device__ __forceinline__ void setmaxnreg_inc() {
