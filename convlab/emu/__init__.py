@@ -156,6 +156,7 @@ class _Runtime:
         with cls._lock:
             if cls._lib is None:
                 text = RUNTIME_SRC.read_text() + (INCLUDE / "clemu_abi.h").read_text()
+                text += (INCLUDE / "clemu_mma_numerics.h").read_text()
                 text += PROFILE_SRC.read_text() + (INCLUDE / "clemu_profile.h").read_text()
                 key = "runtime-" + hashlib.sha256((text + " ".join(CXXFLAGS)).encode()).hexdigest()[:20]
                 # the profiler (profile.cpp) is a second translation unit of the same library

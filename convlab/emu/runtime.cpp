@@ -9,6 +9,7 @@
 // the launch with a message; the host process always survives.
 #include "clemu_abi.h"
 #include "clemu_profile.h"
+#include "clemu_mma_numerics.h"
 
 #include <atomic>
 #include <chrono>
@@ -1062,13 +1063,9 @@ static float hp_h2f(uint16_t h) {
     return f;
 }
 
-// One m64nNk16 step for one output element: the accumulator c plus the 16 products a[k] * b[k]
-// (each exact in float: a product of two halves has at most 22 significant bits). The order and
-// rounding of the sum is the model of the GPU's accumulation: sequential fmaf over k for now.
-static inline float wgmma_k16(float c, const float* a, const float* b) {
-    for (int k = 0; k < 16; k++) c = fmaf(a[k], b[k], c);
-    return c;
-}
+// One m64nNk16 step for one output element: the accumulator c plus the 16 products a[k] * b[k],
+// added as the GPU's tensor cores add them (clemu_mma_numerics.h).
+static inline float wgmma_k16(float c, const float* a, const float* b) { return clemu::mma_k16(c, a, b); }
 
 // The swizzles as functions of the shared address: 16-byte chunk bits [4:6] ^= bits [7:9] (128B),
 // [4:5] ^= [7:8] (64B), [4] ^= [7] (32B).

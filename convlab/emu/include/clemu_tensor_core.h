@@ -7,6 +7,7 @@
 // to it is a fault that names both lines.
 #pragma once
 #include "cuda_fp16.h"
+#include "clemu_mma_numerics.h"
 
 #define CLEMU_TC_INLINE static inline __attribute__((always_inline))
 
@@ -65,10 +66,9 @@ CLEMU_TC_INLINE float from_bf16(unsigned r, int high) {
 // mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}.{f16,bf16}.f32, d += A*B. Lane l (group g = l/4,
 // t = l%4) holds A's rows g and g+8, columns 2t, 2t+1 (a[0], a[1]) and 2t+8, 2t+9 (a[2], a[3]),
 // row g+8 in a[1] and a[3]; B's rows (k) 2t, 2t+1 (b[0]) and 2t+8, 2t+9 (b[1]) of column g; D's
-// rows g (d[0], d[1]) and g+8 (d[2], d[3]), columns 2t and 2t+1. Each product of two fp16 or
-// bf16 numbers is exact in float; the sum runs in float from d over k = 0..15, one rounding per
-// addition (fmaf). A GPU adds the 16 products in its own order and rounding, so a result can
-// differ from it in the last bits of a float (never in the fragment layout).
+// rows g (d[0], d[1]) and g+8 (d[2], d[3]), columns 2t and 2t+1. The 16 products are added into d
+// as the GPU's tensor cores add them (clemu_mma_numerics.h, measured for fp16 on an H100; bf16,
+// not measured, takes the same rule).
 template <bool BF16>
 CLEMU_TC_INLINE void mma16816(float* d, const unsigned* a, const unsigned* b, const char* what, const char* file,
                               int line) {
@@ -88,9 +88,9 @@ CLEMU_TC_INLINE void mma16816(float* d, const unsigned* a, const unsigned* b, co
             B[k][j] = BF16 ? from_bf16(r, k & 1) : from_f16(r, k & 1);
         }
     for (int i = 0; i < 4; i++) {
-        float acc = d[i];
-        for (int k = 0; k < 16; k++) acc = fmaf(A[i / 2][k], B[k][i % 2], acc);
-        d[i] = acc;
+        float b[16];
+        for (int k = 0; k < 16; k++) b[k] = B[k][i % 2];
+        d[i] = mma_k16(d[i], A[i / 2], b);
     }
 }
 }  // namespace tc
