@@ -147,7 +147,7 @@ struct clemu_launch {
     char message[4096];
 };
 
-enum { T_RUN, T_BAR, T_WARP, T_DONE, T_FAULT, T_WG, T_MBAR };
+enum { T_RUN, T_BAR, T_WARP, T_DONE, T_FAULT, T_WG, T_MBAR, T_NBAR };
 
 // A wgmma's accumulators in flight (clemu_hopper.h): the thread's d, the result it gets at the wait
 // that covers `group`, and the last wgmma that wrote it.
@@ -177,6 +177,9 @@ struct fiber_thread {
     unsigned long long fences, fences_at_bar;  // fence_proxy_async calls so far, and as of the last __syncthreads()
     std::vector<mbar_seen> seen;
     std::vector<wg_acc> inflight;
+    int nbar_id, nbar_threads;             // T_NBAR: named_barrier_sync(id, threads)
+    unsigned nb_count;                     // named barriers passed
+    std::vector<unsigned> nb_sync;         // per thread j: j's nb_count at the last named barrier that orders j before this thread
 };
 
 // Static __shared__ arrays the running block has opened (clemu_shared_region).
@@ -479,7 +482,8 @@ static bool prof_on = false;                                     // the profiler
 static thread_local const void* volatile hook_site = nullptr;   // inside clemu_access: the access's site
 static thread_local volatile int stop_pending = 0;               // the watchdog asked to stop meanwhile
 
-struct acc_rec { const void* site; unsigned long long block; int thread; unsigned epoch; unsigned wgen; unsigned seq; };
+struct acc_rec { const void* site; unsigned long long block; int thread; unsigned epoch; unsigned wgen; unsigned seq;
+                 unsigned nb; };   // nb: the thread's named barriers passed (named_barrier_sync)
 struct shadow_word { acc_rec w, r1, r2; };
 static std::unordered_map<uintptr_t, shadow_word> shadow;
 struct race_rec { const void* a; const void* b; };
@@ -500,6 +504,9 @@ static bool conflict(const acc_rec& p, const acc_rec& c, bool shared) {
     if (!p.block) return false;
     if (p.block != c.block) return !shared;
     if (p.thread == c.thread || p.epoch != c.epoch) return false;
+    // a named barrier that p's thread passed after p, and c's thread passed (directly or through others) before c
+    const std::vector<unsigned>& nb = W->threads[c.thread].nb_sync;
+    if (!nb.empty() && nb[p.thread] > p.nb) return false;
     return !(p.thread / 32 == c.thread / 32 && p.wgen != c.wgen);
 }
 
@@ -652,7 +659,7 @@ static void detect(unsigned op, const volatile void* addr, unsigned bytes, const
     if (!t || !W) return;
     hook_site = pc;
     W->last_site = hook_site;
-    acc_rec c{hook_site, W->blk.serial, t->pub.linear, W->epoch, t->warp_gen, t->seq++};
+    acc_rec c{hook_site, W->blk.serial, t->pub.linear, W->epoch, t->warp_gen, t->seq++, t->nb_count};
     see_site(pc, t->pub.linear, W->blk.serial, (int)(W->blk.dim.x * W->blk.dim.y * W->blk.dim.z));
     bool sh = op & CLEMU_SHARED;
     shadow_word& s = shadow[(uintptr_t)addr];
@@ -1608,6 +1615,8 @@ static std::string where_others(worker* w, int n) {
         else if (t.state == T_WARP) s = "wait at a warp operation at " + file_line(t.site_file, t.site_line);
         else if (t.state == T_WG) s = "wait at " + std::string(wg_name(t.wg_op, t.wg_n)) + " at " +
                                       file_line(t.site_file, t.site_line);
+        else if (t.state == T_NBAR) s = "wait at named_barrier_sync(" + std::to_string(t.nbar_id) + ", " +
+                                        std::to_string(t.nbar_threads) + ") at " + file_line(t.site_file, t.site_line);
         else if (t.state == T_MBAR) s = "wait at mbar_wait at " + file_line(t.site_file, t.site_line) + " on " +
                                         shared_name(t.mbar) + " for parity " + std::to_string(t.mbar_parity);
         else continue;
@@ -1719,6 +1728,97 @@ static void mbar_deadlock(worker* w, int n) {
         "of %s, and nothing can complete it (the block's threads: %s).%s",
         block_str(&w->blk).c_str(), tid_str(&a->pub).c_str(), a->site_file, a->site_line, a->mbar_parity,
         mbar_text((uintptr_t)a->mbar, m).c_str(), where_others(w, n).c_str(), fix.c_str());
+}
+
+// named_barrier_sync(id, threads): bar.sync id, threads. Barrier id completes when `threads` threads
+// (whole warps) have arrived; they then move on, ordered after one another's earlier accesses.
+extern "C" __attribute__((visibility("default"))) void clemu_named_barrier(int id, int threads, const char* file,
+                                                                           int line) {
+    fiber_thread* t = me();
+    if (!t || !W) clemu_fault(CLEMU_FAULT, "named_barrier_sync outside a kernel");
+    int n = (int)(W->blk.dim.x * W->blk.dim.y * W->blk.dim.z);
+    if (id < 1 || id > 15)
+        tc_fault(CLEMU_FAULT, "named_barrier_sync(%d, %d) at %s:%d: the barrier id is 1 to 15 (0 is __syncthreads()'s)",
+                 id, threads, file, line);
+    if (threads < 32 || threads % 32 || threads > n)
+        tc_fault(CLEMU_FAULT, "named_barrier_sync(%d, %d) at %s:%d: the thread count is a multiple of 32 (whole warps), "
+                 "at most the block's %d", id, threads, file, line, n);
+    t->nbar_id = id;
+    t->nbar_threads = threads;
+    park(T_NBAR, file, line);
+}
+
+// The threads of a named barrier that has filled: what one saw of mbarriers and fences, all have
+// seen; for the race detector each is ordered after the others' accesses before it.
+static void named_barrier_pass(worker* w, int n, const std::vector<int>& who) {
+    auto& th = w->threads;
+    if (th[0].nb_sync.empty())
+        for (int i = 0; i < n; i++) th[i].nb_sync.assign(n, 0);
+    std::vector<unsigned> m(n, 0);
+    std::vector<mbar_seen> seen;
+    for (int i : who) {
+        th[i].nb_count++;
+        for (int j = 0; j < n; j++) if (th[i].nb_sync[j] > m[j]) m[j] = th[i].nb_sync[j];
+        for (auto& s : th[i].seen) {
+            bool found = false;
+            for (auto& a : seen) if (a.bar == s.bar) { found = true; if (a.phases < s.phases) a.phases = s.phases; }
+            if (!found) seen.push_back(s);
+        }
+    }
+    for (int i : who) m[i] = th[i].nb_count;
+    for (int i : who) {
+        th[i].nb_sync = m;
+        for (auto& s : seen) {
+            mbar_seen* mine = seen_of(&th[i], s.bar);
+            if (mine->phases < s.phases) mine->phases = s.phases;
+        }
+        th[i].fences_at_bar = th[i].fences;
+        th[i].state = T_RUN;
+    }
+}
+
+// Named barriers that have filled move on; false, with the fault set, where the threads at one
+// disagree on its count or are more than it.
+static bool release_named(worker* w, int n, bool& released) {
+    auto& th = w->threads;
+    for (int id = 1; id <= 15; id++) {
+        std::vector<int> who;
+        for (int i = 0; i < n; i++) if (th[i].state == T_NBAR && th[i].nbar_id == id) who.push_back(i);
+        if (who.empty()) continue;
+        fiber_thread& a = th[who[0]];
+        for (int i : who)
+            if (th[i].nbar_threads != a.nbar_threads) {
+                set_failure(CLEMU_BARRIER, "threads of block %s wait at named barrier %d with different thread counts: "
+                    "thread %s passes %d at %s:%d, thread %s passes %d at %s:%d. All threads of one named barrier pass "
+                    "the same count", block_str(&w->blk).c_str(), id, tid_str(&a.pub).c_str(), a.nbar_threads,
+                    a.site_file, a.site_line, tid_str(&th[i].pub).c_str(), th[i].nbar_threads, th[i].site_file,
+                    th[i].site_line);
+                return false;
+            }
+        if ((int)who.size() > a.nbar_threads) {
+            set_failure(CLEMU_BARRIER, "named_barrier_sync(%d, %d) at %s:%d in block %s: %d threads wait at barrier %d, "
+                "more than its count %d: two groups of threads use the same barrier id at once (give each its own "
+                "id, e.g. the warpgroup's index) or the count is too small", id, a.nbar_threads, a.site_file,
+                a.site_line, block_str(&w->blk).c_str(), (int)who.size(), id, a.nbar_threads);
+            return false;
+        }
+        if ((int)who.size() == a.nbar_threads) {
+            named_barrier_pass(w, n, who);
+            released = true;
+        }
+    }
+    return true;
+}
+
+static void named_deadlock(worker* w, int n) {
+    fiber_thread* a = nullptr;
+    int here = 0;
+    for (int i = 0; i < n; i++)
+        if (w->threads[i].state == T_NBAR) { if (!a) a = &w->threads[i]; if (w->threads[i].nbar_id == a->nbar_id) here++; }
+    set_failure(CLEMU_BARRIER, "deadlock in block %s: named_barrier_sync(%d, %d) at %s:%d waits for %d threads, but "
+        "only %d arrive (the block's threads: %s). The count is the number of threads (whole warps) that call it "
+        "with that id each time: e.g. 128 for one warpgroup", block_str(&w->blk).c_str(), a->nbar_id, a->nbar_threads,
+        a->site_file, a->site_line, a->nbar_threads, here, where_others(w, n).c_str());
 }
 
 // A thread that returns with a wgmma in flight never gets its result.
@@ -1844,7 +1944,7 @@ static bool warp_masks_agree(worker* w, int wp, unsigned here, int n) {
 static bool release(worker* w, int n, bool& all_done) {
     auto& th = w->threads;
     all_done = true;
-    int n_done = 0, n_bar = 0, n_warp = 0, n_wg = 0, n_mbar = 0;
+    int n_done = 0, n_bar = 0, n_warp = 0, n_wg = 0, n_mbar = 0, n_nbar = 0;
     for (int i = 0; i < n; i++) {
         int s = th[i].state;
         if (s == T_DONE) n_done++;
@@ -1852,6 +1952,7 @@ static bool release(worker* w, int n, bool& all_done) {
         else if (s == T_WARP) n_warp++;
         else if (s == T_WG) n_wg++;
         else if (s == T_MBAR) n_mbar++;
+        else if (s == T_NBAR) n_nbar++;
         if (s != T_DONE) all_done = false;
     }
     if (all_done) return true;
@@ -1895,9 +1996,11 @@ static bool release(worker* w, int n, bool& all_done) {
         auto it = w->mbars.find((uintptr_t)t.mbar);
         if (it != w->mbars.end() && (it->second.phase & 1) != t.mbar_parity) { t.state = T_RUN; released = true; }
     }
+    if (n_nbar && !release_named(w, n, released)) return false;
     if (released) return true;
     if (n_wg && !n_warp) { warpgroup_stuck(w, n); return false; }
     if (n_mbar && !n_warp) { mbar_deadlock(w, n); return false; }
+    if (n_nbar && !n_warp) { named_deadlock(w, n); return false; }
     // 2. the block barrier
     if (n_warp) {
         // the first warp that waits: the lanes its masks name that wait at a __syncthreads() instead
@@ -2026,6 +2129,8 @@ static void run_block(worker* w, long long b) {
         th[i].fences = th[i].fences_at_bar = 0;
         th[i].seen.clear();
         th[i].inflight.clear();
+        th[i].nb_count = 0;
+        th[i].nb_sync.clear();
         w->cp_pending[i].clear();
         th[i].pub.idx = uint3{(unsigned)(i % bx), (unsigned)((i / bx) % by), (unsigned)(i / (bx * by))};
         th[i].pub.blk = &w->blk;

@@ -69,6 +69,9 @@ CLEMU_HP_INLINE void tma_load_4d(void* dst, const CUtensorMap* map, uint64_t* ba
     clemu_tma_load(dst, map, bar, c, 4, file, line);
 }
 
+// bar.sync id, threads: the `threads` threads (whole warps) that call it with this id meet
+CLEMU_HP_INLINE void named_barrier_sync(int id, int threads, CLEMU_HP_SITE) { clemu_named_barrier(id, threads, file, line); }
+
 // The emulator has no register file: setmaxnreg checks that the whole warpgroup executes it.
 template <int N> CLEMU_HP_INLINE void setmaxnreg_inc(CLEMU_HP_SITE) {
     static_assert(N % 8 == 0 && N >= 24 && N <= 256, "setmaxnreg: a multiple of 8 from 24 to 256");
