@@ -193,7 +193,7 @@ struct cp_word { int thread; unsigned group; const void* site; };
 // An mbarrier (clemu_hopper.h): arrivals still due and bytes still expected in the current phase.
 struct mbar_state {
     unsigned count;
-    long long pending, tx, announced;
+    long long pending, tx, announced, announced_before;   // announced: bytes this phase; before: the last phase's
     unsigned long long phase;          // phases completed; the current one's parity is phase & 1
     const char* tx_file; int tx_line;  // the phase's last mbar_arrive_expect_tx
 };
@@ -1132,15 +1132,21 @@ static std::string mbar_text(uintptr_t bar, const mbar_state& m) {
     return s;
 }
 
+// "inside argument `D` (global memory)", for an address that should be shared memory
+static std::string not_shared(const void* a) {
+    mem_place m = place_of(a);
+    if (m.space == SP_GLOBAL) return std::string("it is inside argument `") + m.name + "`, global memory";
+    if (m.space == SP_LOCAL) return "it is a local variable of the thread";
+    return "it is in no shared array";
+}
+
 static mbar_state& mbar_get(void* bar, const char* what, const char* file, int line) {
     if (!W || !me()) clemu_fault(CLEMU_FAULT, "%s outside a kernel", what);
     mem_place m = place_of(bar);
     const char* lo = (const char*)bar;
     if (m.space != SP_SHARED || lo < m.lo || lo + 8 > m.lo + m.bytes)
-        tc_fault(CLEMU_FAULT, "%s at %s:%d: the mbarrier %p is not in shared memory (%s): an mbarrier is a uint64_t "
-                 "of a __shared__ array", what, file, line, bar,
-                 m.space == SP_GLOBAL ? "it is inside a buffer argument" : m.space == SP_LOCAL ?
-                 "it is a local variable of the thread" : "it is in no shared array");
+        tc_fault(CLEMU_FAULT, "%s at %s:%d: the mbarrier is not in shared memory (%s): an mbarrier is a uint64_t "
+                 "of a __shared__ array", what, file, line, not_shared(bar).c_str());
     if ((uintptr_t)bar % 8)
         tc_fault(CLEMU_FAULT, "%s at %s:%d: the mbarrier %s is not 8-byte aligned: declare it a uint64_t", what, file,
                  line, shared_name(bar).c_str());
@@ -1153,7 +1159,7 @@ static mbar_state& mbar_get(void* bar, const char* what, const char* file, int l
 }
 
 static void mbar_complete(mbar_state& m) {
-    if (m.pending == 0 && m.tx == 0) { m.phase++; m.pending = m.count; m.announced = 0; }
+    if (m.pending == 0 && m.tx == 0) { m.phase++; m.pending = m.count; m.announced_before = m.announced; m.announced = 0; }
 }
 
 extern "C" __attribute__((visibility("default"))) void clemu_mbar_init(void* bar, unsigned count, const char* file,
@@ -1162,8 +1168,9 @@ extern "C" __attribute__((visibility("default"))) void clemu_mbar_init(void* bar
     const char* lo = (const char*)bar;
     if (!W || !me()) clemu_fault(CLEMU_FAULT, "mbar_init outside a kernel");
     if (m.space != SP_SHARED || lo < m.lo || lo + 8 > m.lo + m.bytes || (uintptr_t)bar % 8)
-        tc_fault(CLEMU_FAULT, "mbar_init at %s:%d: %p is not an 8-byte aligned uint64_t in shared memory: an "
-                 "mbarrier is an element of a __shared__ uint64_t array", file, line, bar);
+        tc_fault(CLEMU_FAULT, "mbar_init at %s:%d: the mbarrier is not an 8-byte aligned uint64_t in shared memory "
+                 "(%s): an mbarrier is an element of a __shared__ uint64_t array", file, line,
+                 m.space == SP_SHARED ? "it is not 8-byte aligned" : not_shared(bar).c_str());
     if (count < 1 || count >= (1u << 20))
         tc_fault(CLEMU_FAULT, "mbar_init at %s:%d: count %u: an mbarrier expects 1 to 2^20 - 1 arrivals a phase",
                  file, line, count);
@@ -1327,14 +1334,20 @@ extern "C" __attribute__((visibility("default"))) void clemu_tma_load(void* dst,
         k.tma_bar = (uintptr_t)bar;
         k.tma_phase = m.phase;
     }
-    if (m.tx - bytes < 0)
+    if (m.tx - bytes < 0) {
+        std::string before;
+        if (!m.tx_file) before = " (no mbar_arrive_expect_tx announced any)";
+        else if (m.announced == 0 && m.pending == (long long)m.count && m.phase > 0)
+            before = " (its phase " + std::to_string(m.phase - 1) + " already completed when the copies before this "
+                     "one brought the " + std::to_string(m.announced_before) + " bytes that mbar_arrive_expect_tx at " +
+                     file_line(m.tx_file, m.tx_line) + " announced)";
+        else before = " (mbar_arrive_expect_tx at " + file_line(m.tx_file, m.tx_line) + " announced " +
+                      std::to_string(m.announced) + ")";
         tc_fault(CLEMU_BARRIER, "%s at %s:%d brings %lld bytes to %s, but only %lld bytes of its phase are still "
-                 "expected (its transaction count would go negative)%s: mbar_arrive_expect_tx must announce, before "
+                 "expected, so its transaction count would go negative%s: mbar_arrive_expect_tx must announce, before "
                  "the copies, every byte the phase's copies bring (here %lld bytes a box)",
-                 what, file, line, bytes, mbar_text((uintptr_t)bar, m).c_str(), m.tx,
-                 m.tx_file ? (" (mbar_arrive_expect_tx at " + file_line(m.tx_file, m.tx_line) + " announced " +
-                              std::to_string(m.announced) + ")").c_str() : " (no mbar_arrive_expect_tx announced any)",
-                 bytes);
+                 what, file, line, bytes, shared_name(bar).c_str(), m.tx, before.c_str(), bytes);
+    }
     m.tx -= bytes;
     mbar_complete(m);
     _mm_setcsr(csr);
@@ -1348,10 +1361,8 @@ extern "C" __attribute__((visibility("default"))) unsigned long long clemu_smem_
     mem_place m = place_of(tile);
     const char* p = (const char*)tile;
     if (m.space != SP_SHARED || p < m.lo || p >= m.lo + (m.name ? m.bytes : MAX_DYN_SHARED))
-        tc_fault(CLEMU_FAULT, "smem_desc_128b at %s:%d: the tile %p is not in shared memory (%s): wgmma reads its "
-                 "operands from a __shared__ array", file, line, tile,
-                 m.space == SP_GLOBAL ? "it is inside a buffer argument" : m.space == SP_LOCAL ?
-                 "it is a local variable of the thread" : "it is in no shared array");
+        tc_fault(CLEMU_FAULT, "smem_desc_128b at %s:%d: the tile is not in shared memory (%s): wgmma reads its "
+                 "operands from a __shared__ array", file, line, not_shared(tile).c_str());
     if ((uintptr_t)tile % 1024)
         tc_fault(CLEMU_FAULT, "smem_desc_128b at %s:%d: the tile %s is %d bytes past a 1024-byte boundary: a tile in "
                  "the 128-byte swizzle starts at a multiple of 1024 bytes (round the shared buffer's start up, and "
@@ -1629,6 +1640,34 @@ static std::string where_others(worker* w, int n) {
     return out;
 }
 
+// Which warps of warpgroup g wait at a's instruction, and where threads of a neighbouring warpgroup
+// wait at the same line (the role spans two warpgroups): "warps 1-3 of warpgroup 0 (threads 0-127)
+// reach it. Warp 4 of warpgroup 1 waits at the same line: the threads that run it span two warpgroups."
+static std::string wg_who(worker* w, int n, int g, const fiber_thread* a) {
+    auto& th = w->threads;
+    auto warps_at = [&](int h) {
+        unsigned bits = 0;
+        for (int i = 128 * h; i < 128 * h + 128 && i < n; i++)
+            if (th[i].state == T_WG && th[i].site_line == a->site_line && !strcmp(th[i].site_file, a->site_file))
+                bits |= 1u << ((i - 128 * h) / 32);
+        return bits;
+    };
+    std::string s = warps_str(warps_at(g), 4 * g) + " of warpgroup " + std::to_string(g) + " (warps " +
+                    std::to_string(4 * g) + "-" + std::to_string(4 * g + 3) + ", threads " + std::to_string(128 * g) +
+                    "-" + std::to_string(128 * g + 127) + ") reach it.";
+    for (int h = g - 1; h <= g + 1; h += 2) {
+        if (h < 0 || h * 128 >= n) continue;
+        unsigned bits = warps_at(h);
+        if (bits) {
+            std::string who = warps_str(bits, 4 * h);
+            who[0] = 'W';
+            s += " " + who + " of warpgroup " + std::to_string(h) + (__builtin_popcount(bits) > 1 ? " wait" : " waits") +
+                 " at the same line: the threads that run it span two warpgroups.";
+        }
+    }
+    return s;
+}
+
 // Warpgroup instructions: a warpgroup moves on when all 128 of its threads are at the same one.
 // False, with the fault set, when some never can.
 static bool release_warpgroups(worker* w, int n, bool& released) {
@@ -1662,10 +1701,11 @@ static bool release_warpgroups(worker* w, int n, bool& released) {
         for (int i = lo; i < hi; i++)
             if (th[i].state == T_DONE || th[i].state == T_FAULT) {
                 set_failure(CLEMU_BARRIER, "%s at %s:%d in block %s is executed by only %d of the 128 threads of "
-                    "warpgroup %d (threads %d-%d); thread %s had already returned. All 128 threads of a warpgroup "
-                    "execute it together: choose the warpgroup's role by threadIdx.x / 128, not by warp or thread",
-                    what, a->site_file, a->site_line, block_str(&w->blk).c_str(), here, g, lo, hi - 1,
-                    tid_str(&th[i].pub).c_str());
+                    "warpgroup %d: %s Thread %s had already returned. A warpgroup is 4 consecutive warps from a warp "
+                    "index divisible by 4, and all 128 of its threads execute each wgmma, wgmma_fence/commit/wait and "
+                    "setmaxnreg together: choose roles by threadIdx.x / 128, not by warp or thread",
+                    what, a->site_file, a->site_line, block_str(&w->blk).c_str(), here, g,
+                    wg_who(w, n, g, a).c_str(), tid_str(&th[i].pub).c_str());
                 return false;
             }
         if (here == 128) {
@@ -1681,36 +1721,26 @@ static bool release_warpgroups(worker* w, int n, bool& released) {
 static void warpgroup_stuck(worker* w, int n) {
     auto& th = w->threads;
     for (int g = 0; g * 128 < n; g++) {
-        unsigned warps = 0;
         fiber_thread* a = nullptr;
-        for (int i = 128 * g; i < 128 * g + 128 && i < n; i++)
-            if (th[i].state == T_WG) { warps |= 1u << ((i - 128 * g) / 32); if (!a) a = &th[i]; }
+        for (int i = 128 * g; i < 128 * g + 128 && i < n && !a; i++) if (th[i].state == T_WG) a = &th[i];
         if (!a) continue;
-        std::string hint;
-        for (int h = g - 1; h <= g + 1; h += 2) {   // the role that spans two warpgroups: warps 1-4, say
-            if (h < 0 || h * 128 >= n) continue;
-            for (int i = 128 * h; i < 128 * h + 128 && i < n; i++)
-                if (th[i].state == T_WG && th[i].site_line == a->site_line && !strcmp(th[i].site_file, a->site_file)) {
-                    hint = " Threads of warpgroup " + std::to_string(h) + " wait at the same line: the threads that "
-                           "run it span two warpgroups.";
-                    break;
-                }
-        }
-        set_failure(CLEMU_BARRIER, "%s at %s:%d in block %s: %s of warpgroup %d (warps %d-%d, threads %d-%d) wait there, "
-            "but the warpgroup's other threads never come (the block's threads: %s).%s A warpgroup is 4 consecutive "
-            "warps from a warp index divisible by 4, and all 128 of its threads execute each wgmma, "
-            "wgmma_fence/commit/wait and setmaxnreg together: choose roles by threadIdx.x / 128",
-            wg_name(a->wg_op, a->wg_n), a->site_file, a->site_line, block_str(&w->blk).c_str(),
-            warps_str(warps, 4 * g).c_str(), g, 4 * g, 4 * g + 3, 128 * g, 128 * g + 127,
-            where_others(w, n).c_str(), hint.c_str());
+        set_failure(CLEMU_BARRIER, "%s at %s:%d in block %s waits for threads that never come: %s (The block's "
+            "threads: %s.) A warpgroup is 4 consecutive warps from a warp index divisible by 4, and all 128 of its "
+            "threads execute each wgmma, wgmma_fence/commit/wait and setmaxnreg together: choose roles by "
+            "threadIdx.x / 128", wg_name(a->wg_op, a->wg_n), a->site_file, a->site_line, block_str(&w->blk).c_str(),
+            wg_who(w, n, g, a).c_str(), where_others(w, n).c_str());
         return;
     }
 }
 
 // Nothing can move and some thread waits on an mbarrier phase that cannot complete.
 static void mbar_deadlock(worker* w, int n) {
-    fiber_thread* a = nullptr;
-    for (int i = 0; i < n && !a; i++) if (w->threads[i].state == T_MBAR) a = &w->threads[i];
+    fiber_thread* a = nullptr;   // a waiter whose barrier misses bytes says the most, then one that misses arrivals
+    for (int pass = 0; pass < 2 && !a; pass++)
+        for (int i = 0; i < n && !a; i++) {
+            fiber_thread& t = w->threads[i];
+            if (t.state == T_MBAR && (pass == 1 || w->mbars[(uintptr_t)t.mbar].tx != 0)) a = &t;
+        }
     const mbar_state& m = w->mbars[(uintptr_t)a->mbar];
     std::string fix;
     if (m.pending > 0)
