@@ -1751,7 +1751,22 @@ static void mbar_deadlock(worker* w, int n) {
         fix += " Its copies brought " + std::to_string(m.tx) + " bytes fewer than announced (" +
                std::to_string(m.announced) + " by mbar_arrive_expect_tx at " + file_line(m.tx_file, m.tx_line) +
                "): announce exactly the bytes of the boxes that the phase's tma_load calls fetch.";
-    if (m.pending == 0 && m.tx == 0)
+    // a waiter whose barrier completed a phase and has had nothing since may have meant that phase
+    for (int i = 0; i < n; i++) {
+        fiber_thread& t = w->threads[i];
+        if (t.state != T_MBAR) continue;
+        const mbar_state& b = w->mbars[(uintptr_t)t.mbar];
+        if (b.phase > 0 && b.pending == (long long)b.count && b.tx == 0 && b.announced == 0) {
+            fix += " Thread " + tid_str(&t.pub) + " waits at " + file_line(t.site_file, t.site_line) + " for parity " +
+                   std::to_string(t.mbar_parity) + " of " + shared_name(t.mbar) + ", whose phase " +
+                   std::to_string(b.phase - 1) + " (parity " + std::to_string((b.phase - 1) & 1) + ") has completed "
+                   "and whose next phase has had no arrival: if it meant the phase that completed, its parity is off "
+                   "by one (mbar_wait(bar, p) returns once the phase of parity p has completed; the k-th phase, from "
+                   "0, has parity k & 1).";
+            break;
+        }
+    }
+    if (m.pending == 0 && m.tx == 0 && fix.empty())
         fix += " Check the parity: mbar_wait(bar, p) returns once the phase of parity p has completed, and phases "
                "alternate 0, 1, 0, ...";
     set_failure(CLEMU_BARRIER, "deadlock in block %s: thread %s waits at mbar_wait at %s:%d for the phase of parity %u "

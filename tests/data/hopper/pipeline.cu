@@ -60,7 +60,7 @@ pipeline(float* D, const half* B, const __grid_constant__ CUtensorMap a_map, con
         for (int r = 0; r < rounds; r++) {
             int s = r % STAGES;
             if (bug == 7) D[u] = (float)((const unsigned*)(smem + s * TILE))[u];   // [early_read]
-            if (bug != 6) mbar_wait(&full[s], (r / STAGES) & 1);
+            if (bug != 6) mbar_wait(&full[s], (r / STAGES + (bug == 17)) & 1);        // [wait_full]
             uint64_t da = smem_desc_128b(smem + s * TILE + (bug == 14 ? 512 : 0));   // [desc]
             uint64_t db = smem_desc_128b(bug == 15 ? (void*)D : (void*)b_tile);      // [desc_b]
             wgmma_fence();

@@ -1,0 +1,187 @@
+"""Hopper's asynchronous path on the CPU emulator (convlab/emu/include/clemu_hopper.h and runtime.cpp):
+wgmma from shared-memory descriptors, mbarriers, TMA tiled loads, named barriers.
+
+- The tensor cores' accumulation: wgmma m64n64k16 (fed by TMA in the 128-byte swizzle) and mma.sync
+  m16n8k16 give the H100's bits on the measured trials (tests/data/hopper_mma_numerics.npz).
+- conv2d_wgmma (kernels/11_hopper) against torch in float64 on awkward shapes, outputs poisoned first.
+- TMA: a box's zero fill outside the tensor (negative coordinates too) and each swizzle, against a
+  direct computation.
+- The sanitizer: tests/data/hopper/pipeline.cu makes one mistake per `bug` value; each is reported
+  with its error type and the lines it names (tagged `// [tag]` in the file), and the same kernel
+  without the mistake runs and computes the right product, over several rounds of the ring.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import convlab as cl
+from convlab.ops.fp16 import check_fp16
+from convlab.ops.wgmma import conv2d_wgmma
+
+pytestmark = pytest.mark.emu_only
+
+DATA = Path(__file__).resolve().parent / "data"
+PIPELINE = DATA / "hopper" / "pipeline.cu"
+
+
+def _line(tag: str) -> str:
+    """'tests/data/hopper/pipeline.cu:N' of the line tagged `// [tag]`."""
+    for i, text in enumerate(PIPELINE.read_text().splitlines(), 1):
+        if f"// [{tag}]" in text:
+            return f"tests/data/hopper/pipeline.cu:{i}"
+    raise KeyError(tag)
+
+
+# ------------------------------------------------------------------------------------------
+# numerics
+
+def _sequential_fmaf(C, A, B, KS):
+    """What the emulator computed before the measurement: fmaf over k in float32 (for contrast)."""
+    d = C.astype(np.float32).copy()
+    a, b = A.astype(np.float32), B.astype(np.float32)
+    for k in range(16 * KS):
+        d = (d.astype(np.float64) + np.outer(a[:, k], b[:, k]).astype(np.float64)).astype(np.float32)
+    return d
+
+
+def test_wgmma_and_mma_give_the_h100s_bits():
+    data = np.load(DATA / "hopper_mma_numerics.npz")
+    m = cl.load(DATA / "hopper" / "wgmma_numerics.cu")
+    differs = 0
+    for t in range(len(data["KS"])):
+        A, B = torch.from_numpy(data["A"][t]), torch.from_numpy(data["B"][t])
+        C, KS = torch.from_numpy(data["C"][t]), int(data["KS"][t])
+        D = torch.full((64, 64), float("nan"))
+        m.kernel("wgmma_chain")(D, C, cl.tensor_map(A, (64, 64)), cl.tensor_map(B, (64, 64)), KS,
+                                grid=(1, 1, 1), block=(128, 1, 1), shared=2 * 8192 + 1024)
+        assert np.array_equal(D.numpy().view(np.uint32), data["D"][t].view(np.uint32)), f"wgmma, trial {t}"
+        D16 = torch.full((64, 64), float("nan"))
+        m.kernel("mma_chain")(D16, C, A, B, KS, grid=(1, 1, 1), block=(32, 1, 1))
+        assert np.array_equal(D16.numpy()[:16, :8].view(np.uint32), data["D16"][t].view(np.uint32)), f"mma, trial {t}"
+        differs += int((_sequential_fmaf(data["C"][t], data["A"][t], data["B"][t], KS) != data["D"][t]).sum())
+    assert differs > 0      # the data tells the models apart: plain float sums would not pass
+
+
+# ------------------------------------------------------------------------------------------
+# conv2d_wgmma
+
+# (B, C, H, W, M, K, padding, bias, relu, tunables)
+CASES = [
+    (1, 8, 5, 7, 8, 3, 1, False, False, {}),                  # C = 8: most of the 64-channel box is zeros
+    (1, 72, 9, 18, 24, 3, 1, True, True, dict(BN=64)),        # a partial second channel step; M = 24 of BN = 64
+    (3, 16, 7, 7, 136, 3, 2, True, False, dict(STAGES=2)),    # boxes of several images, M = 136: two map tiles
+    (2, 8, 6, 5, 16, 5, 3, False, True, dict(BW=4, BH=3, BI=1)),   # padding 3 of a 5x5 mask: boxes far outside
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "B{}C{}-{}x{}-M{}-k{}p{}".format(*c[:7]))
+def test_conv2d_wgmma_on_awkward_shapes(case):
+    B, C, H, W, M, K, pad, bias, relu, tun = case
+    x, w = cl.randn(B, C, H, W).half(), cl.randn(M, C, K, K).half()
+    b = cl.randn(M).half() if bias else None
+    Ho, Wo = H + 2 * pad - K + 1, W + 2 * pad - K + 1
+    y = torch.full((B, Ho, Wo, M), float("nan"), dtype=torch.float16).permute(0, 3, 1, 2)
+    conv2d_wgmma(x, w, y, padding=pad, bias=b, relu=relu, **tun)
+    ref = F.conv2d(x.double(), w.double(), None if b is None else b.double(), padding=pad)
+    if relu:
+        ref = ref.relu()
+    check_fp16(y, ref, C=C * K * K, K=1, accumulate="float", rounded_inputs=True)
+
+
+# ------------------------------------------------------------------------------------------
+# TMA
+
+def _swizzled(offset: np.ndarray, swizzle: int) -> np.ndarray:
+    """The 16-byte chunk bits [4:4+log2(swizzle/16)] of an address XORed with bits [7:...]."""
+    mask = {0: 0, 32: 1, 64: 3, 128: 7}[swizzle]
+    return offset ^ (((offset >> 7) & mask) << 4)
+
+
+@pytest.mark.parametrize("dtype,swizzle,box", [(torch.float16, 128, (3, 5, 64)), (torch.float16, 64, (2, 4, 32)),
+                                               (torch.float32, 32, (2, 9, 8)), (torch.float32, 0, (3, 3, 12))])
+def test_tma_box_zero_fill_and_swizzle(dtype, swizzle, box):
+    m = cl.load(DATA / "hopper" / "tma_box.cu")
+    t = torch.randn(4, 6, 40).to(dtype) + 3       # no zeros inside the tensor
+    es = t.element_size()
+    nbytes = int(np.prod(box)) * es
+    for c2, c1, c0 in [(0, 0, 0), (-1, 4, -8), (2, -3, 36), (-5, 0, 0)]:
+        out = torch.zeros(nbytes // 4, dtype=torch.int32)
+        m.kernel("tma_box")(out, cl.tensor_map(t, box, swizzle=swizzle), c0, c1, c2, nbytes,
+                            grid=(1, 1, 1), block=(64, 1, 1), shared=nbytes + 1024)
+        got = out.numpy().view(np.uint8)
+        want = np.zeros(nbytes, np.uint8)
+        src = t.view(torch.int16 if es == 2 else torch.int32).numpy()
+        for i2 in range(box[0]):
+            for i1 in range(box[1]):
+                for i0 in range(box[2]):
+                    g2, g1, g0 = c2 + i2, c1 + i1, c0 + i0
+                    inside = 0 <= g2 < t.shape[0] and 0 <= g1 < t.shape[1] and 0 <= g0 < t.shape[2]
+                    v = src[g2, g1, g0] if inside else src.dtype.type(0)
+                    off = int(_swizzled(np.array(((i2 * box[1] + i1) * box[2] + i0) * es), swizzle))
+                    want[off:off + es] = np.frombuffer(v.tobytes(), np.uint8)
+        assert np.array_equal(got, want), f"box at {(c2, c1, c0)}"
+
+
+# ------------------------------------------------------------------------------------------
+# the sanitizer
+
+def _pipeline(bug, rounds=1, b_by_threads=0, alpha=1.0):
+    k = cl.load(PIPELINE).kernel("pipeline")
+    A, B = cl.randn(64 * rounds, 64).half(), cl.randn(64, 64).half()
+    D = torch.full((64, 64), float("nan"))
+    k(D, B, cl.tensor_map(A, (64, 64)), cl.tensor_map(B, (64, 64)), rounds, alpha, b_by_threads, bug,
+      grid=(1, 1, 1), block=(256, 1, 1), shared=3 * 8192 + 1024)
+    return D, sum(A[64 * r:64 * r + 64].double() @ B.double().T for r in range(rounds)) * alpha
+
+
+@pytest.mark.parametrize("rounds,b_by_threads", [(1, 0), (5, 0), (5, 1)])
+def test_pipeline_without_mistakes_computes_the_product(rounds, b_by_threads):
+    """Two stages, five rounds: each mbarrier goes through phases 0, 1, 0 (parity flips), the
+    producer waits for 'empty' before it refills; B by TMA or by the threads' own swizzled stores
+    (then fenced and named-barrier synced)."""
+    D, ref = _pipeline(0, rounds, b_by_threads, alpha=0.5)
+    assert torch.allclose(D.double(), ref, rtol=1e-5, atol=1e-4)
+
+
+# bug -> (error, the message's words, the tagged lines it names)
+MISTAKES = {
+    1: (cl.RaceError, "read of a wgmma accumulator", ["epilogue", "wgmma"]),                 # no wgmma_wait at all
+    2: (cl.RaceError, "read of a wgmma accumulator", ["epilogue"]),                          # wgmma_wait<1> for <0>
+    3: (cl.RaceError, "wrote its accumulator d[5] while the wgmma", ["wgmma"]),             # acc written in flight
+    4: (cl.RaceError, "still reads it", ["overwrite", "wgmma"]),                              # tile stored in flight
+    5: (cl.RaceError, "which the wgmma", ["tma_over", "wgmma"]),                             # TMA into a tile in use
+    6: (cl.RaceError, "has waited for the copy", ["wgmma", "tma_a"]),                        # no mbar_wait
+    7: (cl.RaceError, "before this thread has waited for the copy", ["early_read", "tma_a"]),   # read before the wait
+    8: (cl.RaceError, "add fence_proxy_async() after the stores at", ["wgmma", "store_b"]),  # no fence
+    9: (cl.BarrierError, "transaction count would go negative", ["tma_b", "expect"]),         # fewer bytes announced
+    10: (cl.BarrierError, "1024 bytes fewer than announced", ["wait_full", "expect"]),       # more bytes announced
+    11: (cl.BarrierError, "only 96 of the 128 threads of warpgroup 1", []),                   # warp 4 sits out
+    12: (cl.BarrierError, "span two warpgroups", []),                                          # warps 1-4 as a warpgroup
+    13: (cl.KernelFault, "used before mbar_init", ["uninit"]),
+    14: (cl.KernelFault, "512 bytes past a 1024-byte boundary", ["desc"]),
+    15: (cl.KernelFault, "inside argument `D`, global memory", ["desc_b"]),
+    16: (cl.KernelFault, "it is a local variable", ["local_bar"]),
+    17: (cl.BarrierError, "its parity is off by one", ["wait_full"]),                         # waits a phase too late
+}
+
+
+@pytest.mark.parametrize("bug", sorted(MISTAKES))
+def test_each_mistake_is_reported_with_its_lines(bug):
+    error, words, tags = MISTAKES[bug]
+    with pytest.raises(error) as e:
+        _pipeline(bug, rounds=1 if bug in (1, 2) else 3, b_by_threads=int(bug == 8))
+    msg = str(e.value)
+    assert words in msg, msg
+    for tag in tags:
+        assert re.search(re.escape(_line(tag)) + r"\b", msg), (tag, msg)
+
+
+def test_wgmma_wait_names_the_wait_that_found_a_touched_accumulator():
+    with pytest.raises(cl.RaceError, match=r"found at the wgmma_wait at tests/data/hopper/pipeline\.cu:\d+"):
+        _pipeline(3, rounds=1)
