@@ -185,3 +185,32 @@ def test_each_mistake_is_reported_with_its_lines(bug):
 def test_wgmma_wait_names_the_wait_that_found_a_touched_accumulator():
     with pytest.raises(cl.RaceError, match=r"found at the wgmma_wait at tests/data/hopper/pipeline\.cu:\d+"):
         _pipeline(3, rounds=1)
+
+
+# ------------------------------------------------------------------------------------------
+# named barriers
+
+def _neighbours(sync, count=128):
+    out = torch.full((256,), float("nan"))
+    cl.load(DATA / "hopper" / "named_barrier.cu").kernel("neighbours")(out, sync, count, grid=(1, 1, 1),
+                                                                       block=(256, 1, 1))
+    return out
+
+
+def _nb_line(tag):
+    text = (DATA / "hopper" / "named_barrier.cu").read_text().splitlines()
+    return f"tests/data/hopper/named_barrier.cu:{next(i for i, t in enumerate(text, 1) if f'// [{tag}]' in t)}"
+
+
+def test_a_named_barrier_orders_its_threads_for_the_race_detector():
+    t = torch.arange(256)
+    assert torch.equal(_neighbours(1), 2.0 * (128 * (t // 128) + (t + 1) % 128))
+    with pytest.raises(cl.RaceError) as e:
+        _neighbours(0)
+    assert _nb_line("write") in str(e.value) and _nb_line("read") in str(e.value)
+
+
+def test_a_named_barrier_that_never_fills_is_a_deadlock():
+    with pytest.raises(cl.BarrierError, match=re.escape(f"named_barrier_sync(1, 256) at {_nb_line('nbar')} waits "
+                                                        "for 256 threads, but only 128 arrive")):
+        _neighbours(1, 256)
