@@ -149,6 +149,13 @@ def test_pipeline_without_mistakes_computes_the_product(rounds, b_by_threads):
     assert torch.allclose(D.double(), ref, rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("order", ["reverse", "shuffled"])
+def test_pipeline_in_other_thread_orders(order):
+    with cl.thread_order(order):
+        D, ref = _pipeline(0, 5, 1)
+    assert torch.allclose(D.double(), ref, rtol=1e-5, atol=1e-4)
+
+
 # bug -> (error, the message's words, the tagged lines it names)
 MISTAKES = {
     1: (cl.RaceError, "read of a wgmma accumulator", ["epilogue", "wgmma"]),                 # no wgmma_wait at all
@@ -168,6 +175,7 @@ MISTAKES = {
     15: (cl.KernelFault, "inside argument `D`, global memory", ["desc_b"]),
     16: (cl.KernelFault, "it is a local variable", ["local_bar"]),
     17: (cl.BarrierError, "its parity is off by one", ["wait_full"]),                         # waits a phase too late
+    18: (cl.RaceError, "returned while the wgmma", ["wgmma"]),                                 # acc copied out, no wait
 }
 
 
@@ -175,7 +183,7 @@ MISTAKES = {
 def test_each_mistake_is_reported_with_its_lines(bug):
     error, words, tags = MISTAKES[bug]
     with pytest.raises(error) as e:
-        _pipeline(bug, rounds=1 if bug in (1, 2) else 3, b_by_threads=int(bug == 8))
+        _pipeline(bug, rounds=1 if bug in (1, 2, 18) else 3, b_by_threads=int(bug == 8))
     msg = str(e.value)
     assert words in msg, msg
     for tag in tags:
