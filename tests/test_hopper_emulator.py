@@ -175,7 +175,8 @@ MISTAKES = {
     15: (cl.KernelFault, "inside argument `D`, global memory", ["desc_b"]),
     16: (cl.KernelFault, "it is a local variable", ["local_bar"]),
     17: (cl.BarrierError, "its parity is off by one", ["wait_full"]),                         # waits a phase too late
-    18: (cl.RaceError, "returned while the wgmma", ["wgmma"]),                                 # acc copied out, no wait
+    18: (cl.RaceError, "read of a wgmma accumulator", ["copy_out", "wgmma"]),                 # acc copied out, no wait
+    20: (cl.BarrierError, "waits for threads that never come: warps 5-7 of warpgroup 1", ["fence", "stray_sync"]),
 }
 
 
@@ -188,6 +189,22 @@ def test_each_mistake_is_reported_with_its_lines(bug):
     assert words in msg, msg
     for tag in tags:
         assert re.search(re.escape(_line(tag)) + r"\b", msg), (tag, msg)
+
+
+def test_a_thread_that_returns_with_a_wgmma_in_flight_is_reported():
+    """float4 stores are not checked for the poison: the copy of the accumulators goes through,
+    and the thread's end names the wgmma that never got its wait."""
+    with pytest.raises(cl.RaceError) as e:
+        _pipeline(19)
+    assert "returned while the wgmma at " + _line("wgmma") in str(e.value)
+
+
+def test_a_block_that_is_not_whole_warpgroups_cannot_run_wgmma():
+    A, B, C = cl.randn(64, 64).half(), cl.randn(64, 64).half(), cl.randn(64, 64)
+    with pytest.raises(cl.BarrierError, match="warpgroup 0 has only 96 threads"):
+        cl.load(DATA / "hopper" / "wgmma_numerics.cu").kernel("wgmma_chain")(
+            torch.empty(64, 64), C, cl.tensor_map(A, (64, 64)), cl.tensor_map(B, (64, 64)), 1,
+            grid=(1, 1, 1), block=(96, 1, 1), shared=2 * 8192 + 1024)
 
 
 def test_wgmma_wait_names_the_wait_that_found_a_touched_accumulator():

@@ -273,7 +273,14 @@ template <class T> struct ref : ref_fields<T, vec<typename std::remove_cv<T>::ty
             clemu_access(op | sp, p, sizeof(T), name, base); }
     CLEMU_INLINE operator V() const { hook(CLEMU_RD); return *p; }
     T* operator&() const { return p; }
-    CLEMU_INLINE ref& operator=(const V& v) { hook(CLEMU_WR); *p = v; return *this; }
+    CLEMU_INLINE ref& operator=(const V& v) { hook(CLEMU_WR); poisoned(v); *p = v; return *this; }
+    // a float store of a wgmma accumulator's poison: read before the wait that delivers it (clemu_hopper.h)
+    template <class U> CLEMU_INLINE static void poisoned(const U&) {}
+    CLEMU_INLINE static void poisoned(const float& v) {
+        unsigned u;
+        memcpy(&u, &v, 4);
+        if (__builtin_expect(u == CLEMU_WGMMA_POISON, 0)) clemu_poison_read();
+    }
     CLEMU_INLINE ref& operator=(const ref& o) { V v = o; return *this = v; }
 #define CLEMU_REF_OP(OP) template <class U> CLEMU_INLINE ref& operator OP(const U& v) { \
         hook(CLEMU_RD | CLEMU_WR); V t = *p; t OP v; *p = t; return *this; }

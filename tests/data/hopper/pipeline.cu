@@ -63,7 +63,8 @@ pipeline(float* D, const half* B, const __grid_constant__ CUtensorMap a_map, con
             if (bug != 6) mbar_wait(&full[s], (r / STAGES + (bug == 17)) & 1);        // [wait_full]
             uint64_t da = smem_desc_128b(smem + s * TILE + (bug == 14 ? 512 : 0));   // [desc]
             uint64_t db = smem_desc_128b(bug == 15 ? (void*)D : (void*)b_tile);      // [desc_b]
-            wgmma_fence();
+            if (bug == 20 && warp == 0) __syncthreads();                             // [stray_sync]
+            wgmma_fence();                                                           // [fence]
             for (int k = 0; k < 4; k++) wgmma_m64n64k16(acc, da + 2 * k, db + 2 * k);   // [wgmma]
             wgmma_commit();
             if (bug == 3) acc[5] = 1.f;                                              // [touch]
@@ -73,7 +74,7 @@ pipeline(float* D, const half* B, const __grid_constant__ CUtensorMap a_map, con
                 tma_load_2d(smem + s * TILE, &a_map, &extra[0], 0, 0);               // [tma_over]
             }
             if (bug == 13 && u == 0) mbar_arrive(&extra[0]);                         // [uninit]
-            if (bug != 1 && bug != 18) wgmma_wait<0>();
+            if (bug != 1 && bug != 18 && bug != 19) wgmma_wait<0>();
             if (u == 0) mbar_arrive(&empty[s]);
         }
         if (bug == 2) {                       // one more round's MMAs, and a wait that leaves them in flight
@@ -83,7 +84,11 @@ pipeline(float* D, const half* B, const __grid_constant__ CUtensorMap a_map, con
             wgmma_wait<1>();                                                         // [wait1]
         }
         if (bug == 18) {                      // the accumulators copied out, no arithmetic on them
-            for (int i = 0; i < 32; i++) D[64 * 64 - 32 * 128 + 32 * u + i] = acc[i];
+            for (int i = 0; i < 32; i++) D[64 * 64 - 32 * 128 + 32 * u + i] = acc[i];           // [copy_out]
+            return;
+        }
+        if (bug == 19) {                      // the same as float4s: stores the emulator does not check
+            for (int i = 0; i < 8; i++) *(float4*)&D[64 * 64 - 32 * 128 + 32 * u + 4 * i] = *(const float4*)&acc[4 * i];
             return;
         }
         for (int j = 0; j < 8; j++)
