@@ -239,3 +239,24 @@ def test_a_named_barrier_that_never_fills_is_a_deadlock():
     with pytest.raises(cl.BarrierError, match=re.escape(f"named_barrier_sync(1, 256) at {_nb_line('nbar')} waits "
                                                         "for 256 threads, but only 128 arrive")):
         _neighbours(1, 256)
+
+
+def test_several_shared_arrays_in_one_declaration(tmp_path):
+    """`__shared__ uint64_t full[S], empty[S];` (conv2d_wgmma's mbarriers): each array is a checked
+    shared array of its own, with its own size."""
+    mod = cl.load_source("""
+__global__ void two(float* out, int past) {
+    __shared__ float a[32], b[2][32];
+    int t = threadIdx.x;
+    a[t] = t;
+    b[1][t] = 2 * t;
+    __syncthreads();
+    out[t] = a[31 - t] + b[1][t] + sizeof(b) / sizeof(float);
+    if (past && t == 0) out[0] = b[past][0];
+}""", "two", directory=tmp_path)
+    out = torch.zeros(32)
+    mod.kernel("two")(out, 0, grid=(1, 1, 1), block=(32, 1, 1))
+    t = torch.arange(32.0)
+    assert torch.equal(out, 31 - t + 2 * t + 64)
+    with pytest.raises(cl.OutOfBoundsError, match=r"__shared__ b\[2\]"):
+        mod.kernel("two")(out, 2, grid=(1, 1, 1), block=(32, 1, 1))
