@@ -13,6 +13,7 @@ wgmma from shared-memory descriptors, mbarriers, TMA tiled loads, named barriers
 from __future__ import annotations
 
 import re
+import struct
 from pathlib import Path
 
 import numpy as np
@@ -126,6 +127,24 @@ def test_tma_box_zero_fill_and_swizzle(dtype, swizzle, box):
                     off = int(_swizzled(np.array(((i2 * box[1] + i1) * box[2] + i0) * es), swizzle))
                     want[off:off + es] = np.frombuffer(v.tobytes(), np.uint8)
         assert np.array_equal(got, want), f"box at {(c2, c1, c0)}"
+
+
+def test_a_map_of_another_rank_is_refused():
+    t = cl.randn(8, 64).half()
+    with pytest.raises(cl.KernelFault, match="the tensor map has 2 dimensions, but 3 coordinates were given"):
+        cl.load(DATA / "hopper" / "tma_box.cu").kernel("tma_box")(torch.zeros(256, dtype=torch.int32),
+                                                                  cl.tensor_map(t, (8, 64)), 0, 0, 0, 1024,
+                                                                  grid=(1, 1, 1), block=(64, 1, 1), shared=2048)
+
+
+def test_the_emulators_tensor_map_holds_the_fields():
+    t = cl.randn(3, 5, 64).half()
+    m = cl.tensor_map(t, (2, 4, 32), swizzle=64)
+    f = struct.unpack("<IiiiQ5q4q5II8x", m.encoded)
+    assert len(m.encoded) == 128
+    assert f[:5] == (0x4D544C43, 6, 3, 2, t.data_ptr())
+    assert f[5:10] == (64, 5, 3, 0, 0) and f[10:14] == (128, 640, 0, 0) and f[14:19] == (32, 4, 2, 0, 0)
+    assert f[19] == 2
 
 
 # ------------------------------------------------------------------------------------------

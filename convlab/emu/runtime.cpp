@@ -1059,6 +1059,7 @@ static void trap_update(fiber_thread* t) {
     _mm_setcsr(t->inflight.empty() ? (c | 0x80u) : (c & ~0x80u));
 }
 
+// cuda_fp16.h's h2f (that header is the kernels', not the runtime's)
 static float hp_h2f(uint16_t h) {
     uint32_t u = (uint32_t)(h & 0x7fff) << 13, e = u & 0x0f800000u;
     u += 0x38000000u;
@@ -2518,4 +2519,4 @@ extern "C" __attribute__((visibility("default"))) long long clemu_take_output(ch
     return n;
 }
 
-extern "C" __attribute__((visibility("default"))) int clemu_abi_version() { return 2; }
+extern "C" __attribute__((visibility("default"))) int clemu_abi_version() { return 3; }

@@ -14,7 +14,10 @@
 //    what the barrier still waits for);
 //  - a TMA load writes its box at once (zeros outside the tensor, in the map's swizzle) and counts
 //    its bytes against the barrier; a thread that reads the box before it has waited for that
-//    phase is a fault.
+//    phase is a fault;
+//  - named_barrier_sync(id, threads) lets its threads through together, once `threads` have come.
+// While a thread has a wgmma in flight, arithmetic on the poisoned accumulators traps (SIGFPE, with
+// a message naming the line) and converting or storing the poison faults.
 #pragma once
 #include <cstdint>
 #include "cuda_fp16.h"
