@@ -95,6 +95,22 @@ def test_conv2d_wgmma_on_awkward_shapes(case):
     check_fp16(y, ref, C=C * K * K, K=1, accumulate="float", rounded_inputs=True)
 
 
+def test_conv2d_wgmma_persistent_blocks_take_several_tiles(monkeypatch):
+    """Two blocks for twelve tiles (the launcher gives one block per SM: here 2): the ring's phases
+    run on across tiles and each warpgroup's staging tile is reused behind its named barrier."""
+    import convlab.ops.wgmma as wg
+    monkeypatch.setattr(wg, "sm_count", lambda: 2)
+    wg._plans.clear()
+    x, w, b = cl.randn(1, 16, 11, 13).half(), cl.randn(136, 16, 3, 3).half(), cl.randn(136).half()
+    y = torch.full((1, 11, 13, 136), float("nan"), dtype=torch.float16).permute(0, 3, 1, 2)
+    try:
+        conv2d_wgmma(x, w, y, padding=1, bias=b, relu=True, BW=8, BH=4, BI=1, STAGES=3)
+    finally:
+        wg._plans.clear()
+    ref = F.conv2d(x.double(), w.double(), b.double(), padding=1).relu()
+    check_fp16(y, ref, C=16 * 9, K=1, accumulate="float", rounded_inputs=True)
+
+
 # ------------------------------------------------------------------------------------------
 # TMA
 
@@ -196,6 +212,8 @@ MISTAKES = {
     17: (cl.BarrierError, "its parity is off by one", ["wait_full"]),                         # waits a phase too late
     18: (cl.RaceError, "read of a wgmma accumulator", ["copy_out", "wgmma"]),                 # acc copied out, no wait
     20: (cl.BarrierError, "waits for threads that never come: warps 5-7 of warpgroup 1", ["fence", "stray_sync"]),
+    21: (cl.RaceError, "3 of its phases (0 to 2) have completed", ["wait_full"]),            # refill without 'empty'
+    22: (cl.RaceError, "no wgmma_fence() since the warpgroup last touched its accumulators", ["wgmma"]),
 }
 
 
@@ -203,7 +221,7 @@ MISTAKES = {
 def test_each_mistake_is_reported_with_its_lines(bug):
     error, words, tags = MISTAKES[bug]
     with pytest.raises(error) as e:
-        _pipeline(bug, rounds=1 if bug in (1, 2, 18) else 3, b_by_threads=int(bug == 8))
+        _pipeline(bug, rounds=1 if bug in (1, 2, 18) else 5 if bug == 21 else 3, b_by_threads=int(bug == 8))
     msg = str(e.value)
     assert words in msg, msg
     for tag in tags:

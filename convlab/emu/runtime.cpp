@@ -1211,6 +1211,15 @@ extern "C" __attribute__((visibility("default"))) void clemu_mbar_wait(void* bar
         m = &W->mbars[(uintptr_t)bar];
     }
     mbar_seen* s = seen_of(t, (uintptr_t)bar);
+    // two phases or more since this thread last knew the barrier: the parity cannot tell them apart
+    if (m->phase >= s->phases + 2)
+        tc_fault(CLEMU_RACE, "mbar_wait at %s:%d returns for parity %u of the mbarrier %s, but %llu of its phases "
+                 "(%llu to %llu) have completed since this thread last knew it: a parity tells a phase only from the "
+                 "next one, so the thread cannot tell which phase's data it gets (here phase %llu's, not phase "
+                 "%llu's). What completes this barrier's phases ran two phases ahead of this thread: a producer "
+                 "waits until the consumers release a stage (its 'empty' mbarrier) before it refills the stage",
+                 file, line, parity & 1, shared_name(bar).c_str(), m->phase - s->phases, s->phases, m->phase - 1,
+                 m->phase - 1, s->phases);
     if (s->phases < m->phase) s->phases = m->phase;
     _mm_setcsr(csr);
 }

@@ -35,7 +35,7 @@ pipeline(float* D, const half* B, const __grid_constant__ CUtensorMap a_map, con
         if (t == 0) {
             for (int r = 0; r < rounds; r++) {
                 int s = r % STAGES;
-                if (r >= STAGES) mbar_wait(&empty[s], (r / STAGES - 1) & 1);
+                if (r >= STAGES && bug != 21) mbar_wait(&empty[s], (r / STAGES - 1) & 1);
                 int b_now = !b_by_threads && r == 0;             // B comes once, with round 0's A
                 int bytes = TILE + (b_now ? TILE : 0) + (bug == 9 ? -TILE : bug == 10 ? 1024 : 0);
                 mbar_arrive_expect_tx(&full[s], bytes);                                  // [expect]
@@ -64,7 +64,7 @@ pipeline(float* D, const half* B, const __grid_constant__ CUtensorMap a_map, con
             uint64_t da = smem_desc_128b(smem + s * TILE + (bug == 14 ? 512 : 0));   // [desc]
             uint64_t db = smem_desc_128b(bug == 15 ? (void*)D : (void*)b_tile);      // [desc_b]
             if (bug == 20 && warp == 0) __syncthreads();                             // [stray_sync]
-            wgmma_fence();                                                           // [fence]
+            if (bug != 22) wgmma_fence();                                            // [fence]
             for (int k = 0; k < 4; k++) wgmma_m64n64k16(acc, da + 2 * k, db + 2 * k);   // [wgmma]
             wgmma_commit();
             if (bug == 3) acc[5] = 1.f;                                              // [touch]
