@@ -1,5 +1,7 @@
 """Hopper's asynchronous path on the CPU emulator (convlab/emu/include/clemu_hopper.h and runtime.cpp):
-wgmma from shared-memory descriptors, mbarriers, TMA tiled loads, named barriers.
+wgmma from shared-memory descriptors, mbarriers, TMA tiled loads, named barriers. The tests of
+results run on an H100/H200 too (the same kernels, checked against the same expectations); the
+sanitizer's are the emulator's alone (emu_only).
 
 - The tensor cores' accumulation: wgmma m64n64k16 (fed by TMA in the 128-byte swizzle) and mma.sync
   m16n8k16 give the H100's bits on the measured trials (tests/data/hopper_mma_numerics.npz).
@@ -24,8 +26,6 @@ import torch.nn.functional as F
 import convlab as cl
 from convlab.ops.fp16 import check_fp16
 from convlab.ops.wgmma import conv2d_wgmma
-
-pytestmark = pytest.mark.emu_only
 
 DATA = Path(__file__).resolve().parent / "data"
 PIPELINE = DATA / "hopper" / "pipeline.cu"
@@ -56,15 +56,16 @@ def test_wgmma_and_mma_give_the_h100s_bits():
     m = cl.load(DATA / "hopper" / "wgmma_numerics.cu")
     differs = 0
     for t in range(len(data["KS"])):
-        A, B = torch.from_numpy(data["A"][t]), torch.from_numpy(data["B"][t])
-        C, KS = torch.from_numpy(data["C"][t]), int(data["KS"][t])
-        D = torch.full((64, 64), float("nan"))
+        A, B = cl.to_device(torch.from_numpy(data["A"][t])), cl.to_device(torch.from_numpy(data["B"][t]))
+        C, KS = cl.to_device(torch.from_numpy(data["C"][t])), int(data["KS"][t])
+        D = cl.to_device(torch.full((64, 64), float("nan")))
         m.kernel("wgmma_chain")(D, C, cl.tensor_map(A, (64, 64)), cl.tensor_map(B, (64, 64)), KS,
                                 grid=(1, 1, 1), block=(128, 1, 1), shared=2 * 8192 + 1024)
-        assert np.array_equal(D.numpy().view(np.uint32), data["D"][t].view(np.uint32)), f"wgmma, trial {t}"
-        D16 = torch.full((64, 64), float("nan"))
+        assert np.array_equal(D.cpu().numpy().view(np.uint32), data["D"][t].view(np.uint32)), f"wgmma, trial {t}"
+        D16 = cl.to_device(torch.full((64, 64), float("nan")))
         m.kernel("mma_chain")(D16, C, A, B, KS, grid=(1, 1, 1), block=(32, 1, 1))
-        assert np.array_equal(D16.numpy()[:16, :8].view(np.uint32), data["D16"][t].view(np.uint32)), f"mma, trial {t}"
+        assert np.array_equal(D16.cpu().numpy()[:16, :8].view(np.uint32), data["D16"][t].view(np.uint32)), \
+            f"mma, trial {t}"
         differs += int((_sequential_fmaf(data["C"][t], data["A"][t], data["B"][t], KS) != data["D"][t]).sum())
     assert differs > 0      # the data tells the models apart: plain float sums would not pass
 
@@ -87,9 +88,9 @@ def test_conv2d_wgmma_on_awkward_shapes(case):
     x, w = cl.randn(B, C, H, W).half(), cl.randn(M, C, K, K).half()
     b = cl.randn(M).half() if bias else None
     Ho, Wo = H + 2 * pad - K + 1, W + 2 * pad - K + 1
-    y = torch.full((B, Ho, Wo, M), float("nan"), dtype=torch.float16).permute(0, 3, 1, 2)
+    y = cl.to_device(torch.full((B, Ho, Wo, M), float("nan"), dtype=torch.float16)).permute(0, 3, 1, 2)
     conv2d_wgmma(x, w, y, padding=pad, bias=b, relu=relu, **tun)
-    ref = F.conv2d(x.double(), w.double(), None if b is None else b.double(), padding=pad)
+    ref = F.conv2d(x.double().cpu(), w.double().cpu(), None if b is None else b.double().cpu(), padding=pad)
     if relu:
         ref = ref.relu()
     check_fp16(y, ref, C=C * K * K, K=1, accumulate="float", rounded_inputs=True)
@@ -102,12 +103,12 @@ def test_conv2d_wgmma_persistent_blocks_take_several_tiles(monkeypatch):
     monkeypatch.setattr(wg, "sm_count", lambda: 2)
     wg._plans.clear()
     x, w, b = cl.randn(1, 16, 11, 13).half(), cl.randn(136, 16, 3, 3).half(), cl.randn(136).half()
-    y = torch.full((1, 11, 13, 136), float("nan"), dtype=torch.float16).permute(0, 3, 1, 2)
+    y = cl.to_device(torch.full((1, 11, 13, 136), float("nan"), dtype=torch.float16)).permute(0, 3, 1, 2)
     try:
         conv2d_wgmma(x, w, y, padding=1, bias=b, relu=True, BW=8, BH=4, BI=1, STAGES=3)
     finally:
         wg._plans.clear()
-    ref = F.conv2d(x.double(), w.double(), b.double(), padding=1).relu()
+    ref = F.conv2d(x.double().cpu(), w.double().cpu(), b.double().cpu(), padding=1).relu()
     check_fp16(y, ref, C=16 * 9, K=1, accumulate="float", rounded_inputs=True)
 
 
@@ -124,16 +125,16 @@ def _swizzled(offset: np.ndarray, swizzle: int) -> np.ndarray:
                                                (torch.float32, 32, (2, 9, 8)), (torch.float32, 0, (3, 3, 12))])
 def test_tma_box_zero_fill_and_swizzle(dtype, swizzle, box):
     m = cl.load(DATA / "hopper" / "tma_box.cu")
-    t = torch.randn(4, 6, 40).to(dtype) + 3       # no zeros inside the tensor
+    t = cl.to_device(torch.randn(4, 6, 40).to(dtype) + 3)       # no zeros inside the tensor
     es = t.element_size()
     nbytes = int(np.prod(box)) * es
     for c2, c1, c0 in [(0, 0, 0), (-1, 4, -8), (2, -3, 36), (-5, 0, 0)]:
-        out = torch.zeros(nbytes // 4, dtype=torch.int32)
+        out = cl.to_device(torch.zeros(nbytes // 4, dtype=torch.int32))
         m.kernel("tma_box")(out, cl.tensor_map(t, box, swizzle=swizzle), c0, c1, c2, nbytes,
                             grid=(1, 1, 1), block=(64, 1, 1), shared=nbytes + 1024)
-        got = out.numpy().view(np.uint8)
+        got = out.cpu().numpy().view(np.uint8)
         want = np.zeros(nbytes, np.uint8)
-        src = t.view(torch.int16 if es == 2 else torch.int32).numpy()
+        src = t.cpu().view(torch.int16 if es == 2 else torch.int32).numpy()
         for i2 in range(box[0]):
             for i1 in range(box[1]):
                 for i0 in range(box[2]):
@@ -145,6 +146,7 @@ def test_tma_box_zero_fill_and_swizzle(dtype, swizzle, box):
         assert np.array_equal(got, want), f"box at {(c2, c1, c0)}"
 
 
+@pytest.mark.emu_only
 def test_a_map_of_another_rank_is_refused():
     t = cl.randn(8, 64).half()
     with pytest.raises(cl.KernelFault, match="the tensor map has 2 dimensions, but 3 coordinates were given"):
@@ -153,6 +155,7 @@ def test_a_map_of_another_rank_is_refused():
                                                                   grid=(1, 1, 1), block=(64, 1, 1), shared=2048)
 
 
+@pytest.mark.emu_only
 def test_the_emulators_tensor_map_holds_the_fields():
     t = cl.randn(3, 5, 64).half()
     m = cl.tensor_map(t, (2, 4, 32), swizzle=64)
@@ -169,10 +172,10 @@ def test_the_emulators_tensor_map_holds_the_fields():
 def _pipeline(bug, rounds=1, b_by_threads=0, alpha=1.0):
     k = cl.load(PIPELINE).kernel("pipeline")
     A, B = cl.randn(64 * rounds, 64).half(), cl.randn(64, 64).half()
-    D = torch.full((64, 64), float("nan"))
+    D = cl.to_device(torch.full((64, 64), float("nan")))
     k(D, B, cl.tensor_map(A, (64, 64)), cl.tensor_map(B, (64, 64)), rounds, alpha, b_by_threads, bug,
       grid=(1, 1, 1), block=(256, 1, 1), shared=3 * 8192 + 1024)
-    return D, sum(A[64 * r:64 * r + 64].double() @ B.double().T for r in range(rounds)) * alpha
+    return D.cpu(), sum(A[64 * r:64 * r + 64].double().cpu() @ B.double().cpu().T for r in range(rounds)) * alpha
 
 
 @pytest.mark.parametrize("rounds,b_by_threads", [(1, 0), (5, 0), (5, 1)])
@@ -184,6 +187,7 @@ def test_pipeline_without_mistakes_computes_the_product(rounds, b_by_threads):
     assert torch.allclose(D.double(), ref, rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.emu_only
 @pytest.mark.parametrize("order", ["reverse", "shuffled"])
 def test_pipeline_in_other_thread_orders(order):
     with cl.thread_order(order):
@@ -217,6 +221,7 @@ MISTAKES = {
 }
 
 
+@pytest.mark.emu_only
 @pytest.mark.parametrize("bug", sorted(MISTAKES))
 def test_each_mistake_is_reported_with_its_lines(bug):
     error, words, tags = MISTAKES[bug]
@@ -228,6 +233,7 @@ def test_each_mistake_is_reported_with_its_lines(bug):
         assert re.search(re.escape(_line(tag)) + r"\b", msg), (tag, msg)
 
 
+@pytest.mark.emu_only
 def test_a_thread_that_returns_with_a_wgmma_in_flight_is_reported():
     """float4 stores are not checked for the poison: the copy of the accumulators goes through,
     and the thread's end names the wgmma that never got its wait."""
@@ -236,6 +242,7 @@ def test_a_thread_that_returns_with_a_wgmma_in_flight_is_reported():
     assert "returned while the wgmma at " + _line("wgmma") in str(e.value)
 
 
+@pytest.mark.emu_only
 def test_a_block_that_is_not_whole_warpgroups_cannot_run_wgmma():
     A, B, C = cl.randn(64, 64).half(), cl.randn(64, 64).half(), cl.randn(64, 64)
     with pytest.raises(cl.BarrierError, match="warpgroup 0 has only 96 threads"):
@@ -244,6 +251,7 @@ def test_a_block_that_is_not_whole_warpgroups_cannot_run_wgmma():
             grid=(1, 1, 1), block=(96, 1, 1), shared=2 * 8192 + 1024)
 
 
+@pytest.mark.emu_only
 def test_wgmma_wait_names_the_wait_that_found_a_touched_accumulator():
     with pytest.raises(cl.RaceError, match=r"found at the wgmma_wait at tests/data/hopper/pipeline\.cu:\d+"):
         _pipeline(3, rounds=1)
@@ -264,6 +272,7 @@ def _nb_line(tag):
     return f"tests/data/hopper/named_barrier.cu:{next(i for i, t in enumerate(text, 1) if f'// [{tag}]' in t)}"
 
 
+@pytest.mark.emu_only
 def test_a_named_barrier_orders_its_threads_for_the_race_detector():
     t = torch.arange(256)
     assert torch.equal(_neighbours(1), 2.0 * (128 * (t // 128) + (t + 1) % 128))
@@ -272,12 +281,14 @@ def test_a_named_barrier_orders_its_threads_for_the_race_detector():
     assert _nb_line("write") in str(e.value) and _nb_line("read") in str(e.value)
 
 
+@pytest.mark.emu_only
 def test_a_named_barrier_that_never_fills_is_a_deadlock():
     with pytest.raises(cl.BarrierError, match=re.escape(f"named_barrier_sync(1, 256) at {_nb_line('nbar')} waits "
                                                         "for 256 threads, but only 128 arrive")):
         _neighbours(1, 256)
 
 
+@pytest.mark.emu_only
 def test_several_shared_arrays_in_one_declaration(tmp_path):
     """`__shared__ uint64_t full[S], empty[S];` (conv2d_wgmma's mbarriers): each array is a checked
     shared array of its own, with its own size."""
