@@ -87,7 +87,7 @@ conv2d_wgmma(half* y, const half* bias, const __grid_constant__ CUtensorMap x_ma
 
     if (wg == 0) {
         setmaxnreg_dec<40>();                    // the producer needs few registers: give them to the consumers
-        if (threadIdx.x % 32 == 0 && ring < RINGS) {   // lane 0 of warp r feeds ring r
+        if (threadIdx.x % 32 == 0 && threadIdx.x / 32 < RINGS) {   // lane 0 of warp r feeds ring r
             int it = 0;                          // the ring's position, running on across tiles
             for (int tile = blockIdx.x * RINGS + ring; tile < tiles; tile += gridDim.x * RINGS) {
                 int m0 = (tile % tiles_m) * BN, p = tile / tiles_m;
