@@ -231,9 +231,9 @@ def breakdown():
              ("  bound launch: tensor checks, pack, driver", lambda: bound((x, w, y)))]
     if b.name == "cuda":
         launcher, slots = bound.launcher, bound.slots
-        steps += [("    torch's current stream (b.stream())", b.stream),
-                  ("    cuLaunchKernel alone (ctypes + driver)",
-                   lambda: b.cu.launch(launcher.func, *bound.dims, b.stream(), slots.params, None)),
+        steps += [("    torch's current stream (b.raw_stream())", b.raw_stream),
+                  ("    cuLaunchKernel alone (convlab.native's call + driver)",
+                   lambda: b.cu.launch(launcher.func_id, *bound.dims, b.raw_stream(), slots.address)),
                   ("    three tensor checks + data_ptr", lambda: [(t.is_cuda, t.dtype, t.is_contiguous(), t.data_ptr())
                                                               for t in (x, w, y)])]
     timer = python_us_gpu if b.name == "cuda" else python_us_emu

@@ -14,7 +14,7 @@ import struct
 import threading
 from pathlib import Path
 
-from . import arch
+from . import arch, native
 from ._args import ctype_of
 from ._errors import ArgumentError, BackendUnavailable, CompileError, LaunchError
 from ._limits import SHARED_DEFAULT_MAX
@@ -44,8 +44,10 @@ _NOT_FOUND = 500          # CUDA_ERROR_NOT_FOUND: no such symbol in the module
 
 class Driver:
     """The CUDA driver calls convlab makes itself. libcuda is opened as a PyDLL, whose calls keep
-    the GIL: a launch's argument buffer cannot change under cuLaunchKernel. `launch` is
-    cuLaunchKernel itself, without argtypes: the launch paths pass it ctypes objects only."""
+    the GIL: a launch's argument buffer cannot change under cuLaunchKernel. `launch(function, gx,
+    gy, gz, bx, by, bz, shared, stream, params)`, all Python ints (params: the address of the void*
+    array), is cuLaunchKernel called from convlab.native's C extension, one C call (through ctypes
+    where it cannot be built)."""
 
     def __init__(self, lib=None):
         if lib is None:
@@ -66,8 +68,16 @@ class Driver:
         for name, argtypes in sig.items():
             f = getattr(lib, name)
             f.argtypes, f.restype = argtypes, I
-        self.launch = lib.cuLaunchKernel
-        self.launch.restype = I
+        lib.cuLaunchKernel.restype = I
+        fast = native.fast_launch()
+        address = ctypes.cast(lib.cuLaunchKernel, ctypes.c_void_p).value
+        self.launch = functools.partial(fast, address) if fast else self._ctypes_launch
+
+    def _ctypes_launch(self, func, gx, gy, gz, bx, by, bz, shared, stream, params):
+        """cuLaunchKernel through ctypes (where convlab.native cannot be built), with the same int arguments."""
+        U, P = ctypes.c_uint, ctypes.c_void_p
+        return self.lib.cuLaunchKernel(P(func), U(gx), U(gy), U(gz), U(bx), U(by), U(bz), U(shared), P(stream),
+                                       P(params), None)
 
     def describe(self, err: int) -> str:
         name, text = ctypes.c_char_p(), ctypes.c_char_p()
@@ -318,11 +328,12 @@ class _Slots(threading.local):
         ctypes.memmove(base + self.at, init, len(init))
         self.buf = (ctypes.c_char * size).from_buffer(self.raw, self.at)
         n = len(offsets)
-        self.params = (ctypes.c_void_p * n)(*[base + self.at + o for o in offsets]) if n else None
+        self.params = (ctypes.c_void_p * max(n, 1))(*[base + self.at + o for o in offsets])
+        self.address = ctypes.addressof(self.params)
 
 
 def _dims(grid, block, shared) -> tuple:
-    return tuple(ctypes.c_uint(v) for v in (*grid, *block, shared))
+    return (*grid, *block, shared)
 
 
 class KernelLauncher:
@@ -333,7 +344,7 @@ class KernelLauncher:
     an 8-byte slot (all scalar types are at most 8 bytes; the driver reads each one's own size)."""
 
     def __init__(self, backend, name: str, func: int, params, ctypes_):
-        self.backend, self.name, self.func = backend, name, ctypes.c_void_p(func)
+        self.backend, self.name, self.func_id = backend, name, func
         codes, self.offsets, at = [], [], 0
         for p, t in zip(params, ctypes_):
             if p.pointer:
@@ -357,7 +368,7 @@ class KernelLauncher:
         self.params = params
         self.slots = _Slots(self.offsets, self.struct.size, bytes(self.struct.size))
         self.opt_in = SHARED_DEFAULT_MAX      # the dynamic shared memory this function may use now
-        self._dims = {}                       # (grid, block, shared) -> their c_uint objects
+
 
     def __call__(self, values, grid, block, shared):
         values = list(values)
@@ -369,23 +380,17 @@ class KernelLauncher:
             values[i] = values[i].encoded
         if shared > self.opt_in:
             self.allow_shared(shared)
-        dims = self._dims.get((grid, block, shared))
-        if dims is None:
-            dims = self._dims[(grid, block, shared)] = _dims(grid, block, shared)
         slots = self.slots
         self.struct.pack_into(slots.buf, 0, *values)
-        self.launch(dims, slots.params)
-
-    def launch(self, dims, params):
         b = self.backend
         b.has_context()
-        err = b.cu.launch(self.func, *dims, b.stream(), params, None)
+        err = b.cu.launch(self.func_id, *grid, *block, shared, b.raw_stream(), slots.address)
         if err:
-            self.fail(err, dims)
+            self.fail(err, _dims(grid, block, shared))
 
     def fail(self, err: int, dims):
-        g, bl = tuple(d.value for d in dims[:3]), tuple(d.value for d in dims[3:6])
-        raise LaunchError(f"{self.name} (grid {g}, block {bl}, {dims[6].value:,} bytes of dynamic shared memory) "
+        g, bl = dims[:3], dims[3:6]
+        raise LaunchError(f"{self.name} (grid {g}, block {bl}, {dims[6]:,} bytes of dynamic shared memory) "
                           f"did not launch: {self.backend.cu.describe(err)}. An error from an earlier kernel "
                           f"(an illegal address, say) shows at the next launch and leaves the GPU unusable "
                           f"until the Python process restarts.")
@@ -396,7 +401,7 @@ class KernelLauncher:
             raise LaunchError(f"{self.name}: {shared:,} bytes of shared memory is over this GPU's opt-in "
                               f"maximum of {b.max_shared_optin:,}")
         with b.context():
-            b.cu.set_attribute(self.func.value, _MAX_DYNAMIC_SHARED_SIZE_BYTES, shared)
+            b.cu.set_attribute(self.func_id, _MAX_DYNAMIC_SHARED_SIZE_BYTES, shared)
         self.opt_in = shared
 
     def bind(self, scalars: tuple, grid: tuple, block: tuple, shared: int, slow) -> "BoundLaunch":
@@ -445,6 +450,6 @@ class BoundLaunch:
         self.pack(slots.buf, 0, *ptrs)
         b = self.backend
         b.has_context()
-        err = b.cu.launch(self.launcher.func, *self.dims, b.stream(), slots.params, None)
+        err = b.cu.launch(self.launcher.func_id, *self.dims, b.raw_stream(), slots.address)
         if err:
             self.launcher.fail(err, self.dims)

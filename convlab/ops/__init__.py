@@ -79,7 +79,7 @@ def new_output(shape, like: torch.Tensor, dtype=None) -> torch.Tensor:
     dtype = dtype or like.dtype
     if runtime.poisoning():
         return torch.full(shape, float("nan"), dtype=dtype, device=like.device)
-    return torch.empty(shape, dtype=dtype, device=like.device)
+    return like.new_empty(shape, dtype=dtype)        # torch.empty(..., device=) parses more: slower per call
 
 
 def output(y, shape, like: torch.Tensor, dtype=None, name: str = "y") -> torch.Tensor:

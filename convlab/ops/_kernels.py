@@ -1,8 +1,8 @@
 """What the launchers share to compile and launch their kernels.
 
 - module(path, defines): a kernel file compiled with a set of defines, through cl.load (whose cache
-  is keyed by the source text). Each call looks at the file's modification time and size, one
-  os.stat, and loads it again when they changed: an edited .cu recompiles through a launcher in a
+  is keyed by the source text). A call looks at the file's modification time and size (one
+  os.stat, at most every LOOK_EVERY_NS: 20 ms) and loads it again when they changed: an edited .cu recompiles through a launcher in a
   live notebook, and going back to an earlier text finds its compiled module again.
 - Launch: one launch worked out by a launcher for one shape (file, defines, kernel, grid, block,
   shared memory and its opt-in past 48 KB, scalar arguments), kept so that a repeated call only
@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 from .. import runtime
 from .._paths import path as repo_path
@@ -25,6 +26,9 @@ from .shapes import plain_arg
 from .._limits import GRID_YZ_MAX
 
 EMULATED_SMS = 132      # H100/H200 SXM: the GPU the committed results and tuned choices come from
+#: A launcher looks at its kernel file at most this often: an edit (made by a person, seconds apart)
+#: is seen by the next call, and a loop of calls pays one os.stat per interval, not per call.
+LOOK_EVERY_NS = 20_000_000
 
 
 def defines_key(defines: dict | None) -> tuple:
@@ -35,13 +39,17 @@ def defines_key(defines: dict | None) -> tuple:
 class _ModuleRef:
     """The module of one (file, defines), compiled again when the file or what it includes changes."""
 
-    __slots__ = ("path", "defines", "files", "stamp", "mod")
+    __slots__ = ("path", "defines", "files", "stamp", "mod", "seen")
 
     def __init__(self, path: str, defines: tuple):
         self.path, self.defines = str(repo_path(path)), dict(defines)
-        self.files, self.stamp, self.mod = (self.path,), None, None
+        self.files, self.stamp, self.mod, self.seen = (self.path,), None, None, 0
 
     def get(self):
+        now = time.monotonic_ns()
+        if now - self.seen < LOOK_EVERY_NS and self.mod is not None:
+            return self.mod               # looked a moment ago: a loop's repeated calls skip the os.stat
+        self.seen = now
         if len(self.files) == 1:          # the usual file, with no #include of its own
             s = os.stat(self.path)
             stamp = [(s.st_mtime_ns, s.st_size)]

@@ -25,8 +25,8 @@ from .shapes import layer
 from .tensor_core import _channels_last_out, _check_halves
 
 FILE = "kernels/11_hopper/conv2d_wgmma.cu"
-TUNABLES = ("BN", "STAGES", "BW", "BH", "BI")
-ROWS = 128                            # a tile's pixel rows: 64 per consumer warpgroup
+TUNABLES = ("BN", "STAGES", "RINGS", "BW", "BH", "BI")
+ROWS = 128                            # pixel rows of the two consumer warpgroups: one tile, or one each (RINGS=2)
 BK = 64                               # channels per stage
 THREADS = 384                         # a producer warpgroup and two consumers
 SHARED_OPTIN_MAX = 227 * 1024         # a block's opt-in maximum on an H100/H200 (static shared included)
@@ -34,21 +34,22 @@ STATIC_SHARED = 64                    # the kernel's mbarriers (full and empty, 
 MAX_STAGES = 6
 
 
-def shared_bytes(BN: int, STAGES: int, **_) -> int:
-    """The dynamic shared memory a block asks for: STAGES stages of the A box (128 pixel rows x 64
-    channels) and the B box (BN maps x 64 channels), the two warpgroups' staging tiles (64 pixels x
-    BN halves + 16 bytes each), and 1 KB to align the ring to 1024 bytes."""
-    return STAGES * (ROWS + BN) * BK * 2 + 2 * 64 * (2 * BN + 16) + 1024
+def shared_bytes(BN: int, STAGES: int, RINGS: int = 1, **_) -> int:
+    """The dynamic shared memory a block asks for: RINGS rings of STAGES stages of the A box (the
+    tile's 128/RINGS pixel rows x 64 channels) and the B box (BN maps x 64 channels), the two
+    warpgroups' staging tiles (64 pixels x BN halves + 16 bytes each), and 1 KB to align the rings
+    to 1024 bytes."""
+    return RINGS * STAGES * (ROWS // RINGS + BN) * BK * 2 + 2 * 64 * (2 * BN + 16) + 1024
 
 
-def box_shape(Ho: int, Wo: int, B: int) -> tuple:
-    """(BW, BH, BI): the pixels a tile covers, BW columns x BH rows x BI images <= 128 rows, chosen
+def box_shape(Ho: int, Wo: int, B: int, rows: int = ROWS) -> tuple:
+    """(BW, BH, BI): the pixels a tile covers, BW columns x BH rows x BI images <= rows, chosen
     for the least work on pixels outside the output (a 7x7 map: two images of 7x7, 98 rows; 56x56:
     16 x 8), ties to the wider box (longer contiguous runs in y)."""
     best = None
-    for BW in sorted({min(Wo, ROWS), 8, 16, 32, 64}):
-        for BH in range(1, ROWS // BW + 1):
-            BI = min(B, ROWS // (BW * BH))
+    for BW in sorted({min(Wo, rows), *(b for b in (8, 16, 32, 64) if b <= rows)}):
+        for BH in range(1, rows // BW + 1):
+            BI = min(B, rows // (BW * BH))
             tiles = ceil_div(Wo, BW) * ceil_div(Ho, BH) * ceil_div(B, BI)
             key = (tiles, -BW * BH * BI, -BW)
             if best is None or key < best[0]:
@@ -59,10 +60,16 @@ def box_shape(Ho: int, Wo: int, B: int) -> tuple:
 def wgmma_config(shape) -> dict:
     """BN: 64 maps for a layer of at most 64, else 128; the box by box_shape; the deepest ring (up
     to MAX_STAGES) that fits."""
-    BW, BH, BI = box_shape(shape.Ho, shape.Wo, shape.B)
+    rings = 1
+    BW, BH, BI = box_shape(shape.Ho, shape.Wo, shape.B, ROWS // rings)
     BN = 64 if shape.M <= 64 else 128
-    stages = max(s for s in range(2, MAX_STAGES + 1) if shared_bytes(BN, s) + STATIC_SHARED <= SHARED_OPTIN_MAX)
-    return dict(BN=BN, STAGES=stages, BW=BW, BH=BH, BI=BI)
+    return dict(BN=BN, STAGES=deepest(BN, rings), RINGS=rings, BW=BW, BH=BH, BI=BI)
+
+
+def deepest(BN: int, rings: int) -> int:
+    """The most stages (up to MAX_STAGES) whose rings fit in shared memory."""
+    return max([s for s in range(2, MAX_STAGES + 1) if shared_bytes(BN, s, rings) + STATIC_SHARED <= SHARED_OPTIN_MAX],
+               default=2)
 
 
 class _Plan(NamedTuple):
@@ -83,9 +90,15 @@ def _plan(x_shape, w_shape, stride, padding, dilation, groups, tunables) -> _Pla
     if bad:
         raise TypeError(f"conv2d_wgmma got unknown tunables {bad}; it takes {', '.join(TUNABLES)}")
     t = {**wgmma_config(s), **{k: int(v) for k, v in tunables.items() if v is not None}}
-    BW, BH, BI = t["BW"], t["BH"], t["BI"]
-    if t["BN"] not in (64, 128, 256) or not 2 <= t["STAGES"] <= 8 or min(BW, BH, BI) < 1 or BW * BH * BI > ROWS:
-        raise ValueError(f"conv2d_wgmma tunables {t}: BN 64, 128 or 256; STAGES 2..8; BW*BH*BI <= {ROWS}")
+    if "RINGS" in tunables and not {"BW", "BH", "BI"} & set(tunables):      # the box for the rings' tile
+        t.update(zip(("BW", "BH", "BI"), box_shape(s.Ho, s.Wo, s.B, ROWS // t["RINGS"])))
+    if "STAGES" not in tunables:                  # the deepest ring that fits the tile given
+        t["STAGES"] = deepest(t["BN"], t["RINGS"])
+    BW, BH, BI, rings = t["BW"], t["BH"], t["BI"], t["RINGS"]
+    if (t["BN"] not in (64, 128, 256) or not 2 <= t["STAGES"] <= 8 or rings not in (1, 2) or min(BW, BH, BI) < 1
+            or BW * BH * BI > ROWS // rings):
+        raise ValueError(f"conv2d_wgmma tunables {t}: BN 64, 128 or 256; STAGES 2..8; RINGS 1 or 2; "
+                         f"BW*BH*BI <= {ROWS}/RINGS")
     smem = shared_bytes(**t)
     if smem + STATIC_SHARED > SHARED_OPTIN_MAX:
         raise ValueError(f"conv2d_wgmma tunables {t}: {smem:,} bytes of shared memory, over {SHARED_OPTIN_MAX:,}")
@@ -93,8 +106,8 @@ def _plan(x_shape, w_shape, stride, padding, dilation, groups, tunables) -> _Pla
     scalars = (s.B, s.C, s.M, s.Ho, s.Wo, s.K, s.Kw, s.padding, s.padding_w, BW, BH, BI, BW * BH * BI * BK * 2)
     # persistent: one block per SM, each taking tiles in turn (the end's padding needs nothing: the
     # boxes read zeros past the input)
-    return _Plan((s.B, s.M, s.Ho, s.Wo), {"BN": t["BN"], "STAGES": t["STAGES"]}, (BI, BH, BW, BK), scalars,
-                 (min(tiles, sm_count()),), smem)
+    return _Plan((s.B, s.M, s.Ho, s.Wo), {"BN": t["BN"], "STAGES": t["STAGES"], "RINGS": rings}, (BI, BH, BW, BK),
+                 scalars, (min(ceil_div(tiles, rings), sm_count()),), smem)
 
 
 def _refuses(s: Workload) -> str | None:

@@ -14,11 +14,14 @@
 //    stage s have landed (the producer told it how many bytes to expect); empty[s] completes when
 //    both consumer warpgroups are done reading stage s, and the producer waits for it before it
 //    refills the stage.
-//  - Two consumer warpgroups each multiply 64 of the 128 pixel rows by the BN maps with wgmma
+//  - Two consumer warpgroups each multiply 64 of a tile's 128 pixel rows by the BN maps with wgmma
 //    m64nBNk16 straight from shared memory (no ldmatrix: the descriptor says where the tile is),
 //    four per 64-deep stage, and keep one stage's MMAs in flight while they wait for the next.
 //  - Persistent: gridDim.x blocks (one per SM) take the output tiles in turn, so the producer
 //    already loads the next tile while the consumers store this one.
+//  - RINGS = 2 ("ping-pong"): each consumer warpgroup takes 64-row tiles of its own, fed through a
+//    ring of its own by a producer warp of its own, so one's epilogue overlaps the other's MMAs
+//    and a small layer has twice the tiles to spread over the SMs.
 //  - Epilogue: the fp32 sums plus bias (half, read when has_bias), ReLU if relu, rounded to half
 //    into the warpgroup's staging tile in shared memory, then stored to NHWC y (B, Ho, Wo, M) as
 //    16-byte rows (a pixel's maps are contiguous in y).
@@ -32,9 +35,13 @@
 #define BN 128          // maps per tile: the wgmma's N
 #endif
 #ifndef STAGES
-#define STAGES 4
+#define STAGES 4        // stages per ring
+#endif
+#ifndef RINGS
+#define RINGS 1         // 1: both consumers share 128-row tiles; 2: each takes 64-row tiles of its own
 #endif
 #define BK 64           // channels per stage: one 128-byte swizzled row of halves
+#define TILE_ROWS (128 / RINGS)
 
 #if BN == 64
 #define WGMMA wgmma_m64n64k16
@@ -46,7 +53,7 @@
 #error "BN: 64, 128 or 256 maps per tile"
 #endif
 
-constexpr int A_BYTES = 128 * BK * 2;           // 128 pixel rows (the box fills BW*BH*BI of them)
+constexpr int A_BYTES = TILE_ROWS * BK * 2;     // the tile's pixel rows (the box fills BW*BH*BI of them)
 constexpr int B_BYTES = BN * BK * 2;
 constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
 constexpr int OUT_ROW = BN * 2 + 16;            // a staged pixel's BN halves, padded 16 bytes (banks)
@@ -58,48 +65,51 @@ conv2d_wgmma(half* y, const half* bias, const __grid_constant__ CUtensorMap x_ma
     extern __shared__ unsigned char smem_raw[];
     // the swizzled tiles need 1024-byte alignment: round the dynamic array's start up
     unsigned char* smem = (unsigned char*)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
-    unsigned char* staging = smem + STAGES * STAGE_BYTES;      // 2 x 64 pixels x OUT_ROW
-    __shared__ uint64_t full[STAGES], empty[STAGES];
+    unsigned char* staging = smem + RINGS * STAGES * STAGE_BYTES;      // 2 x 64 pixels x OUT_ROW
+    __shared__ uint64_t full[RINGS][STAGES], empty[RINGS][STAGES];
 
     int tiles_w = (Wo + BW - 1) / BW, tiles_h = (Ho + BH - 1) / BH, tiles_n = (B + BI - 1) / BI;
     int tiles_m = (M + BN - 1) / BN, tiles = tiles_w * tiles_h * tiles_n * tiles_m;
     int c_steps = (C + BK - 1) / BK, steps = Kh * Kw * c_steps;
     int wg = threadIdx.x / 128;                  // 0: producer; 1, 2: consumers
+    // ring r holds the tiles blockIdx.x * RINGS + r, then every gridDim.x * RINGS-th
+    int ring = RINGS == 1 ? 0 : (wg == 0 ? threadIdx.x / 32 : wg - 1);
 
     if (threadIdx.x == 0) {
-        for (int s = 0; s < STAGES; s++) {
-            mbar_init(&full[s], 1);              // the producer's one arrival (and the bytes it expects)
-            mbar_init(&empty[s], 2);             // one arrival per consumer warpgroup
-        }
+        for (int r = 0; r < RINGS; r++)
+            for (int s = 0; s < STAGES; s++) {
+                mbar_init(&full[r][s], 1);       // the producer's one arrival (and the bytes it expects)
+                mbar_init(&empty[r][s], 2 / RINGS);   // one arrival per consumer warpgroup of the ring
+            }
         fence_mbar_init();
     }
     __syncthreads();
 
     if (wg == 0) {
         setmaxnreg_dec<40>();                    // the producer needs few registers: give them to the consumers
-        if (threadIdx.x == 0) {
+        if (threadIdx.x % 32 == 0 && threadIdx.x / 32 < RINGS) {   // lane 0 of warp r feeds ring r
             int it = 0;                          // the ring's position, running on across tiles
-            for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+            for (int tile = blockIdx.x * RINGS + ring; tile < tiles; tile += gridDim.x * RINGS) {
                 int m0 = (tile % tiles_m) * BN, p = tile / tiles_m;
                 int ow0 = (p % tiles_w) * BW, oh0 = (p / tiles_w % tiles_h) * BH, n0 = p / (tiles_w * tiles_h) * BI;
                 for (int k = 0; k < steps; k++, it++) {
                     int s = it % STAGES;
-                    if (it >= STAGES) mbar_wait(&empty[s], (it / STAGES - 1) & 1);
+                    if (it >= STAGES) mbar_wait(&empty[ring][s], (it / STAGES - 1) & 1);
                     int c0 = (k % c_steps) * BK, tap = k / c_steps, kh = tap / Kw, kw = tap % Kw;
-                    unsigned char* a = smem + s * STAGE_BYTES;
-                    mbar_arrive_expect_tx(&full[s], box_bytes + B_BYTES);
-                    tma_load_4d(a, &x_map, &full[s], c0, ow0 + kw - pad_w, oh0 + kh - pad_h, n0);
-                    tma_load_4d(a + A_BYTES, &w_map, &full[s], c0, kw, kh, m0);
+                    unsigned char* a = smem + (ring * STAGES + s) * STAGE_BYTES;
+                    mbar_arrive_expect_tx(&full[ring][s], box_bytes + B_BYTES);
+                    tma_load_4d(a, &x_map, &full[ring][s], c0, ow0 + kw - pad_w, oh0 + kh - pad_h, n0);
+                    tma_load_4d(a + A_BYTES, &w_map, &full[ring][s], c0, kw, kh, m0);
                 }
             }
         }
     } else {
         setmaxnreg_inc<232>();
         int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
-        int row0 = (wg - 1) * 64;                // this warpgroup's 64 pixel rows of the 128
+        int row0 = RINGS == 1 ? (wg - 1) * 64 : 0;    // this warpgroup's 64 pixel rows of the tile
         unsigned char* out = staging + (wg - 1) * 64 * OUT_ROW;
         int it = 0;
-        for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+        for (int tile = blockIdx.x * RINGS + ring; tile < tiles; tile += gridDim.x * RINGS) {
             int m0 = (tile % tiles_m) * BN, p = tile / tiles_m;
             int ow0 = (p % tiles_w) * BW, oh0 = (p / tiles_w % tiles_h) * BH, n0 = p / (tiles_w * tiles_h) * BI;
             float acc[BN / 2];
@@ -107,18 +117,18 @@ conv2d_wgmma(half* y, const half* bias, const __grid_constant__ CUtensorMap x_ma
             for (int i = 0; i < BN / 2; i++) acc[i] = 0.f;
             for (int k = 0; k < steps; k++, it++) {
                 int s = it % STAGES;
-                mbar_wait(&full[s], (it / STAGES) & 1);
-                unsigned char* a = smem + s * STAGE_BYTES;
+                mbar_wait(&full[ring][s], (it / STAGES) & 1);
+                unsigned char* a = smem + (ring * STAGES + s) * STAGE_BYTES;
                 uint64_t da = smem_desc_128b(a + row0 * BK * 2), db = smem_desc_128b(a + A_BYTES);
                 wgmma_fence();
 #pragma unroll
                 for (int kk = 0; kk < BK / 16; kk++) WGMMA(acc, da + 2 * kk, db + 2 * kk);
                 wgmma_commit();
                 wgmma_wait<1>();                 // the previous stage's MMAs are done: hand its buffers back
-                if (k > 0 && t == 0) mbar_arrive(&empty[(it - 1) % STAGES]);
+                if (k > 0 && t == 0) mbar_arrive(&empty[ring][(it - 1) % STAGES]);
             }
             wgmma_wait<0>();
-            if (t == 0) mbar_arrive(&empty[(it - 1) % STAGES]);
+            if (t == 0) mbar_arrive(&empty[ring][(it - 1) % STAGES]);
 
             // sums -> bias, ReLU, half -> the staging tile: lane l holds rows l/4 and l/4 + 8 of its
             // warp's 16, maps 8j + 2(l%4) and the next
