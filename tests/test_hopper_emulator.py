@@ -79,6 +79,8 @@ CASES = [
     (1, 72, 9, 18, 24, 3, 1, True, True, dict(BN=64)),        # a partial second channel step; M = 24 of BN = 64
     (3, 16, 7, 7, 136, 3, 2, True, False, dict(STAGES=2)),    # boxes of several images, M = 136: two map tiles
     (2, 8, 6, 5, 16, 5, 3, False, True, dict(BW=4, BH=3, BI=1)),   # padding 3 of a 5x5 mask: boxes far outside
+    (2, 24, 7, 9, 40, 3, 1, True, False, dict(RINGS=2)),     # ping-pong: a ring and a producer per warpgroup
+    (1, 72, 5, 6, 136, 1, 0, False, True, dict(RINGS=2, BN=64, STAGES=3)),   # 1x1, three map tiles, two rings
 ]
 
 
@@ -96,8 +98,9 @@ def test_conv2d_wgmma_on_awkward_shapes(case):
     check_fp16(y, ref, C=C * K * K, K=1, accumulate="float", rounded_inputs=True)
 
 
-def test_conv2d_wgmma_persistent_blocks_take_several_tiles(monkeypatch):
-    """Two blocks for twelve tiles (the launcher gives one block per SM: here 2): the ring's phases
+@pytest.mark.parametrize("rings", [1, 2])
+def test_conv2d_wgmma_persistent_blocks_take_several_tiles(monkeypatch, rings):
+    """Two blocks for twelve tiles (the launcher gives one block per SM: here 2): the rings' phases
     run on across tiles and each warpgroup's staging tile is reused behind its named barrier."""
     import convlab.ops.wgmma as wg
     monkeypatch.setattr(wg, "sm_count", lambda: 2)
@@ -105,7 +108,7 @@ def test_conv2d_wgmma_persistent_blocks_take_several_tiles(monkeypatch):
     x, w, b = cl.randn(1, 16, 11, 13).half(), cl.randn(136, 16, 3, 3).half(), cl.randn(136).half()
     y = cl.to_device(torch.full((1, 11, 13, 136), float("nan"), dtype=torch.float16)).permute(0, 3, 1, 2)
     try:
-        conv2d_wgmma(x, w, y, padding=1, bias=b, relu=True, BW=8, BH=4, BI=1, STAGES=3)
+        conv2d_wgmma(x, w, y, padding=1, bias=b, relu=True, BW=8, BH=4, BI=1, STAGES=3, RINGS=rings)
     finally:
         wg._plans.clear()
     ref = F.conv2d(x.double().cpu(), w.double().cpu(), b.double().cpu(), padding=1).relu()
