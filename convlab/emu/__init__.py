@@ -296,9 +296,8 @@ class EmuBackend:
             so = compile_library(text, key, flags + (["-DCLEMU_HOOKS"] if hooks else []), display_name(src.path), libs, src)
             return ctypes.CDLL(str(so))
         uses_barriers = bool(_BARRIER_RE.search(src.all_text()))
-        module = EmuModule(self, rt, build, src, uses_barriers)
-        module.uses_async = bool(_ASYNC_RE.search(strip_comments(src.all_text())))
-        return module
+        uses_async = bool(_ASYNC_RE.search(strip_comments(src.all_text())))
+        return EmuModule(self, rt, build, src, uses_barriers, uses_async=uses_async)
 
     def compile_cpu(self, src: Source, functions: dict, defines: dict, options: list[str]) -> "EmuModule":
         """Plain C++ (chapter 1): run each call as a one-thread launch, so a crash or an endless loop
@@ -328,10 +327,10 @@ class EmuModule:
     build is made first, so compile errors show when the file is loaded; a kernel the hooked
     build cannot compile runs without the detector."""
 
-    def __init__(self, backend, rt, build, src, uses_barriers, cpu: bool = False):
+    def __init__(self, backend, rt, build, src, uses_barriers, cpu: bool = False, uses_async: bool = False):
         self.backend, self.rt, self.src = backend, rt, src
         self.uses_barriers = uses_barriers
-        self.uses_async = False
+        self.uses_async = uses_async      # Hopper's async path: the runtime records ordinary shared stores too
         self._constants = {}
         self._cpu = cpu
         if cpu:   # plain C++ (cl.load_cpu): one build, no hooks
