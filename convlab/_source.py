@@ -338,8 +338,7 @@ def rewrite_for_emulator(src: Source) -> str:
         edits.append((m.start(), m.end(), f'static const ::clemu::dyn_shared<{elem}> {name}{{"{name}"}};'))
         edits += _shared_decay_edits(clean, m.end(), name, 1)
     shared = [(m, m.group(1), [(m.group(2), m.group(3))]) for m in _STATIC_SHARED_RE.finditer(clean)]
-    shared += [(m, m.group(1), [(d.group(1), d.group(2)) for d in re.finditer(rf"([A-Za-z_]\w*)\s*((?:\[[^\[\];]+\]\s*)+)",
-                                                                               m.group(2))])
+    shared += [(m, m.group(1), re.findall(r"([A-Za-z_]\w*)\s*((?:\[[^\[\];]+\]\s*)+)", m.group(2)))
                for m in _STATIC_SHARED_LIST_RE.finditer(clean)]
     for m, type_part, declarators in shared:
         if re.search(r"\bextern\s*$", clean[max(0, m.start() - 20):m.start()]):

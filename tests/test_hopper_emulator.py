@@ -211,7 +211,7 @@ MISTAKES = {
     9: (cl.BarrierError, "transaction count would go negative", ["tma_b", "expect"]),         # fewer bytes announced
     10: (cl.BarrierError, "1024 bytes fewer than announced", ["wait_full", "expect"]),       # more bytes announced
     11: (cl.BarrierError, "only 96 of the 128 threads of warpgroup 1", []),                   # warp 4 sits out
-    12: (cl.BarrierError, "span two warpgroups", []),                                          # warps 1-4 as a warpgroup
+    12: (cl.BarrierError, "span two warpgroups", []),                                      # warps 1-4 as a warpgroup
     13: (cl.KernelFault, "used before mbar_init", ["uninit"]),
     14: (cl.KernelFault, "512 bytes past a 1024-byte boundary", ["desc"]),
     15: (cl.KernelFault, "inside argument `D`, global memory", ["desc_b"]),

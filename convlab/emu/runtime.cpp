@@ -179,7 +179,8 @@ struct fiber_thread {
     std::vector<wg_acc> inflight;
     int nbar_id, nbar_threads;             // T_NBAR: named_barrier_sync(id, threads)
     unsigned nb_count;                     // named barriers passed
-    std::vector<unsigned> nb_sync;         // per thread j: j's nb_count at the last named barrier that orders j before this thread
+    // per thread j: j's nb_count at the last named barrier that orders j before this thread
+    std::vector<unsigned> nb_sync;
 };
 
 // Static __shared__ arrays the running block has opened (clemu_shared_region).

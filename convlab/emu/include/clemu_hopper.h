@@ -47,7 +47,9 @@ CLEMU_HP_INLINE void wgmma_m64n256k16(float (&d)[128], uint64_t desc_a, uint64_t
     clemu_wgmma(d, 256, desc_a, desc_b, accumulate, file, line);
 }
 
-CLEMU_HP_INLINE void mbar_init(uint64_t* bar, unsigned count, CLEMU_HP_SITE) { clemu_mbar_init(bar, count, file, line); }
+CLEMU_HP_INLINE void mbar_init(uint64_t* bar, unsigned count, CLEMU_HP_SITE) {
+    clemu_mbar_init(bar, count, file, line);
+}
 // the init is visible to every later use in the emulator: nothing to order
 CLEMU_HP_INLINE void fence_mbar_init() {}
 CLEMU_HP_INLINE void fence_proxy_async(CLEMU_HP_SITE) { clemu_fence_proxy_async(file, line); }
@@ -55,7 +57,9 @@ CLEMU_HP_INLINE void mbar_arrive_expect_tx(uint64_t* bar, unsigned bytes, CLEMU_
     clemu_mbar_arrive(bar, bytes, 1, file, line);
 }
 CLEMU_HP_INLINE void mbar_arrive(uint64_t* bar, CLEMU_HP_SITE) { clemu_mbar_arrive(bar, 0, 0, file, line); }
-CLEMU_HP_INLINE void mbar_wait(uint64_t* bar, unsigned parity, CLEMU_HP_SITE) { clemu_mbar_wait(bar, parity, file, line); }
+CLEMU_HP_INLINE void mbar_wait(uint64_t* bar, unsigned parity, CLEMU_HP_SITE) {
+    clemu_mbar_wait(bar, parity, file, line);
+}
 
 CLEMU_HP_INLINE void tma_load_2d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1, CLEMU_HP_SITE) {
     int c[2] = {c0, c1};
@@ -73,7 +77,9 @@ CLEMU_HP_INLINE void tma_load_4d(void* dst, const CUtensorMap* map, uint64_t* ba
 }
 
 // bar.sync id, threads: the `threads` threads (whole warps) that call it with this id meet
-CLEMU_HP_INLINE void named_barrier_sync(int id, int threads, CLEMU_HP_SITE) { clemu_named_barrier(id, threads, file, line); }
+CLEMU_HP_INLINE void named_barrier_sync(int id, int threads, CLEMU_HP_SITE) {
+    clemu_named_barrier(id, threads, file, line);
+}
 
 // The emulator has no register file: setmaxnreg checks that the whole warpgroup executes it.
 template <int N> CLEMU_HP_INLINE void setmaxnreg_inc(CLEMU_HP_SITE) {

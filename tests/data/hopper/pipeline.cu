@@ -79,7 +79,8 @@ pipeline(float* D, const half* B, const __grid_constant__ CUtensorMap a_map, con
         }
         if (bug == 2) {                       // one more round's MMAs, and a wait that leaves them in flight
             wgmma_fence();
-            for (int k = 0; k < 4; k++) wgmma_m64n64k16(acc, smem_desc_128b(smem) + 2 * k, smem_desc_128b(b_tile) + 2 * k);
+            uint64_t da = smem_desc_128b(smem), db = smem_desc_128b(b_tile);
+            for (int k = 0; k < 4; k++) wgmma_m64n64k16(acc, da + 2 * k, db + 2 * k);
             wgmma_commit();
             wgmma_wait<1>();                                                         // [wait1]
         }
@@ -93,7 +94,8 @@ pipeline(float* D, const half* B, const __grid_constant__ CUtensorMap a_map, con
         }
         for (int j = 0; j < 8; j++)
             for (int q = 0; q < 4; q++)
-                D[(16 * warp + lane / 4 + 8 * (q / 2)) * 64 + 8 * j + 2 * (lane % 4) + q % 2] = alpha * acc[4 * j + q];   // [epilogue]
+                D[(16 * warp + lane / 4 + 8 * (q / 2)) * 64 + 8 * j + 2 * (lane % 4) + q % 2] =
+                    alpha * acc[4 * j + q];                                                  // [epilogue]
     }
     if (bug == 16 && t == 0) {
         uint64_t mine;
