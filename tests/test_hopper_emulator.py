@@ -311,3 +311,17 @@ __global__ void two(float* out, int past) {
     assert torch.equal(out, 31 - t + 2 * t + 64)
     with pytest.raises(cl.OutOfBoundsError, match=r"__shared__ b\[2\]"):
         mod.kernel("two")(out, 2, grid=(1, 1, 1), block=(32, 1, 1))
+
+
+@pytest.mark.emu_only
+def test_a_warp_operation_passes_on_what_a_lane_saw_of_an_mbarrier():
+    """Lane 0 waits for the copy; after a __syncwarp() the other lanes may read it, without it they
+    read before anything orders them after the copy."""
+    m = cl.load(DATA / "hopper" / "warp_wait.cu").kernel("warp_wait")
+    t = cl.randn(1, 32)
+    out = torch.zeros(32)
+    m(out, cl.tensor_map(t, (1, 32), swizzle=0), 1, grid=(1, 1, 1), block=(32, 1, 1), shared=2048)
+    assert torch.equal(out, t[0])
+    line = next(i for i, s in enumerate((DATA / "hopper" / "warp_wait.cu").read_text().splitlines(), 1) if "[read]" in s)
+    with pytest.raises(cl.RaceError, match=rf"read of .* at tests/data/hopper/warp_wait\.cu:{line} by thread \(1,0,0\)"):
+        m(out, cl.tensor_map(t, (1, 32), swizzle=0), 0, grid=(1, 1, 1), block=(32, 1, 1), shared=2048)

@@ -1804,30 +1804,40 @@ extern "C" __attribute__((visibility("default"))) void clemu_named_barrier(int i
     park(T_NBAR, file, line);
 }
 
-// The threads of a named barrier that has filled: what one saw of mbarriers and fences, all have
-// seen; for the race detector each is ordered after the others' accesses before it.
-static void named_barrier_pass(worker* w, int n, const std::vector<int>& who) {
+// Threads that met (a named barrier, a warp operation): what one of them knew of the mbarriers'
+// phases, each knows now.
+static void share_seen(worker* w, const std::vector<int>& who) {
     auto& th = w->threads;
-    if (th[0].nb_sync.empty())
-        for (int i = 0; i < n; i++) th[i].nb_sync.assign(n, 0);
-    std::vector<unsigned> m(n, 0);
     std::vector<mbar_seen> seen;
-    for (int i : who) {
-        th[i].nb_count++;
-        for (int j = 0; j < n; j++) if (th[i].nb_sync[j] > m[j]) m[j] = th[i].nb_sync[j];
+    for (int i : who)
         for (auto& s : th[i].seen) {
             bool found = false;
             for (auto& a : seen) if (a.bar == s.bar) { found = true; if (a.phases < s.phases) a.phases = s.phases; }
             if (!found) seen.push_back(s);
         }
-    }
-    for (int i : who) m[i] = th[i].nb_count;
-    for (int i : who) {
-        th[i].nb_sync = m;
+    for (int i : who)
         for (auto& s : seen) {
             mbar_seen* mine = seen_of(&th[i], s.bar);
             if (mine->phases < s.phases) mine->phases = s.phases;
         }
+}
+
+// The threads of a named barrier that has filled: they share what they saw of mbarriers, their
+// fences count as before a barrier, and for the race detector each is ordered after the others'
+// accesses before it.
+static void named_barrier_pass(worker* w, int n, const std::vector<int>& who) {
+    auto& th = w->threads;
+    if (th[0].nb_sync.empty())
+        for (int i = 0; i < n; i++) th[i].nb_sync.assign(n, 0);
+    std::vector<unsigned> m(n, 0);
+    for (int i : who) {
+        th[i].nb_count++;
+        for (int j = 0; j < n; j++) if (th[i].nb_sync[j] > m[j]) m[j] = th[i].nb_sync[j];
+    }
+    for (int i : who) m[i] = th[i].nb_count;
+    share_seen(w, who);
+    for (int i : who) {
+        th[i].nb_sync = m;
         th[i].fences_at_bar = th[i].fences;
         th[i].state = T_RUN;
     }
@@ -2039,8 +2049,18 @@ static bool release(worker* w, int n, bool& all_done) {
             return false;
         }
         if ((need & here) == need) {
+            bool seen = false;
             for (int l = 0; l < 32 && wp * 32 + l < n; l++)
-                if (th[wp * 32 + l].state == T_WARP) th[wp * 32 + l].state = T_RUN;
+                if (th[wp * 32 + l].state == T_WARP) {
+                    th[wp * 32 + l].state = T_RUN;
+                    seen |= !th[wp * 32 + l].seen.empty();
+                }
+            if (seen) {   // a lane that waited on an mbarrier, then __syncwarp(): the others may read the copy
+                std::vector<int> lanes;
+                for (int l = 0; l < 32 && wp * 32 + l < n; l++)
+                    if ((here >> l) & 1u) lanes.push_back(wp * 32 + l);
+                share_seen(w, lanes);
+            }
             released = true;
         }
     }
