@@ -57,12 +57,24 @@ def box_shape(Ho: int, Wo: int, B: int, rows: int = ROWS) -> tuple:
     return best[1]
 
 
-def wgmma_config(shape) -> dict:
-    """BN: 64 maps for a layer of at most 64, else 128; the box by box_shape; the deepest ring (up
-    to MAX_STAGES) that fits."""
+def wgmma_config(shape, sms: int | None = None) -> dict:
+    """The box by box_shape; BN (maps per tile) by the tiles it makes: 256 where a layer of 256 maps
+    or more has at least two tiles per SM of that width, 64 for a layer of at most 64 maps or one
+    whose 128-wide tiles would leave half the SMs idle, else 128; one ring, the deepest (up to
+    MAX_STAGES) that fits. From benchmarks/hopper_layers.py on an H100 (every BN, both ring forms):
+    BN=256 was the fastest on the VGG layer and ResNet's 1x1 expansion (392 and 784 tiles of 128
+    pixels), BN=64 on ResNet's 7x7 maps (56 tiles at 128), BN=128 elsewhere; two rings (ping-pong)
+    won only on one 1x1 layer, by 2%."""
+    sms = sms or sm_count()
     rings = 1
     BW, BH, BI = box_shape(shape.Ho, shape.Wo, shape.B, ROWS // rings)
-    BN = 64 if shape.M <= 64 else 128
+    pixel_tiles = ceil_div(shape.Wo, BW) * ceil_div(shape.Ho, BH) * ceil_div(shape.B, BI)
+    if shape.M <= 64 or pixel_tiles * ceil_div(shape.M, 128) < sms // 2:
+        BN = 64
+    elif shape.M >= 256 and pixel_tiles * ceil_div(shape.M, 256) >= 2 * sms:
+        BN = 256
+    else:
+        BN = 128
     return dict(BN=BN, STAGES=deepest(BN, rings), RINGS=rings, BW=BW, BH=BH, BI=BI)
 
 
@@ -83,7 +95,7 @@ class _Plan(NamedTuple):
 
 def _plan(x_shape, w_shape, stride, padding, dilation, groups, tunables) -> _Plan:
     s = layer(x_shape, w_shape, stride, padding, dilation, groups)
-    why = _refuses(s)
+    why = refuses(s)
     if why:
         raise ValueError(f"conv2d_wgmma: {why}")
     bad = [k for k in tunables if k not in TUNABLES]
@@ -110,7 +122,7 @@ def _plan(x_shape, w_shape, stride, padding, dilation, groups, tunables) -> _Pla
                  scalars, (min(ceil_div(tiles, rings), sm_count()),), smem)
 
 
-def _refuses(s: Workload) -> str | None:
+def refuses(s: Workload) -> str | None:
     """Why the kernel cannot take the layer (None: it can)."""
     if getattr(s, "D", None) is not None:
         return "a 3D layer"
@@ -161,6 +173,6 @@ def runs_here() -> bool:
 
 
 WGMMA = Impl("wgmma + TMA implicit GEMM (NHWC)", conv2d_wgmma, op="conv2d_fp16",
-             applies=lambda s: _refuses(s) is None and runs_here(), config=wgmma_config, any_layer=True, key="wgmma",
+             applies=lambda s: refuses(s) is None and runs_here(), config=wgmma_config, any_layer=True, key="wgmma",
              candidate=False)
 IMPLEMENTATIONS: tuple[Impl, ...] = (WGMMA,)
