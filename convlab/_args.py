@@ -191,10 +191,12 @@ class ArgPlan:
         self.ctypes = [ctype_of(p, kernel) for p in params]
         self.n = len(params)
         self.on_cuda = device == "cuda"
-        self.pointers, self.ints, self.floats, self.others = [], [], [], 0
+        self.pointers, self.ints, self.floats, self.maps, self.others = [], [], [], [], 0
         for i, (p, t) in enumerate(zip(params, self.ctypes)):
             if p.pointer:
                 self.pointers.append((i, tuple(t.dtypes) or None))
+            elif t.kind == "m":
+                self.maps.append(i)
             elif t.kind in "iu" and t.ctype is not None:
                 bits = _INT_RANGE[t.kind][ctypes.sizeof(t.ctype)]
                 self.ints.append((i, -(1 << bits) if t.kind == "i" else 0, (1 << bits) - 1))
@@ -222,7 +224,11 @@ class ArgPlan:
                             if type(args[i]) is not float and type(args[i]) is not int:
                                 break
                         else:
-                            return args
+                            for i in self.maps:      # a tensor map
+                                if type(args[i]) is not TensorMap:
+                                    break
+                            else:
+                                return args
             except AttributeError:                   # not a tensor where a pointer goes
                 pass
         return [v for _, _, v in check_args(self.kernel, self.params, args, self.device)]

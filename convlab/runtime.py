@@ -457,6 +457,12 @@ def tensor_map(t: torch.Tensor, box, swizzle: int = 128) -> TensorMap:
     into shared memory in the given swizzle (bytes: 0, 32, 64, 128; with a swizzle, the box's
     innermost extent is at most that many bytes). Made by the same call on both backends: the GPU
     driver's cuTensorMapEncodeTiled, or the emulator's record of the same fields."""
+    try:                                  # a repeated call: the same memory, shape, box and swizzle
+        hit = _encoded.get((t.data_ptr(), t.dtype, t.shape, box, swizzle, backend_impl().name))
+        if hit is not None and t.is_contiguous():
+            return TensorMap(t, *hit)
+    except (AttributeError, TypeError):   # not a tensor, or a box that cannot key: the checks below say why
+        pass
     if not isinstance(t, torch.Tensor) or not t.is_contiguous():
         raise ArgumentError("tensor_map needs a contiguous tensor (a channels_last x: x.permute(0, 2, 3, 1))")
     if t.dtype not in _MAP_DTYPES:
@@ -488,9 +494,17 @@ def tensor_map(t: torch.Tensor, box, swizzle: int = 128) -> TensorMap:
     if any(s % 16 for s in strides) or t.data_ptr() % 16:
         raise ArgumentError(f"tensor_map: the tensor's address and strides ({strides} bytes) must be multiples of "
                             f"16 bytes (e.g. channels a multiple of {16 // size})")
-    encoded = backend_impl().encode_tensor_map(_MAP_DTYPES[t.dtype], t.data_ptr(), dims, strides, box_in,
-                                               SWIZZLES.index(swizzle))
-    return TensorMap(t, dims, strides, box_in, swizzle, encoded)
+    b = backend_impl()
+    encoded = b.encode_tensor_map(_MAP_DTYPES[t.dtype], t.data_ptr(), dims, strides, box_in, SWIZZLES.index(swizzle))
+    if len(_encoded) > 4096:              # tensors come and go in a loop: keep the table small
+        _encoded.clear()
+    fields = _encoded[(t.data_ptr(), t.dtype, t.shape, box, swizzle, b.name)] = (dims, strides, box_in, swizzle, encoded)
+    return TensorMap(t, *fields)
+
+
+# (address, dtype, shape, box as given, swizzle, backend) -> a TensorMap's fields: a repeated call's
+# tensors (the same memory and shape) reuse their encoding; the tensor itself is never kept here
+_encoded: dict = {}
 
 
 def sync():
