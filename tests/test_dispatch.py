@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 import convlab as cl
 from convlab import workloads
-from convlab.ops import depthwise, dispatch, dropin, fp16, general, igemm
+from convlab.ops import depthwise, dispatch, dropin, fp16, general, igemm, wgmma
 from convlab.workloads import Workload
 
 
@@ -126,12 +126,17 @@ def test_a_channels_last_depthwise_layer_runs_the_nhwc_kernel_and_keeps_its_layo
 
 
 @pytest.mark.parametrize("layout", [torch.contiguous_format, torch.channels_last])
-def test_the_mma_route_takes_either_layout_and_returns_torchs(layout):
+def test_the_tensor_core_routes_take_either_layout_and_return_torchs(layout):
     mma = "mma.sync implicit GEMM (NHWC)"
     plain = Workload("t", B=2, C=16, M=24, H=7, W=9, K=3, padding=1)
-    # a plain layer: mma.sync from channels_last; from NCHW, WMMA (the conversion costs more)
-    assert dispatch.pick(plain, "fp16", "channels_last").name == mma
+    # a plain layer: from channels_last, wgmma on an H100/H200 (the emulator is one), else mma.sync;
+    # from NCHW, WMMA (the conversion costs more)
+    hopper = wgmma.WGMMA.name if wgmma.runs_here() else mma
+    assert dispatch.pick(plain, "fp16", "channels_last").name == hopper
     assert dispatch.pick(plain, "fp16").name == "WMMA implicit GEMM"
+    # one 64-channel step of reduction (a 1x1 layer from 64 channels): mma.sync
+    short = Workload("s", B=2, C=64, M=32, H=7, W=9, K=1)
+    assert dispatch.pick(short, "fp16", "channels_last").name == mma
     # a dilated one, which WMMA does not take: mma.sync from either layout
     wl = Workload("d", B=2, C=16, M=24, H=9, W=11, K=3, padding=2, dilation=2)
     assert dispatch.pick(wl, "fp16").name == dispatch.pick(wl, "fp16", "channels_last").name == mma

@@ -173,6 +173,5 @@ def runs_here() -> bool:
 
 
 WGMMA = Impl("wgmma + TMA implicit GEMM (NHWC)", conv2d_wgmma, op="conv2d_fp16",
-             applies=lambda s: refuses(s) is None and runs_here(), config=wgmma_config, any_layer=True, key="wgmma",
-             candidate=False)
+             applies=lambda s: refuses(s) is None and runs_here(), config=wgmma_config, any_layer=True, key="wgmma")
 IMPLEMENTATIONS: tuple[Impl, ...] = (WGMMA,)
