@@ -10,6 +10,9 @@ course's layers, and an epoch of chapter 8's LeNet-5 with our convolutions and w
 
 The tiny layer, per launcher:
 - launches: kernels of ours one call launches (torch's own ops inside a call not counted);
+- the row "autograd Function, empty Python backward": an autograd Function that allocates what a
+  convolution's forward and backward return and computes nothing, the cost of a Python backward
+  itself (torch's own convolution runs its backward in C++);
 - python_us: wall time per call of CALLS calls made while torch.cuda._sleep keeps the GPU busy,
   so every kernel only queues: the Python (and the driver's enqueue) a call costs, the best of 5
   such loops; per_launch_us is that over the launches;
@@ -48,6 +51,7 @@ CALLS = 300          # calls per timed loop
 SLEEP_CYCLES = 50_000_000   # ~25 ms at 2 GHz: longer than CALLS launches take to queue
 LAYERS = ("fa17", "lenet_c3", "resnet", "days100")   # the course's 2D layers the best launchers are timed on
 DROPIN_FWD, DROPIN_TRAIN = "ch9 dropin.conv2d forward", "ch9 dropin.conv2d forward+backward"
+FLOOR = "autograd Function, empty Python backward"
 TORCH_FWD, TORCH_TRAIN = "torch F.conv2d", "torch F.conv2d forward+backward"
 #: The drop-in's Python per call, at most this many times torch's (forward; forward + backward)
 GOAL = 1.2
@@ -78,8 +82,24 @@ def cases():
         (DROPIN_TRAIN, lambda: dropin.conv2d(xg, wg, None, 1, 1).backward(dy)),
         (TORCH_FWD, lambda: F.conv2d(x, w, padding=1)),
         (TORCH_TRAIN, lambda: F.conv2d(xg, wg, padding=1).backward(dy)),
+        (FLOOR, lambda: _EmptyBackward.apply(xg, wg).backward(dy)),
     ]
     return out
+
+
+class _EmptyBackward(torch.autograd.Function):
+    """What any autograd Function with a Python backward costs, with no kernel of its own: the
+    forward allocates y, the backward dx and dw (as a convolution's do), nothing is computed."""
+
+    @staticmethod
+    def forward(ctx, x, w):
+        ctx.shapes = x.shape, w.shape
+        return x.new_empty(x.shape[0], w.shape[0], *x.shape[2:])
+
+    @staticmethod
+    def backward(ctx, dy):
+        xs, ws = ctx.shapes
+        return dy.new_empty(xs), dy.new_empty(ws)
 
 
 _emu_launches = [0]
@@ -283,6 +303,9 @@ def main(argv=None) -> int:
         a, b = paired(fns[ours], fns[theirs], timer)
         print(f"# {ours}: {a / b:.2f}x torch's Python per call ({a:.1f} against {b:.1f} us, loops of the "
               f"two taken in turn; goal: at most {GOAL}x)")
+    a, b = paired(fns[FLOOR], fns[TORCH_TRAIN], timer)
+    print(f"# {FLOOR} (no kernel at all): {a / b:.2f}x torch's convolution forward+backward ({a:.1f} against "
+          f"{b:.1f} us): the part of the drop-in's forward+backward that any Python backward pays")
     print(f"# one os.stat of a kernel file (a launcher's check for an edited .cu, once per call): {stat_us():.2f} us")
     if on_gpu:
         print("\n# the course's layers: the time a caller waits (nothing held) against the GPU's")
