@@ -15,6 +15,7 @@
     ex.check_conv3d_counters(launch, K, targets)   # the same for a 3D launch(x, w, y)
     ex.check_dx_counters(launch, targets)          # the same for a dX launch(dy, w, dx, stride, pad)
     ex.check_answer("03.reuse", reuse)   # a number against the answer kept in exercise_answers
+    ex.check_ring(my_ring)           # exercise 11.1's TMA + wgmma ring: the mbarrier protocol
     ex.count_atomics(fn, *args)      # global atomic warp instructions of the kernels fn(*args) launches
     ex.check_function(conv2d_numpy)  # conv2d_numpy(x, w, stride, pad) returns y (numpy)
     ex.check_value("FLOPs", flops, expected)
@@ -616,7 +617,7 @@ def _run_cases(run, cases, *, name: str, labels: str = "bmhw", out_index: int | 
             if text.startswith("not done"):
                 return _say(False, text)
             why = explain(e) if explain is not None else ""
-            why = f"\n  {why}" if why else ""
+            why = f"\n  → {why}" if why else ""
             return _say(False, f"✗ {case.text}: {text}{_read_on(e, case, labels)}{why}")
         out = result if isinstance(result, torch.Tensor) and out_index is not None else case.out
         ok, text = verdict(out, case.ref, labels=labels, inputs=case.inputs, mistakes=case.mistakes,
