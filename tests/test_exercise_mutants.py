@@ -1283,3 +1283,13 @@ def test_11_untouched_ring_is_not_done_yet(capsys):
 
 def test_11_ring_diagnosis_names_nothing_it_does_not_know():
     assert ex.ring_diagnosis(cl.KernelFault("ring_gemm: something else at my_ring.cu:3"), 4) == ""
+
+
+def test_11_ring_on_a_gpu_without_wgmma_says_so_in_one_line(monkeypatch, capsys):
+    from convlab.runtime import DeviceInfo
+
+    monkeypatch.setattr(cl, "backend", lambda: "cuda")
+    monkeypatch.setattr(cl, "device", lambda: DeviceInfo("cuda", "NVIDIA A100", (8, 0), 108, "cuda"))
+    assert not ex.check_ring(_ring()["my_ring"])
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and "H100 or H200 (sm_90a)" in out and "CONVLAB_BACKEND=emu" in out, out
