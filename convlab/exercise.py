@@ -1951,7 +1951,8 @@ def check_ring(module, *, kernel: str = "ring_gemm", name: str = "your ring") ->
     """Exercise 11.1's pipelined GEMM: module (the %%cuda cell's) has kernel(Y, a_map, b_map, steps)
     for Y (128 x 64, float, poisoned with NaN first) = A (128 x 64*steps) . B^T (B 64 x 64*steps),
     both half, on one block of 384 threads with STAGES stages of RING_STAGE_BYTES. Run with K of 1,
-    2 and 5 rounds of the ring (exercise_answers.RING_ROUNDS) against fp64; a fault (the emulator
+    2 and 5 rounds of the ring (exercise_answers.RING_ROUNDS) against fp64, on the emulator with the
+    threads in forward order (whatever cl.thread_order says outside); a fault (the emulator
     checks every wait's parity, every arrival and byte count, every stage refilled while in use)
     is printed with ring_diagnosis's line. On the emulator, or an H100/H200 (sm_90a); on another
     GPU it says so in one line. A wrong protocol may hang a GPU: check on the emulator first."""
@@ -1974,15 +1975,19 @@ def check_ring(module, *, kernel: str = "ring_gemm", name: str = "your ring") ->
 
             def run(A=A, B=B, Y=Y, steps=steps):
                 steps_of["now"] = steps
-                module.kernel(kernel)(Y, cl.tensor_map(A, (128, 64)), cl.tensor_map(B, (64, 64)), steps,
-                                      grid=(1, 1, 1), block=(RING_BLOCK, 1, 1), shared=shared,
-                                      max_shared=shared + 1024)   # + the static __shared__: the mbarriers
+                # the emulator's forward order runs the producer as soon as a stage is released: a
+                # release before the wgmma_wait that covers the stage is then a refill while in use
+                # (in reverse order the consumers reach their wait first, and it goes unseen)
+                with cl.thread_order("forward"):
+                    module.kernel(kernel)(Y, cl.tensor_map(A, (128, 64)), cl.tensor_map(B, (64, 64)), steps,
+                                          grid=(1, 1, 1), block=(RING_BLOCK, 1, 1), shared=shared,
+                                          max_shared=shared + 1024)   # + the static __shared__: the mbarriers
             yield _Case(f"K = {64 * steps} ({rounds} round{'s' if rounds > 1 else ''} of the {stages}-stage ring)",
                         "", run, Y, ref, locate=_ring_where)
 
     where = ("on the emulator, which checks every wait's parity, every arrival and byte count and every stage "
-             "refilled while in use; on an H100 or H200 this check runs it on the GPU" if cl.backend() == "emu"
-             else f"on {cl.device().name}")
+             "refilled while in use; on an H100 or H200 this check runs it on the GPU"
+             if cl.backend() == "emu" else f"on {cl.device().name}")
     return _run_cases(module, cases(), name=name, labels="ij", out_index=None,
                       passed=f"matches the fp64 reference with K of {', '.join(map(str, RING_ROUNDS))} rounds of "
                              f"the ring ({where})",

@@ -1293,3 +1293,14 @@ def test_11_ring_on_a_gpu_without_wgmma_says_so_in_one_line(monkeypatch, capsys)
     assert not ex.check_ring(_ring()["my_ring"])
     out = capsys.readouterr().out
     assert out.count("\n") == 1 and "H100 or H200 (sm_90a)" in out and "CONVLAB_BACKEND=emu" in out, out
+
+
+@pytest.mark.parametrize("releaser", ["t == 0", "t == 127"])
+def test_11_ring_release_before_the_wait_is_caught_whichever_thread_releases(releaser, capsys):
+    """The refill shows only if the producer runs before the releasing warpgroup has all reached
+    its wgmma_wait: the emulator's forward order does, whichever thread releases; its reverse order
+    does not, so the check keeps forward order whatever order is set around it."""
+    cuda = [(RELEASE_11, f"""            if (k > 0 && {releaser}) mbar_arrive(&empty[(k - 1) % STAGES]);
+            wgmma_wait<1>();""")]
+    with cl.thread_order("reverse"):
+        _fails_with(ex.check_ring(_ring(cuda)["my_ring"]), capsys, "still reads", "before the wgmma_wait")
