@@ -1887,9 +1887,9 @@ def _ring_stages(module) -> int:
     return int(m[1]) if m else 2
 
 
-def ring_diagnosis(error: BaseException, steps: int) -> str:
+def ring_diagnosis(error: BaseException, steps: int, stages: int = 2) -> str:
     """The classic mistake of a producer/consumer ring behind an emulator fault of the ring
-    exercise's kernel (steps: its K / 64), in one line; "" when the message says it all."""
+    exercise's kernel (steps: its K / 64, over `stages` stages), in one line; "" when it knows none."""
     msg = str(error)
     if "bytes fewer than announced" in msg:
         return ("mbar_arrive_expect_tx announced more bytes than the stage's copies bring: the two boxes, A's "
@@ -1930,12 +1930,18 @@ def ring_diagnosis(error: BaseException, steps: int) -> str:
     if bar == "empty":
         return ("the producer waits for a release that never comes: round r >= 1 waits for phase r - 1 of "
                 "empty[s] (parity (r - 1) & 1), and each consumer warpgroup arrives on empty[s] once a round")
+    rounds = len(range(s, steps, stages))      # the rounds of stage s: one phase of full[s] each
+    if bar == "full" and phase > rounds:
+        return (f"full[{s}] completed {phase} phases, more than the {rounds} round{'s' if rounds > 1 else ''} of "
+                f"stage {s}: it gets more than one arrival a round. One mbar_arrive_expect_tx per round announces "
+                "the bytes of both boxes; the copies bring bytes, not arrivals")
     if bar == "full" and phase >= 2:
         return (f"full[{s}] completed {phase} phases while the consumers still wait for an earlier one: the "
                 f"producer refilled stage {s} before the consumers released it. Before each refill (round "
                 "r >= 1) it waits on empty[s] for parity (r - 1) & 1; a wait with the other parity returns at once")
     if bar == "full":
-        return "the consumers' wait on full[s] has the wrong parity: round r of stage s is phase r of full[s], parity r & 1"
+        return ("the consumers' wait on full[s] has the wrong parity: round r of stage s is phase r of full[s], "
+                "parity r & 1")
     return ""
 
 
@@ -1972,6 +1978,13 @@ def check_ring(module, *, kernel: str = "ring_gemm", name: str = "your ring") ->
             A, B = cl.randn(128, 64 * steps).half(), cl.randn(64, 64 * steps).half()
             Y = cl.to_device(torch.full((128, 64), float("nan")))
             ref = A.double().cpu() @ B.double().cpu().T
+            first = A[:, :64].double().cpu() @ B[:, :64].double().cpu().T
+            mistakes = [
+                ("every step multiplied the boxes at column 0: step k's boxes start at column 64 * k (tma_load_2d's "
+                 "coordinates go innermost first: the column, then the row)", lambda first=first, steps=steps:
+                 steps * first),
+                ("only the first step's 64 columns of K count: are tma_load_2d's coordinates swapped? The column "
+                 "(64 * k) comes first, then the row (0)", lambda first=first: first)]
 
             def run(A=A, B=B, Y=Y, steps=steps):
                 steps_of["now"] = steps
@@ -1983,7 +1996,7 @@ def check_ring(module, *, kernel: str = "ring_gemm", name: str = "your ring") ->
                                           grid=(1, 1, 1), block=(RING_BLOCK, 1, 1), shared=shared,
                                           max_shared=shared + 1024)   # + the static __shared__: the mbarriers
             yield _Case(f"K = {64 * steps} ({rounds} round{'s' if rounds > 1 else ''} of the {stages}-stage ring)",
-                        "", run, Y, ref, locate=_ring_where)
+                        "", run, Y, ref, mistakes=mistakes if steps > 1 else None, locate=_ring_where)
 
     where = ("on the emulator, which checks every wait's parity, every arrival and byte count and every stage "
              "refilled while in use; on an H100 or H200 this check runs it on the GPU"
@@ -1991,4 +2004,4 @@ def check_ring(module, *, kernel: str = "ring_gemm", name: str = "your ring") ->
     return _run_cases(module, cases(), name=name, labels="ij", out_index=None,
                       passed=f"matches the fp64 reference with K of {', '.join(map(str, RING_ROUNDS))} rounds of "
                              f"the ring ({where})",
-                      explain=lambda e: ring_diagnosis(e, steps_of.get("now", 0)))
+                      explain=lambda e: ring_diagnosis(e, steps_of.get("now", 0), stages))

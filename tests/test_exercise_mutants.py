@@ -1243,6 +1243,16 @@ MUTANTS_11 = {
                                  ("read of a wgmma accumulator", "wgmma_wait<0>()")),
     "consumers wait on empty": ([(WAIT_FULL_11, "mbar_wait(&empty[s], round & 1);")],
                                 ("deadlock", "a consumer waits on empty[s]")),
+    "one expect_tx per box": (
+        [("mbar_arrive_expect_tx(&full[s], A_BYTES + B_BYTES);", "mbar_arrive_expect_tx(&full[s], A_BYTES);"),
+         ("tma_load_2d(b, &b_map", "mbar_arrive_expect_tx(&full[s], B_BYTES);\n                tma_load_2d(b, &b_map")],
+        ("deadlock", "more than one arrival a round")),
+    "coordinates swapped": ([("&a_map, &full[s], 64 * k, 0)", "&a_map, &full[s], 0, 64 * k)"),
+                             ("&b_map, &full[s], 64 * k, 0)", "&b_map, &full[s], 0, 64 * k)")],
+                            ("only the first step's 64 columns of K count", "coordinates swapped")),
+    "every step at column 0": ([("&a_map, &full[s], 64 * k, 0)", "&a_map, &full[s], 0, 0)"),
+                               ("&b_map, &full[s], 64 * k, 0)", "&b_map, &full[s], 0, 0)")],
+                              ("boxes at column 0",)),
 }
 
 
