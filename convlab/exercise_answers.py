@@ -90,3 +90,7 @@ TARGETS: dict[str, dict] = {
     "03b.scale": {"sectors per load request": 4},
     "03b.colsum": {"shared bank conflicts": 0},
 }
+
+#: Exercise 11.1 (ex.check_ring): K of 1, 2 and 5 rounds of the ring, so each stage's mbarriers go
+#: through phases of both parities and the parity wraps (a wait two phases behind shows).
+RING_ROUNDS = (1, 2, 5)

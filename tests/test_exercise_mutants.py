@@ -1198,3 +1198,119 @@ def test_untouched_constant_mask_and_direct_regtile_are_not_done_yet(capsys):
     assert not ex.check_kernel(ns["launch"], locate=ns["where"])
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 2 and all(line.startswith("not done yet: the TODO in ") for line in lines), lines
+
+
+# ---- 11.1: the ring of mbarriers ---------------------------------------------------------------
+
+WAIT_FULL_11 = "mbar_wait(&full[s], round & 1);"
+WAIT_EMPTY_11 = "if (round > 0) mbar_wait(&empty[s], (round - 1) & 1);"
+RELEASE_11 = """            wgmma_wait<1>();
+            if (k > 0 && t == 0) mbar_arrive(&empty[(k - 1) % STAGES]);"""
+LAST_11 = "        if (t == 0) mbar_arrive(&empty[(steps - 1) % STAGES]);"
+LOADS_11 = """                mbar_arrive_expect_tx(&full[s], A_BYTES + B_BYTES);
+                tma_load_2d(a, &a_map, &full[s], 64 * k, 0);
+                tma_load_2d(b, &b_map, &full[s], 64 * k, 0);"""
+
+MUTANTS_11 = {
+    "consumer's parity flipped": ([(WAIT_FULL_11, "mbar_wait(&full[s], (round + 1) & 1);")],
+                                  ("BarrierError", "deadlock", "wait on full[s] has the wrong parity")),
+    "producer waits in the first round too": (
+        [(WAIT_EMPTY_11, "mbar_wait(&empty[s], round & 1);")],
+        ("deadlock", "first round", "need no wait")),
+    "producer's parity flipped": ([(WAIT_EMPTY_11, "if (round > 0) mbar_wait(&empty[s], round & 1);")],
+                                  ("refilled stage 0 before the consumers released it", "returns at once")),
+    "no wait on empty": ([(WAIT_EMPTY_11, "")], ("refilled stage 0 before the consumers released it",)),
+    "release before wgmma_wait": (
+        [(RELEASE_11, """            if (k > 0 && t == 0) mbar_arrive(&empty[(k - 1) % STAGES]);
+            wgmma_wait<1>();""")],
+        ("RaceError", "still reads", "released (mbar_arrive on empty[s]) before the wgmma_wait")),
+    "this step's stage released after wgmma_wait<1>": (
+        [("if (k > 0 && t == 0) mbar_arrive(&empty[(k - 1) % STAGES]);", "if (t == 0) mbar_arrive(&empty[s]);"),
+         (LAST_11, "")],
+        ("still reads", "release the previous stage")),
+    "release once per thread": (
+        [("if (k > 0 && t == 0) mbar_arrive", "if (k > 0) mbar_arrive"),
+         (LAST_11, "        mbar_arrive(&empty[(steps - 1) % STAGES]);")],
+        ("too many arrivals", "one thread of each arrives")),
+    "expect_tx of one box": ([("A_BYTES + B_BYTES);", "A_BYTES);")],
+                             ("BarrierError", "would go negative", "BOTH boxes")),
+    "expect_tx after the copies": (
+        [(LOADS_11, """                tma_load_2d(a, &a_map, &full[s], 64 * k, 0);
+                tma_load_2d(b, &b_map, &full[s], 64 * k, 0);
+                mbar_arrive_expect_tx(&full[s], A_BYTES + B_BYTES);""")],
+        ("BarrierError", "before the tma_load calls")),
+    "wgmma_wait<1> at the end": ([("        wgmma_wait<0>();", "        wgmma_wait<1>();")],
+                                 ("read of a wgmma accumulator", "wgmma_wait<0>()")),
+    "consumers wait on empty": ([(WAIT_FULL_11, "mbar_wait(&empty[s], round & 1);")],
+                                ("deadlock", "a consumer waits on empty[s]")),
+    "one expect_tx per box": (
+        [("mbar_arrive_expect_tx(&full[s], A_BYTES + B_BYTES);", "mbar_arrive_expect_tx(&full[s], A_BYTES);"),
+         ("tma_load_2d(b, &b_map", "mbar_arrive_expect_tx(&full[s], B_BYTES);\n                tma_load_2d(b, &b_map")],
+        ("deadlock", "more than one arrival a round")),
+    "coordinates swapped": ([("&a_map, &full[s], 64 * k, 0)", "&a_map, &full[s], 0, 64 * k)"),
+                             ("&b_map, &full[s], 64 * k, 0)", "&b_map, &full[s], 0, 64 * k)")],
+                            ("only the first step's 64 columns of K count", "coordinates swapped")),
+    "every step at column 0": ([("&a_map, &full[s], 64 * k, 0)", "&a_map, &full[s], 0, 0)"),
+                               ("&b_map, &full[s], 64 * k, 0)", "&b_map, &full[s], 0, 0)")],
+                              ("boxes at column 0",)),
+}
+
+
+def _ring(cuda=()):
+    return _exercise("11_mbarrier_ring", "my_ring", cuda)
+
+
+@pytest.mark.parametrize("mistake", MUTANTS_11)
+def test_11_ring_mistakes_are_named(mistake, capsys):
+    cuda, words = MUTANTS_11[mistake]
+    _fails_with(ex.check_ring(_ring(cuda)["my_ring"]), capsys, *words)
+
+
+@pytest.mark.parametrize("cuda", [
+    (),
+    # the consumer's parity kept in a variable that flips after the last stage
+    [("for (int i = 0; i < 32; i++) acc[i] = 0.f;", "for (int i = 0; i < 32; i++) acc[i] = 0.f;\n"
+      "        unsigned phase = 0;"),
+     (WAIT_FULL_11, "mbar_wait(&full[s], phase);\n            if (s == STAGES - 1) phase ^= 1;")],
+    # another thread of each warpgroup arrives
+    [("k > 0 && t == 0", "k > 0 && t == 127"), ("if (t == 0) mbar_arrive", "if (t == 127) mbar_arrive")],
+    # the producer waits in every round, from the parity a fresh barrier has completed (1)
+    [(WAIT_EMPTY_11, "mbar_wait(&empty[s], (round & 1) ^ 1);")],
+    # no MMAs kept in flight: each stage released after wgmma_wait<0>
+    [(RELEASE_11, """            wgmma_wait<0>();
+            if (t == 0) mbar_arrive(&empty[s]);"""), (LAST_11, "")],
+])
+def test_11_ring_solution_and_alternatives_pass(cuda, capsys):
+    out = _passes(ex.check_ring(_ring(cuda)["my_ring"]), capsys)
+    assert "K of 1, 2, 5 rounds" in out, out
+
+
+def test_11_untouched_ring_is_not_done_yet(capsys):
+    assert not ex.check_ring(_exercise_cells("11_mbarrier_ring", "my_ring")["my_ring"])
+    out = capsys.readouterr().out
+    assert out.startswith("not done yet: the TODO in ") and out.count("\n") == 1, out
+
+
+def test_11_ring_diagnosis_names_nothing_it_does_not_know():
+    assert ex.ring_diagnosis(cl.KernelFault("ring_gemm: something else at my_ring.cu:3"), 4) == ""
+
+
+def test_11_ring_on_a_gpu_without_wgmma_says_so_in_one_line(monkeypatch, capsys):
+    from convlab.runtime import DeviceInfo
+
+    monkeypatch.setattr(cl, "backend", lambda: "cuda")
+    monkeypatch.setattr(cl, "device", lambda: DeviceInfo("cuda", "NVIDIA A100", (8, 0), 108, "cuda"))
+    assert not ex.check_ring(_ring()["my_ring"])
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and "H100 or H200 (sm_90a)" in out and "CONVLAB_BACKEND=emu" in out, out
+
+
+@pytest.mark.parametrize("releaser", ["t == 0", "t == 127"])
+def test_11_ring_release_before_the_wait_is_caught_whichever_thread_releases(releaser, capsys):
+    """The refill shows only if the producer runs before the releasing warpgroup has all reached
+    its wgmma_wait: the emulator's forward order does, whichever thread releases; its reverse order
+    does not, so the check keeps forward order whatever order is set around it."""
+    cuda = [(RELEASE_11, f"""            if (k > 0 && {releaser}) mbar_arrive(&empty[(k - 1) % STAGES]);
+            wgmma_wait<1>();""")]
+    with cl.thread_order("reverse"):
+        _fails_with(ex.check_ring(_ring(cuda)["my_ring"]), capsys, "still reads", "before the wgmma_wait")
