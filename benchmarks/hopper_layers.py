@@ -8,8 +8,8 @@ kernel and torch at its best, through the book's harness (convlab.measure).
     CONVLAB_BACKEND=emu python benchmarks/hopper_layers.py  # emulator: small twins, checks only
 
 Per layer, ours swept (measure.sweep) over wgmma_config's choice and each BN (64, 128, 256, as many
-maps as the layer has) with one ring and, where it fits, two (RINGS=2, ping-pong), and with one or
-two m64 blocks of rows per consumer warpgroup (MI), on channels_last inputs; chapter 9's conv2d_mma (its default tile, channels_last) by measure.run,
+maps as the layer has) with one ring and, where it fits, two (RINGS=2, ping-pong), on
+channels_last inputs; chapter 9's conv2d_mma (its default tile, channels_last) by measure.run,
 with torch's rows: NCHW and channels_last, each timed in a fresh process with cudnn.benchmark on,
 "torch best" the faster. Every output is first checked against an fp64 reference.
 
@@ -52,18 +52,15 @@ def layers(names: list[str]) -> list:
 
 
 def configs(wl) -> list[dict]:
-    """wgmma_config's choice, then each BN the layer's maps fill, with one ring and with two, one m64
-    block per consumer and two."""
+    """wgmma_config's choice, then each BN the layer's maps fill, with one ring and with two."""
     shape = wl if cl.backend() == "cuda" else wl.small()
     out = [wgmma.wgmma_config(shape)]
     for BN in (64, 128, 256):
         if BN > max(64, shape.M):
             continue
         for rings in (1, 2):
-            for mi in (1, 2):
-                if mi * BN <= 256 and wgmma.shared_bytes(BN, 2, rings, mi) + wgmma.static_shared(2, rings) <= \
-                        wgmma.SHARED_OPTIN_MAX:
-                    out.append(dict(BN=BN, RINGS=rings, MI=mi))
+            if wgmma.shared_bytes(BN, 2, rings) + wgmma.STATIC_SHARED <= wgmma.SHARED_OPTIN_MAX:
+                out.append(dict(BN=BN, RINGS=rings))
     return [dict(c) for c in dict.fromkeys(tuple(sorted(c.items())) for c in out)]
 
 
@@ -91,8 +88,7 @@ def report(df) -> list[str]:
         ours = rows[(rows["kind"] == "ours") & (rows["impl"] == wgmma.WGMMA.name)]
         wl = next(w for w in workloads.GEMM_LAYERS if w.name == name)
         cfg = wgmma.wgmma_config(wl)
-        mine = ours[[all(_tunables(r).get(k, 1 if k == "MI" else None) == v for k, v in cfg.items()
-                         if k in ("BN", "RINGS", "MI"))
+        mine = ours[[all(_tunables(r).get(k) == v for k, v in cfg.items() if k in ("BN", "RINGS"))
                      and (_tunables(r).get("STAGES") in (None, cfg["STAGES"])) for _, r in ours.iterrows()]]
         chosen = mine.loc[mine["ms"].idxmin()]
         best = ours.loc[ours["ms"].idxmin()]

@@ -81,8 +81,6 @@ CASES = [
     (2, 8, 6, 5, 16, 5, 3, False, True, dict(BW=4, BH=3, BI=1)),   # padding 3 of a 5x5 mask: boxes far outside
     (2, 24, 7, 9, 40, 3, 1, True, False, dict(RINGS=2)),     # ping-pong: a ring and a producer per warpgroup
     (1, 72, 5, 6, 136, 1, 0, False, True, dict(RINGS=2, BN=64, STAGES=3)),   # 1x1, three map tiles, two rings
-    (3, 64, 9, 11, 64, 3, 1, True, True, dict(MI=2)),          # two m64 blocks per consumer: 256-row tiles
-    (2, 16, 6, 6, 32, 3, 1, False, True, dict(MI=2, RINGS=2, BN=64)),   # and with two rings
 ]
 
 

@@ -25,26 +25,22 @@ from .shapes import layer
 from .tensor_core import _channels_last_out, _check_halves
 
 FILE = "kernels/11_hopper/conv2d_wgmma.cu"
-TUNABLES = ("BN", "STAGES", "RINGS", "MI", "BW", "BH", "BI")
-ROWS = 128                            # pixel rows of the two consumer warpgroups (times MI): one tile, or one each
+TUNABLES = ("BN", "STAGES", "RINGS", "BW", "BH", "BI")
+ROWS = 128                            # pixel rows of the two consumer warpgroups: one tile, or one each (RINGS=2)
 BK = 64                               # channels per stage
 THREADS = 384                         # a producer warpgroup and two consumers
 BLOCK = (THREADS, 1, 1)               # one tuple: a repeated launch's grid and block checked once
 SHARED_OPTIN_MAX = 227 * 1024         # a block's opt-in maximum on an H100/H200 (static shared included)
+STATIC_SHARED = 64                    # the kernel's mbarriers (full and empty, 4 stages)
 MAX_STAGES = 6
 
 
-def shared_bytes(BN: int, STAGES: int, RINGS: int = 1, MI: int = 1, **_) -> int:
+def shared_bytes(BN: int, STAGES: int, RINGS: int = 1, **_) -> int:
     """The dynamic shared memory a block asks for: RINGS rings of STAGES stages of the A box (the
-    tile's 128*MI/RINGS pixel rows x 64 channels) and the B box (BN maps x 64 channels), the two
-    warpgroups' staging tiles (64*MI pixels x BN halves + 16 bytes each), and 1 KB to align the
-    rings to 1024 bytes."""
-    return RINGS * STAGES * (ROWS * MI // RINGS + BN) * BK * 2 + 2 * 64 * MI * (2 * BN + 16) + 1024
-
-
-def static_shared(STAGES: int, RINGS: int = 1, **_) -> int:
-    """The kernel's own __shared__ bytes: its mbarriers, full and empty, 8 bytes a stage each."""
-    return 16 * RINGS * STAGES
+    tile's 128/RINGS pixel rows x 64 channels) and the B box (BN maps x 64 channels), the two
+    warpgroups' staging tiles (64 pixels x BN halves + 16 bytes each), and 1 KB to align the rings
+    to 1024 bytes."""
+    return RINGS * STAGES * (ROWS // RINGS + BN) * BK * 2 + 2 * 64 * (2 * BN + 16) + 1024
 
 
 def box_shape(Ho: int, Wo: int, B: int, rows: int = ROWS) -> tuple:
@@ -71,8 +67,8 @@ def wgmma_config(shape, sms: int | None = None) -> dict:
     pixels), BN=64 on ResNet's 7x7 maps (56 tiles at 128), BN=128 elsewhere; two rings (ping-pong)
     won only on one 1x1 layer, by 2%."""
     sms = sms or sm_count()
-    rings, mi = 1, 1
-    BW, BH, BI = box_shape(shape.Ho, shape.Wo, shape.B, ROWS * mi // rings)
+    rings = 1
+    BW, BH, BI = box_shape(shape.Ho, shape.Wo, shape.B, ROWS // rings)
     pixel_tiles = ceil_div(shape.Wo, BW) * ceil_div(shape.Ho, BH) * ceil_div(shape.B, BI)
     if shape.M <= 64 or pixel_tiles * ceil_div(shape.M, 128) < sms // 2:
         BN = 64
@@ -80,13 +76,13 @@ def wgmma_config(shape, sms: int | None = None) -> dict:
         BN = 256
     else:
         BN = 128
-    return dict(BN=BN, STAGES=deepest(BN, rings, mi), RINGS=rings, MI=mi, BW=BW, BH=BH, BI=BI)
+    return dict(BN=BN, STAGES=deepest(BN, rings), RINGS=rings, BW=BW, BH=BH, BI=BI)
 
 
-def deepest(BN: int, rings: int, mi: int = 1) -> int:
+def deepest(BN: int, rings: int) -> int:
     """The most stages (up to MAX_STAGES) whose rings fit in shared memory."""
-    return max([s for s in range(2, MAX_STAGES + 1)
-                if shared_bytes(BN, s, rings, mi) + static_shared(s, rings) <= SHARED_OPTIN_MAX], default=2)
+    return max([s for s in range(2, MAX_STAGES + 1) if shared_bytes(BN, s, rings) + STATIC_SHARED <= SHARED_OPTIN_MAX],
+               default=2)
 
 
 class _Plan(NamedTuple):
@@ -107,24 +103,23 @@ def _plan(x_shape, w_shape, stride, padding, dilation, groups, tunables) -> _Pla
     if bad:
         raise TypeError(f"conv2d_wgmma got unknown tunables {bad}; it takes {', '.join(TUNABLES)}")
     t = {**wgmma_config(s), **{k: int(v) for k, v in tunables.items() if v is not None}}
-    rows = ROWS * t["MI"] // t["RINGS"]
-    if {"RINGS", "MI"} & set(tunables) and not {"BW", "BH", "BI"} & set(tunables):     # the box for the tile
-        t.update(zip(("BW", "BH", "BI"), box_shape(s.Ho, s.Wo, s.B, rows)))
+    if "RINGS" in tunables and not {"BW", "BH", "BI"} & set(tunables):      # the box for the rings' tile
+        t.update(zip(("BW", "BH", "BI"), box_shape(s.Ho, s.Wo, s.B, ROWS // t["RINGS"])))
     if "STAGES" not in tunables:                  # the deepest ring that fits the tile given
-        t["STAGES"] = deepest(t["BN"], t["RINGS"], t["MI"])
+        t["STAGES"] = deepest(t["BN"], t["RINGS"])
     BW, BH, BI, rings = t["BW"], t["BH"], t["BI"], t["RINGS"]
-    if (t["BN"] not in (64, 128, 256) or not 2 <= t["STAGES"] <= 8 or rings not in (1, 2) or t["MI"] not in (1, 2)
-            or t["MI"] * t["BN"] > 256 or min(BW, BH, BI) < 1 or BW * BH * BI > rows):
-        raise ValueError(f"conv2d_wgmma tunables {t}: BN 64, 128 or 256; STAGES 2..8; RINGS 1 or 2; MI 1 or 2 "
-                         f"with MI*BN <= 256; BW*BH*BI <= 128*MI/RINGS")
+    if (t["BN"] not in (64, 128, 256) or not 2 <= t["STAGES"] <= 8 or rings not in (1, 2) or min(BW, BH, BI) < 1
+            or BW * BH * BI > ROWS // rings):
+        raise ValueError(f"conv2d_wgmma tunables {t}: BN 64, 128 or 256; STAGES 2..8; RINGS 1 or 2; "
+                         f"BW*BH*BI <= {ROWS}/RINGS")
     smem = shared_bytes(**t)
-    if smem + static_shared(**t) > SHARED_OPTIN_MAX:
+    if smem + STATIC_SHARED > SHARED_OPTIN_MAX:
         raise ValueError(f"conv2d_wgmma tunables {t}: {smem:,} bytes of shared memory, over {SHARED_OPTIN_MAX:,}")
     tiles = ceil_div(s.Wo, BW) * ceil_div(s.Ho, BH) * ceil_div(s.B, BI) * ceil_div(s.M, t["BN"])
     scalars = (s.B, s.C, s.M, s.Ho, s.Wo, s.K, s.Kw, s.padding, s.padding_w, BW, BH, BI, BW * BH * BI * BK * 2)
     # persistent: one block per SM, each taking tiles in turn (the end's padding needs nothing: the
     # boxes read zeros past the input)
-    return _Plan((s.B, s.M, s.Ho, s.Wo), {k: t[k] for k in ("BN", "STAGES", "RINGS", "MI")}, (BI, BH, BW, BK),
+    return _Plan((s.B, s.M, s.Ho, s.Wo), {"BN": t["BN"], "STAGES": t["STAGES"], "RINGS": rings}, (BI, BH, BW, BK),
                  scalars, (min(ceil_div(tiles, rings), sm_count()), 1, 1), smem)
 
 

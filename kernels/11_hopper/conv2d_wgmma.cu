@@ -14,9 +14,9 @@
 //    stage s have landed (the producer told it how many bytes to expect); empty[s] completes when
 //    both consumer warpgroups are done reading stage s, and the producer waits for it before it
 //    refills the stage.
-//  - Two consumer warpgroups each multiply 64*MI of a tile's 128*MI pixel rows by the BN maps with
-//    wgmma m64nBNk16 straight from shared memory (no ldmatrix: the descriptor says where the tile
-//    is), 4*MI per 64-deep stage, and keep one stage's MMAs in flight while they wait for the next.
+//  - Two consumer warpgroups each multiply 64 of a tile's 128 pixel rows by the BN maps with wgmma
+//    m64nBNk16 straight from shared memory (no ldmatrix: the descriptor says where the tile is),
+//    four per 64-deep stage, and keep one stage's MMAs in flight while they wait for the next.
 //  - Persistent: gridDim.x blocks (one per SM) take the output tiles in turn, so the producer
 //    already loads the next tile while the consumers store this one.
 //  - RINGS = 2 ("ping-pong"): each consumer warpgroup takes 64-row tiles of its own, fed through a
@@ -38,14 +38,10 @@
 #define STAGES 4        // stages per ring
 #endif
 #ifndef RINGS
-#define RINGS 1         // 1: both consumers share a tile; 2: each takes tiles of its own
-#endif
-#ifndef MI
-#define MI 1            // m64 blocks per consumer warpgroup: it owns 64*MI pixel rows of the tile
+#define RINGS 1         // 1: both consumers share 128-row tiles; 2: each takes 64-row tiles of its own
 #endif
 #define BK 64           // channels per stage: one 128-byte swizzled row of halves
-#define ROWS (64 * MI)                  // a consumer warpgroup's pixel rows
-#define TILE_ROWS (2 * ROWS / RINGS)
+#define TILE_ROWS (128 / RINGS)
 
 #if BN == 64
 #define WGMMA wgmma_m64n64k16
@@ -61,7 +57,6 @@ constexpr int A_BYTES = TILE_ROWS * BK * 2;     // the tile's pixel rows (the bo
 constexpr int B_BYTES = BN * BK * 2;
 constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
 constexpr int OUT_ROW = BN * 2 + 16;            // a staged pixel's BN halves, padded 16 bytes (banks)
-static_assert(MI * BN <= 256, "MI * BN / 2 accumulators per thread: at most 128");
 
 __global__ void __launch_bounds__(384, 1)
 conv2d_wgmma(half* y, const half* bias, const __grid_constant__ CUtensorMap x_map,
@@ -70,7 +65,7 @@ conv2d_wgmma(half* y, const half* bias, const __grid_constant__ CUtensorMap x_ma
     extern __shared__ unsigned char smem_raw[];
     // the swizzled tiles need 1024-byte alignment: round the dynamic array's start up
     unsigned char* smem = (unsigned char*)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
-    unsigned char* staging = smem + RINGS * STAGES * STAGE_BYTES;      // 2 x ROWS pixels x OUT_ROW
+    unsigned char* staging = smem + RINGS * STAGES * STAGE_BYTES;      // 2 x 64 pixels x OUT_ROW
     __shared__ uint64_t full[RINGS][STAGES], empty[RINGS][STAGES];
 
     int tiles_w = (Wo + BW - 1) / BW, tiles_h = (Ho + BH - 1) / BH, tiles_n = (B + BI - 1) / BI;
@@ -111,29 +106,23 @@ conv2d_wgmma(half* y, const half* bias, const __grid_constant__ CUtensorMap x_ma
     } else {
         setmaxnreg_inc<232>();
         int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
-        int row0 = RINGS == 1 ? (wg - 1) * ROWS : 0;  // this warpgroup's ROWS pixel rows of the tile
-        unsigned char* out = staging + (wg - 1) * ROWS * OUT_ROW;
+        int row0 = RINGS == 1 ? (wg - 1) * 64 : 0;    // this warpgroup's 64 pixel rows of the tile
+        unsigned char* out = staging + (wg - 1) * 64 * OUT_ROW;
         int it = 0;
         for (int tile = blockIdx.x * RINGS + ring; tile < tiles; tile += gridDim.x * RINGS) {
             int m0 = (tile % tiles_m) * BN, p = tile / tiles_m;
             int ow0 = (p % tiles_w) * BW, oh0 = (p / tiles_w % tiles_h) * BH, n0 = p / (tiles_w * tiles_h) * BI;
-            float acc[MI][BN / 2];
+            float acc[BN / 2];
 #pragma unroll
-            for (int mi = 0; mi < MI; mi++)
-#pragma unroll
-                for (int i = 0; i < BN / 2; i++) acc[mi][i] = 0.f;
+            for (int i = 0; i < BN / 2; i++) acc[i] = 0.f;
             for (int k = 0; k < steps; k++, it++) {
                 int s = it % STAGES;
                 mbar_wait(&full[ring][s], (it / STAGES) & 1);
                 unsigned char* a = smem + (ring * STAGES + s) * STAGE_BYTES;
-                uint64_t db = smem_desc_128b(a + A_BYTES);
+                uint64_t da = smem_desc_128b(a + row0 * BK * 2), db = smem_desc_128b(a + A_BYTES);
                 wgmma_fence();
 #pragma unroll
-                for (int mi = 0; mi < MI; mi++) {           // each m64 block of rows against the same B
-                    uint64_t da = smem_desc_128b(a + (row0 + 64 * mi) * BK * 2);
-#pragma unroll
-                    for (int kk = 0; kk < BK / 16; kk++) WGMMA(acc[mi], da + 2 * kk, db + 2 * kk);
-                }
+                for (int kk = 0; kk < BK / 16; kk++) WGMMA(acc, da + 2 * kk, db + 2 * kk);
                 wgmma_commit();
                 wgmma_wait<1>();                 // the previous stage's MMAs are done: hand its buffers back
                 if (k > 0 && t == 0) mbar_arrive(&empty[ring][(it - 1) % STAGES]);
@@ -142,25 +131,23 @@ conv2d_wgmma(half* y, const half* bias, const __grid_constant__ CUtensorMap x_ma
             if (t == 0) mbar_arrive(&empty[ring][(it - 1) % STAGES]);
 
             // sums -> bias, ReLU, half -> the staging tile: lane l holds rows l/4 and l/4 + 8 of its
-            // warp's 16 in each m64 block, maps 8j + 2(l%4) and the next
+            // warp's 16, maps 8j + 2(l%4) and the next
 #pragma unroll
             for (int j = 0; j < BN / 8; j++) {
                 int m = m0 + 8 * j + 2 * (lane % 4);
                 float b0 = 0.f, b1 = 0.f;
                 if (has_bias && m < M) b0 = __half2float(bias[m]), b1 = __half2float(bias[m + 1]);
 #pragma unroll
-                for (int mi = 0; mi < MI; mi++)
-#pragma unroll
-                    for (int h = 0; h < 2; h++) {
-                        float v0 = acc[mi][4 * j + 2 * h] + b0, v1 = acc[mi][4 * j + 2 * h + 1] + b1;
-                        if (relu) v0 = fmaxf(v0, 0.f), v1 = fmaxf(v1, 0.f);
-                        int r = 64 * mi + 16 * warp + lane / 4 + 8 * h;
-                        *(half2*)(out + r * OUT_ROW + (8 * j + 2 * (lane % 4)) * 2) = __floats2half2_rn(v0, v1);
-                    }
+                for (int h = 0; h < 2; h++) {
+                    float v0 = acc[4 * j + 2 * h] + b0, v1 = acc[4 * j + 2 * h + 1] + b1;
+                    if (relu) v0 = fmaxf(v0, 0.f), v1 = fmaxf(v1, 0.f);
+                    int r = 16 * warp + lane / 4 + 8 * h;
+                    *(half2*)(out + r * OUT_ROW + (8 * j + 2 * (lane % 4)) * 2) = __floats2half2_rn(v0, v1);
+                }
             }
             named_barrier_sync(wg, 128);         // this warpgroup's tile is staged
             // 16-byte chunks: BN/8 per pixel row, consecutive threads along a row (coalesced in y)
-            for (int c = t; c < ROWS * (BN / 8); c += 128) {
+            for (int c = t; c < 64 * (BN / 8); c += 128) {
                 int r = c / (BN / 8), ch = c % (BN / 8), q = row0 + r, m = m0 + 8 * ch;
                 int bw = q % BW, bh = q / BW % BH, bi = q / (BW * BH);
                 int ow = ow0 + bw, oh = oh0 + bh, n = n0 + bi;
