@@ -59,7 +59,7 @@ def configs(wl) -> list[dict]:
         if BN > max(64, shape.M):
             continue
         for rings in (1, 2):
-            if wgmma.shared_bytes(BN, 2, rings) + wgmma.STATIC_SHARED <= wgmma.SHARED_OPTIN_MAX:
+            if wgmma.shared_bytes(BN, 2, rings) + wgmma.static_shared(2, rings) <= wgmma.SHARED_OPTIN_MAX:
                 out.append(dict(BN=BN, RINGS=rings))
     return [dict(c) for c in dict.fromkeys(tuple(sorted(c.items())) for c in out)]
 

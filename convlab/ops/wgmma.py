@@ -31,7 +31,6 @@ BK = 64                               # channels per stage
 THREADS = 384                         # a producer warpgroup and two consumers
 BLOCK = (THREADS, 1, 1)               # one tuple: a repeated launch's grid and block checked once
 SHARED_OPTIN_MAX = 227 * 1024         # a block's opt-in maximum on an H100/H200 (static shared included)
-STATIC_SHARED = 64                    # the kernel's mbarriers (full and empty, 4 stages)
 MAX_STAGES = 6
 
 
@@ -41,6 +40,11 @@ def shared_bytes(BN: int, STAGES: int, RINGS: int = 1, **_) -> int:
     warpgroups' staging tiles (64 pixels x BN halves + 16 bytes each), and 1 KB to align the rings
     to 1024 bytes."""
     return RINGS * STAGES * (ROWS // RINGS + BN) * BK * 2 + 2 * 64 * (2 * BN + 16) + 1024
+
+
+def static_shared(STAGES: int, RINGS: int = 1, **_) -> int:
+    """The kernel's own __shared__ bytes: its mbarriers, full and empty, 8 bytes a stage each."""
+    return 16 * RINGS * STAGES
 
 
 def box_shape(Ho: int, Wo: int, B: int, rows: int = ROWS) -> tuple:
@@ -81,7 +85,7 @@ def wgmma_config(shape, sms: int | None = None) -> dict:
 
 def deepest(BN: int, rings: int) -> int:
     """The most stages (up to MAX_STAGES) whose rings fit in shared memory."""
-    return max([s for s in range(2, MAX_STAGES + 1) if shared_bytes(BN, s, rings) + STATIC_SHARED <= SHARED_OPTIN_MAX],
+    return max([s for s in range(2, MAX_STAGES + 1) if shared_bytes(BN, s, rings) + static_shared(s, rings) <= SHARED_OPTIN_MAX],
                default=2)
 
 
@@ -113,7 +117,7 @@ def _plan(x_shape, w_shape, stride, padding, dilation, groups, tunables) -> _Pla
         raise ValueError(f"conv2d_wgmma tunables {t}: BN 64, 128 or 256; STAGES 2..8; RINGS 1 or 2; "
                          f"BW*BH*BI <= {ROWS}/RINGS")
     smem = shared_bytes(**t)
-    if smem + STATIC_SHARED > SHARED_OPTIN_MAX:
+    if smem + static_shared(**t) > SHARED_OPTIN_MAX:
         raise ValueError(f"conv2d_wgmma tunables {t}: {smem:,} bytes of shared memory, over {SHARED_OPTIN_MAX:,}")
     tiles = ceil_div(s.Wo, BW) * ceil_div(s.Ho, BH) * ceil_div(s.B, BI) * ceil_div(s.M, t["BN"])
     scalars = (s.B, s.C, s.M, s.Ho, s.Wo, s.K, s.Kw, s.padding, s.padding_w, BW, BH, BI, BW * BH * BI * BK * 2)
