@@ -85,8 +85,8 @@ def wgmma_config(shape, sms: int | None = None) -> dict:
 
 def deepest(BN: int, rings: int) -> int:
     """The most stages (up to MAX_STAGES) whose rings fit in shared memory."""
-    return max([s for s in range(2, MAX_STAGES + 1) if shared_bytes(BN, s, rings) + static_shared(s, rings) <= SHARED_OPTIN_MAX],
-               default=2)
+    return max([s for s in range(2, MAX_STAGES + 1)
+                if shared_bytes(BN, s, rings) + static_shared(s, rings) <= SHARED_OPTIN_MAX], default=2)
 
 
 class _Plan(NamedTuple):
