@@ -356,7 +356,7 @@ class Kernel:
         if plan.emu:
             plan.impl.launch(self.name, list(zip(self.params, plan.args.ctypes, values)), grid, block, shared,
                              order=order or _setting("order", "forward"), timeout=timeout or launch_timeout(),
-                             seed=seed)
+                             seed=seed, shared_limit=_limits.SHARED_DEFAULT_MAX if max_shared is None else max_shared)
         else:
             plan.launch(values, grid, block, shared)
 

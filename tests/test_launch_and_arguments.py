@@ -328,3 +328,30 @@ def test_a_constant_mask_follows_every_change_of_the_weights():
         zero = torch.zeros_like(weights)
         layers.sgd_momentum(weights, torch.ones_like(weights), zero, lr=0.25, momentum=0.0)   # a kernel of ours
         cl.check(ours(), ref(), name=f"{name}, after a kernel changed w")
+
+
+STATIC_SHARED = r"""
+__global__ void big(float* out, int n) {
+    __shared__ float tile[8192];                 // 32 KB of static shared memory
+    extern __shared__ float dyn[];
+    tile[threadIdx.x] = 1.0f;
+    dyn[threadIdx.x] = 2.0f;
+    __syncthreads();
+    out[threadIdx.x] = tile[threadIdx.x] + dyn[(threadIdx.x + 1) % blockDim.x] + n;
+}
+"""
+
+
+@pytest.mark.emu_only
+def test_static_and_dynamic_shared_memory_count_together_against_the_launchs_limit():
+    """A GPU refuses a launch whose __shared__ arrays and dynamic bytes together pass 48 KB (or the
+    opt-in): the emulator, which learns the arrays' sizes as the block opens them, refuses it too."""
+    k = cl.load_source(STATIC_SHARED, "static_shared").kernel("big")
+    out = cl.empty(64)
+    k(out, 0, grid=1, block=64, shared=8192)                        # 32 KB + 8 KB: fits in 48 KB
+    assert out.tolist() == [3.0] * 64
+    with pytest.raises(cl.LaunchError, match="52768 bytes of shared memory") as e:
+        k(out, 0, grid=1, block=64, shared=20000)                   # 32 KB + 20,000 bytes: over 48 KB
+    assert "__shared__ tile 32768" in str(e.value) and "max_shared" in str(e.value)
+    k(out, 0, grid=1, block=64, shared=20000, max_shared=65536)     # opted in: fits
+    assert out.tolist() == [3.0] * 64

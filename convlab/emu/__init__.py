@@ -112,7 +112,7 @@ class _Buf(ctypes.Structure):
 
 class _Launch(ctypes.Structure):
     _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3), ("shared_bytes", ctypes.c_longlong),
-                ("order", ctypes.c_int), ("seed", ctypes.c_uint), ("timeout_s", ctypes.c_double),
+                ("shared_limit", ctypes.c_longlong), ("order", ctypes.c_int), ("seed", ctypes.c_uint), ("timeout_s", ctypes.c_double),
                 ("n_workers", ctypes.c_int), ("use_fibers", ctypes.c_int), ("stack_bytes", ctypes.c_longlong),
                 ("body", ctypes.c_void_p), ("args", ctypes.POINTER(ctypes.c_void_p)), ("n_bufs", ctypes.c_int),
                 ("bufs", ctypes.POINTER(_Buf)), ("buf_names", ctypes.POINTER(ctypes.c_char_p)),
@@ -387,7 +387,8 @@ class EmuModule:
             raise ArgumentError(f"__constant__ {name} holds {n.value} bytes, but {len(data)} were given")
         ctypes.memmove(addr, data, len(data))
 
-    def launch(self, name, checked, grid, block, shared, order="forward", timeout=60.0, seed=0, fibers=None):
+    def launch(self, name, checked, grid, block, shared, order="forward", timeout=60.0, seed=0, fibers=None,
+               shared_limit: int = 0):
         """checked: [(param, ctype, value)] from _args.check_args."""
         n = len(checked)
         argv = (ctypes.c_void_p * max(n, 1))()
@@ -418,6 +419,7 @@ class EmuModule:
         L.grid[:] = grid
         L.block[:] = block
         L.shared_bytes = shared
+        L.shared_limit = shared_limit          # 0: no limit (a CPU function)
         L.order = {"forward": 0, "reverse": 1, "shuffled": 2}[order]
         L.seed = seed & 0xFFFFFFFF
         L.timeout_s = float(timeout)

@@ -128,6 +128,7 @@ static void* fiber_prepare(char* top, long long stack_bytes, void (*entry)(void*
 struct clemu_launch {
     unsigned grid[3], block[3];
     long long shared_bytes;
+    long long shared_limit;    // the most shared memory (dynamic + static) the launch may use, as on a GPU
     int order;                 // 0 forward, 1 reverse, 2 shuffled
     unsigned seed;
     double timeout_s;
@@ -229,6 +230,7 @@ struct worker {
     std::vector<unsigned long long> warp_slots;   // [warp][parity][32]
     std::vector<unsigned> warp_regs;               // [warp][parity][32][CLEMU_XCHG_REGS]
     std::vector<shared_region> regions;            // the running block's static __shared__ arrays
+    long long static_bytes = 0, shared_limit = 0;  // their bytes so far; the launch's limit (dynamic + static)
     std::vector<std::vector<cp_copy>> cp_pending;  // per thread of the block: its copies in flight
     std::unordered_map<uintptr_t, cp_word> cp_words;   // every 4-byte word a copy in flight writes
     std::unordered_map<uintptr_t, mbar_state> mbars;   // the block's mbarriers, by address
@@ -881,7 +883,21 @@ static void cp_check(unsigned op, const void* addr, unsigned bytes, const char* 
 
 extern "C" __attribute__((visibility("default"))) void clemu_shared_region(const void* lo, long long bytes, long long elem,
                                                                              const char* name) {
-    if (W) W->regions.push_back({(const char*)lo, bytes, elem, name});
+    if (!W) return;
+    W->regions.push_back({(const char*)lo, bytes, elem, name});
+    W->static_bytes += bytes;
+    // a GPU counts a kernel's __shared__ arrays with the dynamic bytes of its launch, and refuses a
+    // launch over the limit (48 KB, or the opt-in): so does the emulator, when the array is opened
+    if (W->shared_limit && W->static_bytes + W->blk.dyn_bytes > W->shared_limit) {
+        std::string arrays;
+        for (auto& g : W->regions) arrays += (arrays.empty() ? "" : ", ") + std::string(g.name) + " " + std::to_string(g.bytes);
+        set_failure(CLEMU_LAUNCH,
+            "the block asks for %lld bytes of shared memory (%lld dynamic + %lld static: __shared__ %s), over the %lld "
+            "this launch may use: a GPU refuses the launch. Opt in with max_shared=<bytes> (up to 232,448 on an "
+            "H100/H200), counting the static arrays too, or use less shared memory",
+            W->static_bytes + W->blk.dyn_bytes, W->blk.dyn_bytes, W->static_bytes, arrays.c_str(), W->shared_limit);
+        throw clemu_fault_exc();
+    }
 }
 
 extern "C" __attribute__((visibility("default"))) int clemu_shared_span(const void* p, const char** lo, long long* bytes,
@@ -2194,6 +2210,7 @@ static void run_block(worker* w, long long b) {
     make_order(order, n, l->order, l->seed ^ (unsigned)(b * 2654435761u));
     auto& th = w->threads;
     w->regions.clear();
+    w->static_bytes = 0;
     w->cp_words.clear();
     w->mbars.clear();
     w->chunks.clear();
@@ -2365,6 +2382,7 @@ static void* worker_main(void* arg) {
         w->blk.grid = dim3(L->grid[0], L->grid[1], L->grid[2]);
         w->blk.dyn_shared = w->dyn_shared;
         w->blk.dyn_bytes = L->shared_bytes;
+        w->shared_limit = L->shared_limit;
         if (L->use_fibers) {
             ensure_stacks(w, n, L->stack_bytes);
             if (!w->stacks) set_failure(CLEMU_LAUNCH, "could not allocate %d fiber stacks", n);
@@ -2549,4 +2567,4 @@ extern "C" __attribute__((visibility("default"))) long long clemu_take_output(ch
     return n;
 }
 
-extern "C" __attribute__((visibility("default"))) int clemu_abi_version() { return 3; }
+extern "C" __attribute__((visibility("default"))) int clemu_abi_version() { return 4; }
