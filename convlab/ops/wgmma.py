@@ -49,8 +49,9 @@ def static_shared(STAGES: int, RINGS: int = 1, **_) -> int:
 
 def box_shape(Ho: int, Wo: int, B: int, rows: int = ROWS) -> tuple:
     """(BW, BH, BI): the pixels a tile covers, BW columns x BH rows x BI images <= rows, chosen
-    for the least work on pixels outside the output (a 7x7 map: two images of 7x7, 98 rows; 56x56:
-    16 x 8), ties to the wider box (longer contiguous runs in y)."""
+    for the fewest tiles, then the most rows filled, then the wider box (longer contiguous runs in
+    y). The same pixels of several images share a box: with 32 images, 8 x 1 x 16 on a 56x56 or a
+    7x7 map (14 tiles of 112 rows on 7x7), 14 x 3 x 3 on 14x14."""
     best = None
     for BW in sorted({min(Wo, rows), *(b for b in (8, 16, 32, 64) if b <= rows)}):
         for BH in range(1, rows // BW + 1):
