@@ -131,7 +131,7 @@ def test_tma_box_zero_fill_and_swizzle(dtype, swizzle, box):
     t = cl.to_device(torch.randn(4, 6, 40).to(dtype) + 3)       # no zeros inside the tensor
     es = t.element_size()
     nbytes = int(np.prod(box)) * es
-    for c2, c1, c0 in [(0, 0, 0), (-1, 4, -8), (2, -3, 36), (-5, 0, 0)]:
+    for c2, c1, c0 in [(0, 0, 0), (-1, 4, -8), (2, -3, 32), (-5, 0, 0)]:
         out = cl.to_device(torch.zeros(nbytes // 4, dtype=torch.int32))
         m.kernel("tma_box")(out, cl.tensor_map(t, box, swizzle=swizzle), c0, c1, c2, nbytes,
                             grid=(1, 1, 1), block=(64, 1, 1), shared=nbytes + 1024)
@@ -147,6 +147,17 @@ def test_tma_box_zero_fill_and_swizzle(dtype, swizzle, box):
                     off = int(_swizzled(np.array(((i2 * box[1] + i1) * box[2] + i0) * es), swizzle))
                     want[off:off + es] = np.frombuffer(v.tobytes(), np.uint8)
         assert np.array_equal(got, want), f"box at {(c2, c1, c0)}"
+
+
+@pytest.mark.emu_only
+def test_a_box_off_a_16_byte_boundary_is_refused():
+    """An H100 stops the kernel with an illegal instruction when a box's innermost coordinate is not
+    a multiple of 16 bytes (36 halves: 72 bytes), even inside the tensor; the emulator says why."""
+    t = cl.randn(4, 6, 40).half()
+    with pytest.raises(cl.KernelFault, match="innermost coordinate 36 is 72 bytes into a row, not a multiple of 16"):
+        cl.load(DATA / "hopper" / "tma_box.cu").kernel("tma_box")(torch.zeros(1920 // 4, dtype=torch.int32),
+                                                                  cl.tensor_map(t, (3, 5, 64)), 36, 0, 0, 1920,
+                                                                  grid=(1, 1, 1), block=(64, 1, 1), shared=2944)
 
 
 @pytest.mark.emu_only

@@ -1304,6 +1304,13 @@ extern "C" __attribute__((visibility("default"))) void clemu_tma_load(void* dst,
     if (map->rank != rank)
         tc_fault(CLEMU_FAULT, "%s at %s:%d: the tensor map has %d dimensions, but %d coordinates were given: call "
                  "tma_load_%dd", what, file, line, map->rank, rank, map->rank);
+    // measured on an H100: a box whose innermost coordinate is not a multiple of 16 bytes stops the
+    // kernel ("an illegal instruction was encountered"), inside the tensor or not
+    if (((long long)c[0] * map->elem_bytes) % 16)
+        tc_fault(CLEMU_FAULT, "%s at %s:%d: the box's innermost coordinate %d is %lld bytes into a row, not a "
+                 "multiple of 16: a GPU stops the kernel there (an illegal instruction). Start boxes at multiples of "
+                 "%d elements along the innermost dimension", what, file, line, c[0],
+                 (long long)c[0] * map->elem_bytes, (int)(16 / map->elem_bytes));
     long long row = (long long)map->box[0] * map->elem_bytes, rows = 1;
     for (int d = 1; d < rank; d++) rows *= map->box[d];
     long long bytes = row * rows;
