@@ -26,6 +26,8 @@ kernels/09_general/tensor_core.cuh).
 - gemm_shape(shape): a layer's GEMM per group, (P, M/groups, K, C/groups, groups).
 - check_mma_tunables(...), check_dw_tunables(...): the kernels' static_asserts and shared memory,
   as a Python error.
+- check_halves(**tensors), channels_last_out(y, shape, like, name): the fp16 launchers' input
+  check and channels_last output (chapter 11's wgmma launcher shares them).
 - MMA: the Impl record, "mma.sync implicit GEMM (NHWC)"; MMA_DX, op "conv2d_dx_fp16"; MMA_DW, op
   "conv2d_dw_fp16".
 
@@ -344,7 +346,7 @@ def _nhwc(x: torch.Tensor, C8: int, groups: int = 1) -> torch.Tensor:
     return xp.clone(memory_format=torch.contiguous_format)      # cp.async reads 16-byte aligned chunks
 
 
-def _check_halves(**tensors) -> None:
+def check_halves(**tensors) -> None:
     for name, t in tensors.items():
         if t is not None and (not isinstance(t, torch.Tensor) or t.dtype != torch.float16):
             raise TypeError(f"{name} must be a float16 tensor, got {getattr(t, 'dtype', type(t).__name__)}")
@@ -366,7 +368,7 @@ def _check_groups(C: int, w, groups, what: str) -> None:
                          "(7/8 of the tensor cores' work zeros): use convlab.ops.depthwise")
 
 
-def _channels_last_out(y, shape, like, name: str):
+def channels_last_out(y, shape, like, name: str):
     """A given output checked (float16, shape, channels_last, 16-byte aligned), else a new one."""
     if y is None:
         B, C, H, W = shape
@@ -395,7 +397,7 @@ def conv2d_mma(x, w, y=None, *, stride=1, padding=0, dilation=1, groups=1, bias=
     that (y.permute(0, 2, 3, 1) contiguous). Tunables (TUNABLES) left out come from mma_config;
     SPLIT_K left out is mma_config's when the tile is left out too, else 1. SPLIT_K > 1 adds an fp32
     workspace (SPLIT_K, P, M) and a second, reducing kernel to the call."""
-    _check_halves(x=x, w=w, bias=bias)
+    check_halves(x=x, w=w, bias=bias)
     if x.dim() != 4 or w.dim() != 4:
         raise ValueError(f"expected x (B, C, H, W) and w (M, C/groups, Kh, Kw), got {tuple(x.shape)} and {tuple(w.shape)}")
     _check_groups(int(x.shape[1]), w, groups, f"x {tuple(x.shape)}")
@@ -406,7 +408,7 @@ def conv2d_mma(x, w, y=None, *, stride=1, padding=0, dilation=1, groups=1, bias=
     key = (tuple(x.shape), tuple(w.shape), sh, sw, ph, pw, dh, dw, groups, tuple(tunables.get(k) for k in TUNABLES))
     out_shape, Cg8, gemm = remember(_plans, key, lambda: _plan(x.shape, w.shape, (sh, sw), (ph, pw), (dh, dw),
                                                                groups, tunables))
-    y = _channels_last_out(y, out_shape, x, "y")
+    y = channels_last_out(y, out_shape, x, "y")
     _run(gemm, _nhwc(x, Cg8, groups), _nhwc(w, Cg8), None if bias is None else bias.contiguous(), y.permute(0, 2, 3, 1))
     return y
 
@@ -426,7 +428,7 @@ def conv2d_mma_dx(dy, w, dx=None, *, stride=1, padding=0, input_size=None, dilat
 
     Returns dx of logical shape (B, C, H, W) in channels_last memory format (a given dx must be
     that). Tunables left out come from mma_dx_config, one tile for every phase."""
-    _check_halves(dy=dy, w=w)
+    check_halves(dy=dy, w=w)
     if dy.dim() != 4 or w.dim() != 4 or int(dy.shape[1]) != int(w.shape[0]):
         raise ValueError(f"expected dy (B, M, Ho, Wo) and w (M, C/groups, Kh, Kw) with the same M, got "
                          f"{tuple(dy.shape)} and {tuple(w.shape)}")
@@ -440,7 +442,7 @@ def conv2d_mma_dx(dy, w, dx=None, *, stride=1, padding=0, input_size=None, dilat
            tuple(tunables.get(k) for k in TUNABLES))
     plan = remember(_dx_plans, key, lambda: _dx_plan(dy.shape, w.shape, (sh, sw), (ph, pw), (dh, dw), groups, size,
                                                      tunables))
-    dx = _channels_last_out(dx, plan.dx_shape, dy, "dx")
+    dx = channels_last_out(dx, plan.dx_shape, dy, "dx")
     dxn = dx.permute(0, 2, 3, 1)
     dyn = _nhwc(dy, plan.Mg8, groups)
     flipped = w.flip(2, 3)
@@ -461,7 +463,7 @@ def conv2d_mma_dw(x, dy, dw=None, *, stride=1, padding=0, kernel_size, dilation=
     of 8: padded with zeros per group (one copy). Returns dw of logical shape (M, C/groups, Kh, Kw)
     in channels_last memory format (a given dw must be that). Tunables (TUNABLES; SPLIT_K 1 to
     MAX_DW_SPLIT) left out come from mma_dw_config; SPLIT_K left out with a tile given: 1."""
-    _check_halves(x=x, dy=dy)
+    check_halves(x=x, dy=dy)
     if x.dim() != 4 or dy.dim() != 4 or int(dy.shape[0]) != int(x.shape[0]):
         raise ValueError(f"expected x (B, C, H, W) and dy (B, M, Ho, Wo), got {tuple(x.shape)} and {tuple(dy.shape)}")
     C, M = int(x.shape[1]), int(dy.shape[1])
@@ -477,7 +479,7 @@ def conv2d_mma_dw(x, dy, dw=None, *, stride=1, padding=0, kernel_size, dilation=
     plan = remember(_dw_plans, key, lambda: _dw_plan(x.shape, dy.shape, (Kh, Kw), (sh, sw), (ph, pw), (dh, dw_),
                                                      groups, tunables))
     launch, reduce, ws_shape, Cg8, Mg8 = plan
-    dw = _channels_last_out(dw, (M, C // groups, Kh, Kw), x, "dw")
+    dw = channels_last_out(dw, (M, C // groups, Kh, Kw), x, "dw")
     ws = new_output(ws_shape, x, torch.float32)
     launch(_nhwc(x, Cg8, groups), _nhwc(dy, Mg8, groups), ws)
     reduce(ws, dw.permute(0, 2, 3, 1))

@@ -22,7 +22,7 @@ from ..workloads import Workload
 from . import Impl, ceil_div
 from ._kernels import module_ref, remember, sm_count
 from .shapes import layer
-from .tensor_core import _channels_last_out, _check_halves
+from .tensor_core import channels_last_out, check_halves
 
 FILE = "kernels/11_hopper/conv2d_wgmma.cu"
 TUNABLES = ("BN", "STAGES", "RINGS", "BW", "BH", "BI")
@@ -145,7 +145,7 @@ def refuses(s: Workload) -> str | None:
 def conv2d_wgmma(x, w, y=None, *, stride=1, padding=0, dilation=1, groups=1, bias=None, relu=False, **tunables):
     """y = conv2d(x, w, bias) (then ReLU if relu) in fp16 on Hopper's wgmma, fed by TMA; see the
     module's docstring."""
-    _check_halves(x=x, w=w, bias=bias)
+    check_halves(x=x, w=w, bias=bias)
     if x.dim() != 4 or w.dim() != 4:
         raise ValueError(f"expected x (B, C, H, W) and w (M, C, Kh, Kw), got {tuple(x.shape)} and {tuple(w.shape)}")
     if bias is not None and tuple(bias.shape) != (w.shape[0],):
@@ -153,7 +153,7 @@ def conv2d_wgmma(x, w, y=None, *, stride=1, padding=0, dilation=1, groups=1, bia
     key = (x.shape, w.shape, stride, padding, dilation, groups, tuple(sorted(tunables.items())))
     plan = remember(_plans, key, lambda: _plan(x.shape, w.shape, stride, padding, dilation, groups, tunables),
                     (stride, padding, dilation, groups))
-    y = _channels_last_out(y, plan.out_shape, x, "y")
+    y = channels_last_out(y, plan.out_shape, x, "y")
     xn = x.permute(0, 2, 3, 1)
     if not xn.is_contiguous() or xn.data_ptr() % 16:
         xn = xn.contiguous()
