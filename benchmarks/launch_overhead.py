@@ -256,7 +256,7 @@ def breakdown():
     b = cl.runtime.backend_impl()
     steps = [("whole call: fused.conv2d_best(x, w, padding=1)", lambda: fused.conv2d_best(x, w, padding=1)),
              ("  plan lookup (dict keyed by the shapes)", lambda: fused._best.get(key)),
-             ("  output: ops.output (torch.empty on a GPU)", lambda: new_or_given(None, shape, x)),
+             ("  output: ops.output (new_empty on a GPU)", lambda: new_or_given(None, shape, x)),
              ("  output: torch.empty alone", lambda: torch.empty(shape, dtype=x.dtype, device=x.device)),
              ("  module check (one os.stat)", ref.get),
              ("  bound launch: tensor checks, pack, driver", lambda: bound((x, w, y)))]

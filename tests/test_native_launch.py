@@ -41,3 +41,28 @@ def test_the_extension_refuses_what_is_not_eleven_ints():
         launch(1, 2, 3, 4, 5, 6, 7, 8, 9, 10, "eleven")
     with pytest.raises(OverflowError):
         launch(1, 2, 3, 4, 5, 6, 7, 8, 9, 10, -1)
+
+
+def test_the_ctypes_fallback_passes_the_same_arguments():
+    """Where convlab.native cannot be built the driver launches through ctypes: the same eleven
+    values must reach cuLaunchKernel (a stand-in with its C signature records them)."""
+    from convlab.backend_cuda import Driver
+
+    seen = []
+
+    def stand_in(func, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+        seen.append((func, gx, gy, gz, bx, by, bz, shared, stream, ctypes.cast(params, ctypes.c_void_p).value,
+                     bool(extra)))
+        return 0
+
+    cb = LAUNCH(stand_in)
+    # called as libcuda's is: a C function without argtypes, each argument as its ctypes object says
+    c_function = ctypes.CFUNCTYPE(ctypes.c_int)(ctypes.cast(cb, ctypes.c_void_p).value)
+    c_function.argtypes = None
+    driver = object.__new__(Driver)                  # no libcuda: only the launch is used
+    driver.lib = type("Lib", (), {"cuLaunchKernel": c_function})()
+    params = (ctypes.c_void_p * 1)(0x10)
+    big = 2**40 + 5
+    args = (big, 70000, 2, 3, 256, 1, 1, 232448, big + 1, ctypes.addressof(params))
+    assert driver._ctypes_launch(*args) == 0
+    assert seen == [(*args, False)]
