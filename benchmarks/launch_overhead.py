@@ -10,12 +10,16 @@ course's layers, and an epoch of chapter 8's LeNet-5 with our convolutions and w
 
 The tiny layer, per launcher:
 - launches: kernels of ours one call launches (torch's own ops inside a call not counted);
+  torch_kernels: on a GPU, every kernel one call runs, torch's included (torch.profiler);
 - the row "autograd Function, empty Python backward": an autograd Function that allocates what a
   convolution's forward and backward return and computes nothing, the cost of a Python backward
   itself (torch's own convolution runs its backward in C++);
 - python_us: wall time per call of CALLS calls made while torch.cuda._sleep keeps the GPU busy,
   so every kernel only queues: the Python (and the driver's enqueue) a call costs, the best of 5
-  such loops; per_launch_us is that over the launches;
+  such loops; per_launch_us is that over the launches. A loop's kernels, ours and torch's, stay
+  well under the driver's queue: on an H100 a launch waited for the GPU once about 1,000 were
+  queued (5.9 us a launch with 768 queued, 99 us with 1,024), so longer loops would time the
+  GPU, not the Python;
 - caller_us: CUDA events around a single call with nothing held, the median: what a caller waits
   for a tiny layer, launch overhead and GPU time together;
 - gpu_us: cl.bench's time for the same call (events with the GPU held: the kernels' own time).
@@ -47,8 +51,8 @@ from convlab.bench import time_caller, time_gpu  # noqa: E402
 from convlab.ops import backprop, conv3d, dropin, fp16, fused, im2col, naive, tiled  # noqa: E402
 from convlab.workloads import Workload  # noqa: E402
 
-CALLS = 300          # calls per timed loop
-SLEEP_CYCLES = 50_000_000   # ~25 ms at 2 GHz: longer than CALLS launches take to queue
+CALLS = 64           # calls per timed loop: at most 8 kernels a call keeps the queue under 1,000
+SLEEP_CYCLES = 100_000_000  # ~50 ms at 2 GHz: longer than CALLS calls take to queue
 LAYERS = ("fa17", "lenet_c3", "resnet", "days100")   # the course's 2D layers the best launchers are timed on
 DROPIN_FWD, DROPIN_TRAIN = "ch9 dropin.conv2d forward", "ch9 dropin.conv2d forward+backward"
 FLOOR = "autograd Function, empty Python backward"
@@ -123,6 +127,19 @@ def count_launches(fn) -> int:
     finally:
         b.cu.launch = real
     return n[0]
+
+
+def torch_kernels(fn) -> int:
+    """Every GPU kernel one call of fn runs, ours and torch's (the autograd engine's gradient sums
+    included), as torch.profiler records them."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as p:
+        fn()
+        torch.cuda.synchronize()
+    return sum(1 for e in p.events() if e.device_type == torch.autograd.DeviceType.CUDA)
 
 
 def python_us_gpu(fn, repeats: int = 5) -> float:
@@ -289,14 +306,14 @@ def main(argv=None) -> int:
         launches = 0 if name.startswith("torch") else count_launches(fn)
         if on_gpu:
             t = cl.bench(fn, reps=20, flush_l2=False)
-            rows.append((name, launches, python_us_gpu(fn), caller_us_gpu(fn), t.ms * 1e3))
+            rows.append((name, launches, torch_kernels(fn), python_us_gpu(fn), caller_us_gpu(fn), t.ms * 1e3))
         else:
-            rows.append((name, launches, python_us_emu(fn), float("nan"), float("nan")))
-    print(f"{'launcher':40s} {'launches':>8s} {'python_us':>10s} {'per_launch_us':>13s} {'caller_us':>10s} "
-          f"{'gpu_us':>9s}")
-    for name, launches, py, caller, gpu in rows:
+            rows.append((name, launches, "-", python_us_emu(fn), float("nan"), float("nan")))
+    print(f"{'launcher':40s} {'launches':>8s} {'torch_kernels':>13s} {'python_us':>10s} {'per_launch_us':>13s} "
+          f"{'caller_us':>10s} {'gpu_us':>9s}")
+    for name, launches, kernels, py, caller, gpu in rows:
         per = py / launches if launches else float("nan")
-        print(f"{name:40s} {launches or '-':>8} {py:10.1f} {per:13.1f} {caller:10.1f} {gpu:9.1f}")
+        print(f"{name:40s} {launches or '-':>8} {kernels:>13} {py:10.1f} {per:13.1f} {caller:10.1f} {gpu:9.1f}")
     fns = dict(cases())
     timer = python_us_gpu if on_gpu else python_us_emu
     for ours, theirs in ((DROPIN_FWD, TORCH_FWD), (DROPIN_TRAIN, TORCH_TRAIN)):

@@ -127,3 +127,12 @@ def test_gpu_numbers_on_the_emulator(capsys):
     assert len(checked) == 11 and "nothing timed, nothing written" in out
     assert "chase_shared shared-memory: ends at the predicted node" in out and "hfma2_chains" in out
     assert (csv.read_bytes() if csv.is_file() else None) == before
+
+
+def test_backward_launches_on_the_emulator(capsys):
+    """Every route it times, dX and dW, one launch or several, checked against fp64 on small batches."""
+    from benchmarks import backward_launches as B
+
+    assert B.main([]) == 0
+    out = capsys.readouterr().out
+    assert f"{2 * len(B.CHANNELS) * 4} routes checked against fp64" in out

@@ -152,18 +152,60 @@ def test_the_tensor_core_routes_take_either_layout_and_return_torchs(layout):
 
 
 def test_the_drop_ins_dx_runs_the_fp32_implicit_gemm_where_pick_gives_it_the_dx_convolution():
-    x = cl.randn(2, 12, 6, 5).requires_grad_()
-    w = cl.randn(16, 12, 3, 3)
+    x = cl.randn(2, 32, 6, 5).requires_grad_()
+    w = cl.randn(16, 32, 3, 3)
     y = dropin.conv2d(x, w, padding=1)
     dy = cl.randn(*y.shape)
     assert dispatch.dx_impl(dy, w, padding=1, input_size=(6, 5)) is igemm.IGEMM_F32_DX, \
-        "a stride-1 fp32 layer of 12 channels: dX by igemm.conv2d_igemm_f32_dx"
+        "a stride-1 fp32 layer of 32 channels: dX by igemm.conv2d_igemm_f32_dx"
     (dx,) = torch.autograd.grad(y, x, dy)
     xd = x.detach().double().cpu().requires_grad_()
     (ref,) = torch.autograd.grad(F.conv2d(xd, w.double().cpu(), padding=1), xd, dy.double().cpu())
     cl.check(dx, ref, name="dx")
     # one channel: dX's one map is chapter 8's gather
     assert dispatch.dx_impl(cl.randn(2, 4, 6, 5), cl.randn(4, 1, 3, 3), padding=1, input_size=(6, 5)).key == "dx_gather"
+
+
+def test_a_small_layers_dx_is_chapter_8s_gather_in_one_launch_and_a_large_ones_the_implicit_gemm():
+    """Under GATHER_DX_MACS multiply-adds, with fewer than 32 channels, the gather's one launch (the
+    implicit GEMM's dX takes three); above it, the GEMM. Only shapes matter: meta tensors."""
+    def dx_key(B, C, M, side):
+        dy, w = torch.empty(B, M, side, side, device="meta"), torch.empty(M, C, 3, 3, device="meta")
+        return dispatch.dx_impl(dy, w, padding=1, input_size=(side, side)).key
+
+    assert dx_key(2, 12, 16, 6) == "dx_gather"
+    assert dx_key(256, 16, 32, 20) == "dx_gather"              # the largest layer measured
+    assert dispatch.GATHER_DX_MACS == 256 * 16 * 32 * 20 * 20 * 9
+    assert dx_key(512, 16, 32, 20) == "igemm_f32_dx"           # twice that
+    assert dx_key(2, 32, 16, 6) == "igemm_f32_dx"              # 32 channels: chapter 8 takes the forward of the flipped mask
+    x, w = cl.randn(2, 12, 6, 5).requires_grad_(), cl.randn(16, 12, 3, 3)
+    y = dropin.conv2d(x, w, padding=1)
+    dy = cl.randn(*y.shape)
+    (dx,) = torch.autograd.grad(y, x, dy)
+    xd = x.detach().double().cpu().requires_grad_()
+    (ref,) = torch.autograd.grad(F.conv2d(xd, w.double().cpu(), padding=1), xd, dy.double().cpu())
+    cl.check(dx, ref, name="dx")
+
+
+def test_the_drop_in_keeps_its_gradient_routes_with_its_forward_route():
+    """A repeated backward runs the kept pair (dispatch.grad_routes), worked out on the first one;
+    a forward alone works out none."""
+    x, w = cl.randn(2, 3, 7, 6).requires_grad_(), cl.randn(5, 3, 3, 3).requires_grad_()
+    dropin._routes.clear()
+    dropin.conv2d(x.detach(), w.detach(), None, 1, 1)
+    dropin.conv2d(x, w, None, 1, 1)
+    ((_, _, grads),) = dropin._routes.values()
+    assert grads == [None], "a forward plans no gradient routes"
+    dy = cl.randn(2, 5, 7, 6)
+    xd, wd = x.detach().double().cpu().requires_grad_(), w.detach().double().cpu().requires_grad_()
+    F.conv2d(xd, wd, padding=1).backward(dy.double().cpu())
+    for _ in range(2):
+        gx, gw = torch.autograd.grad(dropin.conv2d(x, w, None, 1, 1), (x, w), dy)
+        cl.check(gx, xd.grad, name="dx")
+        cl.check(gw, wd.grad, name="dw")
+    kept = grads[0]
+    assert kept == dispatch.grad_routes(x.shape, w.shape, dy.shape, dy.dtype, stride=1, padding=1)
+    assert kept[0].impl is dispatch.dx_impl(dy, w, padding=1, input_size=(7, 6))
 
 
 def test_every_registered_kernel_has_a_unique_key_and_a_row_in_the_api_document():

@@ -312,7 +312,11 @@ def direct_dw_config(C: int, M: int, K: int, stride: int = 1, Ho: int | None = N
 
 def direct_dw_chunks(tasks: int, pairs: int, block: int, min_blocks: int, sms: int) -> int:
     """conv2d_dw_direct's chunks of tasks (blocks per (map group, channel) pair, so partial sums per
-    weight): about 4 waves of resident blocks in all, at least one task per thread."""
+    weight): about 4 waves of resident blocks in all, at least one task per thread. One chunk, so no
+    second pass, where that leaves each thread at most 4 tasks: on small layers one launch fewer
+    cost less than the GPU time it gives up (benchmarks/backward_launches.py, 4 -> 8 maps)."""
+    if tasks <= 4 * block:
+        return 1
     return max(1, min(ceil_div(tasks, block), ceil_div(4 * sms * min_blocks, pairs)))
 
 

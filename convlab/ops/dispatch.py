@@ -14,7 +14,8 @@ the drop-in (dropin.py).
   decides one thing more: a channels_last x of a depthwise layer goes to the NHWC depthwise
   kernel, and the mma.sync kernel reads it without a conversion; the result has x's layout.
 - input_grad(dy, w, dx=None, ...), weight_grad(x, dy, dw=None, ...): the dX and dW the drop-in
-  runs (dx_route / dw_route say which kernel, and why).
+  runs (dx_route / dw_route say which kernel, and why); grad_routes(...): both routes of a layer at
+  once, which the drop-in keeps beside its forward route.
 - Every route is worked out once per call signature (shapes, dtype, layout, the arguments as given)
   and kept: a repeated call is one dictionary lookup, then the kernel's own kept launch.
 - evidence(): pick()'s choice beside the fastest kernel measured on each shape of the chapters'
@@ -37,7 +38,8 @@ from ..check import check
 from .._limits import INT32_MAX
 from ..workloads import Workload
 from . import Impl
-from .backprop import conv2d_input_grad_best, conv2d_weight_grad_best, pick_input_grad, pick_weight_grad
+from .backprop import (DX_GATHER, conv2d_input_grad_best, conv2d_weight_grad_best, pick_input_grad,
+                       pick_weight_grad)
 from .depthwise import (DEPTHWISE, DEPTHWISE_FP16, conv2d_depthwise, conv2d_depthwise_nhwc, depthwise_applies,
                         depthwise_dx_padding, nhwc_applies)
 from .fp16 import U16, accumulation, fp16_tolerance
@@ -301,12 +303,21 @@ def _forward_runner(x, w, bias, nhwc, stride, padding, dilation, groups):
 
 # ---- dE/dX and dE/dW ---------------------------------------------------------------------------------
 
+#: The largest layer benchmarks/backward_launches.py measured (B=256, 16 -> 32 maps, 20x20, 3x3):
+#: on every layer up to it whose dX chapter 8 gives to the gather kernel (C < 32), the gather was
+#: faster than the implicit GEMM's dX in GPU time and in the time a caller waits (H100).
+GATHER_DX_MACS = 256 * 32 * 20 * 20 * 16 * 3 * 3
+
+
 def igemm_dx_applies(s: Workload) -> bool:
     """A stride-1 plain layer (padding at most K-1) whose dX, itself a convolution of dy by the
-    flipped mask (M channels to C maps), goes to the fp32 implicit GEMM. Its dX was faster than
-    torch's on the layers benchmarks/f32_layers.py measured; its dW was not, so dW stays on
-    weight_grad's kernels."""
+    flipped mask (M channels to C maps), goes to the fp32 implicit GEMM: where pick() gives that
+    convolution the implicit GEMM, except a small layer with chapter 8's gather dX (C < 32, at most
+    GATHER_DX_MACS multiply-adds), whose one launch beat the GEMM's three (the mask transposed,
+    the GEMM, the split-K sum). Its dW stays on weight_grad's kernels."""
     if not (s.plain and s.stride == 1 and IGEMM_F32_DX.applies(s)):
+        return False
+    if pick_input_grad(s) is DX_GATHER and s.macs <= GATHER_DX_MACS:
         return False
     return pick(dx_workload(s), "fp32") is IGEMM_F32
 
@@ -323,25 +334,26 @@ def _resolved(s: Workload) -> dict:
                 dilation=(s.dilation, s.dilation_w), groups=s.groups)
 
 
-def dx_route(dy, w, stride, padding, input_size, dilation, groups):
-    """f(dy, w, dx): the dX kernel for this layer, with its arguments resolved (f.impl: which): the
-    fp32 implicit GEMM's dX where igemm_dx_applies (plain layers where pick() gives it the dX
-    convolution), chapter 8's best dX on the other plain fp32 layers, the implicit GEMM's dX (stride
+def dx_route(dy_shape, w_shape, dtype, stride, padding, input_size, dilation, groups):
+    """f(dy, w, dx): the dX kernel for a layer with dy of dy_shape, a mask of w_shape and dtype, with
+    its arguments resolved (f.impl: which): the fp32 implicit GEMM's dX where igemm_dx_applies
+    (plain layers where pick() gives it the dX convolution, but for small ones of chapter 8's
+    gather), chapter 8's best dX on the other plain fp32 layers, the implicit GEMM's dX (stride
     phases) on every other fp32 layer it takes, the mma.sync kernel's dX on the fp16 layers it takes
     (not depthwise; sm_80 or newer), the depthwise forward on dy with the flipped mask
     where depthwise_dx_padding allows (MobileNet and ConvNeXt layers), else the general dX kernel."""
     H, W = (int(v) for v in two(input_size))
-    s = layer((dy.shape[0], w.shape[1] * groups, H, W), w.shape, stride, padding, dilation, groups)
-    if dy.dtype == torch.float32 and igemm_dx_applies(s):
+    s = layer((dy_shape[0], w_shape[1] * groups, H, W), w_shape, stride, padding, dilation, groups)
+    if dtype == torch.float32 and igemm_dx_applies(s):
         return _tagged(lambda dy, w, dx: conv2d_igemm_f32_dx(dy, w, dx, input_size=(H, W), **_resolved(s)),
                        IGEMM_F32_DX)
-    if course_applies(s, dy.dtype):
+    if course_applies(s, dtype):
         return _tagged(lambda dy, w, dx: conv2d_input_grad_best(dy, w, dx, stride=s.stride, padding=s.padding,
                                                                 input_size=(H, W)), pick_input_grad(s))
-    if dy.dtype == torch.float32 and s.symmetric and IGEMM_F32_DX.applies(s):
+    if dtype == torch.float32 and s.symmetric and IGEMM_F32_DX.applies(s):
         kw = _resolved(s)
         return _tagged(lambda dy, w, dx: conv2d_igemm_f32_dx(dy, w, dx, input_size=(H, W), **kw), IGEMM_F32_DX)
-    if dy.dtype == torch.float16 and s.symmetric and MMA_DX.applies(s):
+    if dtype == torch.float16 and s.symmetric and MMA_DX.applies(s):
         kw = _resolved(s)
         return _tagged(lambda dy, w, dx: _into(dx, conv2d_mma_dx(dy, w, input_size=(H, W), **kw)), MMA_DX)
     pad = depthwise_dx_padding(s)
@@ -353,19 +365,20 @@ def dx_route(dy, w, stride, padding, input_size, dilation, groups):
                                                        dilation=dilation, groups=groups), GENERAL_DX)
 
 
-def dw_route(x, dy, stride, padding, kernel_size, dilation, groups):
-    """f(x, dy, dw): the dW kernel for this layer (f.impl: which): chapter 8's best dW where
+def dw_route(x_shape, dy_shape, dtype, stride, padding, kernel_size, dilation, groups):
+    """f(x, dy, dw): the dW kernel for a layer with x of x_shape, dy of dy_shape and dtype (f.impl:
+    which): chapter 8's best dW where
     course_applies, the implicit GEMM's dW (per group, over the batch) on every other fp32 layer it
     takes, the mma.sync kernel's dW on the fp16 layers it takes, else the general dW kernel."""
     Kh, Kw = (int(k) for k in two(kernel_size))
-    s = layer(x.shape, (dy.shape[1], x.shape[1] // groups, Kh, Kw), stride, padding, dilation, groups)
-    if course_applies(s, x.dtype):
+    s = layer(x_shape, (dy_shape[1], x_shape[1] // groups, Kh, Kw), stride, padding, dilation, groups)
+    if course_applies(s, dtype):
         return _tagged(lambda x, dy, dw: conv2d_weight_grad_best(x, dy, dw, stride=s.stride, padding=s.padding,
                                                                  kernel_size=Kh), pick_weight_grad(s))
-    if x.dtype == torch.float16 and s.symmetric and MMA_DW.applies(s):
+    if dtype == torch.float16 and s.symmetric and MMA_DW.applies(s):
         kw = _resolved(s)
         return _tagged(lambda x, dy, dw: _into(dw, conv2d_mma_dw(x, dy, kernel_size=(Kh, Kw), **kw)), MMA_DW)
-    if x.dtype == torch.float32 and s.symmetric and IGEMM_F32_DW.applies(s):
+    if dtype == torch.float32 and s.symmetric and IGEMM_F32_DW.applies(s):
         kw = _resolved(s)
         return _tagged(lambda x, dy, dw: conv2d_igemm_f32_dw(x, dy, dw, kernel_size=(Kh, Kw), **kw), IGEMM_F32_DW)
     return _tagged(lambda x, dy, dw: conv2d_general_dw(x, dy, dw, stride=stride, padding=padding,
@@ -376,28 +389,44 @@ def dw_route(x, dy, stride, padding, kernel_size, dilation, groups):
 _grad_routes: dict = {}     # ("dx" | "dw", shapes, dtype, arguments as given) -> the route
 
 
+def _dx_kept(dy_shape, w_shape, dtype, input_size, stride, padding, dilation, groups):
+    key = ("dx", dy_shape, w_shape, dtype, input_size, stride, padding, dilation, groups)
+    return remember(_grad_routes, key, lambda: dx_route(dy_shape, w_shape, dtype, stride, padding, input_size,
+                                                        dilation, groups), key[4:])
+
+
+def _dw_kept(x_shape, dy_shape, dtype, kernel_size, stride, padding, dilation, groups):
+    key = ("dw", x_shape, dy_shape, dtype, kernel_size, stride, padding, dilation, groups)
+    return remember(_grad_routes, key, lambda: dw_route(x_shape, dy_shape, dtype, stride, padding, kernel_size,
+                                                        dilation, groups), key[4:])
+
+
+def grad_routes(x_shape, w_shape, y_shape, dtype, *, stride=1, padding=0, dilation=1, groups: int = 1) -> tuple:
+    """(dx_route's f(dy, w, dx), dw_route's f(x, dy, dw)) of the layer conv2d(x, w) that gave y: both
+    gradients' routes at once, for a caller that keeps them with its forward route (the drop-in's
+    backward then runs them straight away)."""
+    return (_dx_kept(y_shape, w_shape, dtype, tuple(x_shape[-2:]), stride, padding, dilation, groups),
+            _dw_kept(x_shape, y_shape, dtype, tuple(w_shape[-2:]), stride, padding, dilation, groups))
+
+
 def dx_impl(dy, w, *, stride=1, padding=0, input_size, dilation=1, groups: int = 1) -> Impl:
     """The Impl input_grad() runs for these arguments."""
-    key = ("dx", dy.shape, w.shape, dy.dtype, input_size, stride, padding, dilation, groups)
-    return remember(_grad_routes, key, lambda: dx_route(dy, w, stride, padding, input_size, dilation, groups), key[4:]).impl
+    return _dx_kept(dy.shape, w.shape, dy.dtype, input_size, stride, padding, dilation, groups).impl
 
 
 def dw_impl(x, dy, *, stride=1, padding=0, kernel_size, dilation=1, groups: int = 1) -> Impl:
     """The Impl weight_grad() runs for these arguments."""
-    key = ("dw", x.shape, dy.shape, x.dtype, kernel_size, stride, padding, dilation, groups)
-    return remember(_grad_routes, key, lambda: dw_route(x, dy, stride, padding, kernel_size, dilation, groups), key[4:]).impl
+    return _dw_kept(x.shape, dy.shape, x.dtype, kernel_size, stride, padding, dilation, groups).impl
 
 
 def input_grad(dy, w, dx=None, *, stride=1, padding=0, input_size, dilation=1, groups: int = 1):
     """dx of conv2d by dx_route's kernel (the choice kept per call signature)."""
-    key = ("dx", dy.shape, w.shape, dy.dtype, input_size, stride, padding, dilation, groups)
-    return remember(_grad_routes, key, lambda: dx_route(dy, w, stride, padding, input_size, dilation, groups), key[4:])(dy, w, dx)
+    return _dx_kept(dy.shape, w.shape, dy.dtype, input_size, stride, padding, dilation, groups)(dy, w, dx)
 
 
 def weight_grad(x, dy, dw=None, *, stride=1, padding=0, kernel_size, dilation=1, groups: int = 1):
     """dw of conv2d by dw_route's kernel (the choice kept per call signature)."""
-    key = ("dw", x.shape, dy.shape, x.dtype, kernel_size, stride, padding, dilation, groups)
-    return remember(_grad_routes, key, lambda: dw_route(x, dy, stride, padding, kernel_size, dilation, groups), key[4:])(x, dy, dw)
+    return _dw_kept(x.shape, dy.shape, x.dtype, kernel_size, stride, padding, dilation, groups)(x, dy, dw)
 
 
 # ---- fp16: how the routed forward adds ---------------------------------------------------------------

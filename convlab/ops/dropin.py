@@ -63,14 +63,16 @@ class DropInFunction(torch.autograd.Function):
     """y = conv2d(x, w, bias) by run (dispatch.forward_route's route for the call, or None:
     dispatch.forward); its backward: dx by InputGradFunction (dispatch.input_grad), dw by
     WeightGradFunction (dispatch.weight_grad), dbias a torch sum over dy. x 4-D; stride, padding,
-    dilation in any form torch takes (checked before).
+    dilation in any form torch takes (checked before). grads: the call signature's kept gradient
+    routes, a one-item list (None until the first backward fills it with dispatch.grad_routes'
+    pair), or None (worked out per call).
 
     Differentiable to any order, like torch's conv2d: the gradients of dx and dw are again a
     forward, a dX and a dW of the same layer (dx = dX(dy, w): d/d(dy) is conv2d(g, w) and d/dw is
     dW(g, dy); dw = dW(x, dy): d/dx is dX(dy, G) and d/d(dy) is conv2d(x, G))."""
 
     @staticmethod
-    def forward(ctx, x, w, bias, stride, padding, dilation, groups, run=None):
+    def forward(ctx, x, w, bias, stride, padding, dilation, groups, run=None, grads=None):
         # x as given: the route makes it NCHW contiguous, or keeps channels_last for its NHWC kernels
         b = None if bias is None else bias.contiguous()
         if run is None:
@@ -81,6 +83,7 @@ class DropInFunction(torch.autograd.Function):
         ctx.save_for_backward(x, w)          # the inputs themselves: second derivatives flow back to them
         ctx.conf = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
         ctx.has_bias = bias is not None
+        ctx.grads = grads
         return y
 
     @staticmethod
@@ -90,17 +93,25 @@ class DropInFunction(torch.autograd.Function):
         # create_graph=True (grad mode on here): differentiable gradients; otherwise the kernels
         # straight away, without the cost of two more autograd nodes per backward
         graph = torch.is_grad_enabled()
-        if ctx.needs_input_grad[0]:
-            size = tuple(x.shape[-2:])
-            dx = (InputGradFunction.apply(dy, w, size, ctx.conf) if graph
-                  else dispatch.input_grad(dy.contiguous(), w.contiguous(), input_size=size, **ctx.conf))
-        if ctx.needs_input_grad[1]:
-            size = tuple(w.shape[-2:])
-            dw = (WeightGradFunction.apply(x, dy, size, ctx.conf) if graph
-                  else dispatch.weight_grad(x.contiguous(), dy.contiguous(), kernel_size=size, **ctx.conf))
+        if graph:
+            if ctx.needs_input_grad[0]:
+                dx = InputGradFunction.apply(dy, w, tuple(x.shape[-2:]), ctx.conf)
+            if ctx.needs_input_grad[1]:
+                dw = WeightGradFunction.apply(x, dy, tuple(w.shape[-2:]), ctx.conf)
+        else:
+            # the routes run straight away: this runs on autograd's device thread, where every
+            # microsecond of Python adds to the caller's wait
+            kept = ctx.grads or [None]
+            if kept[0] is None:
+                kept[0] = dispatch.grad_routes(x.shape, w.shape, dy.shape, dy.dtype, **ctx.conf)
+            dx_run, dw_run = kept[0]
+            if ctx.needs_input_grad[0]:
+                dx = dx_run(dy.contiguous(), w.contiguous(), None)
+            if ctx.needs_input_grad[1]:
+                dw = dw_run(x.contiguous(), dy.contiguous(), None)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = dy.sum(dim=(0, 2, 3), dtype=torch.float32).to(x.dtype)
-        return dx, dw, db, None, None, None, None, None
+        return dx, dw, db, None, None, None, None, None, None
 
 
 def _conv(x, w, conf):
@@ -147,7 +158,7 @@ class WeightGradFunction(torch.autograd.Function):
         return gx, gdy, None, None
 
 
-_routes: dict = {}     # call signature -> (kernel_fallback_reason's answer, the route): a repeated call's one lookup
+_routes: dict = {}     # call signature -> (kernel_fallback_reason's answer, the route, [its gradient routes]): a repeated call's one lookup
 
 
 def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
@@ -163,11 +174,11 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
                None if bias is None else (bias.shape, bias.dtype, bias.device),
                1 if input.is_contiguous() else 2 if input.is_contiguous(memory_format=torch.channels_last) else 0,
                stride, padding, dilation, groups)
-        reason, run = _routes[key] if plain else _decide(input, weight, bias, stride, padding, dilation, groups)
+        reason, run, grads = _routes[key] if plain else _decide(input, weight, bias, stride, padding, dilation, groups)
     except (AttributeError, KeyError):              # not tensors, or a first call
-        reason, run = _decide(input, weight, bias, stride, padding, dilation, groups)
+        reason, run, grads = _decide(input, weight, bias, stride, padding, dilation, groups)
         if plain and isinstance(input, torch.Tensor):
-            _routes[key] = (reason, run)
+            _routes[key] = (reason, run, grads)
     if reason is not None:
         # only what differs from the defaults, as keywords: torch's argument errors then read as
         # for F.conv2d(x, w[, b], name=value), the usual way to call it
@@ -178,20 +189,21 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     x = input if input.dim() == 4 else input.unsqueeze(0)
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
                                     or (bias is not None and bias.requires_grad)):
-        y = DropInFunction.apply(x, weight, bias, stride, padding, dilation, groups, run)
+        y = DropInFunction.apply(x, weight, bias, stride, padding, dilation, groups, run, grads)
     else:
         y = run(x, weight, None, bias if bias is None or bias.is_contiguous() else bias.contiguous())
     return y if input.dim() == 4 else y.squeeze(0)
 
 
 def _decide(input, weight, bias, stride, padding, dilation, groups) -> tuple:
-    """(kernel_fallback_reason's answer, dispatch's route for the kernels, or None)."""
+    """(kernel_fallback_reason's answer, dispatch's route for the kernels or None, a place for the
+    gradient routes: filled by the first backward, so a forward-only caller plans no dX or dW)."""
     reason = kernel_fallback_reason(input, weight, bias, stride, padding, dilation, groups)
     if reason is not None:
-        return reason, None
+        return reason, None, None
     x = input if input.dim() == 4 else input.unsqueeze(0)
     return None, dispatch.forward_route(x, weight, bias, stride=stride, padding=padding, dilation=dilation,
-                                        groups=groups)
+                                        groups=groups), [None]
 
 
 class Conv2d(torch.nn.Conv2d):
