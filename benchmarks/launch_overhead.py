@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """How much Python a launch costs: each chapter's best launcher, Conv2dFunction forward +
-backward, the drop-in conv2d (forward; forward + backward) and torch's conv2d, called again and again on a tiny layer (the launch plan is kept
-after the first call); then, on a GPU, the time a caller waits against the GPU's time on the
-course's layers, and an epoch of chapter 8's LeNet-5 with our convolutions and with torch's.
+backward, the drop-in conv2d (forward; forward + backward) and torch's conv2d, called again and
+again on a tiny layer (the launch plan is kept after the first call); then, on a GPU, the time a
+caller waits against the GPU's time on the course's layers, and an epoch of chapter 8's LeNet-5
+with our convolutions and with torch's.
 
     python benchmarks/launch_overhead.py             # the active backend (a GPU when there is one)
     python benchmarks/launch_overhead.py --profile   # and cProfile's top functions for fused.conv2d_best
@@ -23,6 +24,11 @@ The tiny layer, per launcher:
 - caller_us: CUDA events around a single call with nothing held, the median: what a caller waits
   for a tiny layer, launch overhead and GPU time together;
 - gpu_us: cl.bench's time for the same call (events with the GPU held: the kernels' own time).
+The drop-in against torch (the goal's figures): the median call of loops in which a call of each
+alternates with a call of the other (paired()), forward and forward+backward, and the empty Python
+backward against torch's forward+backward; on a GPU the last two again with autograd's
+multithreading off (the backward then runs on the caller's thread, with no hand-over to autograd's
+device thread).
 The course's layers: gpu_us and caller_us (convlab.bench.time_gpu / time_caller, the L2 flushed)
 and their ratio, for each chapter's best on each layer it takes.
 
@@ -186,15 +192,30 @@ def python_us_emu(fn, repeats: int = 5) -> float:
     return best
 
 
-def paired(ours, theirs, timer, rounds: int = 7) -> tuple:
-    """(ours, theirs): the best of `rounds` loops of each, the two taken in turn, so that what else
-    the host does (its clock, other processes) weighs on both alike; the table's rows are timed one
-    after the other and moved by several us between runs on a shared host."""
-    a, b = float("inf"), float("inf")
+def paired(ours, theirs, on_gpu: bool, rounds: int = 9) -> tuple:
+    """(ours, theirs): us per call, the median of every call of `rounds` loops in which a call of
+    one and a call of the other alternate, each timed alone (on a GPU with the GPU held, as
+    python_us; on the emulator this thread's CPU time). Whatever else the host does then weighs on
+    both alike, call by call: the table's rows, timed one loop after another, moved by several us
+    between runs on a shared host."""
+    clock = time.perf_counter if on_gpu else time.thread_time
+    ours()
+    theirs()
+    a, b = [], []
     for _ in range(rounds):
-        a = min(a, timer(ours, repeats=1))
-        b = min(b, timer(theirs, repeats=1))
-    return a, b
+        if on_gpu:
+            torch.cuda.synchronize()
+            torch.cuda._sleep(SLEEP_CYCLES)
+        for _ in range(CALLS // 2):
+            t0 = clock()
+            ours()
+            t1 = clock()
+            theirs()
+            a.append(t1 - t0)
+            b.append(clock() - t1)
+    if on_gpu:
+        torch.cuda.synchronize()
+    return statistics.median(a) * 1e6, statistics.median(b) * 1e6
 
 
 def stub_emulator_launch():
@@ -315,14 +336,21 @@ def main(argv=None) -> int:
         per = py / launches if launches else float("nan")
         print(f"{name:40s} {launches or '-':>8} {kernels:>13} {py:10.1f} {per:13.1f} {caller:10.1f} {gpu:9.1f}")
     fns = dict(cases())
-    timer = python_us_gpu if on_gpu else python_us_emu
     for ours, theirs in ((DROPIN_FWD, TORCH_FWD), (DROPIN_TRAIN, TORCH_TRAIN)):
-        a, b = paired(fns[ours], fns[theirs], timer)
-        print(f"# {ours}: {a / b:.2f}x torch's Python per call ({a:.1f} against {b:.1f} us, loops of the "
-              f"two taken in turn; goal: at most {GOAL}x)")
-    a, b = paired(fns[FLOOR], fns[TORCH_TRAIN], timer)
+        a, b = paired(fns[ours], fns[theirs], on_gpu)
+        print(f"# {ours}: {a / b:.2f}x torch's Python per call ({a:.1f} against {b:.1f} us, the median call, "
+              f"calls of the two alternating; goal: at most {GOAL}x)")
+    a, b = paired(fns[FLOOR], fns[TORCH_TRAIN], on_gpu)
     print(f"# {FLOOR} (no kernel at all): {a / b:.2f}x torch's convolution forward+backward ({a:.1f} against "
           f"{b:.1f} us): the part of the drop-in's forward+backward that any Python backward pays")
+    if on_gpu:
+        # autograd runs a CUDA graph's backward on a thread of its own, to which every backward hands
+        # over (and a Python backward takes the GIL there); with that off it runs on the caller's
+        with torch.autograd.set_multithreading_enabled(False):
+            for ours in (DROPIN_TRAIN, FLOOR):
+                a, b = paired(fns[ours], fns[TORCH_TRAIN], on_gpu)
+                print(f"# {ours}, autograd's multithreading off (torch.autograd.set_multithreading_enabled"
+                      f"(False)): {a / b:.2f}x torch's ({a:.1f} against {b:.1f} us)")
     print(f"# one os.stat of a kernel file (a launcher's check for an edited .cu, once per call): {stat_us():.2f} us")
     if on_gpu:
         print("\n# the course's layers: the time a caller waits (nothing held) against the GPU's")
