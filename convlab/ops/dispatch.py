@@ -367,9 +367,9 @@ def dx_route(dy_shape, w_shape, dtype, stride, padding, input_size, dilation, gr
 
 def dw_route(x_shape, dy_shape, dtype, stride, padding, kernel_size, dilation, groups):
     """f(x, dy, dw): the dW kernel for a layer with x of x_shape, dy of dy_shape and dtype (f.impl:
-    which): chapter 8's best dW where
-    course_applies, the implicit GEMM's dW (per group, over the batch) on every other fp32 layer it
-    takes, the mma.sync kernel's dW on the fp16 layers it takes, else the general dW kernel."""
+    which): chapter 8's best dW where course_applies, the implicit GEMM's dW (per group, over the
+    batch) on every other fp32 layer it takes, the mma.sync kernel's dW on the fp16 layers it takes,
+    else the general dW kernel."""
     Kh, Kw = (int(k) for k in two(kernel_size))
     s = layer(x_shape, (dy_shape[1], x_shape[1] // groups, Kh, Kw), stride, padding, dilation, groups)
     if course_applies(s, dtype):
