@@ -12,16 +12,16 @@ Routes, each checked against an fp64 reference first:
 - dW: chapter 8's best dW with its partial sums and second pass, and the same kernel in one part
   (chunks=1 for the direct reduction, splits=1 for the GEMM), its sums written straight into dW.
 Per route: launches, gpu_us (events with the GPU held: the kernels' own time), caller_us (events
-around one call with nothing held: what a caller waits, launches included), host_us (wall time per
-call in a loop of 64 calls while the GPU sleeps: the Python and the driver's enqueue). The L2 is not
-flushed: a training step's small layer finds its tensors there. On a GPU the rows go to
+around one call with nothing held: what a caller waits, launches included), host_us
+(convlab.bench.time_host: wall time per call in a loop of calls while the GPU sleeps, the Python
+and the driver's enqueue). The L2 is not flushed: a training step's small layer finds its tensors
+there. On a GPU the rows go to
 benchmarks/results/backward_launches_<GPU>.csv.
 """
 from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,14 +33,13 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import convlab as cl  # noqa: E402
-from convlab.bench import time_caller, time_gpu  # noqa: E402
+from convlab.bench import count_launches, time_caller, time_gpu, time_host  # noqa: E402
 from convlab.ops import backprop, igemm  # noqa: E402
 from convlab.workloads import Workload  # noqa: E402
 
 CHANNELS = ((4, 8), (8, 16), (16, 32), (32, 64))
 BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 SIDE, K = 20, 3
-HOST_CALLS = 64          # a loop's launches stay well under the driver's queue (about 1,000 on an H100)
 
 
 def routes(shape: Workload):
@@ -57,37 +56,6 @@ def routes(shape: Workload):
         one = lambda x, w, dy: backprop.conv2d_weight_grad_gemm(x, dy, kernel_size=K, splits=1, **conv)  # noqa: E731
     out.append(("dw", "one part", one))
     return out
-
-
-def count_launches(fn) -> int:
-    b = cl.runtime.backend_impl()
-    if b.name != "cuda":
-        return -1
-    real, n = b.cu.launch, [0]
-
-    def counting(*args):
-        n[0] += 1
-        return real(*args)
-    b.cu.launch = counting
-    try:
-        fn()
-    finally:
-        b.cu.launch = real
-    return n[0]
-
-
-def host_us(fn, repeats: int = 5) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(repeats):
-        torch.cuda.synchronize()
-        torch.cuda._sleep(20_000_000)
-        t0 = time.perf_counter()
-        for _ in range(HOST_CALLS):
-            fn()
-        best = min(best, (time.perf_counter() - t0) / HOST_CALLS * 1e6)
-    torch.cuda.synchronize()
-    return best
 
 
 def main(argv=None) -> int:
@@ -114,7 +82,7 @@ def main(argv=None) -> int:
                 row = {"layer": shape.name, "B": B, "C": C, "M": M, "macs": shape.macs, "pass": pass_, "route": route}
                 if dev.is_gpu:
                     row.update(launches=count_launches(fn), gpu_us=time_gpu(fn, flush_l2=False).ms * 1e3,
-                               caller_us=time_caller(fn, flush_l2=False).ms * 1e3, host_us=host_us(fn))
+                               caller_us=time_caller(fn, flush_l2=False).ms * 1e3, host_us=time_host(fn))
                 rows.append(row)
     df = pd.DataFrame(rows)
     if not dev.is_gpu:

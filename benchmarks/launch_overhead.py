@@ -15,12 +15,10 @@ The tiny layer, per launcher:
 - the row "autograd Function, empty Python backward": an autograd Function that allocates what a
   convolution's forward and backward return and computes nothing, the cost of a Python backward
   itself (torch's own convolution runs its backward in C++);
-- python_us: wall time per call of CALLS calls made while torch.cuda._sleep keeps the GPU busy,
-  so every kernel only queues: the Python (and the driver's enqueue) a call costs, the best of 5
-  such loops; per_launch_us is that over the launches. A loop's kernels, ours and torch's, stay
-  well under the driver's queue: on an H100 a launch waited for the GPU once about 1,000 were
-  queued (5.9 us a launch with 768 queued, 99 us with 1,024), so longer loops would time the
-  GPU, not the Python;
+- python_us: convlab.time_host: wall time per call of CALLS calls made while the GPU
+  sleeps, so every kernel only queues: the Python (and the driver's enqueue) a call costs, the
+  best of 5 such loops; per_launch_us is that over the launches. A loop's kernels, ours and
+  torch's, stay under the driver's queue (time_host's note), else it would time the GPU;
 - caller_us: CUDA events around a single call with nothing held, the median: what a caller waits
   for a tiny layer, launch overhead and GPU time together;
 - gpu_us: cl.bench's time for the same call (events with the GPU held: the kernels' own time).
@@ -53,12 +51,12 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import convlab as cl  # noqa: E402
-from convlab.bench import time_caller, time_gpu  # noqa: E402
+from convlab.bench import HOST_CALLS, HOST_HOLD_CYCLES, time_caller, time_gpu, time_host  # noqa: E402
+from convlab.bench import count_launches as count_gpu_launches  # noqa: E402
 from convlab.ops import backprop, conv3d, dropin, fp16, fused, im2col, naive, tiled  # noqa: E402
 from convlab.workloads import Workload  # noqa: E402
 
-CALLS = 64           # calls per timed loop: at most 8 kernels a call keeps the queue under 1,000
-SLEEP_CYCLES = 100_000_000  # ~50 ms at 2 GHz: longer than CALLS calls take to queue
+CALLS = HOST_CALLS           # calls per timed loop (convlab.time_host's: the driver's queue)
 LAYERS = ("fa17", "lenet_c3", "resnet", "days100")   # the course's 2D layers the best launchers are timed on
 DROPIN_FWD, DROPIN_TRAIN = "ch9 dropin.conv2d forward", "ch9 dropin.conv2d forward+backward"
 FLOOR = "autograd Function, empty Python backward"
@@ -117,22 +115,11 @@ _emu_launches = [0]
 
 def count_launches(fn) -> int:
     """Kernels of ours that one call of fn launches."""
-    b = cl.runtime.backend_impl()
+    if cl.runtime.backend_impl().name == "cuda":
+        return count_gpu_launches(fn)
     before = _emu_launches[0]
-    if b.name != "cuda":
-        fn()
-        return _emu_launches[0] - before
-    real, n = b.cu.launch, [0]
-
-    def counting(*args):
-        n[0] += 1
-        return real(*args)
-    b.cu.launch = counting
-    try:
-        fn()
-    finally:
-        b.cu.launch = real
-    return n[0]
+    fn()
+    return _emu_launches[0] - before
 
 
 def torch_kernels(fn) -> int:
@@ -146,22 +133,6 @@ def torch_kernels(fn) -> int:
         fn()
         torch.cuda.synchronize()
     return sum(1 for e in p.events() if e.device_type == torch.autograd.DeviceType.CUDA)
-
-
-def python_us_gpu(fn, repeats: int = 5) -> float:
-    """Wall time per call while the GPU is kept busy, so the kernels only queue: the best of a few
-    loops (one loop alone moved by several µs from run to run with whatever else the host did)."""
-    fn()
-    best = float("inf")
-    for _ in range(repeats):
-        torch.cuda.synchronize()
-        torch.cuda._sleep(SLEEP_CYCLES)
-        t0 = time.perf_counter()
-        for _ in range(CALLS):
-            fn()
-        best = min(best, (time.perf_counter() - t0) / CALLS * 1e6)
-    torch.cuda.synchronize()
-    return best
 
 
 def caller_us_gpu(fn, reps: int = 50) -> float:
@@ -205,7 +176,7 @@ def paired(ours, theirs, on_gpu: bool, rounds: int = 9) -> tuple:
     for _ in range(rounds):
         if on_gpu:
             torch.cuda.synchronize()
-            torch.cuda._sleep(SLEEP_CYCLES)
+            torch.cuda._sleep(HOST_HOLD_CYCLES)
         for _ in range(CALLS // 2):
             t0 = clock()
             ours()
@@ -305,7 +276,7 @@ def breakdown():
                    lambda: b.cu.launch(launcher.func_id, *bound.dims, b.raw_stream(), slots.address)),
                   ("    three tensor checks + data_ptr", lambda: [(t.is_cuda, t.dtype, t.is_contiguous(), t.data_ptr())
                                                               for t in (x, w, y)])]
-    timer = python_us_gpu if b.name == "cuda" else python_us_emu
+    timer = time_host if b.name == "cuda" else python_us_emu
     return [(name, timer(fn)) for name, fn in steps]
 
 
@@ -327,7 +298,7 @@ def main(argv=None) -> int:
         launches = 0 if name.startswith("torch") else count_launches(fn)
         if on_gpu:
             t = cl.bench(fn, reps=20, flush_l2=False)
-            rows.append((name, launches, torch_kernels(fn), python_us_gpu(fn), caller_us_gpu(fn), t.ms * 1e3))
+            rows.append((name, launches, torch_kernels(fn), time_host(fn), caller_us_gpu(fn), t.ms * 1e3))
         else:
             rows.append((name, launches, "-", python_us_emu(fn), float("nan"), float("nan")))
     print(f"{'launcher':40s} {'launches':>8s} {'torch_kernels':>13s} {'python_us':>10s} {'per_launch_us':>13s} "
