@@ -49,7 +49,8 @@ def routes(shape: Workload):
     out = [("dx", "chapter 8's best", lambda x, w, dy: backprop.conv2d_input_grad_best(dy, w, input_size=size, **conv))]
     if igemm.IGEMM_F32_DX.applies(shape):
         out.append(("dx", "implicit GEMM", lambda x, w, dy: igemm.conv2d_igemm_f32_dx(dy, w, input_size=size, **conv)))
-    out.append(("dw", "chapter 8's best", lambda x, w, dy: backprop.conv2d_weight_grad_best(x, dy, kernel_size=K, **conv)))
+    out.append(("dw", "chapter 8's best",
+                lambda x, w, dy: backprop.conv2d_weight_grad_best(x, dy, kernel_size=K, **conv)))
     if backprop.direct_dw_fits(shape.C, shape.M, K):
         one = lambda x, w, dy: backprop.conv2d_weight_grad_direct(x, dy, kernel_size=K, chunks=1, **conv)  # noqa: E731
     else:

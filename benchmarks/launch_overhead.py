@@ -15,7 +15,7 @@ The tiny layer, per launcher:
 - the row "autograd Function, empty Python backward": an autograd Function that allocates what a
   convolution's forward and backward return and computes nothing, the cost of a Python backward
   itself (torch's own convolution runs its backward in C++);
-- python_us: convlab.time_host: wall time per call of CALLS calls made while the GPU
+- python_us: convlab.bench.time_host: wall time per call of CALLS calls made while the GPU
   sleeps, so every kernel only queues: the Python (and the driver's enqueue) a call costs, the
   best of 5 such loops; per_launch_us is that over the launches. A loop's kernels, ours and
   torch's, stay under the driver's queue (time_host's note), else it would time the GPU;
@@ -56,7 +56,7 @@ from convlab.bench import count_launches as count_gpu_launches  # noqa: E402
 from convlab.ops import backprop, conv3d, dropin, fp16, fused, im2col, naive, tiled  # noqa: E402
 from convlab.workloads import Workload  # noqa: E402
 
-CALLS = HOST_CALLS           # calls per timed loop (convlab.time_host's: the driver's queue)
+CALLS = HOST_CALLS           # calls per timed loop (convlab.bench.time_host's: under the driver's queue)
 LAYERS = ("fa17", "lenet_c3", "resnet", "days100")   # the course's 2D layers the best launchers are timed on
 DROPIN_FWD, DROPIN_TRAIN = "ch9 dropin.conv2d forward", "ch9 dropin.conv2d forward+backward"
 FLOOR = "autograd Function, empty Python backward"
@@ -315,7 +315,7 @@ def main(argv=None) -> int:
     print(f"# {FLOOR} (no kernel at all): {a / b:.2f}x torch's convolution forward+backward ({a:.1f} against "
           f"{b:.1f} us): the part of the drop-in's forward+backward that any Python backward pays")
     if on_gpu:
-        # autograd runs a CUDA graph's backward on a thread of its own, to which every backward hands
+        # autograd runs the backward of CUDA tensors on a thread of its own, to which every backward hands
         # over (and a Python backward takes the GIL there); with that off it runs on the caller's
         with torch.autograd.set_multithreading_enabled(False):
             for ours in (DROPIN_TRAIN, FLOOR):

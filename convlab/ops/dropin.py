@@ -158,7 +158,9 @@ class WeightGradFunction(torch.autograd.Function):
         return gx, gdy, None, None
 
 
-_routes: dict = {}     # call signature -> (kernel_fallback_reason's answer, the route, [its gradient routes]): a repeated call's one lookup
+# call signature -> (kernel_fallback_reason's answer, the route, [its gradient routes]): a repeated
+# call's one lookup
+_routes: dict = {}
 
 
 def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
