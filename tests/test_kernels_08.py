@@ -445,9 +445,10 @@ def test_direct_dw_takes_one_chunk_and_no_second_pass_where_each_thread_has_at_m
     assert bp.direct_dw_chunks(4 * 128, pairs=8, block=128, min_blocks=3, sms=132) == 1
     assert bp.direct_dw_chunks(4 * 128 + 1, pairs=8, block=128, min_blocks=3, sms=132) == 5
     # the layer of benchmarks/launch_overhead.py (2 images, 4 -> 8 maps, 20x20): dW in one launch, exact
+    cfg = bp.direct_dw_config(4, 8, 3, 1, 20)
+    tasks = 2 * -(-20 // cfg["ROWS"]) * 20
+    assert bp.direct_dw_chunks(tasks, -(-8 // cfg["MT"]) * 4, cfg["BLOCK"], cfg["MIN_BLOCKS"], 132) == 1
     x, dy = cl.randn(2, 4, 20, 20), cl.randn(2, 8, 20, 20)
-    n, chunks, _, _ = bp._direct_dw_plan(x, dy, 1, 1, (8, 4, 3, 3))
-    assert chunks == 1
     xd = x.double().requires_grad_()
     wd = torch.zeros(8, 4, 3, 3, dtype=torch.float64, device=x.device, requires_grad=True)
     F.conv2d(xd, wd, padding=1).backward(dy.double())
