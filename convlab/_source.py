@@ -266,6 +266,10 @@ def _local_pointer_edits(clean: str) -> list[tuple[int, int, str]]:
             continue
         macro = "CLEMU_RCAST" if m.group(1) == "reinterpret_cast" else "CLEMU_SCAST"
         edits.append((m.start(), m.end(), f"{macro}({' '.join(m.group(2).split())})"))
+    # reinterpret_cast to an integer or a reference: a function that takes the checked pointers too
+    for m in re.finditer(r"\breinterpret_cast(\s*<\s*[^<>;]*?(?:<[^<>;]*>[^<>;]*?)?\s*>)", clean):
+        if not m.group(1).rstrip(" >").rstrip().endswith("*"):
+            edits.append((m.start(), m.end(), "::clemu::rcast" + m.group(1)))
     return edits
 
 
@@ -372,7 +376,7 @@ def rewrite_for_emulator(src: Source) -> str:
             store = f"{name}__clemu"
             edits.append((m.start(), m.end(), f"{elem} {store}{dims}; static const ::clemu::cview<{elem}{dims}> "
                                               f"{name}{{{store}}};" + "\n" * text[m.start():m.end()].count("\n")))
-        edits.append((i + 1, i + 1, f' extern "C" void* __clemu_const_{name}(long long* n) '
+        edits.append((i + 1, i + 1, f' extern "C" __attribute__((no_sanitize_address)) void* __clemu_const_{name}(long long* n) '
                                     f'{{ *n = sizeof({store}); return (void*)&{store}; }}'))
     for m in re.finditer(r"^[ \t]*#[ \t]*pragma[ \t]+unroll\b[^\n]*", clean, re.M):
         edits.append((m.start(), m.end(), ""))
@@ -396,6 +400,7 @@ def rewrite_for_nvcc(src: Source) -> str:
 
 
 _CELLS: dict[str, str] = {}   # the file name a %%cuda cell compiles as -> the cell's name
+_NAMED: dict[str, str] = {}   # the file name cl.load_source compiles a text as -> the name it was given
 
 
 def register_cell(path, name: str) -> None:
@@ -403,15 +408,23 @@ def register_cell(path, name: str) -> None:
     _CELLS[str(path)] = name
 
 
+def register_source(path, name: str) -> None:
+    """Messages about `path` name it `name` (cl.load_source's text, which has no file of its own)."""
+    _NAMED[str(path)] = name
+
+
 def display_name(path) -> str:
-    """A source file as messages name it: "cell NAME", or its path relative to the repository."""
+    """A source file as messages name it: "cell NAME", the name cl.load_source was given, or its
+    path relative to the repository (never a path of the machine outside it)."""
     p = str(path)
     if p in _CELLS:
         return f"cell {_CELLS[p]}"
+    if p in _NAMED:
+        return _NAMED[p]
     try:
         return str(Path(p).resolve().relative_to(repo_root()))
     except ValueError:
-        return p
+        return Path(p).name if Path(p).is_absolute() else p
 
 
 def where(path, line) -> str:

@@ -202,6 +202,11 @@ class CudaBackend:
     def encode_tensor_map(self, dtype, address, dims, strides, box, swizzle) -> bytes:
         return self.cu.encode_tensor_map(dtype, address, dims, strides, box, swizzle)
 
+    def set_heap_size(self, nbytes: int):
+        """cudaLimitMallocHeapSize: the device heap of malloc and new in device code."""
+        with self.context():
+            self.drv.Context.set_limit(self.drv.limit.MALLOC_HEAP_SIZE, nbytes)
+
     def stream(self) -> ctypes.c_void_p:
         """torch's current stream in this thread, as the ctypes object cuLaunchKernel takes."""
         h = self.raw_stream()

@@ -120,6 +120,7 @@ def load_source(text: str, name: str = "cell", defines: dict | None = None, opti
     """Compile CUDA source given as a string (the %%cuda magic uses this). Messages name `name`."""
     directory = Path(directory) if directory else Path.cwd()
     p = directory / (name if name.endswith(".cu") else f"{name}.cu")
+    _source.register_source(p, p.name)   # messages say "name.cu:LINE" (a %%cuda cell: "cell NAME, line N")
     return _load_text(text, p, defines, options)
 
 
@@ -236,21 +237,32 @@ def detect_races(on: bool = True):
         emu.set_detect(old)
 
 
+def set_heap_size(nbytes: int):
+    """The device heap that malloc and new in device code allocate from, in bytes (a GPU's
+    cudaLimitMallocHeapSize, 8 MB unless raised): on a GPU, set it before the kernels that use the
+    heap run; the emulator refuses a change while blocks are allocated."""
+    backend_impl().set_heap_size(int(nbytes))
+
+
 def set_timeout(seconds: float):
-    """How long an emulator launch may run before it is stopped (default 10 s; 5 s inside the
-    exercise checks, convlab.exercise, while the default stands)."""
+    """How long an emulator launch may go without any CUDA thread finishing before the watchdog
+    stops it as stuck (default 10 s). A launch that keeps finishing threads runs to its end,
+    however long; cl.time_limit sets a total limit on top (the exercise checks use 5 s, while
+    this default stands)."""
     global _default_timeout
     _default_timeout = float(seconds)
 
 
 def default_timeout() -> float:
-    """The emulator's time limit for a launch as cl.set_timeout last set it (10 s to begin with)."""
+    """How long an emulator launch may go without a CUDA thread finishing, as cl.set_timeout last
+    set it (10 s to begin with)."""
     return _default_timeout
 
 
 @contextlib.contextmanager
 def time_limit(seconds: float):
-    """The emulator's time limit for the launches inside, unless cl.set_timeout changed the default."""
+    """A total time limit for the emulator launches inside (however well they progress), unless
+    cl.set_timeout changed the default."""
     old = _setting("timeout", None)
     _settings.timeout = seconds
     try:
@@ -260,10 +272,14 @@ def time_limit(seconds: float):
 
 
 def launch_timeout() -> float:
-    """The time limit an emulator launch gets now: cl.time_limit's inside one, unless
-    cl.set_timeout changed the default."""
-    limit = _setting("timeout", None) if _default_timeout == _TIMEOUT_S else None
-    return limit or _default_timeout
+    """How long an emulator launch may go without a CUDA thread finishing now (cl.set_timeout's)."""
+    return _default_timeout
+
+
+def total_limit() -> float | None:
+    """The total time an emulator launch may run now: cl.time_limit's inside one, unless
+    cl.set_timeout changed the default; None (as long as it progresses) elsewhere."""
+    return _setting("timeout", None) if _default_timeout == _TIMEOUT_S else None
 
 
 _debug = False
@@ -356,7 +372,8 @@ class Kernel:
         if plan.emu:
             plan.impl.launch(self.name, list(zip(self.params, plan.args.ctypes, values)), grid, block, shared,
                              order=order or _setting("order", "forward"), timeout=timeout or launch_timeout(),
-                             seed=seed, shared_limit=_limits.SHARED_DEFAULT_MAX if max_shared is None else max_shared)
+                             seed=seed, shared_limit=_limits.SHARED_DEFAULT_MAX if max_shared is None else max_shared,
+                             total=total_limit())
         else:
             plan.launch(values, grid, block, shared)
 
@@ -443,7 +460,7 @@ class CpuFunction:
     def __call__(self, *args, timeout: float | None = None):
         checked = _args.check_args(self.name, self.params, args, "cpu")
         self.module._impl.launch(self.name, checked, (1, 1, 1), (1, 1, 1), 0,
-                                 timeout=timeout or launch_timeout(), fibers=False)
+                                 timeout=timeout or launch_timeout(), fibers=False, total=total_limit())
 
 
 # CUtensorMapDataType of the dtypes a tensor map may describe

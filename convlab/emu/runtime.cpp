@@ -10,6 +10,7 @@
 #include "clemu_abi.h"
 #include "clemu_profile.h"
 #include "clemu_mma_numerics.h"
+#include "guard.h"
 
 #include <atomic>
 #include <chrono>
@@ -31,6 +32,8 @@
 #include <unordered_map>
 #include <unordered_set>
 #include <dlfcn.h>
+#include <link.h>
+#include <unwind.h>
 #include <pthread.h>
 #include <sys/mman.h>
 #include <ucontext.h>
@@ -138,8 +141,9 @@ struct clemu_launch {
     void (*body)(void** args); // calls the kernel once, for clemu_cur
     void** args;
     int n_bufs;
-    clemu_buf* bufs;           // buffer arguments, for fault messages
+    clemu_buf* bufs;           // buffer arguments: the kernel's pointer parameters read these (staged by guard.cpp)
     const char** buf_names;
+    const long long* buf_elem; // each buffer's element size in bytes, for messages
     int detect;                // run the race detector (one worker, so its verdict is deterministic)
     int profile;               // count requests, sectors and bank conflicts (profile.cpp)
     int async_proxy;           // the kernel uses Hopper's async path: ordinary shared stores are recorded (fence checks)
@@ -198,6 +202,10 @@ struct mbar_state {
     long long pending, tx, announced, announced_before;   // announced: bytes this phase; before: the last phase's
     unsigned long long phase;          // phases completed; the current one's parity is phase & 1
     const char* tx_file; int tx_line;  // the phase's last mbar_arrive_expect_tx
+    // who initialised it, where, and in which of the block's barrier epochs; whether that thread's
+    // fence_mbar_init() has made the init visible (to the copy engine and, after a barrier, to all)
+    int init_thread; unsigned init_epoch; const char* init_file; int init_line;
+    bool fenced; unsigned fence_epoch;
 };
 // A 16-byte chunk of shared memory as the asynchronous proxy sees it: the last TMA copy into it
 // (done for a thread once it has seen phase tma_phase of tma_bar complete), the last ordinary store
@@ -250,6 +258,9 @@ struct worker {
     unsigned epoch = 0;                            // barriers the running block has passed
     void* stop_pc = nullptr;                       // where the watchdog's signal found the kernel
     const void* last_site = nullptr;               // the last access the hook saw (when stop_pc is in the runtime)
+    char* stack_lo = nullptr;                      // the OS thread's own stack (blocks without fibers run on it)
+    char* stack_hi = nullptr;
+    char* stack_owned = nullptr;                   // kernels own [stack_lo + a page, stack_owned): below run_block
 };
 
 static thread_local worker* W = nullptr;
@@ -267,6 +278,7 @@ static int workers_done = 0;
 static int workers_active = 0;     // how many take part in the current launch
 static clemu_launch* L = nullptr;
 static std::atomic<long long> next_block{0};
+static std::atomic<long long> threads_done{0}, blocks_done{0};   // the launch's progress, for the watchdog
 static long long n_blocks = 0;
 static std::atomic<int> failed{0};
 static std::atomic<unsigned long long> block_serial{0};
@@ -304,6 +316,33 @@ static std::string at_site(const void* pc) {
     return s.empty() ? s : " at " + s;
 }
 
+// " at SITE, called at SITE, ..." for a fault in a kernel module: the line, then the lines that
+// called the __device__ functions it is in, up to the kernel (inlined calls: Python reads them off
+// the line tables, {{chain:..}}; real calls: the unwinder's frames in the same module).
+static std::string at_chain(const void* pc) {
+    Dl_info mine;
+    if (!pc || !dladdr(pc, &mine) || !mine.dli_fname) return "";
+    struct frames { void* ip[24]; int n; } f{{}, 0};
+    _Unwind_Backtrace([](struct _Unwind_Context* c, void* d) -> _Unwind_Reason_Code {
+        frames* f = (frames*)d;
+        if (f->n >= 24) return _URC_END_OF_STACK;
+        f->ip[f->n++] = (void*)_Unwind_GetIP(c);
+        return _URC_NO_REASON;
+    }, &f);
+    std::string s = site(pc);
+    if (s.empty()) return "";
+    s = " at {{chain:" + s.substr(7);
+    bool past = false;
+    for (int i = 0; i < f.n; i++) {
+        if (!past) { past = f.ip[i] == pc; continue; }
+        Dl_info d;
+        if (!dladdr(f.ip[i], &d) || d.dli_fbase != mine.dli_fbase) break;
+        if (d.dli_sname && strncmp(d.dli_sname, "__clemu_body_", 13) == 0) break;   // the launcher: the kernel is done
+        s += ", called at {{chain:" + site(f.ip[i]).substr(7);
+    }
+    return s;
+}
+
 static std::string where(const clemu_thread* t) {
     char s[160];
     if (!t) return "outside any CUDA thread";
@@ -325,7 +364,7 @@ static std::string block_str(const clemu_block* b) {
 }
 
 extern "C" [[noreturn]] void clemu_fault_oob(int arg, long long elem, long long n, long long esize) {
-    std::string at = at_site(__builtin_return_address(0));
+    std::string at = at_chain(__builtin_return_address(0));
     const char* name = (L && arg >= 0 && arg < L->n_bufs) ? L->buf_names[arg] : "?";
     char hint[200] = "";
     if (elem == n) snprintf(hint, sizeof hint, " (one past the end: a bounds check `if (i < n)` missing or off by one?)");
@@ -337,7 +376,7 @@ extern "C" [[noreturn]] void clemu_fault_oob(int arg, long long elem, long long 
 }
 
 extern "C" [[noreturn]] void clemu_fault_shared(const char* name, long long elem, long long n, long long esize) {
-    std::string at = at_site(__builtin_return_address(0));
+    std::string at = at_chain(__builtin_return_address(0));
     // the size this access needs is all the message can tell: the tile's formula depends on the kernel
     // (a stride, a halo), so the launch's shared= and the kernel's index are for the student to compare
     char need[200] = "";
@@ -352,7 +391,7 @@ extern "C" [[noreturn]] void clemu_fault_shared(const char* name, long long elem
 
 extern "C" [[noreturn]] void clemu_fault_shared_index(const char* name, int dim, long long index, long long extent,
                                                       const long long* prefix, int rank) {
-    std::string at = at_site(__builtin_return_address(0));
+    std::string at = at_chain(__builtin_return_address(0));
     std::string idx = name;
     for (int d = 0; d < dim && d < 4; d++) idx += "[" + std::to_string(prefix[d]) + "]";
     idx += "[" + std::to_string(index) + "]";
@@ -885,6 +924,7 @@ extern "C" __attribute__((visibility("default"))) void clemu_shared_region(const
                                                                              const char* name) {
     if (!W) return;
     W->regions.push_back({(const char*)lo, bytes, elem, name});
+    guard_allow(lo, (size_t)bytes);
     W->static_bytes += bytes;
     // a GPU counts a kernel's __shared__ arrays with the dynamic bytes of its launch, and refuses a
     // launch over the limit (48 KB, or the opt-in): so does the emulator, when the array is opened
@@ -923,6 +963,249 @@ extern "C" __attribute__((visibility("default"))) void clemu_fault_shared_ptr(co
         off < 0 ? " (before its start)" : off >= bytes ? " (past its end)" : " (it runs over the end)");
     throw clemu_fault_exc();
 }
+
+// ---- the guard's verdicts ---------------------------------------------------------------
+// guard.cpp keeps the shadow of what a launch owns; kernel modules, compiled with
+// -fsanitize=kernel-address, check it inline before every load and store and call
+// __asan_report_* here when it says no (or fault on the shadow itself: on_signal). Local arrays
+// indexed out of range and integer division by zero come from -fsanitize=bounds and
+// integer-divide-by-zero (__ubsan_handle_*), with the source line in their data.
+
+static std::atomic<long long> heap_full_bytes{0};   // the last malloc/new the device heap could not serve
+
+// What address a is, for a student: the argument and element it runs past, the shared array, the
+// heap block, the stack; and the status the fault gets.
+static std::string guard_what(uintptr_t a, unsigned bytes, bool write, int* status) {
+    char s[1200];
+    const char* act = write ? "store" : "load";
+    *status = CLEMU_OOB;
+    guard_place pl;
+    if (a < 65536) {
+        long long full = heap_full_bytes.load();
+        char why[300] = "";
+        if (full) snprintf(why, sizeof why, " (a malloc or new of %lld bytes in this launch found the device heap full "
+                           "and returned NULL: the heap is %lld bytes; cl.set_heap_size() raises it)", full,
+                           guard_heap_bytes());
+        snprintf(s, sizeof s, "%s through a null pointer (address %#lx)%s: a pointer that was never set, or "
+                 "that points at nothing here", act, (unsigned long)a, why);
+        *status = CLEMU_SEGV;
+        return s;
+    }
+    if (L && guard_near_buffer(a, &pl) && pl.buf < L->n_bufs) {
+        long long esize = L->buf_elem ? L->buf_elem[pl.buf] : 1;
+        if (esize < 1) esize = 1;
+        long long n = L->bufs[pl.buf].nbytes / esize;
+        long long elem = pl.offset >= 0 ? pl.offset / esize : -((-pl.offset + esize - 1) / esize);
+        const char* name = L->buf_names[pl.buf];
+        char hint[200] = "";
+        if (elem == n) snprintf(hint, sizeof hint, " (one past the end: a bounds check `if (i < n)` missing or off by one?)");
+        else if (elem < 0) snprintf(hint, sizeof hint, " (before the start: a negative index, e.g. a halo row or column "
+                                    "above or left of the input that needs a bounds check)");
+        else if (elem < n) snprintf(hint, sizeof hint, " (it starts inside but its %u bytes run past the end)", bytes);
+        snprintf(s, sizeof s, "out-of-range %s: %s[%lld] through a pointer into argument `%s`, but %s has %lld elements "
+                 "of %lld bytes (valid indices 0..%lld)%s", act, name, elem, name, name, n, esize, n - 1, hint);
+        return s;
+    }
+    if (W) {
+        const char* dyn = (const char*)W->dyn_shared;
+        if (dyn && (const char*)a + NEAR_BYTES >= dyn && (const char*)a < dyn + MAX_DYN_SHARED) {
+            long long off = (long long)(a - (uintptr_t)dyn);
+            snprintf(s, sizeof s, "out-of-range %s: byte %lld of extern __shared__ memory, but the launch gave "
+                     "shared=%lld bytes: compute shared= from the same sizes as the kernel's shared index, or check the "
+                     "index", act, off, W->blk.dyn_bytes);
+            return s;
+        }
+        mem_place m = place_of((const void*)a);
+        if (m.space == SP_SHARED && m.name) {
+            long long off = (long long)(a - (uintptr_t)m.lo);
+            snprintf(s, sizeof s, "out-of-range %s: through a pointer into __shared__ %s, byte %lld from its start, but "
+                     "%s has %lld bytes (elements 0..%lld of %lld bytes)%s: check the offset the pointer was made with "
+                     "and the index used on it", act, m.name, off, m.name, m.bytes, m.bytes / (m.elem ? m.elem : 1) - 1,
+                     m.elem, off < 0 ? " (before its start)" : " (past its end)");
+            return s;
+        }
+        long page = sysconf(_SC_PAGESIZE);
+        if (W->stack_lo && (char*)a >= W->stack_lo - 65536 && (char*)a < W->stack_lo + page) {
+            snprintf(s, sizeof s, "stack overflow: the thread's local variables (or a recursion) need more than the "
+                     "%lld KB of stack the emulator's CPU thread has (a GPU thread has far less): make local arrays "
+                     "smaller, put them in shared memory, or end the recursion", (long long)(W->stack_hi - W->stack_lo) >> 10);
+            *status = CLEMU_STACK;
+            return s;
+        }
+    }
+    long long start, blk;
+    bool freed;
+    if (guard_heap_place(a, &start, &blk, &freed)) {
+        if (start >= 0 && freed)
+            snprintf(s, sizeof s, "%s into a block of the device heap that free or delete released (a use after free): "
+                     "%lld bytes from the start of its %lld bytes", act, (long long)a - start, blk);
+        else if (start >= 0)
+            snprintf(s, sizeof s, "out-of-range %s on the device heap: %lld bytes past the end of a block of %lld bytes "
+                     "from malloc or new: allocate enough, or check the index", act, (long long)a - (start + blk), blk);
+        else snprintf(s, sizeof s, "%s into the device heap where no malloc or new gave a block", act);
+        return s;
+    }
+    snprintf(s, sizeof s, "%s at address %#lx, which the launch does not own (none of its buffer arguments, its shared "
+             "memory, the device heap or the thread's own variables): a pointer that was never set, or one computed "
+             "from a wrong base or offset", act, (unsigned long)a);
+    *status = CLEMU_SEGV;
+    return s;
+}
+
+// Leave the kernel after a fault reported from a call the compiler takes for one that cannot throw
+// (the sanitizers' report calls, free, delete): as a signal leaves it, to the worker's loop.
+[[noreturn]] static void leave_kernel() {
+    if (W && W->in_kernel.load()) siglongjmp(W->jmp, 1);
+    throw clemu_fault_exc();
+}
+
+[[noreturn]] static void bad_access(uintptr_t a, unsigned bytes, bool write, const void* pc) {
+    {
+        int status;
+        std::string what = guard_what(a, bytes, write, &status);
+        set_failure(status, "%s%s by %s", what.c_str(), at_chain(pc).c_str(), where(clemu_cur).c_str());
+    }
+    leave_kernel();
+}
+
+#define CLEMU_API extern "C" __attribute__((visibility("default")))
+#define CLEMU_REPORT(N) \
+    CLEMU_API void __asan_report_load##N##_noabort(uintptr_t a) { bad_access(a, N, false, __builtin_return_address(0)); } \
+    CLEMU_API void __asan_report_store##N##_noabort(uintptr_t a) { bad_access(a, N, true, __builtin_return_address(0)); }
+CLEMU_REPORT(1) CLEMU_REPORT(2) CLEMU_REPORT(4) CLEMU_REPORT(8) CLEMU_REPORT(16)
+#undef CLEMU_REPORT
+CLEMU_API void __asan_report_load_n_noabort(uintptr_t a, size_t n) { bad_access(a, (unsigned)n, false, __builtin_return_address(0)); }
+CLEMU_API void __asan_report_store_n_noabort(uintptr_t a, size_t n) { bad_access(a, (unsigned)n, true, __builtin_return_address(0)); }
+// the out-of-line checks (accesses of odd sizes; and every access when the shadow is in software)
+#define CLEMU_CHECK(N) \
+    CLEMU_API void __asan_load##N##_noabort(uintptr_t a) { \
+        if (!guard_owned(a, N)) bad_access(a, N, false, __builtin_return_address(0)); } \
+    CLEMU_API void __asan_store##N##_noabort(uintptr_t a) { \
+        if (!guard_owned(a, N)) bad_access(a, N, true, __builtin_return_address(0)); }
+CLEMU_CHECK(1) CLEMU_CHECK(2) CLEMU_CHECK(4) CLEMU_CHECK(8) CLEMU_CHECK(16)
+#undef CLEMU_CHECK
+CLEMU_API void __asan_loadN_noabort(uintptr_t a, size_t n) {
+    if (!guard_owned(a, n)) bad_access(a, (unsigned)n, false, __builtin_return_address(0)); }
+CLEMU_API void __asan_storeN_noabort(uintptr_t a, size_t n) {
+    if (!guard_owned(a, n)) bad_access(a, (unsigned)n, true, __builtin_return_address(0)); }
+CLEMU_API void __asan_handle_no_return() {}
+
+// UndefinedBehaviorSanitizer's data, as GCC lays it out
+struct ub_loc { const char* file; unsigned line, column; };
+struct ub_type { unsigned short kind, info; char name[1]; };
+struct ub_oob_data { ub_loc loc; const ub_type* array; const ub_type* index; };
+struct ub_div_data { ub_loc loc; const ub_type* type; };
+
+static long long ub_int(const ub_type* t, uintptr_t v) {
+    int bits = 1 << (t->info >> 1);
+    if (!(t->info & 1) || bits >= 64) return (long long)v;
+    unsigned long long m = 1ull << (bits - 1);
+    unsigned long long x = (unsigned long long)v & ((m << 1) - 1);
+    return (long long)((x ^ m) - m);   // sign-extended
+}
+
+[[noreturn]] static void ub_out_of_bounds(const ub_oob_data* d, uintptr_t index, const void* pc) {
+    long long i = ub_int(d->index, index);
+    set_failure(CLEMU_OOB, "out-of-range index%s: index %lld into an array of type %s (a local array of the thread, or "
+                "an array inside a struct), by %s: a GPU reads or writes whatever lies beyond it. Check the index "
+                "against the array's size", at_chain(pc).c_str(), i, d->array->name, where(clemu_cur).c_str());
+    leave_kernel();
+}
+CLEMU_API void __ubsan_handle_out_of_bounds(const ub_oob_data* d, uintptr_t index) {
+    ub_out_of_bounds(d, index, __builtin_return_address(0)); }
+CLEMU_API void __ubsan_handle_out_of_bounds_abort(const ub_oob_data* d, uintptr_t index) {
+    ub_out_of_bounds(d, index, __builtin_return_address(0)); }
+
+[[noreturn]] static void ub_divide(const ub_div_data* d, uintptr_t lhs, uintptr_t rhs, const void* pc) {
+    long long r = ub_int(d->type, rhs);
+    char at[1200];
+    snprintf(at, sizeof at, "%s", at_chain(pc).c_str());
+    if (r == 0)
+        set_failure(CLEMU_FPE, "integer division or remainder by zero%s (%lld / 0) by %s: a GPU does not stop there, "
+                    "it computes an unspecified number and goes on, so the emulator stops to show you. Check the "
+                    "divisor (a size that is 0 for this shape? a variable used before it is set?)",
+                    at, ub_int(d->type, lhs), where(clemu_cur).c_str());
+    else
+        set_failure(CLEMU_FPE, "signed integer division overflow%s (%lld / %lld, whose result does not fit) by %s: a "
+                    "GPU gives an unspecified number", at, ub_int(d->type, lhs), r, where(clemu_cur).c_str());
+    leave_kernel();
+}
+struct ub_return_data { ub_loc loc; };
+[[noreturn]] static void ub_missing_return(const void* pc) {
+    set_failure(CLEMU_FAULT, "a function reached its end without returning its value%s, by %s: every path of a "
+                "function that returns a value must end in `return value;` (on a GPU the caller gets garbage)",
+                at_chain(pc).c_str(), where(clemu_cur).c_str());
+    leave_kernel();
+}
+CLEMU_API void __ubsan_handle_missing_return(const ub_return_data*) { ub_missing_return(__builtin_return_address(0)); }
+
+CLEMU_API void __ubsan_handle_divrem_overflow(const ub_div_data* d, uintptr_t l, uintptr_t r) {
+    ub_divide(d, l, r, __builtin_return_address(0)); }
+CLEMU_API void __ubsan_handle_divrem_overflow_abort(const ub_div_data* d, uintptr_t l, uintptr_t r) {
+    ub_divide(d, l, r, __builtin_return_address(0)); }
+
+// Device code's malloc, free, new and delete (the module is linked with --wrap for each): the
+// device heap of guard.cpp, cudaLimitMallocHeapSize bytes (8 MB unless cl.set_heap_size raised it).
+static void* device_alloc(size_t n) {
+    void* p = guard_malloc(n);
+    if (!p) heap_full_bytes.store((long long)n);
+    return p;
+}
+[[noreturn]] static void bad_free(void* p, const char* how, const void* pc) {
+    set_failure(CLEMU_FAULT, "%s(%p)%s by %s: that is no block malloc or new returned, or it was released already "
+                "(a double free)", how, p, at_chain(pc).c_str(), where(clemu_cur).c_str());
+    leave_kernel();
+}
+CLEMU_API void* __wrap_malloc(size_t n) { return device_alloc(n); }
+// new T[n] with n negative or too large for the address space
+CLEMU_API void __wrap___cxa_throw_bad_array_new_length() {
+    set_failure(CLEMU_FAULT, "new[] of a negative or impossibly large number of elements%s by %s",
+                at_chain(__builtin_return_address(0)).c_str(), where(clemu_cur).c_str());
+    leave_kernel();
+}
+CLEMU_API void __wrap_free(void* p) { if (!guard_free(p)) bad_free(p, "free", __builtin_return_address(0)); }
+CLEMU_API void* __wrap__Znwm(size_t n) { return device_alloc(n); }
+CLEMU_API void* __wrap__Znam(size_t n) { return device_alloc(n); }
+CLEMU_API void __wrap__ZdlPv(void* p) { if (!guard_free(p)) bad_free(p, "delete", __builtin_return_address(0)); }
+CLEMU_API void __wrap__ZdaPv(void* p) { if (!guard_free(p)) bad_free(p, "delete[]", __builtin_return_address(0)); }
+CLEMU_API void __wrap__ZdlPvm(void* p, size_t) { if (!guard_free(p)) bad_free(p, "delete", __builtin_return_address(0)); }
+CLEMU_API void __wrap__ZdaPvm(void* p, size_t) { if (!guard_free(p)) bad_free(p, "delete[]", __builtin_return_address(0)); }
+
+// Python's side of the guard: the shadow's offset for the compilers, a module's own data, the heap.
+CLEMU_API unsigned long long clemu_guard_offset() {
+    static bool once = false;
+    if (!once) {
+        once = true;
+        guard_init();
+        guard_allow(&clemu_hook_on, sizeof clemu_hook_on);   // flags the kernel headers read
+        guard_allow(&clemu_count_on, sizeof clemu_count_on);
+        guard_allow(&clemu_flat_shared, sizeof clemu_flat_shared);
+    }
+    return guard_offset();
+}
+
+// A kernel module just loaded: its data (__constant__ and __device__ variables, string literals,
+// tables) is the kernel's to read and write; its code is not.
+CLEMU_API int clemu_module_loaded(const char* path) {
+    struct ctx { const char* path; int found; } c{path, 0};
+    dl_iterate_phdr([](struct dl_phdr_info* info, size_t, void* data) -> int {
+        ctx* c = (ctx*)data;
+        if (!info->dlpi_name || strcmp(info->dlpi_name, c->path) != 0) return 0;
+        for (int i = 0; i < info->dlpi_phnum; i++) {
+            const ElfW(Phdr)& ph = info->dlpi_phdr[i];
+            if (ph.p_type == PT_LOAD && !(ph.p_flags & PF_X))
+                guard_allow((const void*)(info->dlpi_addr + ph.p_vaddr), ph.p_memsz);
+        }
+        c->found = 1;
+        return 1;
+    }, &c);
+    return c.found;
+}
+
+CLEMU_API int clemu_heap_limit(long long bytes) { return guard_heap_limit(bytes); }
+CLEMU_API long long clemu_heap_bytes() { return guard_heap_bytes(); }
+// what a kernel header gives the kernel of its own (a slot that stands for memory past an array)
+CLEMU_API void clemu_own(const void* p, long long bytes) { guard_allow(p, (size_t)bytes); }
 
 // wmma's load and store need a 32-byte aligned pointer: say which array and which element it
 // points at, and by how many bytes it misses, instead of the raw address.
@@ -1195,13 +1478,54 @@ extern "C" __attribute__((visibility("default"))) void clemu_mbar_init(void* bar
     mbar_state s{};
     s.count = count;
     s.pending = count;
+    s.init_thread = me()->pub.linear;
+    s.init_epoch = W->epoch;
+    s.init_file = file;
+    s.init_line = line;
     W->mbars[(uintptr_t)bar] = s;
+}
+
+// fence.mbarrier_init: the thread's inits so far become visible to the copy engine, and to the
+// other threads once a barrier follows
+extern "C" __attribute__((visibility("default"))) void clemu_fence_mbar_init(const char*, int) {
+    fiber_thread* t = me();
+    if (!W || !t) return;
+    for (auto& kv : W->mbars)
+        if (kv.second.init_thread == t->pub.linear && !kv.second.fenced) {
+            kv.second.fenced = true;
+            kv.second.fence_epoch = W->epoch;
+        }
+}
+
+// A use of an mbarrier by this thread (or, async, by the copy engine on its behalf): the init must
+// be visible to it, as on a GPU: fenced (fence_mbar_init) for the copy engine and other threads,
+// and ordered by a __syncthreads() for other threads. Otherwise they may find it uninitialised.
+static void mbar_visible(const mbar_state& m, void* bar, const char* what, const char* file, int line, bool async) {
+    int self = me()->pub.linear;
+    bool other = self != m.init_thread;
+    std::string init = file_line(m.init_file, m.init_line), by = thread_in_block(m.init_thread, W->blk.dim);
+    if (other && W->epoch <= m.init_epoch)
+        tc_fault(CLEMU_RACE, "%s at %s:%d uses the mbarrier %s, which thread %s initialised at %s with no __syncthreads() "
+                 "between that and this use: on a GPU this thread may find it uninitialised. After the mbar_init calls "
+                 "(and fence_mbar_init()), put a __syncthreads() that every thread passes before any of them uses the "
+                 "barriers", what, file, line, shared_name(bar).c_str(), by.c_str(), init.c_str());
+    if ((other || async) && !m.fenced)
+        tc_fault(CLEMU_RACE, "%s at %s:%d uses the mbarrier %s, which thread %s initialised at %s, but no "
+                 "fence_mbar_init() followed that init: %s may find the barrier uninitialised. Call fence_mbar_init() "
+                 "in the initialising thread after its mbar_init calls, before the __syncthreads()",
+                 what, file, line, shared_name(bar).c_str(), by.c_str(), init.c_str(),
+                 async ? "the copy engine, which completes the barrier's bytes," : "other threads");
+    if (other && W->epoch <= m.fence_epoch)
+        tc_fault(CLEMU_RACE, "%s at %s:%d uses the mbarrier %s, whose fence_mbar_init() in thread %s came after the "
+                 "last __syncthreads(): the fence must come before the barrier that publishes the init (mbar_init, "
+                 "fence_mbar_init(), then __syncthreads())", what, file, line, shared_name(bar).c_str(), by.c_str());
 }
 
 extern "C" __attribute__((visibility("default"))) void clemu_mbar_arrive(void* bar, unsigned tx, int expect,
                                                                          const char* file, int line) {
     const char* what = expect ? "mbar_arrive_expect_tx" : "mbar_arrive";
     mbar_state& m = mbar_get(bar, what, file, line);
+    mbar_visible(m, bar, what, file, line, false);
     if (m.pending == 0)
         tc_fault(CLEMU_BARRIER, "%s at %s:%d: %s has had all its arrivals this phase and waits only for bytes: one "
                  "arrival too many (mbar_init's count is the number of mbar_arrive and mbar_arrive_expect_tx calls "
@@ -1221,6 +1545,7 @@ extern "C" __attribute__((visibility("default"))) void clemu_mbar_wait(void* bar
     unsigned csr = csr_quiet();
     fiber_thread* t = me();
     mbar_state* m = &mbar_get(bar, "mbar_wait", file, line);
+    mbar_visible(*m, bar, "mbar_wait", file, line, false);
     if ((m->phase & 1) == (parity & 1)) {     // that phase is still running: let the others work
         t->mbar = bar;
         t->mbar_parity = parity & 1;
@@ -1323,6 +1648,7 @@ extern "C" __attribute__((visibility("default"))) void clemu_tma_load(void* dst,
                  map->swizzle == 3 ? "128-byte swizzle" : map->swizzle ? "swizzled layout" : "shared memory", need);
     check_shared(dst, (int)bytes, what, "the destination", __builtin_return_address(0));
     mbar_state& m = mbar_get(bar, what, file, line);
+    mbar_visible(m, bar, what, file, line, true);
     unsigned char* base = (unsigned char*)dst;
     // the chunks it writes: none may still be read by a wgmma in flight
     for (long long o = 0; o < bytes; o += 16) {
@@ -1338,7 +1664,7 @@ extern "C" __attribute__((visibility("default"))) void clemu_tma_load(void* dst,
                          shared_name(base + o).c_str(), file_line(k.rd_file[g], k.rd_line[g]).c_str(), g);
     }
     // the box: element i of row r at linear offset r * row + i * elem, then swizzled
-    const unsigned char* src = (const unsigned char*)(uintptr_t)map->addr;
+    const unsigned char* src = (const unsigned char*)guard_staged((const void*)(uintptr_t)map->addr);
     int eb = (int)map->elem_bytes;
     long long idx[5] = {0, 0, 0, 0, 0};
     for (long long r = 0; r < rows; r++) {
@@ -1929,6 +2255,7 @@ static void fiber_entry(void* arg) {
     clemu_cur = &t->pub;
     try {
         L->body(L->args);
+        threads_done.fetch_add(1, std::memory_order_relaxed);
         t->state = T_DONE;
         check_thread_end(t);
     } catch (clemu_fault_exc&) {
@@ -1950,7 +2277,10 @@ static void fiber_entry(void* arg) {
 
 static void ensure_stacks(worker* w, int n, long long stack_bytes) {
     if (w->stacks && w->n_stacks >= n && w->stack_bytes == stack_bytes) return;
-    if (w->stacks) munmap(w->stacks, (size_t)w->n_stacks * w->stack_bytes);
+    if (w->stacks) {
+        guard_forbid(w->stacks, (size_t)w->n_stacks * w->stack_bytes);
+        munmap(w->stacks, (size_t)w->n_stacks * w->stack_bytes);
+    }
     size_t total = (size_t)n * stack_bytes;
     void* p = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED) { w->stacks = nullptr; w->n_stacks = 0; return; }
@@ -1958,7 +2288,10 @@ static void ensure_stacks(worker* w, int n, long long stack_bytes) {
     w->n_stacks = n;
     w->stack_bytes = stack_bytes;
     long page = sysconf(_SC_PAGESIZE);
-    for (int i = 0; i < n; i++) mprotect(w->stacks + (size_t)i * stack_bytes, page, PROT_NONE);   // guard
+    for (int i = 0; i < n; i++) {
+        mprotect(w->stacks + (size_t)i * stack_bytes, page, PROT_NONE);   // guard
+        guard_allow(w->stacks + (size_t)i * stack_bytes + page, (size_t)(stack_bytes - page));
+    }
 }
 
 static void make_order(std::vector<int>& order, int n, int mode, unsigned seed) {
@@ -2170,6 +2503,31 @@ static bool release(worker* w, int n, bool& all_done) {
     return true;
 }
 
+// What kernel code of a launch reads of the runtime (guard.cpp): its threads' threadIdx and
+// blockIdx, the warp exchange's slots, and the launch's dynamic shared memory (shared= bytes).
+static void own_launch_fields(worker* w, int n, bool own) {
+    auto mark = own ? guard_allow : guard_forbid;
+    for (int i = 0; i < n && i < (int)w->threads.size(); i++) mark(&w->threads[i].pub, sizeof(clemu_thread));
+    mark(&w->blk, sizeof w->blk);
+    mark(w->warp_slots.data(), w->warp_slots.size() * sizeof(unsigned long long));
+    mark(w->warp_regs.data(), w->warp_regs.size() * sizeof(unsigned));
+    if (L && L->shared_bytes) mark(w->dyn_shared, (size_t)L->shared_bytes);
+    if (!own)
+        for (auto& g : w->regions) guard_forbid(g.lo, (size_t)g.bytes);   // the block's static __shared__ arrays
+}
+
+// The frame a kernel called from run_block starts at: everything of the OS thread's stack below it
+// is the running CUDA thread's (run_block's own frame and those above it are not).
+__attribute__((noinline)) static char* callee_frame() { return (char*)__builtin_frame_address(0); }
+
+static void own_stack_below(worker* w, char* top) {
+    if (!w->stack_lo || w->stack_owned == top) return;
+    long page = sysconf(_SC_PAGESIZE);
+    if (w->stack_owned) guard_forbid(w->stack_lo, (size_t)(w->stack_owned - w->stack_lo));
+    guard_allow(w->stack_lo + page, (size_t)(top - w->stack_lo - page));
+    w->stack_owned = top;
+}
+
 static bool run_block_fibers(worker* w, const std::vector<int>& order, int n) {
     auto& th = w->threads;
     for (int i = 0; i < n; i++) {
@@ -2238,12 +2596,14 @@ static void run_block(worker* w, long long b) {
         th[i].pub.loop = 0;
     }
     if (!l->use_fibers) {
+        own_stack_below(w, callee_frame());   // called here: at the depth the kernel's body is called from
         for (int k = 0; k < n; k++) {
             fiber_thread& t = th[order[k]];
             clemu_cur = &t.pub;
             w->running = &t;
             try {
                 l->body(l->args);
+                threads_done.fetch_add(1, std::memory_order_relaxed);
             } catch (clemu_fault_exc&) {
                 clemu_cur = nullptr;
                 return;
@@ -2257,18 +2617,28 @@ static void run_block(worker* w, long long b) {
         w->running = nullptr;
         clemu_cur = nullptr;
         if (prof_on) clprof_epoch(n, 0);
+        blocks_done.fetch_add(1, std::memory_order_relaxed);
         return;
     }
-    if (run_block_fibers(w, order, n) && prof_on) clprof_epoch(n, 0);
+    if (run_block_fibers(w, order, n)) {
+        if (prof_on) clprof_epoch(n, 0);
+        blocks_done.fetch_add(1, std::memory_order_relaxed);
+    }
 }
 
 // ----------------------------------------------------------------------------------------
 // Signals: SIGUSR2 stops a worker (timeout or another worker's fault); SIGSEGV/SIGBUS/SIGFPE
 // inside a kernel become a fault message. Anything outside a kernel goes to the old handler.
-static struct sigaction old_segv, old_bus, old_fpe, old_usr2;
+static struct sigaction old_segv, old_bus, old_fpe, old_ill, old_trap, old_usr2;
 
 static std::string describe_address(uintptr_t a) {
     char s[400];
+    if (W && W->stack_lo && a + 65536 >= (uintptr_t)W->stack_lo && a < (uintptr_t)W->stack_lo + (uintptr_t)sysconf(_SC_PAGESIZE)) {
+        snprintf(s, sizeof s, "a stack overflow: the thread's local variables (or a recursion) need more than the %lld KB "
+                 "of stack the emulator's CPU thread has (a GPU thread has far less): make local arrays smaller, put them "
+                 "in shared memory, or end the recursion", (long long)(W->stack_hi - W->stack_lo) >> 10);
+        return s;
+    }
     if (W && W->stacks) {
         uintptr_t lo = (uintptr_t)W->stacks, hi = lo + (uintptr_t)W->n_stacks * W->stack_bytes;
         if (a >= lo && a < hi && ((a - lo) % W->stack_bytes) < (uintptr_t)sysconf(_SC_PAGESIZE)) {
@@ -2335,8 +2705,24 @@ static void on_signal(int sig, siginfo_t* info, void* uctx) {
                         "wgmma_wait<0>() (or a smaller N that covers that group) before this line", at.c_str(),
                         where(t).c_str(), file_line(ft->inflight[0].file, ft->inflight[0].line).c_str());
         else if (sig == SIGFPE)
-            set_failure(CLEMU_FPE, "arithmetic fault (integer division or remainder by zero?)%s in %s", at.c_str(), where(t).c_str());
-        else {
+            set_failure(CLEMU_FPE, "integer division fault%s in %s: a division or remainder by zero, or INT_MIN / -1 "
+                        "(signed division overflow). A GPU does not stop there: it computes an unspecified number",
+                        at.c_str(), where(t).c_str());
+        else if (sig == SIGILL || sig == SIGTRAP)
+            set_failure(CLEMU_FAULT, "the CPU stopped on a trap instruction%s in %s: the compiler puts one where the "
+                        "program's behaviour is undefined, most often a function that can reach its end without "
+                        "`return` (a __device__ function that returns a value must return one on every path), or a "
+                        "__builtin_trap()", at.c_str(), where(t).c_str());
+        else if (uintptr_t app; sig == SIGSEGV && guard_in_shadow((uintptr_t)info->si_addr, &app)) {
+            // the guard's inline check faulted on the shadow itself: an address the launch owns nothing near
+            int status;
+            std::string d = guard_what(app, 1, false, &status);
+            // the check cannot tell a load from a store: say "access"
+            for (const char* w : {"out-of-range load", "out-of-range store"})
+                if (d.rfind(w, 0) == 0) d = "out-of-range access" + d.substr(strlen(w));
+            if (d.rfind("load ", 0) == 0 || d.rfind("store ", 0) == 0) d = "access " + d.substr(d.find(' ') + 1);
+            set_failure(status, "%s%s by %s", d.c_str(), at.c_str(), where(t).c_str());
+        } else {
             std::string d = describe_address((uintptr_t)info->si_addr);
             bool stack = d.rfind("a stack overflow", 0) == 0;
             set_failure(stack ? CLEMU_STACK : CLEMU_SEGV, "%s%s in %s: %s",
@@ -2344,7 +2730,8 @@ static void on_signal(int sig, siginfo_t* info, void* uctx) {
         }
         siglongjmp(w->jmp, 1);
     }
-    struct sigaction* old = sig == SIGSEGV ? &old_segv : sig == SIGBUS ? &old_bus : sig == SIGFPE ? &old_fpe : &old_usr2;
+    struct sigaction* old = sig == SIGSEGV ? &old_segv : sig == SIGBUS ? &old_bus : sig == SIGFPE ? &old_fpe
+                          : sig == SIGILL ? &old_ill : sig == SIGTRAP ? &old_trap : &old_usr2;
     if (old->sa_flags & SA_SIGINFO) { if (old->sa_sigaction) old->sa_sigaction(sig, info, uctx); return; }
     if (old->sa_handler == SIG_IGN) return;
     if (old->sa_handler == SIG_DFL) { sigaction(sig, old, nullptr); raise(sig); return; }
@@ -2360,6 +2747,8 @@ static void install_signals() {
     sigaction(SIGSEGV, &sa, &old_segv);
     sigaction(SIGBUS, &sa, &old_bus);
     sigaction(SIGFPE, &sa, &old_fpe);
+    sigaction(SIGILL, &sa, &old_ill);
+    sigaction(SIGTRAP, &sa, &old_trap);
     sigaction(SIGUSR2, &sa, &old_usr2);
 }
 
@@ -2372,6 +2761,15 @@ static void* worker_main(void* arg) {
     ss.ss_sp = w->altstack; ss.ss_size = 1 << 16; ss.ss_flags = 0;
     sigaltstack(&ss, nullptr);
     w->dyn_shared = (unsigned char*)aligned_alloc(1024, MAX_DYN_SHARED);   // as aligned as a GPU's (WMMA needs 32 B)
+    guard_allow(&clemu_cur, sizeof clemu_cur);   // kernels read threadIdx through it
+    pthread_attr_t at;
+    if (pthread_getattr_np(pthread_self(), &at) == 0) {
+        void* lo; size_t bytes;
+        pthread_attr_getstack(&at, &lo, &bytes);
+        w->stack_lo = (char*)lo;
+        w->stack_hi = (char*)lo + bytes;
+        pthread_attr_destroy(&at);
+    }
     unsigned long long seen = 0;
     for (;;) {
         {
@@ -2394,6 +2792,7 @@ static void* worker_main(void* arg) {
             ensure_stacks(w, n, L->stack_bytes);
             if (!w->stacks) set_failure(CLEMU_LAUNCH, "could not allocate %d fiber stacks", n);
         }
+        own_launch_fields(w, n, true);
         if (sigsetjmp(w->jmp, 0) != 0) _mm_setcsr(0x1F80);   // a fault in a wgmma's window left its trap on
         else {
             w->in_kernel.store(1);
@@ -2408,6 +2807,7 @@ static void* worker_main(void* arg) {
         w->running = nullptr;
         w->sched_sp = nullptr;
         clemu_cur = nullptr;
+        own_launch_fields(w, n, false);
         {
             std::lock_guard<std::mutex> g(pool_mu);
             workers_done++;
@@ -2463,6 +2863,7 @@ static void finish(clemu_launch* launch) {
         site_seen.clear();
         cp_issue_sites.clear();
     }
+    guard_unstage();
     L = nullptr;
     busy.store(0);
 }
@@ -2480,6 +2881,12 @@ extern "C" __attribute__((visibility("default"))) int clemu_start(clemu_launch* 
         launch->status = CLEMU_LAUNCH;
         snprintf(launch->message, sizeof launch->message, "dynamic shared memory of %lld bytes is over the %lld a GPU can give a block",
                  launch->shared_bytes, MAX_DYN_SHARED);
+        busy.store(0);
+        return launch->status;
+    }
+    // the buffers go to the guard's arena for the launch (copied back in finish)
+    if (guard_stage(launch->bufs, launch->n_bufs, launch->message, sizeof launch->message) != 0) {
+        launch->status = CLEMU_LAUNCH;
         busy.store(0);
         return launch->status;
     }
@@ -2501,6 +2908,8 @@ extern "C" __attribute__((visibility("default"))) int clemu_start(clemu_launch* 
         clemu_hook_on = 1;
     }
     next_block.store(0);
+    threads_done.store(0);
+    blocks_done.store(0);
     n_blocks = blocks;
     failed.store(0);
     workers_done = 0;
@@ -2521,10 +2930,14 @@ extern "C" __attribute__((visibility("default"))) int clemu_wait(clemu_launch* l
     return 1;
 }
 
-// How many blocks have started (for the progress line).
-extern "C" __attribute__((visibility("default"))) long long clemu_progress() {
+// How far the launch is: blocks started and finished, CUDA threads finished (the watchdog tells a
+// launch that progresses from one that does not).
+extern "C" __attribute__((visibility("default"))) void clemu_progress(long long* started, long long* blocks,
+                                                                      long long* threads) {
     long long b = next_block.load();
-    return b < n_blocks ? b : n_blocks;
+    *started = b < n_blocks ? b : n_blocks;
+    *blocks = blocks_done.load();
+    *threads = threads_done.load();
 }
 
 // Stop a running launch with `status`; its message says where the running threads were

@@ -99,6 +99,9 @@ void clemu_shared_region(const void* lo, long long bytes, long long elem_bytes, 
 // clemu_fault_shared_ptr (offset of the element from the array's start, in bytes).
 int clemu_shared_span(const void* p, const char** lo, long long* bytes, const char** name);
 [[noreturn]] void clemu_fault_shared_ptr(const char* name, long long offset, long long bytes, long long elem_bytes);
+// Memory a kernel header hands the kernel as its own (the guard, convlab/emu/guard.cpp, checks every
+// load and store of a kernel against what its launch owns).
+void clemu_own(const void* p, long long bytes);
 // A warp exchange of up to CLEMU_XCHG_REGS 32-bit registers per lane (mma's fragments): returns
 // the slots, lane j's registers at [j * CLEMU_XCHG_REGS].
 const unsigned* clemu_warp_exchange_regs(unsigned mask, const unsigned* regs, int n, const char* file, int line);
@@ -126,6 +129,7 @@ void clemu_wgmma(float* d, int n, unsigned long long desc_a, unsigned long long 
                  const char* file, int line);
 //   mbarriers and the copy engine
 void clemu_mbar_init(void* bar, unsigned count, const char* file, int line);
+void clemu_fence_mbar_init(const char* file, int line);
 void clemu_mbar_arrive(void* bar, unsigned tx_bytes, int expect_tx, const char* file, int line);
 void clemu_mbar_wait(void* bar, unsigned parity, const char* file, int line);
 void clemu_fence_proxy_async(const char* file, int line);

@@ -50,8 +50,8 @@ CLEMU_HP_INLINE void wgmma_m64n256k16(float (&d)[128], uint64_t desc_a, uint64_t
 CLEMU_HP_INLINE void mbar_init(uint64_t* bar, unsigned count, CLEMU_HP_SITE) {
     clemu_mbar_init(bar, count, file, line);
 }
-// the init is visible to every later use in the emulator: nothing to order
-CLEMU_HP_INLINE void fence_mbar_init() {}
+// makes the thread's inits visible (the runtime checks every later use: mbar_visible)
+CLEMU_HP_INLINE void fence_mbar_init(CLEMU_HP_SITE) { clemu_fence_mbar_init(file, line); }
 CLEMU_HP_INLINE void fence_proxy_async(CLEMU_HP_SITE) { clemu_fence_proxy_async(file, line); }
 CLEMU_HP_INLINE void mbar_arrive_expect_tx(uint64_t* bar, unsigned bytes, CLEMU_HP_SITE) {
     clemu_mbar_arrive(bar, bytes, 1, file, line);
