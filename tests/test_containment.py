@@ -461,3 +461,39 @@ def test_a_total_limit_says_the_launch_was_not_stuck(long_kernels):
         long_kernels.kernel("busy")(cl.empty(64), 64, 20000, grid=1 << 16, block=64)
     msg = str(e.value)
     assert "not stuck" in msg and "blocks of 64 threads" in msg and "would need about" in msg, msg
+
+
+# ---- the exercises, as a student would get them wrong ----------------------------------------------
+
+def test_exercise_2_1_off_by_one_through_a_pointer_is_out_of_bounds_at_its_line(capsys):
+    """`i <= total` with the store through a local pointer: a false pass, then a dead process,
+    before the guard; now the check names the store's line."""
+    import convlab.exercise as ex
+    from test_exercise_mutants import _exercise
+    ns = _exercise("02_naive_kernel", "my_conv", [("i < total; i +=", "i <= total; i +="),
+                                                  ("        y[i] = acc;", "        float* yp = y + i; *yp = acc;")])
+    assert not ex.check_kernel(ns["launch"])
+    out = capsys.readouterr().out
+    # the extra thread's first access past a buffer: its read of x (b = B), at that line
+    assert "OutOfBoundsError" in out and "x[25]" in out and re.search(r"my_conv_m\d+\.cu:21", out), out
+    # and with the reads guarded, the store through the pointer
+    ns = _exercise("02_naive_kernel", "my_conv", [("i < total; i +=", "i <= total; i +="),
+                                                  ("if (ih >= 0", "if (i < total && ih >= 0"),
+                                                  ("        y[i] = acc;", "        float* yp = y + i; *yp = acc;")])
+    assert not ex.check_kernel(ns["launch"])
+    out = capsys.readouterr().out
+    assert "through a pointer into argument `y`" in out and re.search(r"my_conv_m\d+\.cu:24", out), out
+
+
+@pytest.mark.parametrize("delete", [
+    ("        fence_mbar_init();\n", "no fence_mbar_init() followed that init"),
+    ("    __syncthreads();\n\n    if (wg == 0) {", "no __syncthreads() between"),
+], ids=["fence", "barrier"])
+def test_exercise_11_1_without_publishing_the_inits_is_a_race(delete, capsys):
+    import convlab.exercise as ex
+    from test_exercise_mutants import _exercise
+    old, words = delete
+    new = "" if "fence" in old else "\n    if (wg == 0) {"
+    ns = _exercise("11_mbarrier_ring", "my_ring", [(old, new)])
+    assert not ex.check_ring(ns["my_ring"])
+    assert words in capsys.readouterr().out
