@@ -352,6 +352,7 @@ def test_values_in_other_places_by_a_row_length_name_the_leading_dimension(capsy
     assert "a leading dimension of 5 where a row of the array holds 8" in out, out
 
 
+@pytest.mark.emu_only
 def test_counters_on_the_emulator_say_the_gpu_comparison_needs_a_gpu(capsys):
     launch = _launcher(GOOD_KERNEL.replace("BUG", ""))
     assert ex.check_counters(launch, ex.check_targets("02"), shape=ex.COUNTER_SHAPE)
