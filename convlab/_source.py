@@ -400,7 +400,6 @@ def rewrite_for_nvcc(src: Source) -> str:
 
 
 _CELLS: dict[str, str] = {}   # the file name a %%cuda cell compiles as -> the cell's name
-_NAMED: dict[str, str] = {}   # the file name cl.load_source compiles a text as -> the name it was given
 
 
 def register_cell(path, name: str) -> None:
@@ -408,19 +407,12 @@ def register_cell(path, name: str) -> None:
     _CELLS[str(path)] = name
 
 
-def register_source(path, name: str) -> None:
-    """Messages about `path` name it `name` (cl.load_source's text, which has no file of its own)."""
-    _NAMED[str(path)] = name
-
-
 def display_name(path) -> str:
-    """A source file as messages name it: "cell NAME", the name cl.load_source was given, or its
-    path relative to the repository (never a path of the machine outside it)."""
+    """A source file as messages name it: "cell NAME", its path relative to the repository, or
+    (outside it) its name alone: never a path of the machine that ran it."""
     p = str(path)
     if p in _CELLS:
         return f"cell {_CELLS[p]}"
-    if p in _NAMED:
-        return _NAMED[p]
     try:
         return str(Path(p).resolve().relative_to(repo_root()))
     except ValueError:

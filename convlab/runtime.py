@@ -120,7 +120,6 @@ def load_source(text: str, name: str = "cell", defines: dict | None = None, opti
     """Compile CUDA source given as a string (the %%cuda magic uses this). Messages name `name`."""
     directory = Path(directory) if directory else Path.cwd()
     p = directory / (name if name.endswith(".cu") else f"{name}.cu")
-    _source.register_source(p, p.name)   # messages say "name.cu:LINE" (a %%cuda cell: "cell NAME, line N")
     return _load_text(text, p, defines, options)
 
 
