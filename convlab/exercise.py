@@ -54,7 +54,7 @@ import convlab as cl
 
 from . import emu, network, simgpu, streams
 from .baselines import torch_algorithm
-from .exercise_answers import ANSWERS, COMPARE, COUNTER_SHAPES, RING_ROUNDS, TARGETS
+from .exercise_answers import ANSWERS, COMPARE, COUNTER_SHAPES, RING_ROUNDS, TARGETS, TUNABLES
 from .measure import call, inputs
 from .ops import naive, out_size
 from .ops.fp16 import fp16_tolerance
@@ -195,14 +195,23 @@ def diagnose(y, x, w, stride: int, pad: int, *, rtol: float = 1e-4, atol: float 
 NOTHING = ("none of the", "all ")
 
 
-def _edge_only(bad: np.ndarray, pad: int, K: int) -> bool:
-    """Whether every wrong output of a (B, M, Ho, Wo) output lies in the band at the image's edge
-    whose window reaches outside the image (the bounds check or the padding decide those)."""
+def _outside_windows(H: int, W: int, K: int, stride: int, pad: int, Ho: int, Wo: int) -> np.ndarray:
+    """(Ho, Wo): whether each output's window reaches outside the image (a padding row or column),
+    where the bounds test and the padding's offset decide its value."""
+    def reach(size, n):
+        first = np.arange(n) * stride - pad
+        return (first < 0) | (first + K - 1 > size - 1)
+    return reach(H, Ho)[:, None] | reach(W, Wo)[None, :]
+
+
+def _edge_only(bad: np.ndarray, x_shape, K: int, stride: int, pad: int) -> bool:
+    """Whether the wrong outputs of a (B, M, Ho, Wo) output are exactly at the image's edge: every
+    one of them has a window that reaches outside the image, and the outputs whose windows lie
+    inside it (there are some) are all right. Without padding no window reaches outside."""
     if bad.ndim != 4 or not bad.any():
         return False
-    band = max(pad, 1) + (K > 1)
-    inner = bad[..., band:-band, band:-band] if min(bad.shape[-2:]) > 2 * band else np.zeros(0, bool)
-    return not inner.any()
+    outside = _outside_windows(x_shape[-2], x_shape[-1], K, stride, pad, *bad.shape[-2:])
+    return bool(outside.any() and (~outside).any() and not bad[..., ~outside].any())
 
 
 #: A field of a locate() text: a word and a number ("warp 1", "row 0"), a tuple ("block (0,1)")
@@ -443,7 +452,8 @@ def verdict(y, ref, *, rtol: float = 1e-4, atol: float | None = None, labels: st
         return False, (f"{n_never} of {got.size} outputs never written, the first at {at(first_never)}: "
                        f"does every output get a thread?")
     edge = ""
-    if inputs is not None and not moved and _edge_only(bad, inputs[3], np.shape(inputs[1])[-1]):
+    if inputs is not None and not moved and _edge_only(bad, np.shape(inputs[0]), np.shape(inputs[1])[-1], inputs[2],
+                                                       inputs[3]):
         edge = (": only outputs at the image's edge are wrong, whose windows reach outside the image: check "
                 "the bounds test (ih < H, not ih <= H; ih >= 0) and where the padding is subtracted")
     return False, (f"wrong at {at(first)}: expected {_fmt(want[first])} got {_fmt(got[first])} "
@@ -466,11 +476,28 @@ def describe_error(e: BaseException) -> str:
     with the line of the notebook cell where they happened."""
 
     if isinstance(e, cl.ConvlabError):
-        return f"{type(e).__name__}: {e}"
+        return f"{type(e).__name__}: {_one_writer(str(e))}"
     frames = [f for f in traceback.extract_tb(e.__traceback__) if f.filename.startswith("<ipython-input")
               or "ipykernel" in f.filename]
     where = f" (cell line {frames[-1].lineno})" if frames else ""
     return f"your code raised {type(e).__name__}: {e}{where}"
+
+
+#: The race detector's advice for two threads that store to one element at the same line: a barrier
+#: "inside its loop" presumes a loop whose iterations race; two writers of one element need an index.
+_SAME_LINE_STORES = re.compile(
+    r"(thread \S+ of block (\S+) writes it at (\S+), then thread \S+ of block \2 writes it at \3, and nothing "
+    r"orders the two\. )Put a __syncthreads\(\) right after \3, inside its loop \(every thread of the block must "
+    r"reach it\), so the write at \3 is finished in every thread before the write at \3 starts\.")
+
+
+def _one_writer(text: str) -> str:
+    """A race report with two threads storing to one element at one line told as what it is: two
+    writers of one element, which no barrier makes right (it would only pick the store that stays)."""
+    return _SAME_LINE_STORES.sub(
+        r"\1Both threads store to the same element at the same line: each element needs exactly one writer (a "
+        r"barrier would only decide which store stays). Check the index of the store at \3: a row length, a "
+        r"divisor or an offset that maps two threads to one element.", text)
 
 
 def attempt(fn, *args, **kwargs):
@@ -1128,7 +1155,8 @@ def _macs(shape: Workload) -> int:
 
 
 #: What check_counters grades, from one kernel's emulator counters (k.metrics) and the
-#: multiply-adds of the launch: (its value, its unit for the verdict).
+#: multiply-adds of the launch: (its value, its unit for the verdict). "shared loads per
+#: multiply-add" needs k.trace, a trace of every block of the launch (cl.trace): shared_values.
 def _quantity(what: str, k, macs: int | None) -> float | None:
     m = k.metrics
     if what == "sectors per load request":
@@ -1140,8 +1168,11 @@ def _quantity(what: str, k, macs: int | None) -> float | None:
                 + m["l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum"])
     if what == "global load bytes per multiply-add":
         return 32 * m["l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum"] / macs if macs else None
-    if what == "shared loads per multiply-add":      # a warp's load instruction is 32 threads' loads
-        return 32 * m["smsp__inst_executed_op_shared_ld.sum"] / macs if macs else None
+    if what == "shared loads per multiply-add":      # the values each thread loads (shared_values)
+        if getattr(k, "trace", None) is None:
+            raise ValueError("shared loads per multiply-add are counted from a trace of every block of the launch "
+                             "(cl.trace(..., blocks=every block)): k.trace")
+        return len(shared_values(k.trace)) / macs if macs else None
     if what == "global atomics":                     # warp instructions, as ncu counts them
 
         return k.value(ATOMICS)
@@ -1156,15 +1187,70 @@ COUNTERS = ("sectors per load request", "sectors per store request", "shared ban
             "global load bytes per multiply-add", "shared loads per multiply-add", "global atomics",
             "constant addresses per request")
 
+#: The accesses of card.lines() behind each quantity: the line named under a missed target is one of them.
+_ACCESSES = {"sectors per load request": ("global load",), "global load bytes per multiply-add": ("global load",),
+             "sectors per store request": ("global store",), "shared bank conflicts": ("shared load", "shared store"),
+             "global atomics": ("global atomic",)}
 
-def _costliest_line(card) -> str:
-    """The source line whose accesses move the most sectors or wavefronts, as a student finds it."""
+
+def shared_values(trace):
+    """The shared-memory values a traced launch's threads load, as compiled code loads them: each
+    4-byte word once per thread and barrier interval. A word the thread read before in the same
+    interval is still in a register (nvcc keeps it there: no other thread may write it before the
+    next barrier, and the thread's own stores it forwards), and the width of the load instructions
+    is the compiler's (it merges a float4's worth of neighbouring floats into one load where it can
+    prove the alignment), so neither a float4 written as four floats nor a value read again inside
+    a loop is counted twice. trace: cl.trace of every block. A DataFrame, one row per (block,
+    thread, interval, word), with the source line of its first read ("line")."""
+    import pandas as pd
+
+    a = trace.accesses
+    r = a[(a.space == "shared") & (a.access == "read")]
+    words = np.maximum(r.bytes.to_numpy() // 4, 1)
+    rows = np.repeat(np.arange(len(r)), words)
+    within = np.arange(len(rows)) - np.repeat(np.cumsum(words) - words, words)
+    df = pd.DataFrame({c: r[c].to_numpy()[rows] for c in ("bx", "by", "bz", "thread", "phase", "line")})
+    df["word"] = (r.addr.to_numpy().astype(np.uint64)[rows] >> np.uint64(2)) + within.astype(np.uint64)
+    return df.drop_duplicates(["bx", "by", "bz", "thread", "phase", "word"]).reset_index(drop=True)
+
+
+def _every_block(grid: str) -> list:
+    """Every block of a launch's grid, as a KernelProfile gives it ("(5, 1, 1)")."""
+    gx, gy, gz = (int(v) for v in grid.strip("()").split(","))
+    return [(bx, by, bz) for bz in range(gz) for by in range(gy) for bx in range(gx)]
+
+
+def _traced(call, card):
+    """The last kernel of a profiled call, run again with every block traced: a KernelProfile with
+    its trace (the quantities counted from accesses)."""
+    k = card.kernels[-1]
+    return cl.trace(call, blocks=_every_block(k.grid), launch=len(card.kernels) - 1).profile
+
+
+def _costliest_line(card, missed=(), traced=None) -> str:
+    """The source line a student looks at first: under a missed target, the line that makes most
+    of that quantity (the most shared values loaded, the most sectors of a global load, the most
+    bank conflicts); otherwise the line whose accesses move the most sectors or wavefronts."""
+    if "shared loads per multiply-add" in missed and traced is not None:
+        per_line = shared_values(traced.trace).groupby("line").size()
+        if len(per_line):
+            line = per_line.idxmax()
+            return (f"\n  the line that loads the most from shared memory: {line} ({per_line[line]:,} values, each "
+                    f"counted once per thread and barrier interval)")
     try:
-        df = card.lines().reset_index()
+        df = card.lines(len(card.kernels) - 1).reset_index()
     except Exception:  # noqa: BLE001 (no lines on this card: nothing to add)
         return ""
+    kinds = {kind for q in missed for kind in _ACCESSES.get(q, ())}
+    if kinds:
+        df = df[df.access.isin(kinds)]
     best, text = -1.0, ""
     for _, row in df.iterrows():
+        if "shared bank conflicts" in missed:
+            n = row.get("bank conflicts")
+            if n is not None and not (isinstance(n, float) and math.isnan(n)) and float(n) > best:
+                best, text = float(n), f"{row['source line']} ({row['access']}: {float(n):,.0f} bank conflicts)"
+            continue
         for unit in ("sectors", "wavefronts"):
             per = row.get(f"{unit} per request")
             if per is not None and not (isinstance(per, float) and math.isnan(per)):
@@ -1181,10 +1267,22 @@ def check_counters(launch, targets: dict, *, shape: Workload | None = None, resu
     on that shape under cl.profile and its output held to the fp64 reference; without, launch()
     takes no arguments, result() -> (got, expected) says whether its output is right and macs
     (its multiply-adds) is what the "per multiply-add" quantities divide by. Prints
-    e.g. "✓ correct; 4 sectors per load request (target ≤ 4.5); ..." and the costliest line."""
+    e.g. "✓ correct; 4 sectors per load request (target ≤ 4.5); ..." and the line to look at
+    (under a missed target, the line that makes most of that quantity).
+
+    What is counted is what the GPU would do with the kernel as nvcc compiles it, so that a
+    target never punishes what the compiler does for the student: global memory in the sectors and
+    requests the emulator's warps make (nvcc keeps a global load where the code has it); shared
+    loads as the values each thread loads (shared_values: a word once per thread and barrier
+    interval, whatever the width of the loads, since nvcc keeps a value already loaded in a
+    register and merges neighbouring floats into vector loads). Targets made by check_targets for
+    another shape than this one (a Targets with derive) are made again for this shape."""
     import torch
 
 
+    if getattr(targets, "derive", None) is not None and shape is not None and cl.backend() == "emu" \
+            and _dims(shape) != _dims(targets.shape):
+        targets = targets.derive(shape)
     for what in targets:
         if what not in COUNTERS:
             raise ValueError(f"check_counters grades {', '.join(COUNTERS)}; not {what!r}")
@@ -1222,19 +1320,27 @@ def check_counters(launch, targets: dict, *, shape: Workload | None = None, resu
         return _say(False, f"✗ {name}{f' on {shape}' if shape else ''}: {text}")
     if not card.kernels:
         return _say(False, f"✗ {name} launched no kernel")
-    k = card.kernels[-1]
-    parts, met = [], True
+    k, traced = card.kernels[-1], None
+    if "shared loads per multiply-add" in targets:
+        try:
+            traced = _traced(call, card)
+        except Exception as e:  # noqa: BLE001 (a check must never stop the notebook)
+            return _say(False, f"✗ {describe_error(e)}")
+    parts, missed = [], []
     for what, most in targets.items():
-        got = _quantity(what, k, macs)
+        got = _quantity(what, traced if what == "shared loads per multiply-add" else k, macs)
         if got is None:
             parts.append(f"no {what} (the kernel makes no such access)")
             continue
         good = got <= most + 1e-9
-        met &= good
+        if not good:
+            missed.append(what)
         shown = f"{got:,.0f}" if float(got).is_integer() else f"{got:.3g}"
         parts.append(f"{shown} {what} (target {'≤ ' if most else ''}{most:g}){'' if good else ' ✗'}")
-    lead = "✓ correct" if met else "✗ correct, but not within the targets"
-    verdict_ = _say(met, f"{lead}: {name}: " + "; ".join(parts) + _costliest_line(card))
+    lead = "✓ correct" if not missed else "✗ correct, but not within the targets"
+    source = f"\n  the targets: {targets.source}" if getattr(targets, "source", "") else ""
+    verdict_ = _say(not missed, f"{lead}: {name}: " + "; ".join(parts) + source
+                    + _costliest_line(card, missed, traced))
     if shape is not None:
         compare_on_gpu(launch, targets, name=name)
     return verdict_
@@ -1601,13 +1707,28 @@ def check_timing(time_it, *, seed: int | None = None) -> Verdict:
             f"layers have filled L2 with theirs: flush L2 before each run (gpu.flush_l2(), or zero a buffer "
             f"of at least gpu.L2_BYTES)"))
     median, mean = statistics.median(samples), statistics.mean(samples)
-    if abs(ms - mean) < abs(ms - median) and abs(mean - median) > 0.05 * median:
+    qs, n = sorted(samples), len(samples)
+    # a median has at most half the runs on either side of it (statistics.median, or the lower or
+    # upper middle run); anything else is named by what it is
+    below, above = sum(x < ms - 1e-12 for x in qs), sum(x > ms + 1e-12 for x in qs)
+    named = next((text for value, text in (
+        (qs[0], f"the fastest of your {n} runs (min(times))"), (qs[-1], f"the slowest of your {n} runs (max(times))"),
+        (samples[0], f"the first of your {n} runs"), (samples[-1], f"the last of your {n} runs"),
+        (p25, "your p25, the first quartile"), (p75, "your p75, the third quartile"))
+        if math.isclose(ms, value, rel_tol=1e-9, abs_tol=1e-12)), None)
+    middle = 2 * below <= n and 2 * above <= n
+    if not middle and named is None and abs(ms - mean) < abs(ms - median) and abs(mean - median) > 0.05 * median:
         slow = sum(L.other_ms > 0 for L in timed)
         return _say(False, (
             f"✗ {ms:.3g} ms is the mean of your {len(samples)} runs: {slow} of them waited behind other work "
             f"on the GPU and pull the mean up; the median ({median:.3g} ms) is what a run takes, whatever a "
             f"few outliers do (statistics.median)"))
-    qs = sorted(samples)
+    if not middle:
+        what = named or f"no middle value of your {n} runs: {below} of them are faster, {above} slower"
+        return _say(False, (
+            f"✗ the median you return, {ms:.3g} ms, is {what}, not their median ({median:.3g} ms): the "
+            f"median is the middle of the sorted times, half the runs faster and half slower "
+            f"(statistics.median(times), or the middle value of statistics.quantiles(times, n=4))"))
 
     def rank(v):
         return sum(x <= v + 1e-12 for x in qs) / len(qs)
@@ -1810,14 +1931,124 @@ def check_answer(key: str, got, *args) -> Verdict:
 
 
 class Targets(dict):
-    """An exercise's counter targets, and the exercise's key (check_counters's GPU comparison)."""
+    """An exercise's counter targets {quantity: most allowed}, and the exercise's key
+    (check_counters's GPU comparison). Targets measured from a kernel also say where they come
+    from (source, printed under the verdict), on which shape, and derive(shape) makes them again
+    for another shape."""
     key: str | None = None
+    source: str = ""
+    shape: Workload | None = None
+    derive = None
 
 
-def check_targets(key: str) -> dict:
-    """The counter targets kept for an exercise's kernel (convlab.exercise_answers.TARGETS)."""
+def _dims(shape) -> tuple | None:
+    return None if shape is None else (shape.B, shape.C, shape.M, shape.H, shape.W, shape.K, shape.stride,
+                                       shape.padding, shape.dilation, shape.groups)
 
-    targets = Targets(TARGETS[key])
+
+def _round_up(v: float, digits: int = 3) -> float:
+    """v rounded up to `digits` significant digits: a target a kernel as good as v meets."""
+    if v <= 0:
+        return v
+    e = math.floor(math.log10(v)) - digits + 1
+    return round(math.ceil(v / 10 ** e - 1e-9) * 10 ** e, max(-e, 0))
+
+
+def _round(v: float, digits: int = 3) -> float:
+    return float(f"{v:.{digits}g}")
+
+
+def _conv_counters(run, shape: Workload, quantities) -> dict:
+    """The quantities of the last kernel run(x, w, y, stride=, padding=) launches on shape, counted
+    on the emulator as check_counters counts them."""
+    x, w = cl.randn(shape.B, shape.C, shape.H, shape.W), cl.randn(shape.M, shape.C, shape.K, shape.K)
+    y = cl.empty(shape.B, shape.M, shape.Ho, shape.Wo)
+    call = lambda: run(x, w, y, stride=shape.stride, padding=shape.padding)  # noqa: E731
+    card = cl.profile(call)
+    traced = _traced(call, card) if "shared loads per multiply-add" in quantities else None
+    return {q: _quantity(q, traced if q == "shared loads per multiply-add" else card.kernels[-1], _macs(shape))
+            for q in quantities}
+
+
+def _flat_targets(shape: Workload) -> Targets:
+    """Exercise 2.1: sectors per load and per store request halfway (on a log scale: the geometric
+    mean) between chapter 2's flat kernel, coalesced, and the same sum with a warp's lanes down a
+    column of the output, uncoalesced (chapter 2's conv2d_naive_z in blocks of 1 × 32), both
+    measured on the shape: a coalesced kernel that does a little more or less than the chapter's
+    (taps clamped to the image, another loop order) passes, one whose lanes are not consecutive
+    output columns fails, with the margin of the factor between the two."""
+    quantities = ("sectors per load request", "sectors per store request")
+    chapter = _conv_counters(naive.conv2d_naive_flat, shape, quantities)
+    column = _conv_counters(lambda *a, **kw: naive.conv2d_naive_z(*a, block=(1, 32), **kw), shape, quantities)
+    t = Targets({q: _round(math.sqrt(chapter[q] * column[q])) for q in quantities})
+    t.source = ("halfway between chapter 2's conv2d_naive_flat, coalesced ("
+                + ", ".join(f"{_round(chapter[q])}" for q in quantities)
+                + "), and a warp's lanes down a column of the output, uncoalesced (conv2d_naive_z in blocks of "
+                  "1 × 32: " + ", ".join(f"{_round(column[q])}" for q in quantities)
+                + ") on the same shape, for loads and stores")
+    return t
+
+
+def _direct_regtile_targets(shape: Workload, MT: int, ROWS: int, BLOCK: int) -> Targets:
+    """Exercise 5.3: chapter 5's conv2d_direct_regtile with the same MT, ROWS and BLOCK on the shape."""
+    from .ops import fused
+
+    quantities = ("shared loads per multiply-add", "global load bytes per multiply-add")
+    got = _conv_counters(lambda x, w, y, **kw: fused.conv2d_direct_regtile(x, w, y, MT=MT, ROWS=ROWS, BLOCK=BLOCK,
+                                                                             **kw), shape, quantities)
+    t = Targets({q: _round_up(v) for q, v in got.items()})
+    t.source = f"chapter 5's conv2d_direct_regtile with MT={MT}, ROWS={ROWS}, BLOCK={BLOCK} on the same shape"
+    return t
+
+
+def _register_tile_targets(shape: Workload, BM: int, BN: int, BK: int, TM: int, TN: int) -> Targets:
+    """Exercise 5.2: the shared values the exercise's loop loads with these tunables, per
+    multiply-add of the shape: each thread's TM + TN values of a step kk feed its TM·TN
+    multiply-adds, over every block of (BM/TM)·(BN/TN) threads and every step of BK."""
+    N, KD = shape.B * shape.Ho * shape.Wo, shape.C * shape.K * shape.K
+    blocks = -(-N // BN) * -(-shape.M // BM)
+    threads, steps = (BM // TM) * (BN // TN), -(-KD // BK)
+    t = Targets({"shared loads per multiply-add": _round_up(blocks * threads * steps * BK * (TM + TN) / _macs(shape))})
+    t.source = (f"the micro-tile's loop with BM={BM}, BN={BN}, BK={BK}, TM={TM}, TN={TN}: each thread's "
+                f"TM + TN = {TM + TN} values per step kk for TM·TN = {TM * TN} multiply-adds, on {blocks} "
+                f"block{'s' if blocks > 1 else ''} of {threads} threads and {steps} steps of BK on the same shape")
+    return t
+
+
+#: The exercises whose targets are measured when asked for: key -> targets(shape, **tunables).
+_DERIVED = {"02": _flat_targets, "05_direct_regtile": _direct_regtile_targets,
+            "05_register_tiles": _register_tile_targets}
+
+
+def check_targets(key: str, **tunables) -> dict:
+    """The counter targets of an exercise's kernel: those kept in convlab.exercise_answers.TARGETS,
+    or, for the exercises whose targets come from a kernel (2.1, 5.2, 5.3), measured now on the
+    emulator on counter_shape(key) with the tunables given (check_targets("05_direct_regtile",
+    MT=8, ROWS=2, BLOCK=128); the exercise's own for those left out, exercise_answers.TUNABLES)
+    and made again by check_counters for another shape. On a GPU those hold no numbers (the
+    counters are graded on the emulator) but still name the exercise."""
+
+    if key not in _DERIVED:
+        if tunables:
+            raise TypeError(f"the targets of {key!r} take no tunables")
+        targets = Targets(TARGETS[key])
+    else:
+        known = TUNABLES.get(key, {})
+        unknown = sorted(set(tunables) - set(known))
+        if unknown:
+            raise TypeError(f"the targets of {key!r} take the tunables {', '.join(known) or 'none'}; not "
+                            f"{', '.join(unknown)}")
+        values = {k: int(v) for k, v in {**known, **tunables}.items()}
+        derive = _DERIVED[key]
+
+        def make(shape, derive=derive, values=values):
+            t = derive(shape, **values)
+            t.key, t.shape, t.derive = key, shape, make
+            return t
+        if cl.backend() == "emu":
+            return make(counter_shape(key))
+        targets = Targets()
+        targets.derive = make
     targets.key = key
     return targets
 

@@ -16,6 +16,7 @@ Expected values live here, never in the notebook. A check never raises; it retur
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -49,11 +50,15 @@ class Puzzle:
     checks: str                        # what the check looks at, in a few words (the report's table)
     cases: Callable[[], list]          # -> [Launch]
     rtol: float = 1e-5
-    faults: dict = field(default_factory=dict)      # error class name -> what it usually means here
+    # what a fault usually means here, by its kind (_fault_kind): "OutOfBoundsError" on a kernel
+    # argument, "OutOfBoundsError shared" on a __shared__ array, "RaceError" (a read against a
+    # write); a kind with no entry gets no advice (two stores to one element: describe_error says it)
+    faults: dict = field(default_factory=dict)
     mistakes: list = field(default_factory=list)    # (text, test(launch, got) -> bool), tried in order
     sectors_max: float | None = None   # every global access: sectors per request at most this
     conflicts_max: int | None = None   # every shared access: bank conflicts at most this
     picture: dict | None = None        # cl.draw keywords for the picture shown when right ("case": which)
+    halo: bool = False                 # its shared tile has a halo (the unwritten-tile verdict says so)
 
 
 PUZZLES: dict[str, Puzzle] = {}
@@ -248,6 +253,7 @@ _add(Puzzle(
     faults={"OutOfBoundsError": "the halo of the first and last block lies outside the array: load 0 "
                                 "there instead of reading a[-1] or a[n]",
             "RaceError": _RACE},
+    halo=True,
     picture={"what": "shared", "block_id": (1, 0, 0), "shape": (1, 34), "height": 1.6},
 ))
 
@@ -272,7 +278,10 @@ _add(Puzzle(
     rtol=1e-5,
     faults={"OutOfBoundsError": "a halo cell outside the image: load 0 there (check 0 <= r < rows and "
                                 "0 <= c < cols for the image pixel of each tile cell)",
+            "OutOfBoundsError shared": "an index past the tile: a row of the tile is TILE = BLOCK + 2 cells "
+                                       "wide, so cell k is row k / TILE, column k % TILE",
             "RaceError": _RACE},
+    halo=True,
     picture={"what": "shared", "block_id": (1, 0, 0), "shape": (10, 10)},
 ))
 
@@ -591,7 +600,9 @@ def _compare(puzzle: Puzzle, case: Launch, name: str, got: np.ndarray) -> tuple[
         first = int(np.flatnonzero(poison)[0])
         return "wrong", (f"{int(poison.sum())} of {got.size} elements of {name} were computed from __shared__ "
                          f"memory that no thread wrote (the emulator fills it with NaN for each block), the first "
-                         f"at {_at(case, got.shape, first)}: does the load cover the whole tile, halo included?")
+                         f"at {_at(case, got.shape, first)}: does the load cover the whole tile"
+                         f"{', halo included' if puzzle.halo else ''}, and does each thread read a cell "
+                         f"that was written?")
     first = int(np.flatnonzero(bad)[0])
     if never.any():
         first_never = int(np.flatnonzero(never)[0])
@@ -599,6 +610,19 @@ def _compare(puzzle: Puzzle, case: Launch, name: str, got: np.ndarray) -> tuple[
                          f"{_at(case, got.shape, first_never)}: does every element get a thread?")
     return "wrong", (f"{name}{_at(case, got.shape, first)} is {g.flat[first]:.6g}, expected {w.flat[first]:.6g} "
                      f"({int(bad.sum())} of {got.size} wrong)")
+
+
+def _fault_kind(e: BaseException) -> str:
+    """Which of a puzzle's advices a fault's premise fits: its class name, with " shared" for an
+    out-of-range access to a __shared__ array (the advices of "OutOfBoundsError" are about the
+    kernel's arguments), and "RaceError stores" for two threads storing to one element (the
+    advices of "RaceError" are about a read against a write)."""
+    kind, msg = type(e).__name__, str(e)
+    if isinstance(e, cl.OutOfBoundsError) and "__shared__ " in msg.split(" by thread")[0]:
+        return kind + " shared"
+    if isinstance(e, cl.RaceError) and " reads it" not in msg.split(", and nothing orders")[0]:
+        return kind + " stores"
+    return kind
 
 
 def _counters(puzzle: Puzzle, kernel, case: Launch):
@@ -674,7 +698,7 @@ def check(name: str, kernel, *, draw: bool = True) -> Verdict:
         try:
             _launch(kern, case)
         except Exception as e:  # noqa: BLE001
-            advice = puzzle.faults.get(type(e).__name__)
+            advice = puzzle.faults.get(_fault_kind(e))
             text = f"✗ {case.what}: {describe_error(e)}"
             return _say(False, text + (f"\n  In this puzzle that usually means: {advice}" if advice else ""))
         for out, tensor in case.outputs.items():
