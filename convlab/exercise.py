@@ -445,6 +445,12 @@ def verdict(y, ref, *, rtol: float = 1e-4, atol: float | None = None, labels: st
         if mistake:
             return False, mistake
 
+    if not n_never and n_bad == got.size > 1:
+        diff = got - want
+        off = float(np.median(diff))
+        if np.all(np.abs(diff - off) <= atol + rtol * np.abs(want)):
+            return False, (f"every output is {off:+.6g} off the reference, the same amount everywhere: does the sum "
+                           f"start at 0 (acc = 0 before the loop, not left unset or set to another value)?")
     first = tuple(int(i) for i in np.argwhere(bad)[0])
     moved = None if n_never else _moved(got, want, bad, atol + rtol * np.abs(got), labels, locate)
     if n_never:
@@ -1714,7 +1720,11 @@ def check_timing(time_it, *, seed: int | None = None) -> Verdict:
     named = next((text for value, text in (
         (qs[0], f"the fastest of your {n} runs (min(times))"), (qs[-1], f"the slowest of your {n} runs (max(times))"),
         (samples[0], f"the first of your {n} runs"), (samples[-1], f"the last of your {n} runs"),
-        (p25, "your p25, the first quartile"), (p75, "your p75, the third quartile"))
+        (p25, "your p25, the first quartile"), (p75, "your p75, the third quartile"),
+        *zip(statistics.quantiles(samples, n=4)[::2], ("the first quartile of your runs (statistics.quantiles(times, "
+                                                       "n=4) gives [p25, median, p75], in that order)",
+                                                       "the third quartile of your runs (statistics.quantiles(times, "
+                                                       "n=4) gives [p25, median, p75], in that order)")))
         if math.isclose(ms, value, rel_tol=1e-9, abs_tol=1e-12)), None)
     middle = 2 * below <= n and 2 * above <= n
     if not middle and named is None and abs(ms - mean) < abs(ms - median) and abs(mean - median) > 0.05 * median:

@@ -119,7 +119,7 @@ _add(Puzzle(
     mistakes=[("only the first block's elements were written: every block used the same indices. "
                "The element of a thread is blockIdx.x * blockDim.x + threadIdx.x", _only_first_block)],
     faults={"OutOfBoundsError": "is the element index blockIdx.x * blockDim.x + threadIdx.x?",
-            "RaceError": "several blocks wrote the same elements: the element of a thread is "
+            "RaceError stores": "several blocks wrote the same elements: the element of a thread is "
                          "blockIdx.x * blockDim.x + threadIdx.x, different in every block"},
     picture={"what": "threads", "block_id": (1, 0, 0), "shape": (6, 16), "height": 3.2},
 ))

@@ -6,6 +6,9 @@ checks directly: no notebook is executed."""
 import linecache
 import math
 import re
+import shutil
+import subprocess
+import tempfile
 from pathlib import Path
 
 import nbformat
@@ -137,19 +140,110 @@ def test_02_correct_alternatives_pass(alternative, capsys):
     _passes(ex.check_kernel(ns["launch"]), capsys)
 
 
-def test_02_counters_grade_coalescing(capsys):
-    ns = _exercise("02_naive_kernel", "my_conv")
-    out = _passes(ex.check_counters(ns["launch"], ex.check_targets("02"), shape=ex.COUNTER_SHAPE), capsys)
-    assert "sectors per load request (target ≤ 2.8)" in out and "the line that moves the most" in out
-    # lanes down a column: right, but a warp's loads are Ho rows apart
-    ns = _exercise("02_naive_kernel", "my_conv", [
-        ("const int w = i % Wo;\n        const int h = (i / Wo) % Ho;",
-         "const int h = i % Ho;\n        const int w = (i / Ho) % Wo;"),
-        ("        y[i] = acc;", "        y[((b * M + m) * Ho + h) * Wo + w] = acc;")])
-    out = capsys.readouterr().out
-    verdict = ex.check_counters(ns["launch"], ex.check_targets("02"), shape=ex.COUNTER_SHAPE)
-    out = capsys.readouterr().out
-    assert not verdict and "correct, but not within the targets" in out and "sectors per load request" in out
+LOOP_02 = """        for (int c = 0; c < C; ++c)
+            for (int p = 0; p < K; ++p)
+                for (int q = 0; q < K; ++q) {
+                    const int ih = h * stride + p - pad;
+                    const int iw = w * stride + q - pad;
+                    if (ih >= 0 && ih < H && iw >= 0 && iw < W)
+                        acc += x[((b * C + c) * H + ih) * W + iw]
+                             * k[((m * C + c) * K + p) * K + q];
+                }"""
+UNPICK_02 = "const int w = i % Wo;\n        const int h = (i / Wo) % Ho;\n        const int m = (i / (Wo * Ho)) % M;"
+#: right, and coalesced: a warp's lanes are consecutive output columns
+COALESCED_02 = {
+    "solution": [],
+    # the valid taps' range worked out once: lanes at the image's edge start their loops elsewhere,
+    # so a few requests span two rows (2.88 sectors per load request where the chapter's kernel has 2.8)
+    "taps clamped to the image": [(LOOP_02, """        const int h0 = h * stride - pad, w0 = w * stride - pad;
+        const int p0 = max(0, -h0), p1 = min(K, H - h0);
+        const int q0 = max(0, -w0), q1 = min(K, W - w0);
+        for (int c = 0; c < C; ++c)
+            for (int p = p0; p < p1; ++p)
+                for (int q = q0; q < q1; ++q)
+                    acc += x[((b * C + c) * H + h0 + p) * W + w0 + q]
+                         * k[((m * C + c) * K + p) * K + q];""")],
+    "channels innermost": [(LOOP_02, LOOP_02.replace("for (int c = 0; c < C; ++c)\n            for (int p = 0; p < K; ++p)\n"
+                                                     "                for (int q = 0; q < K; ++q) {",
+                                                     "for (int p = 0; p < K; ++p)\n            for (int q = 0; q < K; ++q)\n"
+                                                     "                for (int c = 0; c < C; ++c) {"))],
+}
+#: right, but uncoalesced: a warp's lanes are not consecutive output columns
+UNCOALESCED_02 = {
+    "lanes down a column": [(UNPICK_02, "const int h = i % Ho;\n        const int w = (i / Ho) % Wo;\n"
+                                        "        const int m = (i / (Wo * Ho)) % M;"),
+                            ("        y[i] = acc;", "        y[((b * M + m) * Ho + h) * Wo + w] = acc;")],
+    "lanes over the maps": [(UNPICK_02, "const int m = i % M;\n        const int w = (i / M) % Wo;\n"
+                                        "        const int h = (i / (M * Wo)) % Ho;"),
+                            ("        y[i] = acc;", "        y[((b * M + m) * Ho + h) * Wo + w] = acc;")],
+}
+
+
+@pytest.mark.parametrize("variant", COALESCED_02)
+def test_02_counters_pass_coalesced_kernels(variant, capsys):
+    ns = _exercise("02_naive_kernel", "my_conv", COALESCED_02[variant])
+    out = _passes(ex.check_counters(ns["launch"], ex.check_targets("02"), shape=ex.counter_shape("02")), capsys)
+    assert "sectors per load request (target ≤ 5.77)" in out and "the line that moves the most" in out, out
+    assert "halfway between chapter 2's conv2d_naive_flat" in out, out
+
+
+@pytest.mark.parametrize("variant", UNCOALESCED_02)
+def test_02_counters_fail_uncoalesced_kernels(variant, capsys):
+    ns = _exercise("02_naive_kernel", "my_conv", UNCOALESCED_02[variant])
+    verdict = ex.check_counters(ns["launch"], ex.check_targets("02"), shape=ex.counter_shape("02"))
+    out = _fails_with(verdict, capsys, "correct, but not within the targets", "sectors per load request")
+    assert "(global load:" in out.split("the line that moves the most: ")[1], out
+
+
+def test_02_targets_separate_coalesced_from_uncoalesced_with_margin():
+    """The targets lie between the two kinds with a factor of at least 1.5 on either side, and come from
+    the chapter's kernel and the uncoalesced reference measured on the same shape (2.8 and 11.9
+    sectors per load request on it)."""
+    s = ex.counter_shape("02")
+    targets = ex.check_targets("02")
+    assert targets.key == "02" and "conv2d_naive_z in blocks of 1 × 32: 11.9, 24.0" in targets.source
+    measured = {}
+    for kind, variants in (("coalesced", COALESCED_02), ("uncoalesced", UNCOALESCED_02)):
+        for name, changes in variants.items():
+            ns = _exercise("02_naive_kernel", "my_conv", changes)
+            x, w = cl.randn(s.B, s.C, s.H, s.W), cl.randn(s.M, s.C, s.K, s.K)
+            y = cl.empty(s.B, s.M, s.Ho, s.Wo)
+            k = cl.profile(lambda: ns["launch"](x, w, y, s.stride, s.padding)).kernels[-1]
+            measured[kind, name] = ex._quantity("sectors per load request", k, None)
+    most = targets["sectors per load request"]
+    assert all(v * 1.5 <= most for (kind, _), v in measured.items() if kind == "coalesced"), measured
+    assert all(v >= 1.5 * most for (kind, _), v in measured.items() if kind == "uncoalesced"), measured
+    # on another shape the targets are measured again on it
+    again = targets.derive(ex.COUNTER_SHAPE)
+    assert again.shape == ex.COUNTER_SHAPE and set(again) == set(targets) and again.key == "02"
+    assert ex.check_counters(_exercise("02_naive_kernel", "my_conv")["launch"], targets, shape=ex.COUNTER_SHAPE)
+
+
+# ---- advice only where its premise holds: wrong everywhere is not "check the bounds test" -------
+
+EDGE_ADVICE = "only outputs at the image's edge are wrong"
+
+
+@pytest.mark.parametrize("exercise, cuda, check, words", [
+    ("02", [("float acc = 0.0f;", "float acc = 1.0f;")], None, ("every output is +1 off the reference",)),
+    ("06", [("acc = __hfma2(pair, __half2half2(v), acc);", "acc = __hfma2(acc, pair, __half2half2(v));")], None,
+     ("(9 of 9 outputs wrong)",)),
+    ("05.2", [("acc[i][j] += a[i] * b[j];", "acc[j % TM][i] += a[i] * b[j];")], None, ("wrong at",)),
+    ("05.2", [("            acc[i][j] = 0.0f;", "            acc[i][j] = 0.5f;")], None,
+     ("every output is +0.5 off the reference",)),
+], ids=["02 sum starts at 1", "06 __hfma2 arguments in the wrong order", "05.2 acc index swapped",
+        "05.2 sum starts at 0.5"])
+def test_wrong_everywhere_is_not_told_to_check_the_bounds(exercise, cuda, check, words, capsys):
+    if exercise == "02":
+        verdict = ex.check_kernel(_exercise("02_naive_kernel", "my_conv", cuda)["launch"])
+    elif exercise == "06":
+        verdict = ex.check_kernel(_exercise("06_half2", "my_half2", cuda, launch_cell="def pack_pairs")["launch"],
+                                  fp16="half")
+    else:
+        ns = _regtile(cuda)
+        verdict = ex.check_kernel(ns["launch"], ns["SHAPES"], locate=ns["where"])
+    out = _fails_with(verdict, capsys, *words)
+    assert EDGE_ADVICE not in out, out
 
 
 # ---- 03: the halo load and the barriers -------------------------------------------------------
@@ -433,8 +527,25 @@ def test_05_implicit_gemm_solution_passes(capsys):
     _passes(ex.check_kernel(_exercise("05_implicit_gemm", "my_fused")["launch"]), capsys)
 
 
-def _regtile(cuda=(), python=()):
-    return _exercise("05_register_tiles", "my_regtile", cuda, python, setup=("BM, BN",))
+def _regtile(cuda=(), python=(), **tunables):
+    """Exercise 5.2 mutated by `cuda` and `python`, at the tunables given (BM, BN, BK, TM, TN: the
+    notebook's own for those left out)."""
+    if not tunables:
+        return _exercise("05_register_tiles", "my_regtile", cuda, python, setup=("BM, BN",))
+    ns = {"cl": cl, "ex": ex, "torch": torch, "np": __import__("numpy")}
+    nb = _nb("05_register_tiles")
+    _run_cells(nb, ns, ("BM, BN",))
+    ns.update(tunables)
+    ns["THREADS"] = (ns["BM"] // ns["TM"]) * (ns["BN"] // ns["TN"])
+    defines, body = _cuda_cell(nb, "my_regtile", ns)
+    ns["my_regtile"] = cl.load_source(_mutate(_strip_markers(body), cuda), name=f"my_regtile_m{next(_counter)}",
+                                      defines=defines)
+    _run_cells(nb, ns, ("def launch",), python)
+    return ns
+
+
+def _regtile_targets(ns):
+    return ex.check_targets("05_register_tiles", **{k: ns[k] for k in ("BM", "BN", "BK", "TM", "TN")})
 
 
 @pytest.mark.parametrize("cuda, python, words", [
@@ -560,15 +671,68 @@ def test_06_wmma_misaligned_pointer_names_the_array_and_the_line(capsys):
     assert "0x7" not in out and re.search(r"my_wmma_m\d+\.cu:\d+", out), out
 
 
-def test_05_register_tile_counters_grade_the_shared_loads(capsys):
-    shape, targets = ex.counter_shape("05_register_tiles"), ex.check_targets("05_register_tiles")
-    out = _passes(ex.check_counters(_regtile()["launch"], targets, shape=shape), capsys)
-    assert "0.375 shared loads per multiply-add (target ≤ 0.375)" in out
-    # the micro-tile computed straight from shared memory: right, but 2 loads per multiply-add again
-    ns = _regtile([("acc[i][j] += a[i] * b[j];", "acc[i][j] += As[kk][tm * TM + i] * Bs[kk][tn * TN + j];")])
-    verdict = ex.check_counters(ns["launch"], targets, shape=shape)
-    out = capsys.readouterr().out
-    assert not verdict and "not within the targets" in out and "shared loads per multiply-add" in out
+#: correct micro-tiles whose shared loads nvcc compiles as the solution's: the products straight
+#: from shared memory (nvcc keeps each As and Bs value of a step in a register: the same 12
+#: ld.shared a step), the loads inside the product loop, the loops in the other order
+REGTILE_SAME_LOADS = {
+    "products from shared memory": [("acc[i][j] += a[i] * b[j];", "acc[i][j] += As[kk][tm * TM + i] * Bs[kk][tn * TN + j];")],
+    "j outer": [("""            for (int i = 0; i < TM; ++i)
+                for (int j = 0; j < TN; ++j)
+                    acc[i][j] += a[i] * b[j];""", """            for (int j = 0; j < TN; ++j)
+                for (int i = 0; i < TM; ++i)
+                    acc[i][j] = fmaf(a[i], b[j], acc[i][j]);""")],
+}
+
+
+@pytest.mark.parametrize("cuda, tunables", [
+    ((), {}),
+    (REGTILE_SAME_LOADS["products from shared memory"], {}),
+    (REGTILE_SAME_LOADS["j outer"], {}),
+    ((), {"BM": 64, "BN": 32, "TM": 8, "TN": 4}),     # a tile taller than the shape's 32 maps
+    ((), {"TM": 8, "TN": 8, "BK": 4}),
+], ids=["solution", "products from shared memory", "j outer", "BM=64 BN=32 TM=8 TN=4", "TM=8 TN=8 BK=4"])
+def test_05_register_tile_counters_pass_correct_tiles(cuda, tunables, capsys):
+    ns = _regtile(cuda, **tunables)
+    assert _passes(ex.check_kernel(ns["launch"], ns["SHAPES"], locate=ns["where"]), capsys)
+    out = _passes(ex.check_counters(ns["launch"], _regtile_targets(ns), shape=ex.counter_shape("05_register_tiles")),
+                  capsys)
+    if not tunables:
+        assert "0.375 shared loads per multiply-add (target ≤ 0.375)" in out, out
+    assert f"BM={ns['BM']}, BN={ns['BN']}, BK={ns['BK']}, TM={ns['TM']}, TN={ns['TN']}" in out, out
+
+
+def test_05_register_tile_shared_loads_agree_with_nvcc():
+    """The rule the counters grade by (ex.shared_values) against nvcc itself: the variants it counts
+    as the solution compile to as many shared loads per multiply-add, counted in 4-byte values
+    (PTX: ld.shared.v4 is 4). Needs nvcc (no GPU)."""
+    nvcc = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else None)
+    if nvcc is None:
+        pytest.skip("needs nvcc")
+    def values(nb, module, changes, defines):
+        _, body = _cuda_cell(_nb(nb), module, defines)
+        return _ptx_shared_values(nvcc, _mutate(_strip_markers(body), changes), defines)
+
+    regtile = dict(BM=32, BN=64, BK=8, TM=4, TN=8)
+    want = values("05_register_tiles", "my_regtile", (), regtile)
+    for name, changes in REGTILE_SAME_LOADS.items():
+        assert values("05_register_tiles", "my_regtile", changes, regtile) == want, name
+    direct = dict(MT=4, ROWS=3, BLOCK=64, M_OUT=4, C_IN=2, KSIZE=5, STRIDE=1)
+    want = values("05_direct_regtile", "my_direct", (), direct)
+    for name, changes in {"scalar mask loads": SCALAR_05D, "rows outer": ROWS_OUTER_05D}.items():
+        assert values("05_direct_regtile", "my_direct", changes, direct) == want, name
+
+
+def _ptx_shared_values(nvcc, source, defines):
+    """4-byte values loaded by the ld.shared instructions of source compiled by nvcc to PTX (sm_80),
+    per fused multiply-add (the same ratio however far nvcc unrolls a loop)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cu, ptx = Path(tmp) / "k.cu", Path(tmp) / "k.ptx"
+        cu.write_text(source)
+        subprocess.run([nvcc, "-ptx", "-arch=sm_80", *(f"-D{k}={v}" for k, v in defines.items()), str(cu), "-o",
+                        str(ptx)], check=True, capture_output=True)
+        text = ptx.read_text()
+    loads = re.findall(r"ld\.shared(?:\.v(\d))?\.[bfsu]\d+", text)
+    return sum(int(v or 1) for v in loads) / len(re.findall(r"\bfma\.rn\.f32\b", text))
 
 
 # ---- untouched exercises: "not done yet", and only there -----------------------------------------
@@ -686,6 +850,13 @@ MUTANTS_02T = {
     "events not waited for": ([("        end.synchronize()       # the host waits until the GPU has passed `end`\n", "")],
                               ("events recorded but not waited for", "cudaErrorNotReady")),
     "too few runs": ([("runs=20", "runs=4")], ("4 timed runs: too few to say a spread",)),
+    "min(times) as the median": ([("    return median, p25, p75", "    return min(times), p25, p75")],
+                                 ("the fastest of your 20 runs (min(times)), not their median", "statistics.median")),
+    "max(times) as the median": ([("    return median, p25, p75", "    return max(times), p25, p75")],
+                                 ("the slowest of your 20 runs (max(times)), not their median",)),
+    "the quartiles' order mixed up": ([("    p25, median, p75 = statistics.quantiles(times, n=4)",
+                                        "    median, p25, p75 = statistics.quantiles(times, n=4)")],
+                                      ("the first quartile of your runs", "[p25, median, p75], in that order")),
     "one interval around all runs": ([(
         "    for _ in range(runs):\n        gpu.flush_l2()          # a cold L2, as a layer finds it in a network\n" + EVENTS_02T,
         "    start, end = gpu.event(), gpu.event()\n    start.record()\n    for _ in range(runs):\n        gpu.flush_l2()\n"
@@ -697,7 +868,9 @@ MUTANTS_02T = {
 @pytest.mark.parametrize("mistake", MUTANTS_02T)
 def test_02_timing_mistakes_are_named(mistake, capsys):
     changes, words = MUTANTS_02T[mistake]
-    _fails_with(ex.check_timing(_time_it(changes), seed=7), capsys, *words)
+    out = _fails_with(ex.check_timing(_time_it(changes), seed=7), capsys, *words)
+    if "median" in mistake:
+        assert "the quartiles" not in out and "the mean" not in out, out
 
 
 @pytest.mark.parametrize("alternative", [
@@ -710,6 +883,11 @@ def test_02_timing_mistakes_are_named(mistake, capsys):
                   "        times.append(gpu.now() - t0)"),
      ("    p25, median, p75 = statistics.quantiles(times, n=4)",
       "    p25, _, p75 = statistics.quantiles(times, n=4)\n    median = statistics.median(times)")],
+    # numpy's percentiles; the upper of the two middle runs as the median
+    [("    p25, median, p75 = statistics.quantiles(times, n=4)",
+      "    import numpy as np\n    p25, median, p75 = np.percentile(times, [25, 50, 75])")],
+    [("    p25, median, p75 = statistics.quantiles(times, n=4)",
+      "    p25, _, p75 = statistics.quantiles(times, n=4)\n    median = sorted(times)[len(times) // 2]")],
 ])
 def test_02_timing_correct_alternatives_pass(alternative, capsys):
     out = _passes(ex.check_timing(_time_it(alternative), seed=7), capsys)

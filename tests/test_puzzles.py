@@ -169,3 +169,35 @@ def test_a_cell_that_did_not_compile_is_said():
 
     verdict = pz.check("map", FailedModule("add_ten", "error: expected ';'"), draw=False)
     assert not verdict and "did not compile" in verdict.text
+
+
+#: puzzle -> [(the mistake, [(solution text, mistaken text)], what the verdict must say, what it must
+#: not say)]: advice whose premise does not hold on the fault is not given
+ADVICE = {
+    "reverse_block": [("two threads store to one cell (t / 2): no loop, no barrier to add",
+                       [("tile[t] = a[base + t];", "tile[t / 2] = a[base + t];")],
+                       "each element needs exactly one writer", ("inside its loop", "In this puzzle that usually"))],
+    "tile_2d": [("the tile's rows BLOCK wide: an index past the tile, not a pixel outside the image",
+                 [("tile[k / TILE][k % TILE]", "tile[k / BLOCK][k % BLOCK]")],
+                 "a row of the tile is TILE = BLOCK + 2 cells wide", ("load 0 there",))],
+    "coalesced_transpose": [("the tile's row j left out: no halo here",
+                             [("tile[threadIdx.y + j][threadIdx.x] = a[(y + j) * cols + x];",
+                               "tile[threadIdx.y][threadIdx.x] = a[(y + j) * cols + x];")],
+                             "does the load cover the whole tile", ("halo",))],
+}
+
+
+@needs_emulator
+@pytest.mark.parametrize("name,mistake,edits,says,never", [
+    (name, mistake, edits, says, never) for name, cases in sorted(ADVICE.items())
+    for mistake, edits, says, never in cases], ids=lambda v: v if isinstance(v, str) and " " not in v else None)
+def test_advice_only_where_its_premise_holds(name, mistake, edits, says, never):
+    source = _solution(CELLS[name][1])
+    for old, new in edits:
+        assert old in source, f"{name}: the mutant's text is not in the solution: {old!r}"
+        source = source.replace(old, new)
+    verdict = _check(name, source, "advice" + str(abs(hash(mistake)) % 10**6))
+    assert not verdict, f"{name}, {mistake}: the mistake passed"
+    assert says in verdict.text, f"{name}, {mistake}: {verdict.text}"
+    for words in never:
+        assert words not in verdict.text, f"{name}, {mistake}: {verdict.text}"
