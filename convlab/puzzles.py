@@ -148,6 +148,17 @@ def _guard_case(n, block):
                   f"n={n}, {_count(_blocks(n, block), 'block')} of {block}")
 
 
+def _axes_swapped(launch: Launch, got: np.ndarray) -> bool:
+    """What a 2D kernel that takes its row from x and its column from y writes: the elements with
+    row < gridDim.x * blockDim.x and col < gridDim.y * blockDim.y, each right, and no other."""
+    rows, cols = got.shape
+    swapped = (np.arange(rows)[:, None] < launch.grid[0] * launch.block[0]) & \
+              (np.arange(cols)[None, :] < launch.grid[1] * launch.block[1])
+    want = launch.want["out"]
+    return not swapped.all() and bool((~_never(got) == swapped).all()) and \
+        _matches(np.where(swapped, got, 0), np.where(swapped, want, 0))
+
+
 _add(Puzzle(
     "map_2d", "ch2", "add_bias_2d",
     "out[r][c] = a[r][c] + bias[c] on a 2D grid of 2D blocks, rows and columns no multiple of the block",
@@ -156,7 +167,10 @@ _add(Puzzle(
                lambda launch, got: _matches(got, _bias_by_row(launch))),
               ("the rows are read `rows` apart: a row of the row-major matrix is `cols` elements long, "
                "so element (row, col) is at row * cols + col",
-               lambda launch, got: _matches(got, _row_stride_rows(launch)))],
+               lambda launch, got: _matches(got, _row_stride_rows(launch))),
+              ("row and col come from the wrong axes: the threads cover rows up to gridDim.x * blockDim.x and "
+               "columns up to gridDim.y * blockDim.y, and the rest is never written. col is the x index "
+               "(blockIdx.x * blockDim.x + threadIdx.x), row the y index", _axes_swapped)],
     faults={"OutOfBoundsError": "an index past the end: is col the x index and row the y index, is a row "
                                 "`cols` elements long (a[row * cols + col]), and does the guard check "
                                 "both row < rows and col < cols?"},
@@ -250,8 +264,9 @@ _add(Puzzle(
     mistakes=[("the first and last output of each block are wrong: their neighbours are the halo, "
                "tile[0] and tile[BLOCK + 1], which a thread of the block must load (0 outside the array)",
                _edges_unwritten)],
-    faults={"OutOfBoundsError": "the halo of the first and last block lies outside the array: load 0 "
-                                "there instead of reading a[-1] or a[n]",
+    faults={"OutOfBoundsError": "a read past either end of the array: a thread past the end (i >= n) loads 0 "
+                                "into tile[1 + t], and the halo cells of the first and last block, a[i - 1] "
+                                "and a[i + 1], are 0 outside 0 .. n-1",
             "RaceError": _RACE},
     halo=True,
     picture={"what": "shared", "block_id": (1, 0, 0), "shape": (1, 34), "height": 1.6},
@@ -314,7 +329,10 @@ _add(Puzzle(
                lambda launch, got: any(_matches(got, _conv1d(launch.args[0].cpu().numpy(), _MASK5, s))
                                        for s in (2, -2, 1, -1))),
               ("the mask is flipped: c_mask[j] goes with a[i + j - R] (a correlation), not c_mask[4 - j]",
-               lambda launch, got: _matches(got, _conv1d(launch.args[0].cpu().numpy(), _MASK5[::-1])))],
+               lambda launch, got: _matches(got, _conv1d(launch.args[0].cpu().numpy(), _MASK5[::-1]))),
+              ("a tap is left out: j runs over the 2R + 1 taps, 0 to 2R inclusive (j <= 2 * R)",
+               lambda launch, got: any(_matches(got, _conv1d(launch.args[0].cpu().numpy(), _MASK5 * keep))
+                                       for keep in (np.arange(5) < 4, np.arange(5) > 0)))],
     faults={"OutOfBoundsError": "a tap past the ends of the array: count it as 0 (check 0 <= i + j - R < n)"},
 ))
 
@@ -424,7 +442,9 @@ _add(Puzzle(
                lambda launch, got: _some_lanes(launch, got))],
     faults={"WarpMaskError": "every lane named in the mask (0xffffffff: all 32) must reach the shuffle: a lane "
                              "past n must not return early; let it add 0 instead",
-            "OutOfBoundsError": _OOB_GUARD + " (a lane past n adds 0)"},
+            "OutOfBoundsError": _OOB_GUARD + " (a lane past n adds 0)",
+            "RaceError stores": "warps of two blocks wrote the same out[w]: a warp's number counts across the "
+                                "whole grid, (blockIdx.x * blockDim.x + threadIdx.x) / 32, not within its block"},
 ))
 
 
@@ -511,6 +531,10 @@ _add(Puzzle(
     mistakes=[("C is A·Bᵀ: B was read transposed. B is row-major (N columns a row): its fragment is "
                "wmma::row_major and its leading dimension N",
                lambda launch, got: _matches(got, _b_col_major(launch))),
+              ("A's tiles were read with a leading dimension of 16: A is row-major with K columns, so the "
+               "fragment's ldm is K (B's is N, C's N)", lambda launch, got: _matches(got, _lead_dim(launch, "a", 16))),
+              ("B's tiles were read with a leading dimension of 16: B is row-major with N columns, so the "
+               "fragment's ldm is N (A's is K, C's N)", lambda launch, got: _matches(got, _lead_dim(launch, "b", 16))),
               ("only the first 16 of K were summed: loop over K in steps of 16, accumulating in one fragment",
                lambda launch, got: _matches(got, _matmul(launch.args[0].cpu().numpy()[:, :16],
                                                          launch.args[1].cpu().numpy()[:16])))],
@@ -534,6 +558,20 @@ def _b_col_major(launch: Launch) -> np.ndarray:
             index = k0 * N + n0 + kk + nn * N
             read[k0:k0 + 16, n0:n0 + 16] = flat[np.minimum(index, flat.size - 1)]
     return (a.astype(np.float64) @ read).astype(np.float32)
+
+
+def _lead_dim(launch: Launch, which: str, ldm: int) -> np.ndarray:
+    """C when the 16×16 tiles of A (which="a") or B ("b") are loaded with leading dimension ldm from
+    their row-major corners: element (r, c) of a tile read from corner + r * ldm + c."""
+    a, b = (t.cpu().numpy().astype(np.float64) for t in launch.args[:2])
+    m = a if which == "a" else b
+    rows, cols = m.shape
+    flat, read = m.reshape(-1), np.empty_like(m)
+    r, c = np.meshgrid(np.arange(16), np.arange(16), indexing="ij")
+    for r0 in range(0, rows, 16):
+        for c0 in range(0, cols, 16):
+            read[r0:r0 + 16, c0:c0 + 16] = flat[np.minimum(r0 * cols + c0 + r * ldm + c, flat.size - 1)]
+    return ((read if which == "a" else a) @ (b if which == "a" else read)).astype(np.float32)
 
 
 def _wmma_case(M, N, K, seed):
@@ -639,10 +677,15 @@ def _counters(puzzle: Puzzle, kernel, case: Launch):
                          f"neighbouring addresses"))
         if puzzle.conflicts_max is not None and access.startswith("shared") and row["bank conflicts"] is not None \
                 and row["bank conflicts"] > puzzle.conflicts_max:
+            ways = row["wavefronts per request"]
+            why = ("the lanes of a warp read one column of the tile, 32 floats apart, all in one bank. One float "
+                   "of padding per row spreads a column over all 32 banks" if ways >= 16 else
+                   "the lanes of a warp read one column of the tile, and some of its words share a bank: a row "
+                   "length with a factor in common with the 32 banks (an even one) puts a column's words in the "
+                   "same banks again and again. A row of TILE + 1 floats, odd, gives each word of a column its "
+                   "own bank")
             over.append(("banks", int(number), f"the {access} at {where} has {int(row['bank conflicts']):,} bank "
-                         f"conflicts ({row['wavefronts per request']:.3g} wavefronts per request; 0 is the "
-                         f"target): the lanes of a warp read one column of the tile, 32 floats apart, all in one "
-                         f"bank. One float of padding per row spreads a column over all 32 banks"))
+                         f"conflicts ({ways:.3g} wavefronts per request; 0 is the target): {why}"))
     return over
 
 
