@@ -416,9 +416,10 @@ def verdict(y, ref, *, rtol: float = 1e-4, atol: float | None = None, labels: st
 
     if n_poisoned:
         first = tuple(int(i) for i in np.argwhere(poison_mask(y))[0])
-        questions = ("does the loop that loads the tile cover all of it, halo rows and columns included, does "
-                     "every thread wait at a __syncthreads() before reading it, and does every read stay inside "
-                     "what was written (an index, a fragment's leading dimension)?")
+        halo = ", halo rows and columns included" if inputs is not None else ""
+        questions = (f"does the loop that loads the tile cover all of it{halo}, does every thread wait at a "
+                     f"__syncthreads() before reading it, and does every read stay inside what was written (an "
+                     f"index, a fragment's leading dimension)?")
         if n_poisoned == got.size:
             return False, (f"all {got.size} outputs were computed from __shared__ memory that no thread wrote "
                            f"(the emulator fills it with NaN for each block): {questions}")
@@ -452,9 +453,12 @@ def verdict(y, ref, *, rtol: float = 1e-4, atol: float | None = None, labels: st
             return False, (f"every output is {off:+.6g} off the reference, the same amount everywhere: does the sum "
                            f"start at 0 (acc = 0 before the loop, not left unset or set to another value)?")
     first = tuple(int(i) for i in np.argwhere(bad)[0])
-    moved = None if n_never else _moved(got, want, bad, atol + rtol * np.abs(got), labels, locate)
+    moved = _moved(got, want, bad, atol + rtol * np.abs(got), labels, locate)
     if n_never:
         first_never = tuple(int(i) for i in np.argwhere(never)[0])
+        if moved:     # written to the wrong places: an index off, not outputs without a thread
+            return False, (f"{n_never} of {got.size} outputs never written, the first at {at(first_never)}, and "
+                           f"written ones hold values that belong elsewhere:\n  {moved}")
         return False, (f"{n_never} of {got.size} outputs never written, the first at {at(first_never)}: "
                        f"does every output get a thread?")
     edge = ""
@@ -635,9 +639,10 @@ class _Case:
 def _run_cases(run, cases, *, name: str, labels: str = "bmhw", out_index: int | None = 2,
                passed: str, nothing_hint: dict | None = None, explain=None) -> Verdict:
     """The checks' common path: each case run (faults printed, never raised), judged against its
-    reference and the common mistakes; the first failure is the verdict. nothing_hint: {start of
-    verdict's text for an empty output: what to add} for the operation's own causes. explain(e)
-    -> text (or ""): the operation's own reading of a fault, added under the fault's message."""
+    reference and the common mistakes; the first failure is the verdict. nothing_hint: {words of
+    the first clause of verdict's text for an empty output: what to add} for the operation's own
+    causes. explain(e) -> text (or ""): the operation's own reading of a fault, added under the
+    fault's message."""
     import torch
 
     cases = list(cases)
@@ -656,15 +661,37 @@ def _run_cases(run, cases, *, name: str, labels: str = "bmhw", out_index: int | 
         ok, text = verdict(out, case.ref, labels=labels, inputs=case.inputs, mistakes=case.mistakes,
                            locate=case.locate, **(case.bound or {}))
         if not ok and text.startswith(NOTHING):
-            hint = next((h for start, h in (nothing_hint or {}).items() if text.startswith(start)), "")
+            hint = next((h for words, h in (nothing_hint or {}).items() if words in text.split(": ")[0]), "")
             text = _nothing(run, text, out_index=out_index)
             if text.startswith("not done"):
                 return _say(False, text)
+            # "nothing written" asks whether the kernel stores at all: where it stores on a larger
+            # case, that case's verdict says what is wrong instead
+            later = _first_written(cases[i + 1:], labels) if text.startswith("✗ none of") else None
+            if later is not None:
+                other, verdict_text = later
+                return _say(False, f"✗ {case.text}: nothing was written, though on {other.text} some outputs are; "
+                                   f"there: {verdict_text}")
             return _say(False, f"{text[:2]}{case.text}: {text[2:]}{hint}")
         if not ok:
             why = f" ({case.why})" if case.why else ""
             return _say(False, f"✗ {case.text}{why}: {text}{before}")
     return _say(True, f"✓ correct: {name} {passed}")
+
+
+def _first_written(cases, labels: str):
+    """The first of cases where the launch writes some outputs, and verdict's text there (a fault
+    ends the search): (case, text), or None."""
+    for case in cases:
+        try:
+            checked_launch(case.call)
+        except Exception:  # noqa: BLE001 (the first case's verdict stands)
+            return None
+        ok, text = verdict(case.out, case.ref, labels=labels, inputs=case.inputs, mistakes=case.mistakes,
+                           locate=case.locate, **(case.bound or {}))
+        if not ok and not text.startswith(NOTHING):
+            return case, text
+    return None
 
 
 def _read_on(e: BaseException, case: _Case, labels: str) -> str:
@@ -873,10 +900,13 @@ def check_dw(launch, shapes=None, *, name: str = "your kernel") -> Verdict:
 
     return _run_cases(launch, cases(), name=name, labels=("m", "c", "ky", "kx"),
                       nothing_hint={
-                          "none of the": " (dw starts as NaN, and NaN plus anything stays NaN: a kernel that adds "
+                          "was written": " (dw starts as NaN, and NaN plus anything stays NaN: a kernel that adds "
                                          "into dw with atomicAdd needs dw.zero_() before the launch)",
-                          "all ": " (in a reduction tree each step adds, partial[t] += partial[t + s]: with `=` "
-                                  "partial[0] holds one thread's sum, 0 where that thread had no pixel)"},
+                          "outputs are 0": " (in a reduction tree each step adds, partial[t] += partial[t + s]: with "
+                                           "`=` partial[0] holds one thread's sum, 0 where that thread had no pixel)",
+                          "no thread wrote": " (a reduction's partial[] has an element per thread of the block, which "
+                                             "that thread writes: a block of fewer threads than the array leaves the "
+                                             "rest unwritten)"},
                       passed=f"matches the fp64 reference on all {len(shapes)} shapes (awkward sizes, C=1, "
                              f"B=1, odd and even K, stride 2, padding)")
 
@@ -981,7 +1011,7 @@ def check_dx(launch, shapes=None, *, name: str = "your kernel") -> Verdict:
 
     return _run_cases(launch, cases(), name=name,
                       nothing_hint={
-                          "none of the": " (dx starts as NaN: a kernel that adds into dx, with += or atomicAdd, "
+                          "was written": " (dx starts as NaN: a kernel that adds into dx, with += or atomicAdd, "
                                          "adds to that NaN. Each dx element has one thread here: sum into a "
                                          "register and store it once, dx[i] = acc)"},
                       passed=f"matches the fp64 reference on all {len(shapes)} shapes (awkward sizes, C=1, "
@@ -1143,6 +1173,10 @@ def check_stage(launch, shapes=None, *, name: str = "your kernel") -> Verdict:
                  lambda wd=wd, bd=bd, conv=conv: torch.relu(F.avg_pool2d(conv(wd, bd), 2))),
                 ("the window is 2×2 conv outputs at rows 2py, 2py+1 and columns 2px, 2px+1: only (2py, 2px) "
                  "was taken", lambda wd=wd, bd=bd, conv=conv, ref=ref: torch.relu(conv(wd, bd))[..., 0:2 * (ref.shape[-2]):2, 0:2 * ref.shape[-1]:2]),
+                ("the windows overlap: pooled output (py, px) takes the conv outputs at rows 2py, 2py+1 and columns "
+                 "2px, 2px+1, so its input row is 2 * py + dy + ky, not py + dy + ky",
+                 lambda wd=wd, bd=bd, conv=conv, ref=ref: F.max_pool2d(torch.relu(conv(wd, bd)), 2, stride=1)[
+                     ..., :ref.shape[-2], :ref.shape[-1]]),
             ]
             y = cl.empty(*ref.shape)
             yield _Case(f"B={B} C={C} M={M} {H}×{W} K={K}", "", lambda x=x, w=w, b=b, y=y: launch(x, w, b, y),
@@ -1444,6 +1478,9 @@ def _mask_index_mistakes(x, w, stride: int, pad: int):
     if C > 1:
         yield (f"the index into the mask leaves out the channel c: {tap}",
                lambda: conv(w.reshape(-1)[:M * K * K].reshape(M, 1, K, K).expand_as(w)))
+    if M > 1 and C > 1:
+        yield (f"the index into the mask puts the channel before the map, ((c * M + m) * K + p) * K + q: {tap}",
+               lambda: conv(w.reshape(C, M, K, K).transpose(0, 1)))
 
 
 def _global_reads(launch, arg: str, shape: Shape) -> str | None:
@@ -1494,7 +1531,7 @@ def check_constant_mask(launch, module, targets: dict, *, constant: str = "c_mas
     never_copied = (f"\n  Here the likely cause: the mask was never copied into `{constant}`, so the kernel read "
                     f"zeros. A __constant__ array holds zeros until the launch fills it, "
                     f"`module.set_constant(\"{constant}\", w)`, before the kernel's launch")
-    right = _run_cases(launch, cases, name=name, nothing_hint={"all ": never_copied},
+    right = _run_cases(launch, cases, name=name, nothing_hint={"outputs are 0": never_copied},
                        passed=f"matches the fp64 reference on all {len(cases)} shapes (awkward sizes, C=1, "
                               f"B=1, odd and even K, stride 2, padding)")
     if not right:

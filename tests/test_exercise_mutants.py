@@ -1539,3 +1539,194 @@ def test_11_ring_release_before_the_wait_is_caught_whichever_thread_releases(rel
             wgmma_wait<1>();""")]
     with cl.thread_order("reverse"):
         _fails_with(ex.check_ring(_ring(cuda)["my_ring"]), capsys, "still reads", "before the wgmma_wait")
+
+
+# ---- one more mistake and one more correct variant for every exercise, as a student writes them --
+
+def _coarse(cuda=(), python=(), defines=None):
+    """Exercise 7.1 mutated by `cuda` and `python`, its %%cuda cell's defines overridden by `defines`."""
+    ns = {"cl": cl, "ex": ex, "torch": torch, "np": __import__("numpy")}
+    nb = _nb("07_conv3d_coarse")
+    line_defines, body = _cuda_cell(nb, "my_coarse", ns)
+    ns["my_coarse"] = cl.load_source(_mutate(_strip_markers(body), cuda), name=f"my_coarse_m{next(_counter)}",
+                                     defines=dict(line_defines, **(defines or {})))
+    _run_cells(nb, ns, ("KS, ZC, BY",), python)
+    return ns
+
+
+def _im2col(cuda=(), python=()):
+    return _exercise("04_im2col_unroll", "my_unroll", cuda, python, launch_cell=("def unroll", "def conv2d_im2col"))
+
+
+def _pick(change):
+    ns, measured = _dispatch(change), _dispatch()
+    return ex.check_pick(ns["pick"], measured["times"], measured["layers"], device=measured["gpu"])
+
+
+def _fragment(kernel, cuda):
+    ns = _fragments(cuda)
+    element, rows, cols, n = {"load_a": ("a_element", 16, 16, 4), "load_b": ("b_element", 16, 8, 2)}[kernel]
+    regs = ex.attempt(ns["load"], kernel, rows, cols, n)
+    return ex.check_fragment(kernel, regs, ns[element], element[0].upper(), todo=ns["frag"])
+
+
+MORE_MISTAKES = {
+    "01 the padding counted once in the output size": (
+        lambda: ex.check_function(_padded([("Ho = (H + 2 * pad - K) // stride + 1", "Ho = (H + pad - K) // stride + 1"),
+                                           ("Wo = (W + 2 * pad - K) // stride + 1", "Wo = (W + pad - K) // stride + 1")])),
+        ("wrong shape: your output is (1, 2, 15, 15), expected (1, 2, 16, 16)",)),
+    "03a the tile's rows TILE long in the load": (
+        lambda: _check_03(_exercise("03a_tiled_halo", "my_tiled", [(
+            "const int iy = iy0 + i / in_w, ix = ix0 + i % in_w;", "const int iy = iy0 + i / TILE, ix = ix0 + i % TILE;")])),
+        ("wrong at", "(9 of 9 outputs wrong)")),
+    "3a.2 the channel before the map in the mask's index": (
+        lambda: _check_03a_constant([(TAP_03A, "acc += pixel * c_mask[((c * M + m) * K + p) * K + q];")]),
+        ("the index into the mask puts the channel before the map",)),
+    "3b.1 the tile's rows 34 floats long": (
+        lambda: _colsum_check([("#define ROW 33", "#define ROW 34")]),
+        ("shared bank conflicts (target 0) ✗", "bank conflicts)")),
+    "4.1 the image's index inside the row's": (
+        lambda: ex.check_unroll(_im2col([("u[((size_t)b * C * K * K + row) * P + p]", "u[((size_t)row * C + b) * P + p]")])
+                                ["unroll"]),
+        ("out-of-range", "u[")),
+    "5.1 the pixel unpicked with Ho": (
+        lambda: ex.check_kernel(_exercise("05_implicit_gemm", "my_fused", [
+            ("const int iy = (p / Wo) * stride - pad + ky;", "const int iy = (p / Ho) * stride - pad + ky;"),
+            ("const int ix = (p % Wo) * stride - pad + kx;", "const int ix = (p % Ho) * stride - pad + kx;")])["launch"]),
+        ("wrong at",)),
+    "5.4 the rule the wrong way round": (
+        lambda: _pick([("choice = fused.DIRECT_REGTILE.name if small else fused.IMPLICIT_GEMM_REG.name",
+                        "choice = fused.IMPLICIT_GEMM_REG.name if small else fused.DIRECT_REGTILE.name")]),
+        ("does not take this layer",)),
+    "6.1 the pairs indexed channel first": (
+        lambda: ex.check_kernel(_exercise("06_half2", "my_half2", [(
+            "const half2 pair = w2[((p * C + c) * K + ky) * K + kx];",
+            "const half2 pair = w2[((c * (M / 2) + p) * K + ky) * K + kx];")], launch_cell="def pack_pairs")["launch"],
+            fp16="half"),
+        ("wrong at",)),
+    "6.2 the accumulator stored column-major": (
+        lambda: (lambda ns: ex.check_kernel(ns["launch"], ns["SHAPES"], fp16="float", locate=ns["where"]))(_wmma([(
+            "acc, LDC, wmma::mem_row_major);", "acc, LDC, wmma::mem_col_major);")])),
+        ("wrong at",)),
+    "7.1 the output plane one too low": (
+        lambda: ex.check_conv3d(_coarse([("        const int oz = iz - (KS - 1);\n", "        const int oz = iz - KS;\n")])
+                                ["launch"], 3),
+        ("nothing was written, though on 9×13×37 some outputs are", "z n holds the value of z n+1")),
+    "8.1 x read without stride and padding": (
+        lambda: ex.check_dw(_exercise("08_dw_atomics", "my_dw_atomic", [(
+            "g * x[((b * C + c) * H + iy) * W + ix]", "g * x[((b * C + c) * H + oy + ky) * W + ox + kx]")],
+            launch_cell="def launch_atomic")["launch_atomic"]),
+        ("the stride is ignored",)),
+    "8.1 the reduction launched with fewer threads than THREADS": (
+        lambda: ex.check_dw(_exercise("08_dw_atomics", "my_dw_reduce", (), [(
+            "block=(threads, 1, 1))", "block=(64, 1, 1))")], launch_cell="def launch_reduce")["launch_reduce"]),
+        ("no thread wrote", "a block of fewer threads than the array leaves the rest unwritten")),
+    "8.2 dy's upper bounds off by one": (
+        lambda: ex.check_dx(_dx_gather([(" || ty / stride >= Ho", " || ty / stride > Ho"),
+                                        (" || tx / stride >= Wo", " || tx / stride > Wo")])["launch"]),
+        ("out-of-range", "dy's bounds")),
+    "9a.1 the group's first channel without C/groups": (
+        lambda: ex.check_general_kernel(_exercise("09a_groups_dilation", "my_general", [(
+            "const int c0 = (m / Mg) * Cg;", "const int c0 = m / Mg;")])["launch"]),
+        ("wrong at",)),
+    "9b.1 the A rows of lanes 8-15 and 16-23 swapped": (
+        lambda: _fragment("load_a", [("    row = l % 16;\n    col = 8 * (l / 16);",
+                                      "    row = l % 8 + 8 * (l / 16);\n    col = 8 * (l / 8 % 2);")]),
+        ("lane 0, register 1 holds A[0][8], A[0][9]; the layout needs A[8][0], A[8][1]",)),
+    "10.1 the windows overlapping": (
+        lambda: ex.check_stage(_exercise("10_fused_epilogue", "my_epilogue", [(
+            "const float* xr = x + ((b * C + c) * H + 2 * py + ky) * W + 2 * px + kx;",
+            "const float* xr = x + ((b * C + c) * H + py + ky) * W + px + kx;")],
+            launch_cell="def launch_epilogue")["launch_epilogue"]),
+        ("the windows overlap",)),
+    "10.2 the whole batch copied in first": (
+        lambda: ex.check_streams(_streamed([("    step = -(-n // chunks)\n", "    g.copy(x_dev, x_host)\n    step = -(-n // chunks)\n"),
+                                            ("            g.copy(x_dev[b0:b1], x_host[b0:b1])\n", "")])),
+        ("reads what the copy in of images 0..15 (the default stream) writes", "nothing ordering the two")),
+    "11.1 the warpgroup's rows of A left out": (
+        lambda: ex.check_ring(_ring([("uint64_t da = smem_desc_128b(a + row0 * 128);",
+                                      "uint64_t da = smem_desc_128b(a);")])["my_ring"]),
+        ("warpgroup 2 holds what warpgroup 1 computes",)),
+}
+
+
+@pytest.mark.parametrize("mistake", MORE_MISTAKES)
+def test_one_more_mistake_of_each_exercise_is_told(mistake, capsys):
+    check, words = MORE_MISTAKES[mistake]
+    out = _fails_with(check(), capsys, *words)
+    assert EDGE_ADVICE not in out, out
+
+
+MORE_CORRECT = {
+    "01 the windows by tensordot": lambda: ex.check_function(_padded([(
+        '            y += np.einsum("bchw,mc->bmhw", x[:, :, rows, cols], w[:, :, p, q],\n                           optimize=True)',
+        "            y += np.tensordot(x[:, :, rows, cols], w[:, :, p, q], axes=([1], [1])).transpose(0, 3, 1, 2)")])),
+    "2.1 the taps clamped to the image": lambda: ex.check_kernel(
+        _exercise("02_naive_kernel", "my_conv", COALESCED_02["taps clamped to the image"])["launch"]),
+    "3a.1 the barrier at the top of the channel loop": lambda: _check_03(_exercise("03a_tiled_halo", "my_tiled", [
+        ("    for (int c = 0; c < C; ++c) {\n        // x[b][c][iy][ix] = x[xbase + iy * W + ix]\n",
+         "    for (int c = 0; c < C; ++c) {\n        __syncthreads();\n"),
+        ("                         * c_mask[((m * C + c) * K + p) * K + q];\n\n        __syncthreads();\n    }",
+         "                         * c_mask[((m * C + c) * K + p) * K + q];\n    }")])),
+    "3a.2 the index multiplied out": lambda: _check_03a_constant([(
+        TAP_03A, "acc += pixel * c_mask[(m * C + c) * K * K + p * K + q];")]),
+    "3b.1 the column first in the index": lambda: _scale_check([(
+        "    w = blockIdx.x * blockDim.x + threadIdx.x;\n    h = blockIdx.y;\n",
+        "    h = blockIdx.y;\n    w = threadIdx.x + blockDim.x * blockIdx.x;\n")]),
+    "3b.1 rows 35 floats long (any odd length)": lambda: _colsum_check([("#define ROW 33", "#define ROW 35")]),
+    "4.1 one loop over the taps, the product by copy_": lambda: (lambda ns: ex.check_unroll(ns["unroll"])
+                                                             and ex.check_kernel(ns["conv2d_im2col"]))(_im2col([(
+        "    for (int ky = 0; ky < K; ++ky)\n        for (int kx = 0; kx < K; ++kx) {\n",
+        "    for (int r = 0; r < K * K; ++r) {\n            const int ky = r / K, kx = r % K;\n")], [(
+        "    torch.matmul(w.reshape(M, C * K * K), u, out=y.view(y.shape[0], M, -1))",
+        "    y.copy_((w.reshape(M, -1) @ u).view_as(y))")])),
+    "5.1 the tap unpicked by subtraction": lambda: ex.check_kernel(_exercise("05_implicit_gemm", "my_fused", [(
+        "const int c = k / (K * K), ky = k % (K * K) / K, kx = k % K;",
+        "const int c = k / (K * K), r = k - c * K * K, ky = r / K, kx = r - ky * K;")])["launch"]),
+    "5.4 other thresholds, the Impl returned": lambda: _pick([
+        ("small = shape.C * shape.K ** 2 <= 256 and shape.M <= 64",
+         "small = shape.C * shape.K * shape.K < 300 and shape.M < 100"),
+        ("choice = fused.DIRECT_REGTILE.name if small else fused.IMPLICIT_GEMM_REG.name",
+         "choice = fused.DIRECT_REGTILE if small else fused.IMPLICIT_GEMM_REG")]),
+    "6.1 __hfma2's factors the other way round": lambda: ex.check_kernel(_exercise("06_half2", "my_half2", [(
+        "acc = __hfma2(pair, __half2half2(v), acc);", "acc = __hfma2(__half2half2(v), pair, acc);")],
+        launch_cell="def pack_pairs")["launch"], fp16="half"),
+    "6.2 B's columns by pointer arithmetic": lambda: (lambda ns: ex.check_kernel(
+        ns["launch"], ns["SHAPES"], fp16="float", locate=ns["where"]))(_wmma([(
+            "wmma::load_matrix_sync(b, &Bs[0][warp * 16], LDB);", "wmma::load_matrix_sync(b, Bs[0] + 16 * warp, LDB);")])),
+    "7.1 the window shifted and cleared in one loop": lambda: ex.check_conv3d(_coarse([(
+        "        for (int j = 0; j < KS - 1; ++j) acc[j] = acc[j + 1];\n        acc[KS - 1] = 0.0f;",
+        "        for (int j = 0; j < KS; ++j) acc[j] = j + 1 < KS ? acc[j + 1] : 0.0f;")])["launch"], 3),
+    "7.1 ZC=2, BY=8, counters too": lambda: (lambda ns: ex.check_conv3d(ns["launch"], 3) and ex.check_conv3d_counters(
+        ns["launch"], 3, ex.check_targets("07")))(_coarse((), [("KS, ZC, BY = 3, 4, 4", "KS, ZC, BY = 3, 2, 8")],
+                                                          {"ZC": 2, "BY": 8})),
+    "8.1 the atomic's address by pointer arithmetic": lambda: ex.check_dw(_exercise("08_dw_atomics", "my_dw_atomic", [(
+        "atomicAdd(&dw[((m * C + c) * K + ky) * K + kx],", "atomicAdd(dw + ((m * C + c) * K + ky) * K + kx,")],
+        launch_cell="def launch_atomic")["launch_atomic"]),
+    "8.1 the tree halved by a shift": lambda: ex.check_dw(_exercise("08_dw_atomics", "my_dw_reduce", [(
+        "    for (int s = THREADS / 2; s > 0; s /= 2) {", "    for (int s = THREADS / 2; s >= 1; s >>= 1) {")],
+        launch_cell="def launch_reduce")["launch_reduce"]),
+    "8.2 fmaf": lambda: ex.check_dx(_dx_gather([(
+        "acc += dy[((b * M + m) * Ho + oy) * Wo + ox]\n                     * w[((m * C + c) * K + ky) * K + kx];",
+        "acc = fmaf(dy[((b * M + m) * Ho + oy) * Wo + ox], w[((m * C + c) * K + ky) * K + kx], acc);")])["launch"]),
+    "9a.1 the channel counted from 0 of the image": lambda: ex.check_general_kernel(_exercise(
+        "09a_groups_dilation", "my_general", [
+            ("        for (int c = 0; c < Cg; ++c)", "        for (int cc = c0; cc < c0 + Cg; ++cc)"),
+            ("acc += x[((b * C + c0 + c) * H + ih) * W + iw]", "acc += x[((b * C + cc) * H + ih) * W + iw]"),
+            ("k[((m * Cg + c) * K + p) * K + q]", "k[((m * Cg + cc - c0) * K + p) * K + q]")])["launch"]),
+    "9b.1 B's row by a mask": lambda: _fragment("load_b", [("    row = l % 16;\n    return row;",
+                                                            "    row = l & 15;\n    return row;")]),
+    "10.1 the four in another order, the bias first": lambda: ex.check_stage(_exercise(
+        "10_fused_epilogue", "my_epilogue", [(BEST_10, "best = bias[m] + fmaxf(fmaxf(acc[0][0], acc[1][1]), "
+                                                       "fmaxf(acc[1][0], acc[0][1]));")],
+        launch_cell="def launch_epilogue")["launch_epilogue"]),
+    "10.2 the streams made before the loop": lambda: ex.check_streams(_streamed([(
+        LOOP_10 + "        s = g.stream()\n",
+        "    made = [g.stream() for _ in range(chunks)]\n" + LOOP_10 + "        s = made[b0 // step]\n")])),
+    "11.1 three stages": lambda: ex.check_ring(_ring([("#define STAGES 2", "#define STAGES 3")])["my_ring"]),
+}
+
+
+@pytest.mark.parametrize("variant", MORE_CORRECT)
+def test_one_more_correct_variant_of_each_exercise_passes(variant, capsys):
+    _passes(MORE_CORRECT[variant](), capsys)
