@@ -56,7 +56,7 @@ from . import emu, network, simgpu, streams
 from .baselines import torch_algorithm
 from .exercise_answers import ANSWERS, COMPARE, COUNTER_SHAPES, RING_ROUNDS, TARGETS, TUNABLES
 from .measure import call, inputs
-from .ops import naive, out_size
+from .ops import fused, naive, out_size
 from .ops.fp16 import fp16_tolerance
 from .profile import ATOMICS, EMU_CONSTANT_ADDRESSES, EMU_CONSTANT_REQUESTS
 from .workloads import Workload, get
@@ -2038,8 +2038,6 @@ def _flat_targets(shape: Workload) -> Targets:
 
 def _direct_regtile_targets(shape: Workload, MT: int, ROWS: int, BLOCK: int) -> Targets:
     """Exercise 5.3: chapter 5's conv2d_direct_regtile with the same MT, ROWS and BLOCK on the shape."""
-    from .ops import fused
-
     quantities = ("shared loads per multiply-add", "global load bytes per multiply-add")
     got = _conv_counters(lambda x, w, y, **kw: fused.conv2d_direct_regtile(x, w, y, MT=MT, ROWS=ROWS, BLOCK=BLOCK,
                                                                              **kw), shape, quantities)
