@@ -1679,8 +1679,10 @@ def check_timing(time_it, *, seed: int | None = None) -> Verdict:
     """time_it(fn, gpu) -> (median ms, 25th, 75th percentile): a timing harness, graded on a
     simulated GPU (convlab.simgpu.SimGPU) whose kernel's cold-cache time is known, and named by its
     mistake: a host clock read without synchronize, events read before they completed, the first
-    (compiling) call timed, too few runs, the flush timed with the kernel, a hot L2, the mean. On a GPU it is then compared with
-    cl.bench on chapter 2's flat naive kernel (lenet_c1)."""
+    (compiling) call timed, too few runs, the flush timed with the kernel, a hot L2, the mean, a
+    "median" that is no middle run (named: the fastest, the slowest, the first or last, a
+    quartile), wrong quartiles. On a GPU it is then compared with cl.bench on chapter 2's flat
+    naive kernel (lenet_c1)."""
     import random
     import statistics
 
