@@ -704,35 +704,55 @@ def test_05_register_tile_counters_pass_correct_tiles(cuda, tunables, capsys):
 def test_05_register_tile_shared_loads_agree_with_nvcc():
     """The rule the counters grade by (ex.shared_values) against nvcc itself: the variants it counts
     as the solution compile to as many shared loads per multiply-add, counted in 4-byte values
-    (PTX: ld.shared.v4 is 4). Needs nvcc (no GPU)."""
+    (ld.shared.v4 and LDS.128 are 4): in PTX wherever nvcc is (no GPU needed), and in SASS too
+    where cuobjdump is."""
     nvcc = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else None)
     if nvcc is None:
         pytest.skip("needs nvcc")
-    def values(nb, module, changes, defines):
-        _, body = _cuda_cell(_nb(nb), module, defines)
-        return _ptx_shared_values(nvcc, _mutate(_strip_markers(body), changes), defines)
+    cuobjdump = shutil.which("cuobjdump") or shutil.which("cuobjdump", path=str(Path(nvcc).resolve().parent))
+    counts = [_ptx_shared_values] + ([lambda *a: _sass_shared_values(cuobjdump, *a)] if cuobjdump else [])
+    for count in counts:
+        def values(nb, module, changes, defines):
+            _, body = _cuda_cell(_nb(nb), module, defines)
+            return count(nvcc, _mutate(_strip_markers(body), changes), defines)
 
-    regtile = dict(BM=32, BN=64, BK=8, TM=4, TN=8)
-    want = values("05_register_tiles", "my_regtile", (), regtile)
-    for name, changes in REGTILE_SAME_LOADS.items():
-        assert values("05_register_tiles", "my_regtile", changes, regtile) == want, name
-    direct = dict(MT=4, ROWS=3, BLOCK=64, M_OUT=4, C_IN=2, KSIZE=5, STRIDE=1)
-    want = values("05_direct_regtile", "my_direct", (), direct)
-    for name, changes in {"scalar mask loads": SCALAR_05D, "rows outer": ROWS_OUTER_05D}.items():
-        assert values("05_direct_regtile", "my_direct", changes, direct) == want, name
+        regtile = dict(BM=32, BN=64, BK=8, TM=4, TN=8)
+        want = values("05_register_tiles", "my_regtile", (), regtile)
+        for name, changes in REGTILE_SAME_LOADS.items():
+            assert values("05_register_tiles", "my_regtile", changes, regtile) == want, name
+        direct = dict(MT=4, ROWS=3, BLOCK=64, M_OUT=4, C_IN=2, KSIZE=5, STRIDE=1)
+        want = values("05_direct_regtile", "my_direct", (), direct)
+        for name, changes in {"scalar mask loads": SCALAR_05D, "rows outer": ROWS_OUTER_05D}.items():
+            assert values("05_direct_regtile", "my_direct", changes, direct) == want, name
+
+
+def _compiled(nvcc, source, defines, kind):
+    """source compiled by nvcc: PTX for sm_80 (kind "ptx") or a cubin for sm_90 ("cubin"), as bytes."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cu, out = Path(tmp) / "k.cu", Path(tmp) / f"k.{kind}"
+        cu.write_text(source)
+        subprocess.run([nvcc, f"-{kind}", "-arch=sm_80" if kind == "ptx" else "-arch=sm_90",
+                        *(f"-D{k}={v}" for k, v in defines.items()), str(cu), "-o", str(out)],
+                       check=True, capture_output=True)
+        return out.read_bytes()
 
 
 def _ptx_shared_values(nvcc, source, defines):
     """4-byte values loaded by the ld.shared instructions of source compiled by nvcc to PTX (sm_80),
     per fused multiply-add (the same ratio however far nvcc unrolls a loop)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        cu, ptx = Path(tmp) / "k.cu", Path(tmp) / "k.ptx"
-        cu.write_text(source)
-        subprocess.run([nvcc, "-ptx", "-arch=sm_80", *(f"-D{k}={v}" for k, v in defines.items()), str(cu), "-o",
-                        str(ptx)], check=True, capture_output=True)
-        text = ptx.read_text()
+    text = _compiled(nvcc, source, defines, "ptx").decode()
     loads = re.findall(r"ld\.shared(?:\.v(\d))?\.[bfsu]\d+", text)
     return sum(int(v or 1) for v in loads) / len(re.findall(r"\bfma\.rn\.f32\b", text))
+
+
+def _sass_shared_values(cuobjdump, nvcc, source, defines):
+    """The same in the SASS of an sm_90 cubin (LDS, LDS.64, LDS.128 per FFMA), read by cuobjdump."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = Path(tmp) / "k.cubin"
+        cubin.write_bytes(_compiled(nvcc, source, defines, "cubin"))
+        text = subprocess.run([cuobjdump, "-sass", str(cubin)], check=True, capture_output=True, text=True).stdout
+    loads = re.findall(r"\bLDS(?:\.U)?(?:\.(64|128))?\b", text)
+    return sum({"": 1, "64": 2, "128": 4}[w] for w in loads) / len(re.findall(r"\bFFMA\b", text))
 
 
 # ---- untouched exercises: "not done yet", and only there -----------------------------------------
@@ -1333,6 +1353,17 @@ def test_05_direct_regtile_mistakes_are_named(mistake, capsys):
     cuda, words = MUTANTS_05_DIRECT[mistake]
     out = _fails_with(_check_direct(_direct(cuda)), capsys, *words)
     assert "only outputs at the image's edge" not in out, out
+
+
+def test_05_direct_regtile_a_missed_shared_target_names_the_shared_load(capsys):
+    # a target no kernel meets: the line named under it is the mask's shared load, not the input's global one
+    ns = _direct()
+    verdict = ex.check_counters(ns["launch"], {"shared loads per multiply-add": 0.01},
+                                shape=ex.counter_shape("05_direct_regtile"))
+    out = _fails_with(verdict, capsys, "the line that loads the most from shared memory: my_direct_m")
+    line = int(re.search(r"loads the most from shared memory: my_direct_m\d+\.cu:(\d+)", out)[1])
+    assert "wrow[4 * q]" in ns["my_direct"].src.text.splitlines()[line - 1], out
+    assert "global load" not in out, out
 
 
 def test_05_direct_regtile_per_tap_loads_name_the_load_that_moves_the_most(capsys):
