@@ -11,6 +11,7 @@
     ex.check_streams(run)            # run(g, images, chunks): chapter 10's network on streams, recorded
     ex.check_unroll(unroll)          # unroll(x, K, stride, pad) returns im2col's U
     ex.check_counters(launch, targets)   # correct, then the emulator's memory counters against targets
+    ex.check_targets("05_direct_regtile", MT=8, ROWS=2, BLOCK=128)   # targets from the chapter's kernel
     ex.check_constant_mask(launch, mod, targets)   # the mask in mod's __constant__ c_mask, then counters
     ex.check_conv3d_counters(launch, K, targets)   # the same for a 3D launch(x, w, y)
     ex.check_dx_counters(launch, targets)          # the same for a dX launch(dy, w, dx, stride, pad)
@@ -26,12 +27,15 @@
 
 Verdicts: "correct"; a named common mistake when the output matches one of them on the
 reference (flipped mask, swapped axes, padding or stride ignored, `=` for `+=`, a tile not fully
-loaded, the result rebound instead of written into y); "wrong at (b,m,h,w): expected … got …",
+loaded, the result rebound instead of written into y, every output off by one amount: a sum
+that does not start at 0); "wrong at (b,m,h,w): expected … got …",
 and when the wrong outputs hold other outputs' right values, how the two differ (by the index and
 the fields locate() names: warp 1 holds what warp 0 computes, acc[i][j] holds acc[i][j+1]'s, a
 leading dimension of 16 where the row holds 36);
 "N outputs never written"; the emulator's fault messages (cl.ConvlabError subclasses: out of
-range, races, barriers, timeouts, each at its source line) as they are. "not done yet" only while
+range, races, barriers, timeouts, each at its source line) as they are, but for two threads that
+store to one element at one line, told as an index to fix, not a barrier to add. Each piece of
+advice is given only where its premise holds on the failing case. "not done yet" only while
 a TODO stub that scripts/make_exercises.py left (`TODO: … (about N lines)`) is still in the code
 the check runs (the launch function, the functions and %%cuda modules it uses); written code
 that writes nothing is told so. On the emulator, kernels run with the race detector, so a
@@ -1240,8 +1244,10 @@ def shared_values(trace):
     next barrier, and the thread's own stores it forwards), and the width of the load instructions
     is the compiler's (it merges a float4's worth of neighbouring floats into one load where it can
     prove the alignment), so neither a float4 written as four floats nor a value read again inside
-    a loop is counted twice. trace: cl.trace of every block. A DataFrame, one row per (block,
-    thread, interval, word), with the source line of its first read ("line")."""
+    a loop is counted twice (checked against nvcc's PTX in tests/test_exercise_mutants.py). Where
+    nvcc keeps two reads apart (each under its own condition) this counts one. trace: cl.trace of
+    every block. A DataFrame, one row per (block, thread, interval, word), with the source line of
+    its first read ("line")."""
     import pandas as pd
 
     a = trace.accesses
