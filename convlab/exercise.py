@@ -490,28 +490,11 @@ def describe_error(e: BaseException) -> str:
     with the line of the notebook cell where they happened."""
 
     if isinstance(e, cl.ConvlabError):
-        return f"{type(e).__name__}: {_one_writer(str(e))}"
+        return f"{type(e).__name__}: {e}"
     frames = [f for f in traceback.extract_tb(e.__traceback__) if f.filename.startswith("<ipython-input")
               or "ipykernel" in f.filename]
     where = f" (cell line {frames[-1].lineno})" if frames else ""
     return f"your code raised {type(e).__name__}: {e}{where}"
-
-
-#: The race detector's advice for two threads that store to one element at the same line: a barrier
-#: "inside its loop" presumes a loop whose iterations race; two writers of one element need an index.
-_SAME_LINE_STORES = re.compile(
-    r"(thread \S+ of block (\S+) writes it at (\S+), then thread \S+ of block \2 writes it at \3, and nothing "
-    r"orders the two\. )Put a __syncthreads\(\) right after \3, inside its loop \(every thread of the block must "
-    r"reach it\), so the write at \3 is finished in every thread before the write at \3 starts\.")
-
-
-def _one_writer(text: str) -> str:
-    """A race report with two threads storing to one element at one line told as what it is: two
-    writers of one element, which no barrier makes right (it would only pick the store that stays)."""
-    return _SAME_LINE_STORES.sub(
-        r"\1Both threads store to the same element at the same line: each element needs exactly one writer (a "
-        r"barrier would only decide which store stays). Check the index of the store at \3: a row length, a "
-        r"divisor or an offset that maps two threads to one element.", text)
 
 
 def attempt(fn, *args, **kwargs):

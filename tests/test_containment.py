@@ -512,3 +512,24 @@ def test_the_drop_in_runs_a_long_layer_to_its_end():
         cl.set_timeout(old)
     ref = torch.nn.functional.conv2d(x.double(), w.double(), padding=1)
     assert (y.double() - ref).abs().max() < 1e-3
+
+
+def test_a_vector_access_off_its_alignment_faults():
+    """`*(const float4*)&s[1]`: a GPU stops at the misaligned address; so does the emulator (in the
+    launches it checks: the build with hooks)."""
+    text = """\
+__global__ void k(const float* x, float* y) {
+    __shared__ __align__(16) float s[8];
+    s[threadIdx.x] = x[threadIdx.x];
+    __syncthreads();
+    float4 v = *(const float4*)&s[1];
+    y[threadIdx.x] = v.x;
+}
+"""
+    mod = cl.load_source(text, name="misaligned")
+    with cl.detect_races(True), pytest.raises(cl.KernelFault, match=r"misaligned access at misaligned.cu:5: 16 bytes at "
+                                                                     r"__shared__ s\[1\], which is 4 bytes past a multiple of 16"):
+        mod.kernel("k")(cl.randn(8), cl.empty(8), grid=1, block=8)
+    ok = cl.load_source(text.replace("&s[1]", "&s[4]"), name="aligned")
+    with cl.detect_races(True):
+        ok.kernel("k")(cl.randn(8), cl.empty(8), grid=1, block=8)

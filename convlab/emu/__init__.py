@@ -535,7 +535,15 @@ class EmuModule:
                           r"the statement at \2 both reads an element other lanes write and writes one they read: "
                           r"read into a register, then \1, then write (`v += s[t + k]; \1; s[t] = v; \1;`); "
                           r"\3 must reach each \1.", text)
-            text = re.sub(r"between (.+?) and \1 \(", r"right after \1, inside its loop (", text)
+            # one line's two accesses: in a loop, the barrier ends the iteration; in one statement, a barrier
+            # cannot go inside it, so its read and its write are split around one
+            text = re.sub(r"between (.+?) and \1\{\{loop\}\} \(", r"right after \1, inside its loop (", text)
+            text = re.sub(r"Put a (__syncthreads\(\)) between (.+?) and \2 \((.+?) must reach it\), so the "
+                          r"(?:write|read) at \2 is finished in every thread before the (?:write|read) at \2 starts\.",
+                          r"The statement at \2 both reads an element another thread writes and writes one another "
+                          r"thread reads, and a barrier cannot go inside one statement: read into a register, then \1, "
+                          r"then write (`float v = ...; \1; ... = v;`); \3 must reach it.", text)
+            text = text.replace("{{loop}}", "")
             if status == RACE:
                 text = _one_report_per_fix(text)
             if status == TIMEOUT:

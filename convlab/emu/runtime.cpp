@@ -525,7 +525,8 @@ static thread_local const void* volatile hook_site = nullptr;   // inside clemu_
 static thread_local volatile int stop_pending = 0;               // the watchdog asked to stop meanwhile
 
 struct acc_rec { const void* site; unsigned long long block; int thread; unsigned epoch; unsigned wgen; unsigned seq;
-                 unsigned nb; };   // nb: the thread's named barriers passed (named_barrier_sync)
+                 unsigned nb;      // nb: the thread's named barriers passed (named_barrier_sync)
+                 bool looped; };   // made inside a `for` loop (the hooked build's loop scopes)
 struct shadow_word { acc_rec w, r1, r2; };
 static std::unordered_map<uintptr_t, shadow_word> shadow;
 struct race_rec { const void* a; const void* b; };
@@ -533,7 +534,8 @@ static std::vector<race_rec> races_seen;
 static std::string race_text;
 // A race whose fix is a barrier between two lines: which barrier (__syncthreads() or __syncwarp())
 // is decided when the launch ends, from which threads of the block ran the two lines.
-struct race_note { std::string head, a, b; const void* sa; const void* sb; bool a_writes, b_writes; int ta, tb; };
+struct race_note { std::string head, a, b; const void* sa; const void* sb; bool a_writes, b_writes; int ta, tb;
+                   bool looped; };   // the accesses were made inside a `for` loop
 static std::vector<race_note> race_notes;
 // Per access site: the threads of the last block that ran it (one bit per thread of the block).
 struct site_threads { unsigned long long block; std::vector<unsigned long long> bits; };
@@ -606,8 +608,12 @@ static void report_race(const acc_rec& p, bool p_writes, const acc_rec& c, bool 
     else if (blocks && p_writes && c_writes)
         txt += "Threads of different blocks store to the same element, and nothing orders blocks: which value stays "
                "is undefined. Each output element needs exactly one writer: check the index computed for the store at " +
-               site(w_site) + ", the step of its loop (a grid-stride loop steps by blockDim.x * gridDim.x) and the "
-               "guard that decides which thread writes it.";
+               site(w_site) + (c.looped ? ", the step of its loop (a grid-stride loop steps by blockDim.x * gridDim.x)"
+                                        : "") + " and the guard that decides which thread writes it.";
+    else if (p_writes && c_writes && p.site == c.site)
+        txt += "Both threads store to the same element at the same line: each element needs exactly one writer (a "
+               "barrier would only decide which store stays). Check the index of the store at " + site(w_site) +
+               ": a row length, a divisor or an offset that maps two threads to one element.";
     else if (blocks)
         txt += "Threads of different blocks are never ordered (a barrier holds inside one block only), so a block "
                "cannot read what another block writes in the same launch: read only elements this block writes, or "
@@ -628,11 +634,11 @@ static void report_race(const acc_rec& p, bool p_writes, const acc_rec& c, bool 
                    " (every thread of the block must reach it), so every thread's copy has landed first.";
         else {
             race_notes.push_back({txt, a, b2, p_first ? p.site : c.site, p_first ? c.site : p.site, a_writes, b_writes,
-                                  p_first ? p.thread : c.thread, p_first ? c.thread : p.thread});
+                                  p_first ? p.thread : c.thread, p_first ? c.thread : p.thread, p.looped || c.looped});
             return;
         }
     }
-    race_notes.push_back({txt, "", "", nullptr, nullptr, false, false, -1, -1});
+    race_notes.push_back({txt, "", "", nullptr, nullptr, false, false, -1, -1, false});
 }
 
 // "lane 3", "lanes 16-31", "lanes 0, 2, 5-7"
@@ -688,8 +694,12 @@ static std::string barrier_fix(const race_note& r, int n) {
                "between " + r.a + " and " + r.b + " (" + lanes_str(lanes) + " of the warp run these lines and must "
                "reach it), so the " + aw + " at " + r.a + " is finished in every lane before the " + bw + " at " +
                r.b + " starts.";
-    return "Put a __syncthreads() between " + r.a + " and " + r.b + " (every thread of the block must reach it), so "
-           "the " + aw + " at " + r.a + " is finished in every thread before the " + bw + " at " + r.b + " starts.";
+    // {{loop}}: the accesses were made inside a `for` loop; where both are of one line, Python (which
+    // knows the lines) turns the advice into the barrier at the end of the iteration, or, without a
+    // loop, into splitting the statement's read from its write (convlab/emu/__init__.py)
+    return "Put a __syncthreads() between " + r.a + " and " + r.b + (r.looped ? "{{loop}}" : "") + " (every thread "
+           "of the block must reach it), so the " + aw + " at " + r.a + " is finished in every thread before the " +
+           bw + " at " + r.b + " starts.";
 }
 
 static void cp_check(unsigned op, const void* addr, unsigned bytes, const char* name, const void* base, const void* pc);
@@ -701,7 +711,7 @@ static void detect(unsigned op, const volatile void* addr, unsigned bytes, const
     if (!t || !W) return;
     hook_site = pc;
     W->last_site = hook_site;
-    acc_rec c{hook_site, W->blk.serial, t->pub.linear, W->epoch, t->warp_gen, t->seq++, t->nb_count};
+    acc_rec c{hook_site, W->blk.serial, t->pub.linear, W->epoch, t->warp_gen, t->seq++, t->nb_count, t->pub.loop != 0};
     see_site(pc, t->pub.linear, W->blk.serial, (int)(W->blk.dim.x * W->blk.dim.y * W->blk.dim.z));
     bool sh = op & CLEMU_SHARED;
     shadow_word& s = shadow[(uintptr_t)addr];
@@ -1206,6 +1216,20 @@ CLEMU_API int clemu_heap_limit(long long bytes) { return guard_heap_limit(bytes)
 CLEMU_API long long clemu_heap_bytes() { return guard_heap_bytes(); }
 // what a kernel header gives the kernel of its own (a slot that stands for memory past an array)
 CLEMU_API void clemu_own(const void* p, long long bytes) { guard_allow(p, (size_t)bytes); }
+
+extern "C" __attribute__((visibility("default"))) [[noreturn]] void clemu_fault_misaligned(const void* p, int align,
+                                                                                         int bytes) {
+    std::string at = at_chain(__builtin_return_address(0));
+    mem_place m = place_of(p);
+    std::string what = m.space == SP_SHARED ? shared_what(p, m) : m.space == SP_GLOBAL && m.name ?
+                       std::string("byte ") + std::to_string((const char*)p - m.lo) + " of argument `" + m.name + "`" :
+                       "address " + std::to_string((uintptr_t)p);
+    set_failure(CLEMU_FAULT, "misaligned access%s: %d bytes at %s, which is %d bytes past a multiple of %d, by %s: a GPU "
+                "stops the kernel there (misaligned address). A vector type (float4, float2, half2...) is read and "
+                "written only at a multiple of its size: check the offset the pointer is cast at",
+                at.c_str(), bytes, what.c_str(), (int)((uintptr_t)p % align), align, where(clemu_cur).c_str());
+    throw clemu_fault_exc();
+}
 
 // wmma's load and store need a 32-byte aligned pointer: say which array and which element it
 // points at, and by how many bytes it misses, instead of the raw address.

@@ -102,6 +102,8 @@ int clemu_shared_span(const void* p, const char** lo, long long* bytes, const ch
 // Memory a kernel header hands the kernel as its own (the guard, convlab/emu/guard.cpp, checks every
 // load and store of a kernel against what its launch owns).
 void clemu_own(const void* p, long long bytes);
+// A load or store of `bytes` at p, which is not `align`-aligned (a vector through a cast pointer).
+[[noreturn]] void clemu_fault_misaligned(const void* p, int align, int bytes);
 // A warp exchange of up to CLEMU_XCHG_REGS 32-bit registers per lane (mma's fragments): returns
 // the slots, lane j's registers at [j * CLEMU_XCHG_REGS].
 const unsigned* clemu_warp_exchange_regs(unsigned mask, const unsigned* regs, int n, const char* file, int line);

@@ -507,7 +507,12 @@ template <class T> struct lptr {
         if (__builtin_expect(lo != nullptr, 0) &&
             ((const char*)q < lo || (const char*)q + elem_bytes() > lo + bytes))
             clemu_fault_shared_ptr(name, (long long)((const char*)q - lo), bytes, elem_bytes());
+        // a vector access through a cast pointer (`*(const float4*)&s[1]`) off its alignment: a GPU faults
+        if (__builtin_expect((uintptr_t)q % elem_align(), 0))
+            clemu_fault_misaligned((const void*)q, (int)elem_align(), (int)elem_bytes());
     }
+    static constexpr size_t elem_align() {
+        return alignof(typename std::conditional<std::is_void<T>::value, char, T>::type); }
     static constexpr long long elem_bytes() { return (long long)sizeof(typename std::conditional<std::is_void<T>::value, char, T>::type); }
     CLEMU_INLINE operator T*() const { return p; }
     template <class U> CLEMU_INLINE explicit operator U*() const { return (U*)p; }
