@@ -138,13 +138,20 @@ _CONST_ELEM_RE = re.compile(r"(?:unsigned\s+)?(?:float|double|int|unsigned)")
 def parse(text: str, path: Path | str, include_dirs: list[Path]) -> Source:
     path = Path(path)
     clean = strip_comments(text)
-    typedefs = {}
-    for m in re.finditer(r"typedef\s+([\w\s]+?)\s+(\w+)\s*;", clean):
-        typedefs[m.group(2)] = " ".join(m.group(1).split())
-    for m in re.finditer(r"using\s+(\w+)\s*=\s*([\w\s]+?)\s*;", clean):
-        typedefs[m.group(1)] = " ".join(m.group(2).split())
-    for m in re.finditer(r"^\s*#\s*define\s+(\w+)\s+(float|double|half|__half|int|unsigned int)\s*$", clean, re.M):
-        typedefs[m.group(1)] = m.group(2)
+    includes = _resolve_includes(text, path, include_dirs, set())
+    # the types a kernel's parameters may be spelled in: the file's typedefs and its course headers'
+    declared = clean + "".join(strip_comments(p.read_text()) for p in includes)
+    found: dict[str, list[str]] = {}
+    for m in re.finditer(r"typedef\s+([\w\s]+?)\s+(\w+)\s*;", declared):
+        found.setdefault(m.group(2), []).append(" ".join(m.group(1).split()))
+    for m in re.finditer(r"using\s+(\w+)\s*=\s*([\w\s]+?)\s*;", declared):
+        found.setdefault(m.group(1), []).append(" ".join(m.group(2).split()))
+    for m in re.finditer(r"^\s*#\s*define\s+(\w+)\s+(float|double|half|__half|int|unsigned int)\s*$", declared,
+                         re.M):
+        found.setdefault(m.group(1), []).append(m.group(2))
+    # a name given a type in each branch of an #if (a kernel built for fp16 or bf16 by a define): the
+    # alternatives, "half | __nv_bfloat16" (_args.ctype_of takes a tensor of any of them)
+    typedefs = {name: " | ".join(dict.fromkeys(TYPE_ALIASES.get(t, t) for t in ts)) for name, ts in found.items()}
     kernels = {}
     for m in _GLOBAL_RE.finditer(clean):
         name = m.group(1)
@@ -168,20 +175,24 @@ def parse(text: str, path: Path | str, include_dirs: list[Path]) -> Source:
     constants = {}
     for m in _CONST_RE.finditer(clean):
         constants[m.group(2)] = " ".join(m.group(1).split())
-    includes = _resolve_includes(clean, path, include_dirs, set())
     return Source(path, text, kernels, constants, includes)
 
 
-def _resolve_includes(clean: str, path: Path, include_dirs: list[Path], seen: set) -> list[Path]:
+def _resolve_includes(text: str, path: Path, include_dirs: list[Path], seen: set) -> list[Path]:
+    """The course headers that text (path's source) includes with `#include "..."`, found beside
+    path or in include_dirs, and theirs (an #include inside a comment does not count)."""
     found = []
-    for m in re.finditer(r'^\s*#\s*include\s*"([^"]+)"', clean, re.M):
+    clean = strip_comments(text)             # blanks the names too: only says where the comments are
+    for m in re.finditer(r'^\s*#\s*include\s*"([^"]+)"', text, re.M):
+        if clean[m.start():m.start(1) - 1] != text[m.start():m.start(1) - 1]:
+            continue
         for d in [path.parent, *include_dirs]:
             p = (d / m.group(1)).resolve()
             if p.is_file():
                 if p not in seen:
                     seen.add(p)
                     found.append(p)
-                    found += _resolve_includes(strip_comments(p.read_text(errors="replace")), p, include_dirs, seen)
+                    found += _resolve_includes(p.read_text(errors="replace"), p, include_dirs, seen)
                 break
     return found
 
