@@ -116,39 +116,39 @@ def _split(tiles: int, steps: int, sms: int, most: int) -> int:
     return max(1, min(most, sms // max(tiles, 1), steps // MIN_SPLIT_STEPS))
 
 
-def _gemm_config(phases, B, NM, KC, small_c, sh, sw, dx, sms) -> dict:
+def _gemm_config(phases, B, NM, KC, small_c, sh, sw, sms, rings) -> dict:
     (Hp, _), (Wp, _) = phases[0]
-    BW, BH, BI = box_shape(Hp, Wp, B, ROWS, max_w=256 // sw if not dx else 256, max_h=256 // sh if not dx else 256)
+    BW, BH, BI = box_shape(Hp, Wp, B, ROWS // rings, max_w=256 // sw, max_h=256 // sh)
     pixel_tiles = sum(ceil_div(w, BW) * ceil_div(h, BH) * ceil_div(B, BI) for (h, _), (w, _) in phases)
     BN = _bn(NM, pixel_tiles, sms)
     taps = max(th * tw for (_, th), (_, tw) in phases)
     steps = ceil_div(taps, SMALL_C_TAPS) if small_c else taps * ceil_div(KC, BK)
     split = _split(pixel_tiles * ceil_div(NM, BN), steps, sms, MAX_SPLIT)
-    return dict(BN=BN, STAGES=deepest(BN, 1), RINGS=1, BW=BW, BH=BH, BI=BI, SPLIT_K=split)
+    return dict(BN=BN, STAGES=deepest(BN, rings), RINGS=rings, BW=BW, BH=BH, BI=BI, SPLIT_K=split)
 
 
-def hopper_config(shape: Workload, sms: int | None = None) -> dict:
+def hopper_config(shape: Workload, sms: int | None = None, rings: int = 1) -> dict:
     """The tunables conv2d_hopper uses for a layer when none are passed: the box by box_shape over the
     output pixels (its width and height times the stride at most 256, the copy engine's limit; a 1x1
     layer at stride 1: 128 pixels of its one row), BN by wgmma_config's rule, the deepest ring that
-    fits, one ring, and SPLIT_K by _split. By design from chapter 11's measurements; not yet timed on
-    the new layers (benchmarks/hopper_layers.py sweeps them)."""
+    fits, one ring (rings: the box for that many), and SPLIT_K by _split. By design from chapter 11's
+    measurements; not yet timed on the new layers (benchmarks/hopper_layers.py sweeps them)."""
     sms = sms or sm_count()
     v = _view(shape)
     s = (1, 1) if v.gemm else (shape.stride, shape.stride_w)
     phases = _phases(v.Hout, v.Wout, shape.K, shape.Kw, *s, shape.padding, shape.padding_w, shape.dilation,
                      shape.dilation_w, False)
-    return _gemm_config(phases, v.B, shape.M, v.C8, v.small_c, *s, False, sms)
+    return _gemm_config(phases, v.B, shape.M, v.C8, v.small_c, *s, sms, rings)
 
 
-def hopper_dx_config(shape: Workload, sms: int | None = None) -> dict:
+def hopper_dx_config(shape: Workload, sms: int | None = None, rings: int = 1) -> dict:
     """The tunables conv2d_hopper_dx uses for a layer (its forward Workload) when none are passed:
     hopper_config's rule on dX's GEMM (C output channels from M, over every stride phase; the box of
     the first phase, the largest)."""
     sms = sms or sm_count()
     phases = _phases(shape.H, shape.W, shape.K, shape.Kw, shape.stride, shape.stride_w, shape.padding,
                      shape.padding_w, shape.dilation, shape.dilation_w, True)
-    return _gemm_config(phases, shape.B, shape.C, shape.M, False, 1, 1, True, sms)
+    return _gemm_config(phases, shape.B, shape.C, shape.M, False, 1, 1, sms, rings)
 
 
 def dw_box(Ho: int, Wo: int, B: int) -> tuple:
@@ -335,7 +335,7 @@ def _fwd_plan(x_shape, w_shape, dtype, stride, padding, dilation, groups, has_bi
     if why:
         raise ValueError(f"conv2d_hopper: {why}")
     given = _tunables(tunables, TUNABLES, "conv2d_hopper")
-    t = {**hopper_config(s), **given}
+    t = {**hopper_config(s, rings=given.get("RINGS", 1)), **given}
     if "STAGES" not in given:
         t["STAGES"] = deepest(t["BN"], t["RINGS"])
     if "SPLIT_K" not in given and given:       # the config's split was for its own tile
@@ -397,7 +397,7 @@ def _dx_plan(dy_shape, w_shape, dtype, stride, padding, dilation, groups, size, 
     if why:
         raise ValueError(f"conv2d_hopper_dx: {why}")
     given = _tunables(tunables, TUNABLES, "conv2d_hopper_dx")
-    t = {**hopper_dx_config(s), **given}
+    t = {**hopper_dx_config(s, rings=given.get("RINGS", 1)), **given}
     if "STAGES" not in given:
         t["STAGES"] = deepest(t["BN"], t["RINGS"])
     if "SPLIT_K" not in given and given:
