@@ -101,6 +101,40 @@ def test_wgmma_and_mma_follow_the_model_in_fp16_and_bf16(dtype):
         assert np.array_equal(D16.view(np.uint32), want[:16, :8]), f"mma.sync, {dtype} {kind}"
 
 
+def _kinds_variant(old: str, new: str, **defines):
+    """tests/data/hopper/wgmma_kinds.cu with one line changed, loaded beside it."""
+    text = (DATA / "hopper" / "wgmma_kinds.cu").read_text()
+    assert old in text, "wgmma_kinds.cu changed: update the line this test edits"
+    return cl.load_source(text.replace(old, new), name="wgmma_kinds_variant", defines=defines,
+                          directory=DATA / "hopper")
+
+
+def _run_kinds(m, transposed: bool):
+    A, B, C = cl.randn(64, 64).half(), cl.randn(64, 64).half(), cl.randn(64, 64)
+    ta, tb = (A.T.contiguous(), B.T.contiguous()) if transposed else (A, B)
+    m.kernel("wgmma_kinds")(torch.empty(64, 64), C, cl.tensor_map(ta, (64, 64)), cl.tensor_map(tb, (64, 64)), 1,
+                            grid=(1, 1, 1), block=(128, 1, 1), shared=2 * 8192 + 1024)
+
+
+@pytest.mark.emu_only
+def test_an_m_n_major_tile_off_its_1024_byte_boundary_is_refused():
+    m = _kinds_variant("uint64_t db = TRANSPOSED ? smem_desc_128b_mn(smem + 8192, 8192) : smem_desc_128b(smem + 8192);",
+                       "uint64_t db = smem_desc_128b_mn(smem + 8192, 8192) + 32;", TRANSPOSED=1)
+    with pytest.raises(cl.KernelFault, match="B's descriptor starts 512 bytes past a 1024-byte boundary: an M/N-major"):
+        _run_kinds(m, True)
+
+
+@pytest.mark.emu_only
+def test_a_strided_box_announced_at_its_traversal_size_never_completes():
+    """With element strides a copy brings ceil(box / stride) elements a dimension, not the box:
+    announcing the box's bytes leaves the phase waiting for bytes that never come."""
+    t = cl.randn(7, 9, 64).half()
+    with pytest.raises(cl.BarrierError, match="fewer than announced"):
+        cl.load(DATA / "hopper" / "tma_box.cu").kernel("tma_box")(
+            torch.zeros(4 * 6 * 64 // 2, dtype=torch.int32), cl.tensor_map(t, (4, 6, 64), element_strides=(2, 3, 1)),
+            0, 0, 0, 4 * 6 * 64 * 2, grid=(1, 1, 1), block=(64, 1, 1), shared=4 * 6 * 64 * 2 + 1024)
+
+
 def test_bf16_gives_the_gpus_recorded_bits():
     """The emulator against the GPU's bf16 outputs that benchmarks/mma_numerics_probe.py recorded."""
     from benchmarks import mma_numerics_probe as P
