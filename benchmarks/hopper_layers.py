@@ -13,8 +13,8 @@ EfficientNet-B0 that is not depthwise (those go to convlab.ops.depthwise), squee
 included, and a diffusion UNet's res-block at three scales, each distinct shape once. Per layer,
 dtype and pass: ours with its config (hopper_config / hopper_dx_config / hopper_dw_config), then
 (fp16 only, while the time budget lasts) the swept tunables that matter for the layer's class
-(sweep(): BN; SPLIT_K where the config splits or the tiles are few; RINGS=2 on 1x1 layers; dW's
-CONSUMERS), chapter 9's mma.sync kernel (fp16) for reference, and torch: channels_last for every
+(sweep(): BN; SPLIT_K where the config splits or the tiles are few; RINGS=2 on 1x1 layers; the
+epilogue by TMA stores, TMA_STORE=1; dW's CONSUMERS), chapter 9's mma.sync kernel (fp16) for reference, and torch: channels_last for every
 pass and NCHW for the forward, cudnn.benchmark on, TF32 off, timed in one fresh process per dtype
 (a worker, --torch-worker; the book's per-shape processes would take longer than the run may).
 Every output of ours is checked against torch's float32 on the same half/bf16 inputs (TF32 off),
@@ -167,7 +167,7 @@ def refusal(wl: Workload, pass_: str) -> str | None:
 def sweep(wl: Workload, pass_: str) -> list:
     """The tunables worth timing beside the config on this layer: each BN the output channels fill,
     SPLIT_K around the config's (and 1) where it splits or the tiles are few; one and two rings on a
-    1x1 layer; dW's CONSUMERS for 128 maps or fewer."""
+    1x1 layer; the forward's epilogue by TMA stores; dW's CONSUMERS for 128 maps or fewer."""
     cfg = config_of(wl, pass_)
     out = []
     width = wl.C if pass_ == "dX" else wl.M if pass_ == "forward" else wl.C
@@ -180,6 +180,8 @@ def sweep(wl: Workload, pass_: str) -> list:
         out += [{**cfg, "SPLIT_K": s} for s in sorted(splits) if s <= most]
     if pass_ == "forward" and wl.K == 1:
         out.append({**cfg, "RINGS": 2, "BW": None, "BH": None, "BI": None, "STAGES": None})
+    if pass_ == "forward" and wl.M % 8 == 0:
+        out.append({**cfg, "TMA_STORE": 1, "SPLIT_K": 1})
     if pass_ == "dW" and wl.M <= 128:
         out.append({**cfg, "CONSUMERS": 3 - cfg["CONSUMERS"], "STAGES": None})
     return out
@@ -435,7 +437,7 @@ def _row(wl: Workload, pass_: str, dtype: str, kind: str, impl: str, tun: dict, 
            "p75": float(timing.p75) if timing is not None else math.nan,
            "tflops": flops / (ms * 1e-3) / 1e12 if ms == ms else math.nan, "error": err, "note": note,
            "gpu": cl.device().name, **results.versions(), "tf32": "TF32 off", "date": datetime.date.today().isoformat()}
-    for k in ("BN", "STAGES", "RINGS", "BW", "BH", "BI", "SPLIT_K", "CONSUMERS"):
+    for k in ("BN", "STAGES", "RINGS", "BW", "BH", "BI", "SPLIT_K", "TMA_STORE", "CONSUMERS"):
         row[k] = tun.get(k) if tun.get(k) is not None else math.nan
     return row
 
@@ -459,7 +461,7 @@ def report(df) -> list:
         cfg = ours[ours["kind"] == "config"]["ms"].min()
         best = ours.loc[ours["ms"].idxmin()]
         t = torch_rows["ms"].min() if len(torch_rows) else math.nan
-        tun = {k: int(best[k]) for k in ("BN", "RINGS", "SPLIT_K", "CONSUMERS") if best[k] == best[k]}
+        tun = {k: int(best[k]) for k in ("BN", "RINGS", "SPLIT_K", "TMA_STORE", "CONSUMERS") if best[k] == best[k]}
         out.append(f"{name:34s} {p:7s} {dtype:5s} {t:10.4f} {cfg:9.4f} {best['ms']:9.4f} {t / cfg:12.2f} "
                    f"{t / best['ms']:10.2f}  {tun}")
         key = (name.split(":")[0], dtype, p)

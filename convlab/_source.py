@@ -230,11 +230,12 @@ def _declared_types(clean: str) -> list[str]:
     return sorted(names, key=len, reverse=True)
 
 
-def _local_pointer_edits(clean: str) -> list[tuple[int, int, str]]:
+def _local_pointer_edits(clean: str, headers: str = "") -> list[tuple[int, int, str]]:
     """Local pointer variables (`const float* p = ...;`, inside a function), C-style pointer casts
     and reinterpret_/static_casts to a pointer, spelled with cuda_emu.h's CLEMU_P macros: the same
-    pointer in the plain build, a clemu::lptr<T> whose elements the profiler counts in the hooked one."""
-    types = "|".join([_BUILTIN_TYPES] + [re.escape(n) for n in _declared_types(clean)])
+    pointer in the plain build, a clemu::lptr<T> whose elements the profiler counts in the hooked one.
+    headers: the course headers' text (comments blanked), whose typedefs name types too."""
+    types = "|".join([_BUILTIN_TYPES] + [re.escape(n) for n in _declared_types(clean + headers)])
     elem = rf"(?P<cv>(?:(?:const|volatile)\s+)*)(?P<t>(?:{types}))\b(?P<cv2>(?:\s+(?:const|volatile))*)"
     edits = []
     depth = [0] * (len(clean) + 1)
@@ -335,7 +336,8 @@ def rewrite_for_emulator(src: Source) -> str:
     accesses; `#pragma unroll` is dropped (g++ has its own unroller and rejects non-constant counts)."""
     text = src.text
     clean = strip_comments(text)
-    edits = _local_pointer_edits(clean)   # (start, end, replacement)
+    headers = "".join(strip_comments(p.read_text(errors="replace")) for p in src.includes)
+    edits = _local_pointer_edits(clean, headers)   # (start, end, replacement)
     for k in src.kernels.values():
         for (s, e), p in zip(k.param_spans, k.params):
             if p.pointer and p.base != "pointer":

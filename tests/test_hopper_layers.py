@@ -67,6 +67,8 @@ FORWARD = [
     (2, 16, 24, 9, 9, 3, 2, 1, 1, True, False, F16, dict(RINGS=2), "two rings at stride 2"),
     (1, 8, 16, 9, 7, (5, 3), (2, 1), (2, 1), 1, False, False, BF16, {}, "5x3 mask, stride (2, 1)"),
     (1, 16, 24, 5, 5, 3, 1, 1, 1, False, False, F16, dict(BN=256, STAGES=2), "BN = 256, one stage refilled"),
+    (2, 16, 136, 6, 7, 3, 1, 1, 1, True, True, F16, dict(BN=128, TMA_STORE=1), "TMA store: 136 maps, boxes clipped"),
+    (2, 72, 16, 5, 7, 1, 1, 0, 1, False, False, BF16, dict(TMA_STORE=1), "TMA store of a 1x1 layer's pixel rows"),
 ]
 
 
@@ -85,6 +87,57 @@ def test_forward_on_awkward_shapes(case):
     _check(y, ref, C * w.shape[2] * w.shape[3] + (b is not None), dtype, "y")
 
 
+def test_tma_store_epilogue_over_several_tiles_a_block(monkeypatch):
+    """Two blocks for many tiles (the launcher gives one block per SM: here 2): each block's staging
+    tile is stored by the copy engine, then rewritten for its next tile after the bulk wait."""
+    monkeypatch.setattr(hopper, "sm_count", lambda: 2)
+    hopper._plans.clear()
+    try:
+        x, w, _ = _inputs(2, 16, 72, 9, 11, 3, BF16)
+        b = cl.randn(72).to(BF16)
+        y = _poisoned((2, 72, 9, 11), BF16)
+        hopper.conv2d_hopper(x, w, y, padding=1, bias=b, relu=True, BN=64, BW=8, BH=2, BI=1, TMA_STORE=1)
+    finally:
+        hopper._plans.clear()
+    ref = F.conv2d(x.double(), w.double(), b.double(), padding=1).relu()
+    _check(y, ref, 16 * 9 + 1, BF16, "y")
+
+
+# a mistake in conv2d_hopper.cu's TMA-store epilogue -> (the lines as they are, as changed, the error's words)
+STORE_MISTAKES = {
+    "no bulk wait": ("                if (t == 0 && wg == 1) bulk_wait_read<0>();\n                named_barrier_sync(3, 256);",
+                     "                named_barrier_sync(3, 256);", "while the tma_store at .* may still read it"),
+    "no fence": ("                fence_proxy_async();                 // the stores visible to the copy engine\n",
+                 "", "no fence_proxy_async.. makes that store visible to the copy engine"),
+}
+
+
+@pytest.mark.emu_only
+@pytest.mark.parametrize("mistake", sorted(STORE_MISTAKES))
+def test_a_tma_store_epilogue_mistake_is_reported(monkeypatch, mistake):
+    """conv2d_hopper.cu's TMA-store epilogue without the bulk wait (the next tile's values go into
+    the staging tile while the copy engine may still read the last one) or without the fence (the
+    copy engine may read the staging tile before the threads' stores reach it)."""
+    from pathlib import Path
+
+    old, new, words = STORE_MISTAKES[mistake]
+    root = Path(cl.book.repo_root())
+    src = (root / hopper.FILE).read_text()
+    assert old in src, "conv2d_hopper.cu changed: update the lines this test edits"
+    mod = cl.load_source(src.replace(old, new), name="store_mistake",
+                         defines=dict(DTYPE=0, BN=64, STAGES=2, RINGS=1, DX=0, SMALL_C=0, TMA_STORE=1),
+                         directory=root / "kernels" / "11_hopper")
+    x, w, _ = _inputs(1, 16, 64, 6, 6, 3, F16)
+    plan = hopper._fwd_plan(x.shape, w.shape, F16, 1, 1, 1, 1, False, False,
+                            dict(BN=64, STAGES=2, BW=8, BH=2, BI=1, TMA_STORE=1))
+    yn = _poisoned((1, 64, 6, 6), F16).permute(0, 2, 3, 1)
+    maps = [cl.tensor_map(x.permute(0, 2, 3, 1), plan.a_box), cl.tensor_map(w.permute(0, 2, 3, 1), plan.b_box),
+            cl.tensor_map(yn, plan.y_box)]
+    with pytest.raises(cl.RaceError, match=words):      # one block takes all three tiles
+        mod.kernel("conv2d_hopper")(yn, yn, torch.zeros(1), *maps, *plan.launch.scalars, grid=(1, 1, 1),
+                                    block=(384, 1, 1), shared=plan.launch.shared, max_shared=hopper.SHARED_OPTIN_MAX)
+
+
 def test_forward_from_nchw_converts_inside_the_call():
     x, w, _ = _inputs(1, 16, 8, 6, 5, 3, F16, layout="nchw")
     y = hopper.conv2d_hopper(x, w, padding=1)
@@ -100,7 +153,7 @@ DX = [
     (1, 8, 16, 9, 9, 3, 2, 2, 2, F16, {}, "stride 2 with dilation 2: every other phase empty"),
     (1, 8, 72, 7, 7, 3, 1, 1, 1, BF16, dict(SPLIT_K=4), "split-K over 72 maps"),
     (1, 136, 16, 5, 4, 3, 1, 1, 1, F16, dict(BN=128), "136 channels: two 64-wide boxes a tile (the LBO)"),
-    (2, 16, 24, 9, 8, (3, 5), (1, 2), (1, 2), 1, BF16, dict(RINGS=2), "3x5 mask, stride (1, 2), two rings"),
+    (2, 16, 24, 9, 8, (3, 5), (1, 2), (1, 2), 1, BF16, dict(BN=64, STAGES=3), "3x5 mask, stride (1, 2)"),
 ]
 
 

@@ -40,7 +40,7 @@ _BARRIER_RE = re.compile(r"\b(__syncthreads\w*|__syncwarp|__shfl\w*|__ballot_syn
                          r"mma_16816\w*|wgmma_\w+|mbar_wait|setmaxnreg_\w+|named_barrier_sync)\b")
 # Hopper's asynchronous path (clemu_hopper.h): the runtime then records ordinary shared-memory stores
 # too, for the checks against TMA copies and wgmma reads (fence_proxy_async)
-_ASYNC_RE = re.compile(r"\b(wgmma_\w+|tma_load_\w+|mbar_\w+|fence_proxy_async|smem_desc_128b)\s*[(<]")
+_ASYNC_RE = re.compile(r"\b(wgmma_\w+|tma_load_\w+|tma_store_\w+|bulk_\w+|mbar_\w+|fence_proxy_async|smem_desc_\w+)\s*[(<]")
 #: the emulator's CUtensorMap (clemu_abi.h's clemu_tensor_map): magic, dtype, rank, swizzle, address,
 #: dims[5], strides[4], box[5], element bytes, element strides[5], 3 bytes reserved
 _TMAP = struct.Struct("<IiiiQ5q4q5II5B3x")

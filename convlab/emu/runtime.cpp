@@ -176,6 +176,7 @@ struct fiber_thread {
     float* wg_d;
     unsigned long long wg_da, wg_db;
     unsigned long long fences, fences_at_bar;  // fence_proxy_async calls so far, and as of the last __syncthreads()
+    unsigned long long bulk_groups, bulk_read;  // TMA stores: bulk groups committed; those below bulk_read read
     std::vector<mbar_seen> seen;
     std::vector<wg_acc> inflight;
     int nbar_id, nbar_threads;             // T_NBAR: named_barrier_sync(id, threads)
@@ -212,6 +213,8 @@ struct async_chunk {
     unsigned rd_mask = 0;
     unsigned long long rd_group[MAX_WARPGROUPS];
     const char* rd_file[MAX_WARPGROUPS]; int rd_line[MAX_WARPGROUPS];
+    int st_thread = -1; unsigned long long st_group = 0;    // a TMA store reading it: its thread and bulk group
+    const char* st_file = nullptr; int st_line = 0;
 };
 // A warpgroup's state: `gen` counts its instructions met, `done` the ones their first resumer has
 // carried out; commit groups committed, and the groups below `waited` are complete.
@@ -1268,6 +1271,15 @@ static void async_access(unsigned op, const void* addr, unsigned bytes, const vo
                     m.phase > k.tma_phase ? "" : " (that phase has not even completed yet)");
                 throw clemu_fault_exc();
             }
+            if (wr && k.st_thread >= 0 && k.st_group >= W->threads[k.st_thread].bulk_read) {
+                set_failure(CLEMU_RACE, "write to %s at %s by %s, while the tma_store at %s (thread %s) may still read "
+                    "it: a TMA store reads shared memory after it is issued, until the bulk_wait_read<N>() of its "
+                    "thread that covers its bulk group. Have that thread call bulk_wait_read<0>() (after "
+                    "bulk_commit()), then a barrier, before anyone overwrites the staged tile.",
+                    shared_name(addr).c_str(), site(pc).c_str(), where(clemu_cur).c_str(),
+                    file_line(k.st_file, k.st_line).c_str(), thread_in_block(k.st_thread, W->blk.dim).c_str());
+                throw clemu_fault_exc();
+            }
             for (int g = 0; wr && g < MAX_WARPGROUPS; g++)
                 if (((k.rd_mask >> g) & 1u) && k.rd_group[g] >= W->wgs[g].waited) {
                     set_failure(CLEMU_RACE, "write to %s at %s by %s, while the wgmma at %s of warpgroup %d still reads "
@@ -1393,6 +1405,102 @@ extern "C" __attribute__((visibility("default"))) void clemu_tma_load(void* dst,
     m.tx -= bytes;
     mbar_complete(m);
     _mm_setcsr(csr);
+}
+
+// A TMA store (cp.async.bulk.tensor ... global.shared::cta.bulk_group): the box is read from shared
+// memory when issued and written to the tensor at once, only its elements inside the tensor. Each
+// chunk it reads is checked: a TMA copy into it this thread has not waited for, an ordinary store
+// into it that no fence_proxy_async (then a barrier) orders for the async proxy. The chunks stay
+// read by the thread's open bulk group until a bulk_wait_read covers it (async_access).
+extern "C" __attribute__((visibility("default"))) void clemu_tma_store(const void* src, const clemu_tensor_map* map,
+                                                                       const int* c, int rank, const char* file,
+                                                                       int line) {
+    unsigned csr = csr_quiet();
+    fiber_thread* t = me();
+    char what[32];
+    snprintf(what, sizeof what, "tma_store_%dd", rank);
+    if (!t || !W) clemu_fault(CLEMU_FAULT, "%s outside a kernel", what);
+    if (!map || map->magic != CLEMU_TMAP_MAGIC)
+        tc_fault(CLEMU_FAULT, "%s at %s:%d: the map is not a tensor map: pass the address of the kernel's `const "
+                 "__grid_constant__ CUtensorMap` parameter, made by cl.tensor_map(t, box)", what, file, line);
+    if (map->rank != rank)
+        tc_fault(CLEMU_FAULT, "%s at %s:%d: the tensor map has %d dimensions, but %d coordinates were given: call "
+                 "tma_store_%dd", what, file, line, map->rank, rank, map->rank);
+    if (((long long)c[0] * map->elem_bytes) % 16)
+        tc_fault(CLEMU_FAULT, "%s at %s:%d: the box's innermost coordinate %d is %lld bytes into a row, not a "
+                 "multiple of 16: start boxes at multiples of %d elements along the innermost dimension", what, file,
+                 line, c[0], (long long)c[0] * map->elem_bytes, (int)(16 / map->elem_bytes));
+    for (int d = 1; d < rank; d++)
+        if (map->elem_strides[d] > 1)
+            tc_fault(CLEMU_FAULT, "%s at %s:%d: the map has element strides: the emulator models TMA stores of "
+                     "dense boxes only", what, file, line);
+    long long row = (long long)map->box[0] * map->elem_bytes, rows = 1;
+    for (int d = 1; d < rank; d++) rows *= map->box[d];
+    long long bytes = row * rows;
+    static const int align[4] = {128, 256, 512, 1024};
+    int need = align[map->swizzle & 3];
+    if ((uintptr_t)src % need)
+        tc_fault(CLEMU_FAULT, "%s at %s:%d: the source %s is %d bytes past a %d-byte boundary: a box in the %s "
+                 "starts at a multiple of %d bytes", what, file, line, shared_name(src).c_str(),
+                 (int)((uintptr_t)src % need), need, map->swizzle ? "swizzled layout" : "shared memory", need);
+    check_shared(src, (int)bytes, what, "the source", __builtin_return_address(0));
+    const unsigned char* base = (const unsigned char*)src;
+    for (long long o = 0; o < bytes; o += 16) {
+        uintptr_t a = (uintptr_t)base + o;
+        auto it = W->chunks.find(a);
+        if (it != W->chunks.end()) {
+            async_chunk& k = it->second;
+            if (k.tma && !has_seen(t, k.tma_bar, k.tma_phase))
+                tc_fault(CLEMU_RACE, "%s at %s:%d reads %s before this thread has waited for the tma_load at %s that "
+                         "writes it: call mbar_wait on its mbarrier first", what, file, line, shared_name((void*)a).c_str(),
+                         file_line(k.tma_file, k.tma_line).c_str());
+            if (k.written) {
+                fiber_thread& wt = W->threads[k.w_thread];
+                if (!(wt.fences_at_bar > k.w_fences || (k.w_thread == t->pub.linear && wt.fences > k.w_fences)))
+                    tc_fault(CLEMU_RACE, "%s at %s:%d reads %s, which thread %s wrote with an ordinary store at %s, but "
+                             "no fence_proxy_async() makes that store visible to the copy engine (the async proxy): "
+                             "add fence_proxy_async() after the stores at %s, before the barrier that orders them "
+                             "before the store", what, file, line, shared_name((void*)a).c_str(),
+                             thread_in_block(k.w_thread, W->blk.dim).c_str(), site(k.w_site).c_str(),
+                             site(k.w_site).c_str());
+            }
+        }
+        async_chunk& k = W->chunks[a];
+        k.st_thread = t->pub.linear;
+        k.st_group = t->bulk_groups;
+        k.st_file = file;
+        k.st_line = line;
+    }
+    unsigned char* dst = (unsigned char*)(uintptr_t)map->addr;
+    int eb = (int)map->elem_bytes;
+    for (long long r = 0; r < rows; r++) {
+        long long rem = r, off = 0;
+        bool inside = true;
+        for (int d = 1; d < rank; d++) {
+            long long i = rem % map->box[d], g = (long long)c[d] + i;
+            rem /= map->box[d];
+            if (g < 0 || g >= map->dims[d]) inside = false;
+            off += g * map->strides[d - 1];
+        }
+        if (!inside) continue;
+        for (long long i = 0; i < map->box[0]; i++) {
+            long long g = (long long)c[0] + i;
+            if (g < 0 || g >= map->dims[0]) continue;
+            memcpy(dst + off + g * eb, (const void*)swizzle((uintptr_t)(base + r * row + i * eb), map->swizzle),
+                   (size_t)eb);
+        }
+    }
+    _mm_setcsr(csr);
+}
+
+// cp.async.bulk.commit_group (op 0) and cp.async.bulk.wait_group.read n (op 1), per thread: a wait
+// leaves at most n of its committed groups still reading their sources.
+extern "C" __attribute__((visibility("default"))) void clemu_bulk_op(int op, int n, const char* file, int line) {
+    fiber_thread* t = me();
+    if (!t || !W) clemu_fault(CLEMU_FAULT, "%s outside a kernel", op ? "bulk_wait_read" : "bulk_commit");
+    (void)file, (void)line;
+    if (op == 0) t->bulk_groups++;
+    else if (t->bulk_groups >= (unsigned long long)n && t->bulk_groups - n > t->bulk_read) t->bulk_read = t->bulk_groups - n;
 }
 
 // The tile a descriptor points at: its shared array (0 the dynamic buffer, k the k-th static
@@ -2303,6 +2411,7 @@ static void run_block(worker* w, long long b) {
         th[i].warp_gen = 0;
         th[i].cp_groups = 0;
         th[i].fences = th[i].fences_at_bar = 0;
+        th[i].bulk_groups = th[i].bulk_read = 0;
         th[i].seen.clear();
         th[i].inflight.clear();
         th[i].nb_count = 0;

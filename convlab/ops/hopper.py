@@ -4,7 +4,8 @@ conv2d_wgmma.cu is the teaching form they grow from, its launcher convlab.ops.wg
 
 - conv2d_hopper(x, w, y=None, *, stride=1, padding=0, dilation=1, groups=1, bias=None, relu=False,
   **tunables): y = conv2d(x, w, bias) (ReLU if relu), x and w both float16 or both bfloat16, float
-  sums rounded once; any stride (up to 8), padding and dilation, groups 1. x channels_last is read
+  sums rounded once (TMA_STORE=1: the epilogue's stores by the copy engine, the consumers on to the
+  next tile meanwhile); any stride (up to 8), padding and dilation, groups 1. x channels_last is read
   as it lies (an NCHW x is converted inside the call, in its time); C not a multiple of 8 is padded
   with zeros (one copy of x; C <= 8: the kernel's few-channel form, 8 taps a stage). A 1x1 layer at
   stride 1 without padding is a plain GEMM over the B*H*W pixels (box BW = 128 pixels of that row).
@@ -46,7 +47,7 @@ from .wgmma import BK, ROWS, SHARED_OPTIN_MAX, THREADS, box_shape, deepest, runs
 FILE = "kernels/11_hopper/conv2d_hopper.cu"
 DW_FILE = "kernels/11_hopper/conv2d_hopper_dw.cu"
 REDUCE_FILE = "kernels/11_hopper/splitk_reduce.cu"
-TUNABLES = ("BN", "STAGES", "RINGS", "BW", "BH", "BI", "SPLIT_K")
+TUNABLES = ("BN", "STAGES", "RINGS", "BW", "BH", "BI", "SPLIT_K", "TMA_STORE")
 DW_TUNABLES = ("BN", "STAGES", "CONSUMERS", "BW", "BH", "BI", "SPLIT_K")
 DTYPES = {torch.float16: 0, torch.bfloat16: 1}     # the kernels' DTYPE define
 MAX_STRIDE = 8                  # the copy engine's element strides go to 8
@@ -124,7 +125,7 @@ def _gemm_config(phases, B, NM, KC, small_c, sh, sw, sms, rings) -> dict:
     taps = max(th * tw for (_, th), (_, tw) in phases)
     steps = ceil_div(taps, SMALL_C_TAPS) if small_c else taps * ceil_div(KC, BK)
     split = _split(pixel_tiles * ceil_div(NM, BN), steps, sms, MAX_SPLIT)
-    return dict(BN=BN, STAGES=deepest(BN, rings), RINGS=rings, BW=BW, BH=BH, BI=BI, SPLIT_K=split)
+    return dict(BN=BN, STAGES=deepest(BN, rings), RINGS=rings, BW=BW, BH=BH, BI=BI, SPLIT_K=split, TMA_STORE=0)
 
 
 def hopper_config(shape: Workload, sms: int | None = None, rings: int = 1) -> dict:
@@ -280,6 +281,7 @@ class _Plan(NamedTuple):
     a_swizzle: int
     b_box: tuple
     b_swizzle: int
+    y_box: tuple | None           # TMA_STORE: the output's box for the copy engine's stores
     view: tuple | None            # the input and output as the kernel sees them (a 1x1 layer's one row)
     launch: Launch
     reduce: Launch | None
@@ -291,11 +293,16 @@ def _gemm_plan(op, dtype, B, Hout, Wout, KC, NM, Kh, Kw, stride, padding, dilati
     """The launches of conv2d_hopper.cu (and its split-K reduction) for a forward or dX GEMM."""
     dx = op == "dx"
     (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
-    BN, STAGES, RINGS, BW, BH, BI, splits = (t[k] for k in TUNABLES)
+    BN, STAGES, RINGS, BW, BH, BI, splits, tma_store = (t[k] for k in TUNABLES)
     if (BN not in (64, 128, 256) or not 2 <= STAGES <= 8 or RINGS not in (1, 2) or min(BW, BH, BI) < 1
-            or BW * BH * BI > ROWS // RINGS or not 1 <= splits <= MAX_SPLIT):
+            or BW * BH * BI > ROWS // RINGS or not 1 <= splits <= MAX_SPLIT or tma_store not in (0, 1)):
         raise ValueError(f"conv2d_hopper tunables {t}: BN 64, 128 or 256; STAGES 2..8; RINGS 1 or 2; "
-                         f"BW*BH*BI <= {ROWS}/RINGS; SPLIT_K 1..{MAX_SPLIT}")
+                         f"BW*BH*BI <= {ROWS}/RINGS; SPLIT_K 1..{MAX_SPLIT}; TMA_STORE 0 or 1")
+    if dx and RINGS != 1:
+        raise ValueError(f"conv2d_hopper_dx tunables {t}: one ring (RINGS=1)")
+    if tma_store and (dx or RINGS != 1 or splits != 1 or NM % 8):
+        raise ValueError(f"conv2d_hopper tunables {t}: TMA_STORE=1 stores a forward's dense output with one ring, "
+                         f"no split and output channels a multiple of 8 (here {NM})")
     es_h, es_w = (1, 1) if dx else (sh, sw)
     if BW * es_w > 256 or BH * es_h > 256:
         raise ValueError(f"conv2d_hopper tunables {t}: the box spans BW*stride = {BW * es_w} columns and "
@@ -310,7 +317,8 @@ def _gemm_plan(op, dtype, B, Hout, Wout, KC, NM, Kh, Kw, stride, padding, dilati
     if splits * n > INT32_MAX // 2 or units > INT32_MAX // 2:
         raise ValueError(f"SPLIT_K={splits}: a workspace of {splits * n:,} floats; a smaller SPLIT_K or batch")
     row = 16 if small_c else BK * 2
-    defines = dict(DTYPE=DTYPES[dtype], BN=BN, STAGES=STAGES, RINGS=RINGS, DX=int(dx), SMALL_C=int(small_c))
+    defines = dict(DTYPE=DTYPES[dtype], BN=BN, STAGES=STAGES, RINGS=RINGS, DX=int(dx), SMALL_C=int(small_c),
+                   TMA_STORE=tma_store)
     # the kernel adds the bias and applies ReLU itself only without a split (else the reduction does)
     scalars = (int(has_bias and splits == 1), int(relu and splits == 1), splits, units, B, KC, NM, Hout, Wout, Kh, Kw,
                sh, sw, ph, pw, dh, dw, BW, BH, BI, BW * BH * BI * row)
@@ -326,7 +334,8 @@ def _gemm_plan(op, dtype, B, Hout, Wout, KC, NM, Kh, Kw, stride, padding, dilati
     a_steps = (1, es_h, es_w, 1) if (es_h, es_w) != (1, 1) else None
     b_box = (64, 1, 1, 64) if dx else (BN, 1, 1, chan)
     sw_ = 0 if small_c else 128
-    return _Plan(out_shape, C8, a_box, a_steps, sw_, b_box, sw_, view, launch, reduce, (splits, n))
+    y_box = (BI, BH, BW, 64) if tma_store else None
+    return _Plan(out_shape, C8, a_box, a_steps, sw_, b_box, sw_, y_box, view, launch, reduce, (splits, n))
 
 
 def _fwd_plan(x_shape, w_shape, dtype, stride, padding, dilation, groups, has_bias, relu, tunables) -> _Plan:
@@ -339,6 +348,8 @@ def _fwd_plan(x_shape, w_shape, dtype, stride, padding, dilation, groups, has_bi
     if "STAGES" not in given:
         t["STAGES"] = deepest(t["BN"], t["RINGS"])
     if "SPLIT_K" not in given and given:       # the config's split was for its own tile
+        t["SPLIT_K"] = 1 if not set(given) <= {"TMA_STORE"} else t["SPLIT_K"]
+    if t["TMA_STORE"] and "SPLIT_K" not in given:
         t["SPLIT_K"] = 1
     v = _view(s)
     st = (1, 1) if v.gemm else (s.stride, s.stride_w)
@@ -352,12 +363,13 @@ def _run(plan: _Plan, a, wn, out_nhwc, bias):
     """One conv2d_hopper launch (and its reduction) on NHWC tensors."""
     a_map = runtime.tensor_map(a, plan.a_box, plan.a_swizzle, plan.a_steps)
     b_map = runtime.tensor_map(wn, plan.b_box, plan.b_swizzle)
+    y_map = a_map if plan.y_box is None else runtime.tensor_map(out_nhwc, plan.y_box)   # a_map: not read
     b = out_nhwc if bias is None else bias
     if plan.reduce is None:
-        plan.launch(out_nhwc, b, _no_workspace(out_nhwc), a_map, b_map)
+        plan.launch(out_nhwc, b, _no_workspace(out_nhwc), a_map, b_map, y_map)
         return
     ws = new_output(plan.ws_shape, out_nhwc, torch.float32)
-    plan.launch(out_nhwc, b, ws, a_map, b_map)
+    plan.launch(out_nhwc, b, ws, a_map, b_map, y_map)
     plan.reduce(out_nhwc, ws, b)
 
 

@@ -23,7 +23,10 @@
 //    run), adds the bias, applies ReLU and rounds once.
 //  - Epilogue without a split: sums plus bias (elem, when has_bias), ReLU if relu, rounded to elem
 //    into the warpgroup's staging tile, stored to y as 16-byte pieces of a pixel's maps (NM % 8 ==
-//    0) or one element at a time.
+//    0) or one element at a time. TMA_STORE (forward, one ring): both consumers stage the tile in
+//    the 128-byte swizzle, 64 channels a box, and one thread hands the boxes to the copy engine
+//    (y_map): the consumers go on to the next tile's MMAs while it stores; the staging tile is
+//    rewritten only after the thread's bulk_wait_read<0>() and a barrier.
 //
 // Layout (N = the output's channels NM, K the input's KC; forward: N = M, K = C; dX: N = C, K = M):
 //   a_map: the input, NHWC (B, Hin, Win, KC), box (BI, BH*es_h, BW*es_w, 64) with element strides
@@ -31,6 +34,7 @@
 //   b_map: the mask (M, Kh, Kw, C); forward box (BN, 1, 1, 64), SMALL_C (BN, 1, 1, 8) without
 //          swizzle; dX box (64, 1, 1, 64) (64 of dy's channels x 64 of x's), BN/64 boxes a stage
 //   y:     NHWC (B, Hout, Wout, NM); ws (splits, B*Hout*Wout, NM) float when splits > 1
+//   y_map: TMA_STORE: y, box (BI, BH, BW, 64) in the 128-byte swizzle (else not read)
 // A tile: BN output channels x the pixels of a BW x BH x BI box (<= 128/RINGS) of one phase.
 // Grid: min(units, SMs) blocks of 384 threads, persistent; dynamic shared memory as the launcher's
 // shared_bytes.
@@ -52,12 +56,17 @@
 #ifndef SMALL_C
 #define SMALL_C 0       // 1: 8 channels a tap, 8 taps a stage
 #endif
+#ifndef TMA_STORE
+#define TMA_STORE 0     // 1: the epilogue's stores by the copy engine (forward, one ring, no split)
+#endif
 #define BK 64           // K values per stage: 64 channels, or 8 taps of 8
 #define TILE_ROWS (128 / RINGS)
 #define TAPS 8          // SMALL_C: taps per stage
 
 static_assert(BN == 64 || BN == 128 || BN == 256, "BN: 64, 128 or 256 output channels per tile");
 static_assert(!(DX && SMALL_C), "dX reads dy's channels, a multiple of 8: no SMALL_C");
+static_assert(!(TMA_STORE && (DX || RINGS != 1)), "TMA_STORE: the forward's dense output, one ring");
+static_assert(!(DX && RINGS != 1), "dX: one ring (the phases' producer needs more than the 40 registers it keeps)");
 
 constexpr int KIND = WG_TYPE | (DX ? WG_TRANS_B : 0);
 constexpr int A_BYTES = TILE_ROWS * BK * 2;     // the tile's pixel rows (the box fills BW*BH*BI of them)
@@ -134,7 +143,8 @@ __device__ Tile tile_of(int u, int splits, int B, int NM, int KC, int Hout, int 
 
 __global__ void __launch_bounds__(384, 1)
 conv2d_hopper(elem* y, const elem* bias, float* ws, const __grid_constant__ CUtensorMap a_map,
-              const __grid_constant__ CUtensorMap b_map, int has_bias, int relu, int splits, int units, int B,
+              const __grid_constant__ CUtensorMap b_map, const __grid_constant__ CUtensorMap y_map, int has_bias,
+              int relu, int splits, int units, int B,
               int KC, int NM, int Hout, int Wout, int Kh, int Kw, int sh, int sw, int ph, int pw, int dh, int dw,
               int BW, int BH, int BI, int a_box_bytes) {
     extern __shared__ unsigned char smem_raw[];
@@ -252,37 +262,67 @@ conv2d_hopper(elem* y, const elem* bias, float* ws, const __grid_constant__ CUte
                 }
                 continue;
             }
-            // sums -> bias, ReLU, elem -> the staging tile
+            if constexpr (TMA_STORE) {
+                // the store of the previous tile has read the staging tile: both consumers may write it
+                if (t == 0 && wg == 1) bulk_wait_read<0>();
+                named_barrier_sync(3, 256);
 #pragma unroll
-            for (int jj = 0; jj < BN / 8; jj++) {
-                int m = T.m0 + 8 * jj + 2 * (lane % 4);
-                float b0 = 0.f, b1 = 0.f;
-                if (has_bias && m < NM) b0 = to_float(bias[m]);
-                if (has_bias && m + 1 < NM) b1 = to_float(bias[m + 1]);
+                for (int jj = 0; jj < BN / 8; jj++) {
+                    int c = 8 * jj + 2 * (lane % 4), m = T.m0 + c;
+                    float b0 = 0.f, b1 = 0.f;
+                    if (has_bias && m < NM) b0 = to_float(bias[m]), b1 = to_float(bias[m + 1]);
 #pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    float v0 = acc[4 * jj + 2 * h] + b0, v1 = acc[4 * jj + 2 * h + 1] + b1;
-                    if (relu) v0 = fmaxf(v0, 0.f), v1 = fmaxf(v1, 0.f);
-                    int r = 16 * warp + lane / 4 + 8 * h;
-                    *(elem2*)(out + r * OUT_ROW + (8 * jj + 2 * (lane % 4)) * 2) = to_elem2(v0, v1);
+                    for (int h = 0; h < 2; h++) {
+                        float v0 = acc[4 * jj + 2 * h] + b0, v1 = acc[4 * jj + 2 * h + 1] + b1;
+                        if (relu) v0 = fmaxf(v0, 0.f), v1 = fmaxf(v1, 0.f);
+                        // row r of box c/64 (64 channels, 128 bytes a row), its 16-byte chunks swizzled
+                        int r = row0 + 16 * warp + lane / 4 + 8 * h;
+                        unsigned char* at = staging + (c / 64) * (128 * 128) + r * 128 + ((jj % 8) ^ (r % 8)) * 16 +
+                                            (c % 8) * 2;
+                        *(unsigned*)at = to_bits2(v0, v1);
+                    }
                 }
-            }
-            named_barrier_sync(wg, 128);         // this warpgroup's tile is staged
-            // 16-byte chunks: BN/8 per pixel row, consecutive threads along a row (coalesced in y)
-            for (int c = t; c < 64 * (BN / 8); c += 128) {
-                int r = c / (BN / 8), ch = c % (BN / 8), q = row0 + r, m = T.m0 + 8 * ch;
-                int bw = q % BW, bh = q / BW % BH, bi = q / (BW * BH);
-                int i = T.i0 + bh, j = T.j0 + bw, n = T.n0 + bi;
-                if (bi >= BI || n >= B || i >= T.h.n || j >= T.w.n || m >= NM) continue;
-                size_t pix = ((size_t)n * Hout + T.h.r + T.h.s_out * i) * Wout + T.w.r + T.w.s_out * j;
-                if (NM % 8 == 0) {
-                    *(uint4*)(y + pix * NM + m) = *(const uint4*)(out + r * OUT_ROW + ch * 16);
-                } else {
-                    for (int e = 0; e < 8 && m + e < NM; e++)
-                        y[pix * NM + m + e] = *(const elem*)(out + r * OUT_ROW + ch * 16 + 2 * e);
+                fence_proxy_async();                 // the stores visible to the copy engine
+                named_barrier_sync(3, 256);
+                if (t == 0 && wg == 1) {
+                    for (int q = 0; q < BN / 64 && T.m0 + 64 * q < NM; q++)
+                        tma_store_4d(&y_map, staging + q * (128 * 128), T.m0 + 64 * q, T.j0, T.i0, T.n0);
+                    bulk_commit();
                 }
+            } else {
+                // sums -> bias, ReLU, elem -> the staging tile
+#pragma unroll
+                for (int jj = 0; jj < BN / 8; jj++) {
+                    int m = T.m0 + 8 * jj + 2 * (lane % 4);
+                    float b0 = 0.f, b1 = 0.f;
+                    if (has_bias && m < NM) b0 = to_float(bias[m]);
+                    if (has_bias && m + 1 < NM) b1 = to_float(bias[m + 1]);
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        float v0 = acc[4 * jj + 2 * h] + b0, v1 = acc[4 * jj + 2 * h + 1] + b1;
+                        if (relu) v0 = fmaxf(v0, 0.f), v1 = fmaxf(v1, 0.f);
+                        int r = 16 * warp + lane / 4 + 8 * h;
+                        *(elem2*)(out + r * OUT_ROW + (8 * jj + 2 * (lane % 4)) * 2) = to_elem2(v0, v1);
+                    }
+                }
+                named_barrier_sync(wg, 128);         // this warpgroup's tile is staged
+                // 16-byte chunks: BN/8 per pixel row, consecutive threads along a row (coalesced in y)
+                for (int c = t; c < 64 * (BN / 8); c += 128) {
+                    int r = c / (BN / 8), ch = c % (BN / 8), q = row0 + r, m = T.m0 + 8 * ch;
+                    int bw = q % BW, bh = q / BW % BH, bi = q / (BW * BH);
+                    int i = T.i0 + bh, j = T.j0 + bw, n = T.n0 + bi;
+                    if (bi >= BI || n >= B || i >= T.h.n || j >= T.w.n || m >= NM) continue;
+                    size_t pix = ((size_t)n * Hout + T.h.r + T.h.s_out * i) * Wout + T.w.r + T.w.s_out * j;
+                    if (NM % 8 == 0) {
+                        *(uint4*)(y + pix * NM + m) = *(const uint4*)(out + r * OUT_ROW + ch * 16);
+                    } else {
+                        for (int e = 0; e < 8 && m + e < NM; e++)
+                            y[pix * NM + m + e] = *(const elem*)(out + r * OUT_ROW + ch * 16 + 2 * e);
+                    }
+                }
+                named_barrier_sync(wg, 128);         // read back before the next tile overwrites it
             }
-            named_barrier_sync(wg, 128);         // read back before the next tile overwrites it
         }
+        if (TMA_STORE && t == 0 && wg == 1) bulk_wait_read<0>();   // the block's shared memory outlives the stores
     }
 }

@@ -208,7 +208,25 @@ template <int N> __device__ __forceinline__ void setmaxnreg_dec() {
 //   smem_desc_plain(tile, lbo, sbo)   a K-major tile without swizzle, 16-byte aligned: core matrices
 //       of 8 rows x 8 values (16 bytes a row, rows consecutive); rows 8..15 `sbo` bytes on, K values
 //       8..15 `lbo` bytes on (the layout two TMA boxes of 8 channels each write, lbo apart).
+//   tma_store_4d(&map, src, c0, c1, c2, c3)   cp.async.bulk.tensor.4d.global.shared::cta.bulk_group:
+//       the copy engine writes the box at src (laid out as a load of that box would land, in the
+//       map's swizzle) to the tensor at (c0 innermost, ...), only the elements inside it. Reads src
+//       after it is issued: the writing threads' fence_proxy_async() and a barrier before it, and
+//       src is not overwritten before this thread's bulk_wait_read<N>() that covers its group.
+//   bulk_commit()          cp.async.bulk.commit_group: this thread's stores since the last commit form a group
+//   bulk_wait_read<N>()    cp.async.bulk.wait_group.read N: all but this thread's N most recent groups
+//                          have read their sources
 enum { WG_F16 = 0, WG_BF16 = 1, WG_TRANS_A = 4, WG_TRANS_B = 8 };
+
+__device__ __forceinline__ void tma_store_4d(const CUtensorMap* map, const void* src, int c0, int c1, int c2, int c3) {
+    asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n"
+                 :: "l"(map), "r"(hp_smem(src)), "r"(c0), "r"(c1), "r"(c2), "r"(c3) : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void bulk_wait_read() {
+    static_assert(N >= 0 && N <= 63, "bulk_wait_read<N>: N groups may still be reading");
+    asm volatile("cp.async.bulk.wait_group.read %0;\n" :: "n"(N) : "memory");
+}
 
 __device__ __forceinline__ uint64_t smem_desc_128b_mn(const void* tile, unsigned lbo) {
     return ((hp_smem(tile) & 0x3FFFF) >> 4) | (uint64_t((lbo & 0x3FFFF) >> 4) << 16) | (uint64_t(1024 >> 4) << 32)

@@ -139,6 +139,11 @@ void clemu_mbar_wait(void* bar, unsigned parity, const char* file, int line);
 void clemu_fence_proxy_async(const char* file, int line);
 void clemu_tma_load(void* dst, const clemu_tensor_map* map, void* bar, const int* coords, int rank, const char* file,
                     int line);
+//   TMA stores (read shared memory at issue, write the tensor at once) and their bulk groups:
+//   op 0 commit_group, op 1 wait_group.read n
+void clemu_tma_store(const void* src, const clemu_tensor_map* map, const int* coords, int rank, const char* file,
+                     int line);
+void clemu_bulk_op(int op, int n, const char* file, int line);
 //   bar.sync id, threads: a barrier of `threads` threads (whole warps), ids 1..15
 void clemu_named_barrier(int id, int threads, const char* file, int line);
 //   a float -> half conversion met a wgmma accumulator's poison (read before the wait that covers it)

@@ -1,7 +1,7 @@
 // clemu_hopper.h — the CPU emulator's model of the Hopper instructions that
 // kernels/11_hopper/hopper.cuh wraps in PTX: wgmma (warpgroup MMA from shared-memory descriptors,
 // fp16 or bf16, operands K-major or transposed) with its fence, commit and wait, mbarriers with
-// transaction counts, TMA tiled loads (element strides too),
+// transaction counts, TMA tiled loads (element strides too) and stores,
 // fence.proxy.async and setmaxnreg. Same names and parameters as hopper.cuh; file and line (default
 // arguments) name the call in messages. The runtime (runtime.cpp) does the work and the checks:
 //  - a warpgroup instruction waits until all 128 threads of the warpgroup (4 warps from a warp
@@ -91,6 +91,18 @@ CLEMU_HP_INLINE void tma_load_4d(void* dst, const CUtensorMap* map, uint64_t* ba
                                  CLEMU_HP_SITE) {
     int c[4] = {c0, c1, c2, c3};
     clemu_tma_load(dst, map, bar, c, 4, file, line);
+}
+
+// hopper.cuh's TMA store and its bulk groups (per thread)
+CLEMU_HP_INLINE void tma_store_4d(const CUtensorMap* map, const void* src, int c0, int c1, int c2, int c3,
+                                  CLEMU_HP_SITE) {
+    int c[4] = {c0, c1, c2, c3};
+    clemu_tma_store(src, map, c, 4, file, line);
+}
+CLEMU_HP_INLINE void bulk_commit(CLEMU_HP_SITE) { clemu_bulk_op(0, 0, file, line); }
+template <int N> CLEMU_HP_INLINE void bulk_wait_read(CLEMU_HP_SITE) {
+    static_assert(N >= 0 && N <= 63, "bulk_wait_read<N>: N groups may still be reading");
+    clemu_bulk_op(1, N, file, line);
 }
 
 // bar.sync id, threads: the `threads` threads (whole warps) that call it with this id meet
