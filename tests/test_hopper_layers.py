@@ -266,3 +266,13 @@ def test_the_impl_records_name_their_ops():
     wl = Workload("stem", B=32, C=3, M=64, H=224, W=224, K=7, stride=2, padding=3)
     assert hopper.HOPPER.takes(wl) and hopper.HOPPER_DW.takes(wl) and not hopper.HOPPER_DX.takes(wl)
     assert math.isfinite(hopper.hopper_dx_config(Workload("r", B=2, C=64, M=64, H=9, W=9, K=3, stride=2))["BN"])
+
+
+def test_the_measuring_harness_runs_the_forward_record():
+    """measure.run (chapter 9's every-kernel tables, benchmarks/general_layers.py --all) checks the
+    fp16 record like any other kernel on a layer's small twin."""
+    from convlab import measure, workloads
+
+    df = measure.run([hopper.HOPPER], [workloads.get("resnet_stem_7x7_s2"), workloads.get("deeplab_d2_28")],
+                     dtype="fp16", layout="channels_last", torch_baseline=False)
+    assert list(df["key"]) == ["hopper", "hopper"]
