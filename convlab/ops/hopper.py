@@ -17,7 +17,8 @@ conv2d_wgmma.cu is the teaching form they grow from, its launcher convlab.ops.wg
   **tunables): dE/dW, a GEMM over pixels per tap (conv2d_hopper_dw.cu), fp32 sums split over the
   pixels and added in order (splitk_reduce.cu). M a multiple of 8; C padded to 8 where it is not.
 - hopper_config(shape), hopper_dx_config(shape), hopper_dw_config(shape): the tunables a layer
-  gets (BN, STAGES, RINGS, the box BW x BH x BI, SPLIT_K; dW: BN, STAGES, CONSUMERS, box, SPLIT_K).
+  gets (BN, STAGES, RINGS, the box BW x BH x BI, SPLIT_K, TMA_STORE; dW: BN, STAGES, CONSUMERS, box,
+  SPLIT_K). dX takes one ring and no TMA_STORE; TMA_STORE=1 needs one ring, no split and M % 8 == 0.
 - refuses(shape, op): why a kernel cannot take a layer (None: it can).
 - HOPPER, HOPPER_DX, HOPPER_DW (op conv2d_fp16, conv2d_dx_fp16, conv2d_dw_fp16) and their bf16
   twins HOPPER_BF16, HOPPER_DX_BF16, HOPPER_DW_BF16 (op conv2d_bf16, conv2d_dx_bf16, conv2d_dw_bf16):
@@ -132,8 +133,9 @@ def hopper_config(shape: Workload, sms: int | None = None, rings: int = 1) -> di
     """The tunables conv2d_hopper uses for a layer when none are passed: the box by box_shape over the
     output pixels (its width and height times the stride at most 256, the copy engine's limit; a 1x1
     layer at stride 1: 128 pixels of its one row), BN by wgmma_config's rule, the deepest ring that
-    fits, one ring (rings: the box for that many), and SPLIT_K by _split. By design from chapter 11's
-    measurements; not yet timed on the new layers (benchmarks/hopper_layers.py sweeps them)."""
+    fits, one ring (rings: the box for that many), SPLIT_K by _split, the epilogue's stores by the
+    threads (TMA_STORE=0). By design from chapter 11's measurements; not yet timed on the new layers
+    (benchmarks/hopper_layers.py sweeps them)."""
     sms = sms or sm_count()
     v = _view(shape)
     s = (1, 1) if v.gemm else (shape.stride, shape.stride_w)
