@@ -119,16 +119,17 @@ class Driver:
         """Stream-ordered copy of nbytes from device memory at source to address."""
         self._call("copying to __constant__ memory", self.lib.cuMemcpyDtoDAsync_v2, address, source, nbytes, stream)
 
-    def encode_tensor_map(self, dtype: int, address: int, dims, strides, box, swizzle: int) -> bytes:
-        """cuTensorMapEncodeTiled's 128 bytes: a tiled map, element strides 1, no interleave, the
-        swizzle (CUtensorMapSwizzle: 0 none, 1 32B, 2 64B, 3 128B), L2 promotion of 256 bytes,
-        zeros outside the tensor."""
+    def encode_tensor_map(self, dtype: int, address: int, dims, strides, box, swizzle: int,
+                          element_strides=None) -> bytes:
+        """cuTensorMapEncodeTiled's 128 bytes: a tiled map, element strides as given (innermost
+        first; None: 1), no interleave, the swizzle (CUtensorMapSwizzle: 0 none, 1 32B, 2 64B, 3
+        128B), L2 promotion of 256 bytes, zeros outside the tensor."""
         out = (ctypes.c_uint64 * 16)()
         rank = len(dims)
         U64, U32 = ctypes.c_uint64, ctypes.c_uint
         self._call("encoding a tensor map", self.lib.cuTensorMapEncodeTiled, ctypes.byref(out), dtype, rank, address,
                    (U64 * rank)(*dims), (U64 * max(rank - 1, 1))(*strides), (U32 * rank)(*box),
-                   (U32 * rank)(*([1] * rank)), 0, swizzle, 3, 0, error=ArgumentError)
+                   (U32 * rank)(*(element_strides or [1] * rank)), 0, swizzle, 3, 0, error=ArgumentError)
         return bytes(out)
 
     def make_current(self, context: int):
@@ -199,8 +200,8 @@ class CudaBackend:
         self.threads = self.dev.get_attribute(attr.MULTIPROCESSOR_COUNT)
         self._threads = threading.local()
 
-    def encode_tensor_map(self, dtype, address, dims, strides, box, swizzle) -> bytes:
-        return self.cu.encode_tensor_map(dtype, address, dims, strides, box, swizzle)
+    def encode_tensor_map(self, dtype, address, dims, strides, box, swizzle, element_strides=None) -> bytes:
+        return self.cu.encode_tensor_map(dtype, address, dims, strides, box, swizzle, element_strides)
 
     def set_heap_size(self, nbytes: int):
         """cudaLimitMallocHeapSize: the device heap of malloc and new in device code."""

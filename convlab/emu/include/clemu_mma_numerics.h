@@ -18,9 +18,20 @@
 #include <cfloat>
 #include <climits>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 
 namespace clemu {
+// A bf16 operand's value: its 16 bits are the high half of a float's (subnormals, inf and NaN too).
+// bf16 operands go through mma_k16 as fp16 ones do: the same rule is the hypothesis, checked against
+// the GPU by tests/data/hopper_mma_numerics_bf16.npz where that file exists (benchmarks/mma_numerics_probe.py).
+static inline float bf16_value(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
 static inline int mma_ex(float v) {     // floor(log2 |v|) of a finite nonzero float (subnormals too)
     unsigned u;
     memcpy(&u, &v, 4);
