@@ -124,6 +124,8 @@ enum { CLEMU_WG_FENCE = 0, CLEMU_WG_COMMIT = 1, CLEMU_WG_WAIT = 2, CLEMU_WG_SETM
 void clemu_wg_op(int op, int arg, const char* file, int line);
 void clemu_wgmma(float* d, int n, unsigned long long desc_a, unsigned long long desc_b, int accumulate,
                  const char* file, int line);
+void clemu_wgmma_tf32(float* d, int n, unsigned long long desc_a, unsigned long long desc_b, int accumulate,
+                      const char* file, int line);
 //   mbarriers and the copy engine
 void clemu_mbar_init(void* bar, unsigned count, const char* file, int line);
 void clemu_mbar_arrive(void* bar, unsigned tx_bytes, int expect_tx, const char* file, int line);

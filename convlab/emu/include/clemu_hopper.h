@@ -1,5 +1,6 @@
 // clemu_hopper.h — the CPU emulator's model of the Hopper instructions that
-// kernels/11_hopper/hopper.cuh wraps in PTX: wgmma (warpgroup MMA from shared-memory descriptors)
+// kernels/11_hopper/hopper.cuh wraps in PTX: wgmma (warpgroup MMA from shared-memory descriptors; fp16,
+// and tf32 for kernels/12_tf32/wgmma_tf32.cuh)
 // with its fence, commit and wait, mbarriers with transaction counts, TMA tiled loads,
 // fence.proxy.async and setmaxnreg. Same names and parameters as hopper.cuh; file and line (default
 // arguments) name the call in messages. The runtime (runtime.cpp) does the work and the checks:
@@ -45,6 +46,17 @@ CLEMU_HP_INLINE void wgmma_m64n128k16(float (&d)[64], uint64_t desc_a, uint64_t 
 CLEMU_HP_INLINE void wgmma_m64n256k16(float (&d)[128], uint64_t desc_a, uint64_t desc_b, bool accumulate = true,
                                       CLEMU_HP_SITE) {
     clemu_wgmma(d, 256, desc_a, desc_b, accumulate, file, line);
+}
+
+// wgmma m64nNk8 with .tf32 operands (kernels/12_tf32/wgmma_tf32.cuh): tiles of 32 floats a row,
+// desc + 2 per 8 of them; each float read as a tf32 operand (its top 19 bits)
+CLEMU_HP_INLINE void wgmma_m64n64k8_tf32(float (&d)[32], uint64_t desc_a, uint64_t desc_b, bool accumulate = true,
+                                         CLEMU_HP_SITE) {
+    clemu_wgmma_tf32(d, 64, desc_a, desc_b, accumulate, file, line);
+}
+CLEMU_HP_INLINE void wgmma_m64n128k8_tf32(float (&d)[64], uint64_t desc_a, uint64_t desc_b, bool accumulate = true,
+                                          CLEMU_HP_SITE) {
+    clemu_wgmma_tf32(d, 128, desc_a, desc_b, accumulate, file, line);
 }
 
 CLEMU_HP_INLINE void mbar_init(uint64_t* bar, unsigned count, CLEMU_HP_SITE) {
