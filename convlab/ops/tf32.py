@@ -23,6 +23,8 @@ toward zero, is added to the accumulator by an fp32 add rounded to nearest.
 - tf32_mma_config(shape), tf32_wgmma_config(shape, sms=None): the tiles a layer gets.
 - round_tf32(t), split_tf32(t): the TF32 rounding and the split, in torch, bit for bit as
   cvt.rna.tf32.f32 and the kernels make them (for the chapter, the exercise and tests).
+- tf32_tolerance(n, products, adds): the error bound derived for a reduction of n terms;
+  check_tf32(y, ref, shape, impl): cl.check with it, for the kernel impl on that layer.
 - TF32_MMA, TF32X3_MMA, TF32_WGMMA, TF32X3_WGMMA: the Impl records (op "conv2d", not candidates
   of the fp32 rule: results at TF32's accuracy, or 3xTF32's, are what a caller asks for by
   torch's precision switches; convlab.ops.dispatch reads them).
@@ -36,12 +38,16 @@ import torch
 
 from .. import runtime
 from .._limits import GRID_YZ_MAX, INT32_MAX
+from ..check import check
 from ..workloads import Workload
 from . import Impl, ceil_div, output
 from ._kernels import Launch, batch_chunks, module_ref, remember, sm_count
+from .fp16 import TOL_LAMBDA, U32
 from .shapes import layer
 from .wgmma import SHARED_OPTIN_MAX, box_shape
 
+#: What a float32 convolution may be computed in: the drop-in's precision= and dispatch.fp32_precision
+PRECISIONS = ("fp32", "tf32", "3xtf32")
 MMA_FILE = "kernels/12_tf32/conv2d_tf32_mma.cu"
 WGMMA_FILE = "kernels/12_tf32/conv2d_wgmma_tf32.cu"
 PREP_FILE = "kernels/12_tf32/tf32_prep.cu"
@@ -74,6 +80,51 @@ def split_tf32(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     (t - hi is exact in float32)."""
     hi = round_tf32(t)
     return hi, round_tf32(t.float() - hi)
+
+
+U_TF32 = 2.0 ** -11       # unit roundoff of TF32 (11 significant bits, round to nearest)
+U_SPLIT = 2.0 ** -22      # |a - a_hi - a_lo| <= U_SPLIT |a|; |a_lo b_lo| <= U_SPLIT |a b|
+
+
+def tf32_tolerance(n: int, products: int, adds: int | None = None, lam: float = TOL_LAMBDA) -> tuple[float, float]:
+    """(rtol, atol_rms): a result y passes when |y - ref| <= atol_rms·RMS(ref) + rtol·|ref|, ref the
+    fp64 reference of the float32 inputs. Derived as fp16.fp16_tolerance derives its bound, for
+    zero-mean random data, relative to R = RMS(ref) = sqrt(n)·RMS(term), n the reduction's length
+    (C·Kh·Kw), adds the fp32 adds that promote the tensor cores' partial sums (default n/8):
+
+    - products=1: rounding x and w to TF32: each term gets a relative error δx + δw, |δ| <= u =
+      2^-11 (uniform: std u/sqrt(3) each); n independent terms: std u·sqrt(2/3)·R. This is
+      about 2^-11 relative per product, growing like sqrt(n) against a single term.
+    - products=3: x = hi + lo leaves |δ| <= 2^-22 (std 2^-22/sqrt(3)), and the dropped lo·lo is
+      below 2^-22 |x w| (std 2^-22/3): std 2^-22·sqrt(2/3 + 1/9)·R.
+    - the tensor cores' adds: a step's terms truncated to 2^-25 of its largest (std 2^-25·R per
+      product added, for up to 3 products a term), its sums rounded toward zero (up to 3 per
+      step, 2^-23 of the step's sum, of the sign of that sum: random across steps):
+      std sqrt(3·(2^-25)² + 3·(2^-23)²)·R.
+    - the promotions: `adds` fp32 adds rounded to nearest of partial sums ~ sqrt(j/adds)·R:
+      std u32·R·sqrt((adds+1)/6); and a large output's drifting partial sums, as for fp16's
+      float sums: rtol += lam·u32·sqrt(adds)/3.
+
+    atol_rms = lam·sqrt(sum of the variances)/R; lam (fp16.TOL_LAMBDA) covers the tails."""
+    if products not in (1, 3):
+        raise ValueError(f"products={products!r}: 1 (TF32) or 3 (3xTF32)")
+    adds = max(1, -(-n // 8) if adds is None else adds)
+    var = (2.0 / 3.0) * U_TF32 ** 2 if products == 1 else (2.0 / 3.0 + 1.0 / 9.0) * U_SPLIT ** 2
+    var += 3 * (2.0 ** -25) ** 2 + 3 * (2.0 ** -23) ** 2 + U32 ** 2 * (adds + 1) / 6.0
+    return U32 + lam * U32 * adds ** 0.5 / 3.0, lam * var ** 0.5
+
+
+def check_tf32(y, ref, shape: Workload, impl: "Impl", name: str = "y"):
+    """cl.check of y, impl's result on the layer `shape` (one of this module's records), against
+    ref with tf32_tolerance's bound for that kernel: its products, and its promotions (mma.sync one
+    per 8 channels of each tap, wgmma one per 32: the channels padded to 32 a step)."""
+    steps = shape.K * shape.Kw * ceil_div(shape.C // shape.groups, BK)
+    products = {TF32_MMA.key: 1, TF32_WGMMA.key: 1, TF32X3_MMA.key: 3, TF32X3_WGMMA.key: 3}[impl.key]
+    adds = steps * (BK // 8 if impl.key in (TF32_MMA.key, TF32X3_MMA.key) else 1)
+    rtol, atol_rms = tf32_tolerance(shape.reduction, products, adds)
+    r = ref.detach().double().cpu()
+    rms = float(r.pow(2).mean().sqrt()) if r.numel() else 1.0
+    return check(y, r, rtol=rtol, atol=atol_rms * max(rms, 1e-30), name=name)
 
 
 def _check_floats(**tensors) -> None:

@@ -19,8 +19,9 @@
 // TF32 (mma.sync m16n8k8 and wgmma m64nNk8 with .tf32 operands): a hypothesis until
 // tests/data/tf32_mma_numerics.npz (scripts/probe_tf32.py, run on an H100/H200) confirms it: the
 // tensor core reads the top 19 bits of each 32-bit operand (sign, 8 exponent bits, 10 mantissa
-// bits: tf32_operand truncates the low 13), and adds the 8 products by the rule above. cvt_rna_tf32
-// is the instruction a kernel rounds with instead (cvt.rna.tf32.f32: to nearest, ties away from zero).
+// bits: tf32_operand truncates the low 13), and adds the 8 products by the rule above.
+// rna_tf32_bits is the instruction a kernel rounds with instead (cvt.rna.tf32.f32: to nearest, ties
+// away from zero).
 #pragma once
 #include <cfloat>
 #include <climits>
@@ -74,7 +75,7 @@ static inline float tf32_operand(unsigned r) {
 // dropped part's range to the magnitude, then truncate; a carry moves into the exponent, and past
 // the largest float gives infinity); the low 13 bits of the result are zero. Infinities stay; a
 // NaN gives the canonical NaN.
-static inline unsigned cvt_rna_tf32(float x) {
+static inline unsigned rna_tf32_bits(float x) {
     unsigned u;
     memcpy(&u, &x, 4);
     if ((u & 0x7f800000u) == 0x7f800000u) return (u & 0x007fffffu) ? 0x7fffffffu : u;

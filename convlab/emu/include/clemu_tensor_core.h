@@ -140,7 +140,7 @@ CLEMU_TC_INLINE void mma_16816_bf16(float (&d)[4], const unsigned (&a)[4], const
 
 CLEMU_TC_INLINE void mma_1688_tf32(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2], CLEMU_TC_SITE) {
     clemu::tc::mma1688_tf32(d, a, b, "mma_1688_tf32", file, line); }
-CLEMU_TC_INLINE unsigned cvt_rna_tf32(float x) { return clemu::cvt_rna_tf32(x); }
+CLEMU_TC_INLINE unsigned cvt_rna_tf32(float x) { return clemu::rna_tf32_bits(x); }
 
 template <class D, class S> CLEMU_TC_INLINE void cp_async_16(const D& smem_dst, const S& gmem_src, bool full = true) {
     clemu_cp_async((void*)clemu::tc::addr(smem_dst), clemu::tc::addr(gmem_src), 16, full); }
