@@ -114,7 +114,7 @@ def tf32_tolerance(n: int, products: int, adds: int | None = None, lam: float = 
     return U32 + lam * U32 * adds ** 0.5 / 3.0, lam * var ** 0.5
 
 
-def check_tf32(y, ref, shape: Workload, impl: "Impl", name: str = "y"):
+def check_tf32(y, ref, shape: Workload, impl: "Impl", name: str = "y", raise_on_error: bool = True):
     """cl.check of y, impl's result on the layer `shape` (one of this module's records), against
     ref with tf32_tolerance's bound for that kernel: its products, and its promotions (mma.sync one
     per 8 channels of each tap, wgmma one per 32: the channels padded to 32 a step)."""
@@ -124,7 +124,7 @@ def check_tf32(y, ref, shape: Workload, impl: "Impl", name: str = "y"):
     rtol, atol_rms = tf32_tolerance(shape.reduction, products, adds)
     r = ref.detach().double().cpu()
     rms = float(r.pow(2).mean().sqrt()) if r.numel() else 1.0
-    return check(y, r, rtol=rtol, atol=atol_rms * max(rms, 1e-30), name=name)
+    return check(y, r, rtol=rtol, atol=atol_rms * max(rms, 1e-30), name=name, raise_on_error=raise_on_error)
 
 
 def _check_floats(**tensors) -> None:
