@@ -2036,8 +2036,8 @@ def check_tf32_split(module, part: int, *, name: str = "your split") -> Verdict:
         at = torch.from_numpy(a)
         hi, lo = cl.to_device(torch.full((len(a),), float("nan"))), cl.to_device(torch.full((len(a),), float("nan")))
         try:
-            checked_launch(lambda: module.kernel("split_values")(cl.to_device(at), hi, lo, len(a), grid=(len(a) + 127) // 128,
-                                                                 block=128))
+            run = module.kernel("split_values")
+            checked_launch(lambda: run(cl.to_device(at), hi, lo, len(a), grid=(len(a) + 127) // 128, block=128))
         except Exception as e:  # noqa: BLE001 (a check must never stop the notebook)
             return _say(False, _fault(module, describe_error(e)))
         got_hi, got_lo = hi.cpu(), lo.cpu()
@@ -2046,8 +2046,8 @@ def check_tf32_split(module, part: int, *, name: str = "your split") -> Verdict:
         def same(x, y):
             return bool(torch.equal(x.view(torch.int32), y.view(torch.int32)))
         if same(got_hi, want_hi) and same(got_lo, want_lo):
-            return _say(True, f"✓ correct: {name}: hi and lo are the bits of the 3xTF32 split for all {len(a)} values "
-                              "(ties, carries, subnormals, both signs)")
+            return _say(True, f"✓ correct: {name}: hi and lo are the bits of the 3xTF32 split for all {len(a)} "
+                              "values (ties, carries, subnormals, both signs)")
         unfinished = _unfinished(module)
         if unfinished is not None:
             return unfinished
@@ -2062,8 +2062,8 @@ def check_tf32_split(module, part: int, *, name: str = "your split") -> Verdict:
                    "nearest, so |a - hi| is at most half a TF32 step")
         elif not same(got_hi, want_hi):
             i = int((got_hi.view(torch.int32) != want_hi.view(torch.int32)).nonzero()[0])
-            why = (f"hi of {float(a[i])!r} (bits {a.view(np.uint32)[i]:#010x}) is {float(got_hi[i])!r}; a rounded to TF32 "
-                   f"is {float(want_hi[i])!r}")
+            why = (f"hi of {float(a[i])!r} (bits {a.view(np.uint32)[i]:#010x}) is {float(got_hi[i])!r}; a rounded to "
+                   f"TF32 is {float(want_hi[i])!r}")
         elif same(got_lo, rest):
             why = ("lo = a - hi is right, but not rounded: the tensor core reads only its top 19 bits, so round lo "
                    "to TF32 too (then a_lo * b_hi is exact)")
