@@ -45,7 +45,8 @@ def mma_step(c: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     c, a, b = c.astype(np.float32), a.astype(np.float32), b.astype(np.float32)
     out = np.empty_like(c)
     finite = np.isfinite(c) & np.isfinite(a).all(1) & np.isfinite(b).all(1)
-    plain = (c.astype(np.float64) + (a.astype(np.float64) * b.astype(np.float64)).sum(1)).astype(np.float32)
+    with np.errstate(invalid="ignore", over="ignore"):      # inf - inf: NaN, as the GPU's
+        plain = (c.astype(np.float64) + (a.astype(np.float64) * b.astype(np.float64)).sum(1)).astype(np.float32)
     out[~finite] = plain[~finite]
     c, a, b = c[finite].astype(np.float64), a[finite].astype(np.float64), b[finite].astype(np.float64)
 
