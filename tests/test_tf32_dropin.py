@@ -19,18 +19,17 @@ from convlab.ops.tf32 import TF32_MMA, TF32_WGMMA, TF32X3_MMA, TF32X3_WGMMA, che
 
 @pytest.fixture
 def switches():
-    """Set torch's switches inside a test; torch's own state comes back after it."""
-    matmul, conv = torch.get_float32_matmul_precision(), torch.backends.cudnn.conv.fp32_precision
-    rnn = torch.backends.cudnn.rnn.fp32_precision
+    """Set torch's switches inside a test (cuDNN's TF32 flag by the legacy name every torch has);
+    torch's own state comes back after it."""
+    matmul, flag = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
 
     def set_(matmul_precision="highest", cudnn_tf32=None):
         torch.set_float32_matmul_precision(matmul_precision)
         if cudnn_tf32 is not None:
-            torch.backends.cudnn.conv.fp32_precision = "tf32" if cudnn_tf32 else "ieee"
+            torch.backends.cudnn.allow_tf32 = cudnn_tf32
     yield set_
     torch.set_float32_matmul_precision(matmul)
-    torch.backends.cudnn.conv.fp32_precision = conv
-    torch.backends.cudnn.rnn.fp32_precision = rnn
+    torch.backends.cudnn.allow_tf32 = flag
 
 
 def _layer(stride=1):
@@ -45,8 +44,7 @@ def _tensor_core(precision: str, stride: int):
 
 
 def test_by_default_fp32(switches):
-    switches()
-    assert torch.backends.cudnn.conv.fp32_precision == "tf32"     # torch's default: TF32 allowed ...
+    switches(cudnn_tf32=True)                                     # torch's default: TF32 allowed ...
     assert dispatch.fp32_precision() == "fp32"                    # ... and not used
     x, w, b, ref, s = _layer()
     assert dispatch.forward_impl(x, w, b, padding=1).key not in {i.key for i in (TF32_MMA, TF32X3_MMA, TF32_WGMMA,
@@ -113,3 +111,18 @@ def test_layers_the_tensor_core_kernels_refuse_keep_fp32(switches):
                                                                   groups=8))
     xh, wh = cl.randn(1, 16, 6, 6).half(), cl.randn(8, 16, 3, 3).half()
     assert dispatch.forward_impl(xh, wh, padding=1).op == "conv2d_fp16"
+
+
+@pytest.mark.skipif(not hasattr(torch.backends.cudnn, "conv"), reason="torch without per-op TF32 settings")
+def test_the_new_api_setting_for_convolutions_is_read(switches):
+    """torch.backends.cudnn.conv.fp32_precision = "ieee" (the new API, convolutions only: reading
+    the legacy flag then raises, as the two APIs disagree) is cuDNN's TF32 flag off."""
+    switches("medium")
+    before = torch.backends.cudnn.conv.fp32_precision
+    try:
+        torch.backends.cudnn.conv.fp32_precision = "ieee"
+        assert dispatch.fp32_precision() == "3xtf32"
+        torch.backends.cudnn.conv.fp32_precision = "tf32"
+        assert dispatch.fp32_precision() == "tf32"
+    finally:
+        torch.backends.cudnn.conv.fp32_precision = before
