@@ -8,7 +8,7 @@
 //                                  ties away from zero (the bits as a 32-bit word)
 //   tf32_round(x)          x rounded to TF32, as a float (the low 13 bits zero)
 //   tf32_split(x, hi, lo)  hi = tf32_round(x), lo = tf32_round(x - hi): x - hi is exact in fp32,
-//                          so hi + lo carries 21-22 of x's 24 significant bits, and
+//                          so |x - hi - lo| <= 2^-22 |x|, and
 //                          a*b ~ a_hi*b_hi + a_hi*b_lo + a_lo*b_hi (the 3xTF32 product; a_lo*b_lo,
 //                          below 2^-22 |a*b|, is dropped)
 //   mma_1688_tf32(d, a, b) sm_80+  mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32
