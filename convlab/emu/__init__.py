@@ -39,7 +39,7 @@ CXXFLAGS = ["-std=c++17", "-O2", "-g1", "-gdwarf-4", "-fPIC", "-shared", "-fno-s
 # warp operations too (ldmatrix and mma exchange registers between lanes: tensor_core.cuh)
 _BARRIER_RE = re.compile(r"\b(__syncthreads\w*|__syncwarp|__shfl\w*|__ballot_sync|__any_sync|__all_sync|__match_\w+_sync|"
                          r"__reduce_\w+_sync|ldmatrix_\w+|"
-                         r"mma_16816\w*|wgmma_\w+|mbar_wait|setmaxnreg_\w+|named_barrier_sync)\b")
+                         r"mma_16816\w*|mma_1688_tf32|wgmma_\w+|mbar_wait|setmaxnreg_\w+|named_barrier_sync)\b")
 # Hopper's asynchronous path (clemu_hopper.h): the runtime then records ordinary shared-memory stores
 # too, for the checks against TMA copies and wgmma reads (fence_proxy_async)
 _ASYNC_RE = re.compile(r"\b(wgmma_\w+|tma_load_\w+|tma_store_\w+|bulk_\w+|mbar_\w+|fence_proxy_async|smem_desc_\w+)\s*[(<]")

@@ -1400,16 +1400,17 @@ static std::string warps_str(unsigned bits, int first_warp) {
     return (__builtin_popcount(bits) > 1 ? "warps " : "warp ") + s;
 }
 
+enum { WG_MMA = 4, WG_MMA_TF32 = 5 };
 static const char* wg_name(int op, int n) {
     switch (op) {
         case CLEMU_WG_FENCE: return "wgmma_fence()";
         case CLEMU_WG_COMMIT: return "wgmma_commit()";
         case CLEMU_WG_WAIT: return "wgmma_wait<N>()";
         case CLEMU_WG_SETMAXNREG: return "setmaxnreg";
+        case WG_MMA_TF32: return n == 64 ? "wgmma_m64n64k8_tf32" : "wgmma_m64n128k8_tf32";
         default: return n == 64 ? "wgmma_m64n64k16" : n == 128 ? "wgmma_m64n128k16" : "wgmma_m64n256k16";
     }
 }
-enum { WG_MMA = 4 };
 
 // What a thread has seen of an mbarrier's phases.
 static mbar_seen* seen_of(fiber_thread* t, uintptr_t bar) {
@@ -1941,12 +1942,13 @@ static operand_tile desc_tile(unsigned long long desc, int rows, bool mn, const 
     return o;
 }
 
-// Read an operand tile of `rows` M (or N) values x 16 K values into out[rows][16], checking each
-// chunk for warpgroup g: a TMA copy into it that some thread of the warpgroup has not waited for,
-// an ordinary store into it that no fence_proxy_async orders for the tensor cores. The wgmma's
-// read is recorded on the chunk until the wait that covers `group`. bf16: the values are bf16.
-static void read_tile(const operand_tile& o, int rows, float (*out)[16], bool bf16, int g, unsigned long long group,
-                      const char* operand, const char* what, const char* file, int line) {
+// Read an operand tile of `rows` M (or N) values x 16 K values into out[rows][16] (tf32: 8 K values
+// a row, each float read as a tf32 operand, its top 19 bits: out[r][0..7]), checking each chunk for
+// warpgroup g: a TMA copy into it that some thread of the warpgroup has not waited for, an ordinary
+// store into it that no fence_proxy_async orders for the tensor cores. The wgmma's read is recorded
+// on the chunk until the wait that covers `group`. bf16: the values are bf16.
+static void read_tile(const operand_tile& o, int rows, float (*out)[16], bool bf16, bool tf32, int g,
+                      unsigned long long group, const char* operand, const char* what, const char* file, int line) {
     fiber_thread* th = &W->threads[128 * g];
     int outer = o.mn ? 16 : rows, inner = o.mn ? rows / 8 : 2;
     for (int r = 0; r < outer; r++)
@@ -1988,6 +1990,12 @@ static void read_tile(const operand_tile& o, int rows, float (*out)[16], bool bf
             k.rd_group[g] = group;
             k.rd_file[g] = file;
             k.rd_line[g] = line;
+            if (tf32) {   // K-major only (wgmma's tf32 operands have no transposed form)
+                uint32_t v[4];
+                memcpy(v, (const void*)a, 16);
+                for (int e = 0; e < 4; e++) out[r][4 * h + e] = clemu::tf32_operand(v[e]);
+                continue;
+            }
             uint16_t v[8];
             memcpy(v, (const void*)a, 16);
             for (int e = 0; e < 8; e++) {
@@ -2022,12 +2030,14 @@ static void poison(float* d, int n) {
              file_line(e.file, e.line).c_str(), now, file, line);
 }
 
-// All 128 threads of warpgroup g have met at a wgmma: compute it for each of them.
-static void wgmma_issue(int g, const char* file, int line) {
+// All 128 threads of warpgroup g have met at a wgmma (op WG_MMA: k16 of fp16, WG_MMA_TF32: k8 of
+// tf32): compute it for each of them.
+static void wgmma_issue(int g, int op, const char* file, int line) {
     fiber_thread* th = &W->threads[128 * g];
     fiber_thread& a = th[0];
     int n = a.wg_n;
-    const char* what = wg_name(WG_MMA, n);
+    bool tf32 = op == WG_MMA_TF32;
+    const char* what = wg_name(op, n);
     for (int i = 1; i < 128; i++)
         if (th[i].wg_da != a.wg_da || th[i].wg_db != a.wg_db || th[i].wg_acc_flag != a.wg_acc_flag ||
             th[i].wg_kind != a.wg_kind)
@@ -2043,8 +2053,8 @@ static void wgmma_issue(int g, const char* file, int line) {
     bool bf16 = (kind & 3) == CLEMU_WG_BF16;
     operand_tile ta = desc_tile(a.wg_da, 64, (kind & CLEMU_WG_TRANS_A) != 0, "A", what, file, line);
     operand_tile tb = desc_tile(a.wg_db, n, (kind & CLEMU_WG_TRANS_B) != 0, "B", what, file, line);
-    read_tile(ta, 64, A, bf16, g, s.committed, "A", what, file, line);
-    read_tile(tb, n, B, bf16, g, s.committed, "B", what, file, line);
+    read_tile(ta, 64, A, bf16, tf32, g, s.committed, "A", what, file, line);
+    read_tile(tb, n, B, bf16, tf32, g, s.committed, "B", what, file, line);
     for (int i = 0; i < 128; i++) {
         fiber_thread& t = th[i];
         wg_acc* e = nullptr;
@@ -2064,7 +2074,8 @@ static void wgmma_issue(int g, const char* file, int line) {
             for (int q = 0; q < 4; q++) {
                 int row = 16 * w + l / 4 + 8 * (q >> 1), col = 8 * j + 2 * (l % 4) + (q & 1);
                 float& v = e->val[4 * j + q];
-                v = wgmma_k16(t.wg_acc_flag ? v : 0.0f, A[row], B[col]);
+                float c = t.wg_acc_flag ? v : 0.0f;
+                v = tf32 ? clemu::mma_k8(c, A[row], B[col]) : wgmma_k16(c, A[row], B[col]);
             }
         e->group = s.committed;
         e->file = file;
@@ -2094,7 +2105,7 @@ static void wg_collective(int g, int op, int arg, const char* file, int line) {
             }
             fl.resize(keep);
         }
-    } else if (op == WG_MMA) wgmma_issue(g, file, line);
+    } else if (op == WG_MMA || op == WG_MMA_TF32) wgmma_issue(g, op, file, line);
 }
 
 // A warpgroup instruction: wait for the other 127 threads (release() checks who comes), then the
@@ -2127,6 +2138,18 @@ extern "C" __attribute__((visibility("default"))) void clemu_wgmma(float* d, int
         t->wg_kind = kind;
     }
     wg_meet(WG_MMA, 0, file, line);
+}
+
+// wgmma m64nNk8 with .tf32 operands (clemu_hopper.h): the same tiles, descriptors and checks, 8 floats a row
+extern "C" __attribute__((visibility("default"))) void clemu_wgmma_tf32(float* d, int n, unsigned long long da,
+                                                                        unsigned long long db, int accumulate,
+                                                                        const char* file, int line) {
+    fiber_thread* t = me();
+    if (t) {
+        t->wg_d = d; t->wg_n = n; t->wg_da = da; t->wg_db = db; t->wg_acc_flag = accumulate ? 1 : 0;
+        t->wg_kind = CLEMU_WG_F16;   // K-major operands (read as tf32 by the op)
+    }
+    wg_meet(WG_MMA_TF32, 0, file, line);
 }
 
 // a float -> half conversion of a wgmma accumulator's poison (cuda_fp16.h's f2h)

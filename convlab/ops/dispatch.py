@@ -13,6 +13,9 @@ the drop-in (dropin.py).
   (pick()'s kernel with its tunables, the bias added where the kernel has none). The layout of x
   decides one thing more: a channels_last x of a depthwise layer goes to the NHWC depthwise
   kernel, and the mma.sync kernel reads it without a conversion; the result has x's layout.
+- fp32_precision(option=None): the precision switch, 'fp32', 'tf32' or '3xtf32', from torch's
+  float32 matmul precision and cuDNN's TF32 flag (or the drop-in's precision= option); where it is
+  not 'fp32', a float32 layer that one of TENSOR_CORE_FP32's kernels takes runs on it.
 - input_grad(dy, w, dx=None, ...), weight_grad(x, dy, dw=None, ...): the dX and dW the drop-in
   runs (dx_route / dw_route say which kernel, and why); grad_routes(...): both routes of a layer at
   once, which the drop-in keeps beside its forward route.
@@ -48,6 +51,7 @@ from .igemm import IGEMM_F32, IGEMM_F32_DW, IGEMM_F32_DX, conv2d_igemm_f32_dw, c
 from ._kernels import remember
 from .shapes import layer, two
 from .tensor_core import MMA_DW, MMA_DX, conv2d_mma, conv2d_mma_dw, conv2d_mma_dx
+from .tf32 import PRECISIONS
 
 LAYOUTS = ("nchw", "channels_last")                 # x's memory format, as pick() takes it
 OPS = {"fp32": "conv2d", "fp16": "conv2d_fp16"}      # the forward op of each dtype's kernels
@@ -174,6 +178,40 @@ RULES = {
 }
 
 
+#: float32 layers where fp32_precision() is 'tf32' or '3xtf32': the first of these kernels that takes
+#: the layer runs it (wgmma on an H100/H200, else mma.sync on sm_80 or newer, one group); a layer
+#: neither takes keeps the fp32 rule's kernel, at fp32's accuracy (convlab/ops/tf32.py).
+TENSOR_CORE_FP32 = {"tf32": ("tf32_wgmma", "tf32_mma"), "3xtf32": ("tf32x3_wgmma", "tf32x3_mma")}
+
+
+def fp32_precision(option: str | None = None) -> str:
+    """How the drop-in computes a float32 convolution: 'fp32' (CUDA cores), 'tf32' or '3xtf32'
+    (tensor cores, convlab.ops.tf32). option (the drop-in's precision=) decides when given; else
+    torch's switches: torch.set_float32_matmul_precision 'highest' (torch's default) gives 'fp32',
+    'high' '3xtf32', 'medium' 'tf32' where cuDNN's TF32 flag (torch.backends.cudnn.allow_tf32, or
+    torch.backends.cudnn.conv.fp32_precision) allows it, else '3xtf32'. torch turns that flag on
+    by default, so it is read as a permission, never as a request: by default results keep fp32's
+    accuracy."""
+    if option is not None:
+        if option not in PRECISIONS:
+            raise ValueError(f"precision={option!r}: one of {', '.join(PRECISIONS)}")
+        return option
+    wanted = {"highest": "fp32", "high": "3xtf32", "medium": "tf32"}[torch.get_float32_matmul_precision()]
+    return "3xtf32" if wanted == "tf32" and not _cudnn_tf32() else wanted
+
+
+def _cudnn_tf32() -> bool:
+    """cuDNN's TF32 flag for convolutions (the new API's conv setting first: reading the legacy flag
+    raises where the two APIs were mixed)."""
+    setting = getattr(getattr(torch.backends.cudnn, "conv", None), "fp32_precision", "none")
+    if setting in ("tf32", "ieee"):
+        return setting == "tf32"
+    try:
+        return bool(torch.backends.cudnn.allow_tf32)
+    except RuntimeError:
+        return False
+
+
 def dispatch_rule(dtype: str | None = None) -> str:
     """The rule as a table: for each dtype, the conditions in order, the kernel and why."""
     lines = []
@@ -216,10 +254,15 @@ def course_applies(s: Workload, dtype) -> bool:
 
 
 @functools.lru_cache(maxsize=4096)
-def _forward_route(s: Workload, dtype: str, nhwc: bool):
+def _forward_route(s: Workload, dtype: str, nhwc: bool, precision: str = "fp32"):
     """(Impl, keyword arguments or None for the arguments as given) for a layer and x's layout
     (nhwc: channels_last). Only chapter 9's kernels take torch's 'same' with an even mask (which
     pads one more at the end): they pick among themselves."""
+    if dtype == "fp32" and precision != "fp32":
+        for key in TENSOR_CORE_FP32[precision]:
+            impl = by_key(key)
+            if impl.takes(s):
+                return impl, {**s.conv_kwargs(), **impl.config(s)}
     if nhwc and nhwc_applies(s):
         return by_key("depthwise_nhwc_fp16" if dtype == "fp16" else "depthwise_nhwc"), None
     if not s.symmetric:
@@ -238,25 +281,29 @@ def _channels_last(x) -> bool:
 _routes: dict = {}      # call signature -> the route: a repeated call's one lookup
 
 
-def forward(x, w, y=None, *, stride=1, padding=0, dilation=1, groups: int = 1, bias=None):
+def forward(x, w, y=None, *, stride=1, padding=0, dilation=1, groups: int = 1, bias=None, precision=None):
     """y = conv2d(x, w, bias) by pick()'s kernel for the layer (x 4-D, float32 or float16, NCHW or
-    channels_last); stride, padding and dilation in any form torch takes. y comes back in x's
-    layout, as torch's does (a given y: NCHW contiguous)."""
+    channels_last); stride, padding and dilation in any form torch takes; precision as
+    fp32_precision takes it. y comes back in x's layout, as torch's does (a given y: NCHW
+    contiguous)."""
     nhwc = _channels_last(x)
-    key = (x.shape, w.shape, None if bias is None else bias.shape, x.dtype, nhwc, stride, padding, dilation, groups)
-    run = remember(_routes, key, lambda: _forward_runner(x, w, bias, nhwc, stride, padding, dilation, groups), key[5:])
+    p = fp32_precision(precision) if x.dtype == torch.float32 else "fp32"
+    key = (x.shape, w.shape, None if bias is None else bias.shape, x.dtype, nhwc, p, stride, padding, dilation, groups)
+    run = remember(_routes, key, lambda: _forward_runner(x, w, bias, nhwc, stride, padding, dilation, groups, p),
+                   key[6:])
     return run(x, w, y, bias)
 
 
-def forward_route(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups: int = 1):
-    """run(x, w, y, bias): forward()'s route for this call signature, every choice made, for a
-    caller that keeps it (the drop-in); run.impl the kernel it runs."""
-    return _forward_runner(x, w, bias, _channels_last(x), stride, padding, dilation, groups)
+def forward_route(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups: int = 1, precision="fp32"):
+    """run(x, w, y, bias): forward()'s route for this call signature and fp32_precision's answer,
+    every choice made, for a caller that keeps it (the drop-in); run.impl the kernel it runs."""
+    return _forward_runner(x, w, bias, _channels_last(x), stride, padding, dilation, groups, precision)
 
 
-def forward_impl(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups: int = 1) -> Impl:
+def forward_impl(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups: int = 1, precision=None) -> Impl:
     """The Impl forward() runs for these arguments (its kept route's kernel)."""
-    return _forward_runner(x, w, bias, _channels_last(x), stride, padding, dilation, groups).impl
+    p = fp32_precision(precision) if x.dtype == torch.float32 else "fp32"
+    return _forward_runner(x, w, bias, _channels_last(x), stride, padding, dilation, groups, p).impl
 
 
 def _tagged(run, impl: Impl):
@@ -264,14 +311,14 @@ def _tagged(run, impl: Impl):
     return run
 
 
-def _forward_runner(x, w, bias, nhwc, stride, padding, dilation, groups):
+def _forward_runner(x, w, bias, nhwc, stride, padding, dilation, groups, precision="fp32"):
     """f(x, w, y, bias): the route of forward() for one call signature, every choice made; f.impl
     the kernel it runs."""
     dtype = DTYPE_NAMES.get(x.dtype)
     if dtype is None:
         raise TypeError(f"x is {x.dtype}: pick() has float32 and float16 kernels")
     s = layer(x.shape, w.shape, stride, padding, dilation, groups, None if bias is None else bias.shape)
-    impl, kw = _forward_route(s, dtype, nhwc)
+    impl, kw = _forward_route(s, dtype, nhwc, precision)
     if kw is None:
         kw = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
     f = impl.launcher

@@ -1,11 +1,15 @@
 """The drop-in: torch.nn.functional.conv2d and torch.nn.Conv2d on the course's kernels, the top layer
 of convlab.ops (shapes -> launchers -> dispatch -> here).
 
-- conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1): the same arguments,
-  results, gradients (dX, dW, dbias) and errors as torch.nn.functional.conv2d; the kernels are
-  dispatch.forward's, dispatch.input_grad's and dispatch.weight_grad's.
+- conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, precision=None): the
+  same arguments, results, gradients (dX, dW, dbias) and errors as torch.nn.functional.conv2d; the
+  kernels are dispatch.forward's, dispatch.input_grad's and dispatch.weight_grad's. A float32
+  forward's precision is dispatch.fp32_precision's: precision= ('fp32', 'tf32', '3xtf32') or, left
+  None, torch's switches (set_float32_matmul_precision 'high': 3xTF32, 'medium': TF32 where
+  torch.backends.cudnn.allow_tf32 allows it); by default fp32.
 - Conv2d: an nn.Conv2d (same parameters, initialisation, state dict, padding modes) whose forward
-  runs conv2d above. Conv2d.from_torch(m) copies an nn.Conv2d.
+  runs conv2d above, with its precision (a keyword of the constructor and of
+  Conv2d.from_torch(m), which copies an nn.Conv2d).
 - DropInFunction, InputGradFunction, WeightGradFunction: the autograd Functions behind them,
   differentiable to any order.
 
@@ -163,22 +167,26 @@ class WeightGradFunction(torch.autograd.Function):
 _routes: dict = {}
 
 
-def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, precision=None):
     """torch.nn.functional.conv2d, on the course's kernels: the same arguments (ints or tuples,
     'same'/'valid', unbatched (C, H, W) inputs, bias None or (M,)), results, gradients and errors.
+    A float32 forward runs in dispatch.fp32_precision(precision) (the module's docstring).
     Where nothing needs a gradient (grad mode off, or no input that requires one) the forward runs
     without an autograd node, as torch's does. What to do for a call signature (shapes, dtypes,
-    devices, layout, arguments) is worked out once and kept."""
+    devices, layout, arguments, precision) is worked out once and kept."""
     # 1.0 and True equal 1 and hash alike, but torch rejects them: only plain arguments key the cache
     plain = plain_arg(stride) and plain_arg(padding) and plain_arg(dilation) and plain_arg(groups)
     try:
+        p = dispatch.fp32_precision(precision) if input.dtype == torch.float32 else "fp32"
         key = (input.shape, weight.shape, input.dtype, weight.dtype, input.device, weight.device,
                None if bias is None else (bias.shape, bias.dtype, bias.device),
                1 if input.is_contiguous() else 2 if input.is_contiguous(memory_format=torch.channels_last) else 0,
-               stride, padding, dilation, groups)
-        reason, run, grads = _routes[key] if plain else _decide(input, weight, bias, stride, padding, dilation, groups)
+               p, stride, padding, dilation, groups)
+        reason, run, grads = _routes[key] if plain else _decide(input, weight, bias, stride, padding, dilation, groups,
+                                                                p)
     except (AttributeError, KeyError):              # not tensors, or a first call
-        reason, run, grads = _decide(input, weight, bias, stride, padding, dilation, groups)
+        p = dispatch.fp32_precision(precision)
+        reason, run, grads = _decide(input, weight, bias, stride, padding, dilation, groups, p)
         if plain and isinstance(input, torch.Tensor):
             _routes[key] = (reason, run, grads)
     if reason is not None:
@@ -197,7 +205,7 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     return y if input.dim() == 4 else y.squeeze(0)
 
 
-def _decide(input, weight, bias, stride, padding, dilation, groups) -> tuple:
+def _decide(input, weight, bias, stride, padding, dilation, groups, precision="fp32") -> tuple:
     """(kernel_fallback_reason's answer, dispatch's route for the kernels or None, a place for the
     gradient routes: filled by the first backward, so a forward-only caller plans no dX or dW)."""
     reason = kernel_fallback_reason(input, weight, bias, stride, padding, dilation, groups)
@@ -205,25 +213,33 @@ def _decide(input, weight, bias, stride, padding, dilation, groups) -> tuple:
         return reason, None, None
     x = input if input.dim() == 4 else input.unsqueeze(0)
     return None, dispatch.forward_route(x, weight, bias, stride=stride, padding=padding, dilation=dilation,
-                                        groups=groups), [None]
+                                        groups=groups, precision=precision if x.dtype == torch.float32 else "fp32"), \
+        [None]
 
 
 class Conv2d(torch.nn.Conv2d):
     """torch.nn.Conv2d (its constructor, parameters, initialisation, state dict and padding modes)
-    with the forward pass, and so the gradients, of the drop-in conv2d."""
+    with the forward pass, and so the gradients, of the drop-in conv2d; precision (a keyword): as
+    conv2d's."""
+
+    def __init__(self, *args, precision=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        dispatch.fp32_precision(precision)          # a wrong value fails here, not at the first forward
+        self.precision = precision
 
     def _conv_forward(self, input, weight, bias):
         # as nn.Conv2d._conv_forward, with conv2d in place of F.conv2d
         if self.padding_mode != "zeros":
             return conv2d(F.pad(input, self._reversed_padding_repeated_twice, mode=self.padding_mode),
-                          weight, bias, self.stride, 0, self.dilation, self.groups)
-        return conv2d(input, weight, bias, self.stride, self.padding, self.dilation, self.groups)
+                          weight, bias, self.stride, 0, self.dilation, self.groups, precision=self.precision)
+        return conv2d(input, weight, bias, self.stride, self.padding, self.dilation, self.groups,
+                      precision=self.precision)
 
     @classmethod
-    def from_torch(cls, conv: torch.nn.Conv2d) -> "Conv2d":
+    def from_torch(cls, conv: torch.nn.Conv2d, *, precision=None) -> "Conv2d":
         """A Conv2d with the same configuration as an nn.Conv2d and a copy of its parameters."""
         m = cls(conv.in_channels, conv.out_channels, conv.kernel_size, conv.stride, conv.padding, conv.dilation,
                 conv.groups, conv.bias is not None, conv.padding_mode, device=conv.weight.device,
-                dtype=conv.weight.dtype)
+                dtype=conv.weight.dtype, precision=precision)
         m.load_state_dict(conv.state_dict())
         return m

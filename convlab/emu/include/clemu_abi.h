@@ -135,6 +135,8 @@ void clemu_wg_op(int op, int arg, const char* file, int line);
 enum { CLEMU_WG_F16 = 0, CLEMU_WG_BF16 = 1, CLEMU_WG_TRANS_A = 4, CLEMU_WG_TRANS_B = 8 };
 void clemu_wgmma(float* d, int n, unsigned long long desc_a, unsigned long long desc_b, int accumulate, int kind,
                  const char* file, int line);
+void clemu_wgmma_tf32(float* d, int n, unsigned long long desc_a, unsigned long long desc_b, int accumulate,
+                      const char* file, int line);
 //   mbarriers and the copy engine
 void clemu_mbar_init(void* bar, unsigned count, const char* file, int line);
 void clemu_fence_mbar_init(const char* file, int line);

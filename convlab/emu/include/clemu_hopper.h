@@ -1,7 +1,8 @@
 // clemu_hopper.h — the CPU emulator's model of the Hopper instructions that
 // kernels/11_hopper/hopper.cuh wraps in PTX: wgmma (warpgroup MMA from shared-memory descriptors,
-// fp16 or bf16, operands K-major or transposed) with its fence, commit and wait, mbarriers with
-// transaction counts, TMA tiled loads (element strides too) and stores,
+// fp16 or bf16, operands K-major or transposed; and tf32, K-major, for kernels/12_tf32/wgmma_tf32.cuh)
+// with its fence, commit and wait, mbarriers with transaction counts, TMA tiled loads (element
+// strides too) and stores,
 // fence.proxy.async and setmaxnreg. Same names and parameters as hopper.cuh; file and line (default
 // arguments) name the call in messages. The runtime (runtime.cpp) does the work and the checks:
 //  - a warpgroup instruction waits until all 128 threads of the warpgroup (4 warps from a warp
@@ -62,6 +63,17 @@ CLEMU_HP_INLINE void wgmma_k16(float (&d)[N / 2], uint64_t desc_a, uint64_t desc
     static_assert(N == 64 || N == 128 || N == 256, "wgmma_k16<N>: N is 64, 128 or 256");
     static_assert((KIND & 3) == WG_F16 || (KIND & 3) == WG_BF16, "wgmma_k16<N, KIND>: KIND & 3 is WG_F16 or WG_BF16");
     clemu_wgmma(d, N, desc_a, desc_b, accumulate, KIND, file, line);
+}
+
+// wgmma m64nNk8 with .tf32 operands (kernels/12_tf32/wgmma_tf32.cuh): tiles of 32 floats a row,
+// desc + 2 per 8 of them; each float read as a tf32 operand (its top 19 bits)
+CLEMU_HP_INLINE void wgmma_m64n64k8_tf32(float (&d)[32], uint64_t desc_a, uint64_t desc_b, bool accumulate = true,
+                                         CLEMU_HP_SITE) {
+    clemu_wgmma_tf32(d, 64, desc_a, desc_b, accumulate, file, line);
+}
+CLEMU_HP_INLINE void wgmma_m64n128k8_tf32(float (&d)[64], uint64_t desc_a, uint64_t desc_b, bool accumulate = true,
+                                          CLEMU_HP_SITE) {
+    clemu_wgmma_tf32(d, 128, desc_a, desc_b, accumulate, file, line);
 }
 
 CLEMU_HP_INLINE void mbar_init(uint64_t* bar, unsigned count, CLEMU_HP_SITE) {
