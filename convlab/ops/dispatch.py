@@ -60,7 +60,7 @@ BEST = "best: pick()"
 BEST_KEY = "pick"
 #: convlab.ops modules that are not launchers: the layers above and below them
 NOT_LAUNCHERS = {"shapes", "_kernels", "dispatch", "dropin"}
-#: Bytes a unit of the last place is of 1 in bf16 (8 significant bits): its tolerance's rounding
+#: bf16's unit roundoff (8 significant bits): its output's rounding, as fp16.U16 is fp16's
 U_BF16 = 2.0 ** -8
 
 
@@ -167,8 +167,6 @@ RULES = {
         Rule("plain", lambda s: s.plain, "igemm_f32",
              "long reductions: warp tiles of 8x8 outputs (benchmarks/f32_layers.py: faster than chapter 5's "
              "best on every layer it measured)"),
-        Rule("plain", lambda s: s.plain, "igemm_reg",
-             "where the warp-tiled kernel does not take the layer (05_fused: days100, resnet)"),
         Rule("grouped, dilated, non-square, strided per axis", lambda s: s.groups != s.C, "igemm_f32",
              "a grouped implicit GEMM with the layer's index arithmetic in its loader (benchmarks/f32_layers.py "
              "--any)"),
@@ -288,6 +286,17 @@ DW_RULES = {
 TABLES = {"forward": RULES, "dX": DX_RULES, "dW": DW_RULES}
 
 
+def routed() -> tuple:
+    """The registered records some rule names: every kernel a route of the drop-in may run."""
+    named = {r.kernel for table in TABLES.values() for rules in table.values() for r in rules}
+    return tuple(i for i in registered() if i.key in named)
+
+
+def direction_of(impl: Impl) -> str:
+    """The pass an Impl's op is: "forward", "dX" or "dW"."""
+    return next(d for d, ops in DIRECTIONS.items() if impl.op in ops)
+
+
 def dispatch_rule(dtype: str | None = None, direction: str = "forward") -> str:
     """The rule as a table: for each dtype, the conditions in order, the kernel and why."""
     lines = []
@@ -397,6 +406,7 @@ def grad_runner(impl: Impl, s: Workload, direction: str):
         def run(x, dy, dw):
             out = f(read(x), read(dy), None if dw is None else _into(dw, out_fmt), **kw)
             return out if dw is None or out is dw else dw.copy_(out)
+    run.reads = FORMATS[impl.layouts[0]]          # the format a tensor input is converted to, where needed
     return _tagged(run, impl, ())
 
 
@@ -535,19 +545,26 @@ def forward_accumulation(x_shape, w_shape, stride=1, padding=0, dilation=1, grou
     return _route_impl(x_shape, w_shape, stride, padding, dilation, groups, dtype, layout).accumulation
 
 
+def tolerance(n: int, accumulation: str, dtype: str = "fp16") -> tuple:
+    """(rtol, atol_rms) of a 16-bit result (dtype "fp16" or "bf16") of sums of n products of 16-bit
+    inputs, against fp64 of those inputs: fp16.fp16_tolerance (rounded inputs); bf16's output is
+    rounded to 8 significant bits (2^-8), its float sums add what fp16's do."""
+    rtol, atol_rms = fp16_tolerance(n, 1, accumulation, rounded_inputs=True)
+    return (rtol - U16 + U_BF16 if dtype == "bf16" else rtol), atol_rms
+
+
 def check_fp16_forward(y, ref, x_shape, w_shape, bias=None, stride=1, padding=0, dilation=1, groups: int = 1,
-                       name: str = "y", dtype: str = "fp16", layout: str = "nchw"):
+                       name: str = "y", dtype: str = "fp16", layout: str = "nchw", impl: Impl | None = None):
     """cl.check of conv2d's 16-bit output y (dtype "fp16" or "bf16", x in layout) against ref (fp64
     of the 16-bit inputs, bias included) with the bound derived for the kernel conv2d runs
     (fp16.fp16_tolerance: its sums, in half or float, of C/groups·Kh·Kw terms and the bias; bf16's
     output rounding is 2^-8, not 2^-11). Where that kernel adds no bias, conv2d adds it to the
-    kernel's 16-bit output, which is rounded once more: u·|y - bias| <= u·|ref| + u·|bias| more."""
-    impl = _route_impl(x_shape, w_shape, stride, padding, dilation, groups, dtype, layout)
+    kernel's 16-bit output, which is rounded once more: u·|y - bias| <= u·|ref| + u·|bias| more.
+    impl: the kernel that ran, where it is not the one the route picks."""
+    impl = impl or _route_impl(x_shape, w_shape, stride, padding, dilation, groups, dtype, layout)
     n = w_shape[1] * w_shape[2] * w_shape[3] + (bias is not None)
-    rtol, atol_rms = fp16_tolerance(n, 1, impl.accumulation, rounded_inputs=True)
-    u = U16
-    if dtype == "bf16":         # float sums of bf16 values: only the output's rounding is coarser
-        rtol, u = rtol - U16 + U_BF16, U_BF16
+    rtol, atol_rms = tolerance(n, impl.accumulation, dtype)
+    u = U_BF16 if dtype == "bf16" else U16
     r = ref.detach().double().cpu()
     atol = atol_rms * max(float(r.pow(2).mean().sqrt()) if r.numel() else 1.0, 1e-30)
     if bias is not None and not impl.bias:

@@ -24,8 +24,9 @@ shape) are made in shapes.py, and those inputs go to torch, which raises its own
 
 The output has x's memory format, as torch's. A route adds no work to its kernel's where the
 kernel reads x's layout (dispatch's routes: no copy of x, the bias in the kernel's epilogue where
-it has one); a kernel of the other layout gets x converted once, inside the call. The bias gradient is a torch sum over dy (in float32,
-then rounded to the dtype). Gradients of gradients (double backward, Hessian-vector products) run
+it has one); a kernel of the other layout gets x converted once, inside the call. The bias
+gradient is a torch sum over dy (in float32, then rounded to the dtype: torch's sum of half and
+bfloat16). Gradients of gradients (double backward, Hessian-vector products) run
 on the same kernels.
 """
 from __future__ import annotations
@@ -117,12 +118,14 @@ class DropInFunction(torch.autograd.Function):
             if kept[0] is None:
                 kept[0] = dispatch.grad_routes(x.shape, w.shape, dy.shape, DTYPE_NAME[dy.dtype], **ctx.conf)
             dx_run, dw_run = kept[0]
+            if ctx.needs_input_grad[0] and ctx.needs_input_grad[1] and dx_run.reads is dw_run.reads:
+                dy = dy.contiguous(memory_format=dx_run.reads)      # converted once for both, where needed
             if ctx.needs_input_grad[0]:
                 dx = dx_run(dy, w, None)
             if ctx.needs_input_grad[1]:
                 dw = dw_run(x, dy, None)
         if ctx.has_bias and ctx.needs_input_grad[2]:
-            db = dy.sum(dim=(0, 2, 3), dtype=torch.float32).to(x.dtype)
+            db = dy.sum(dim=(0, 2, 3))         # torch sums half and bfloat16 in float, rounds once
         return dx, dw, db, None, None, None, None, None, None
 
 

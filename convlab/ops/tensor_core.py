@@ -540,9 +540,16 @@ def _run(gemm: _Gemm, xn, wn, bias, yn) -> None:
         gemm.reduce(ws, b, yn, int(bias is not None))
 
 
+_NO_WORKSPACE: dict = {}
+
+
 def _no_workspace(like: torch.Tensor) -> torch.Tensor:
-    """The kernel's ws argument without split-K: one float, never read or written."""
-    return torch.empty(1, dtype=torch.float32, device=like.device)
+    """The kernel's ws argument without split-K: one float, never read or written, made once per
+    device (an allocation per call would be work the route adds)."""
+    ws = _NO_WORKSPACE.get(like.device)
+    if ws is None:
+        ws = _NO_WORKSPACE[like.device] = torch.empty(1, dtype=torch.float32, device=like.device)
+    return ws
 
 
 def _tile(tunables: dict, cfg: dict, check=check_mma_tunables) -> dict:
