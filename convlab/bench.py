@@ -12,7 +12,12 @@ launch too (as torch's ops do): timed from inside `with torch.cuda.stream(s):`, 
 the call's kernels on s.
 
 torch's own contenders (and the roofline's GEMM) are timed under strict_fp32(): TF32 off, the
-arithmetic our kernels do."""
+arithmetic our kernels do.
+
+Besides: time_alternating (several contenders timed in turns, call by call), time_host (the host
+time per call), and what one call does, on either backend: count_launches (our kernels) and
+work_of (those, and every aten op that is not a view: the allocations and torch's own passes over
+memory, convlab.bench.Work)."""
 from __future__ import annotations
 
 import contextlib
@@ -23,6 +28,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from .emu import EmuModule
 from .runtime import backend, backend_impl, device
 
 
@@ -106,6 +112,37 @@ def time_caller(fn, reps: int = 20, warmup: int = 3, flush_l2: bool = True) -> T
     return _events(fn, reps, warmup, flush_l2, hold=False)
 
 
+def time_alternating(fns: dict, reps: int = 15, warmup: int = 2, hold: bool = False) -> dict:
+    """{name: Timing} of each fn() in fns, timed in turns: each round times one call of every fn
+    (CUDA events around it, no L2 flush), in an order rotated from round to round, so drift on the
+    host or the GPU weighs on each alike. hold=False: each call from an idle GPU, the time a caller
+    sees (Python included); hold=True: the GPU kept busy while Python queues the call, its GPU time."""
+    names = list(fns)
+    for _ in range(warmup):
+        for n in names:
+            fns[n]()
+    samples = {n: [] for n in names}
+    for r in range(reps):
+        k = r % len(names)
+        for n in names[k:] + names[:k]:
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            if hold:
+                _hold_gpu()
+            else:
+                torch.cuda.synchronize()
+            s.record()
+            fns[n]()
+            e.record()
+            e.synchronize()
+            samples[n].append(s.elapsed_time(e))
+    name = torch.cuda.get_device_name()
+    out = {}
+    for n, v in samples.items():
+        median, p25, p75 = spread(v)
+        out[n] = Timing(median, p25, p75, min(v), max(v), v, True, name)
+    return out
+
+
 #: Calls per loop of time_host: with at most 8 kernels a call, fewer than the ~1,000 launches the
 #: driver queues before a launch waits for the GPU (measured on an H100: 5.9 us a launch with 768
 #: queued, 99 us with 1,024).
@@ -150,8 +187,6 @@ def counted_launches(run: bool = True):
         finally:
             b.cu.launch = real
         return
-    from .emu import EmuModule
-
     real = EmuModule.launch
 
     def emu_launch(self, *args, **kwargs):

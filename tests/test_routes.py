@@ -186,7 +186,7 @@ def test_an_nchw_call_converts_x_once_inside_the_call():
     s = Workload("dilated", B=2, C=16, M=24, H=9, W=8, K=3, padding=2, dilation=2)
     x, w, b = _model(s, "nchw")
     route = dispatch.forward_route(x, w, b, **s.conv_kwargs())
-    assert route.impl.key == "mma" and route.converts == ("x", "y")
+    assert route.impl.key == "mma" and route.adds == ("x", "y")
     work = work_of(lambda: dropin.conv2d(x, w, b, **s.conv_kwargs()), run=False)
     assert work.ops == ("clone", "clone", "clone") and work.launches == 1, work
     with cl.debug():

@@ -292,8 +292,8 @@ DEPTHWISE_NHWC_FP16 = Impl("depthwise NHWC fp16 (channels_last)", conv2d_depthwi
                            any_layer=True, key="depthwise_nhwc_fp16", layouts=("channels_last",),
                            out_layout="channels_last", bias=True)
 #: dE/dX of a stride-1 depthwise layer (MobileNet's, ConvNeXt's) as the depthwise forward of dy.
-DEPTHWISE_DX = Impl("depthwise dX (forward of the flipped mask)", conv2d_depthwise_dx, "conv2d_dx", depthwise_dx_applies,
-                    any_layer=True, key="depthwise_dx", dtypes=("fp32", "fp16"))
+DEPTHWISE_DX = Impl("depthwise dX (forward of the flipped mask)", conv2d_depthwise_dx, "conv2d_dx",
+                    depthwise_dx_applies, any_layer=True, key="depthwise_dx", dtypes=("fp32", "fp16"))
 #: Their tunables default to None and are resolved by the launchers (depthwise_config,
 #: nhwc_config), so config() is empty.
 IMPLEMENTATIONS: tuple[Impl, ...] = (DEPTHWISE, DEPTHWISE_FP16, DEPTHWISE_NHWC, DEPTHWISE_NHWC_FP16, DEPTHWISE_DX)

@@ -18,7 +18,7 @@ kernel family), above it the drop-in (dropin.py).
   its record says (Impl.layouts, out_layout, bias): x (dy) converted only where the kernel does not
   read its layout (once, inside the call), the bias added by torch only where the kernel has none,
   the result in x's layout (forward) or as the kernel returns it (dX, dW). route.impl is the kernel,
-  route.converts what the route itself copies ("x", "y").
+  route.adds what the route does beside it ("x", "y": converted; "bias": added by torch).
 - forward(x, w, y=None, *, stride, padding, dilation, groups, bias); input_grad(dy, w, dx=None, ...),
   weight_grad(x, dy, dw=None, ...): the passes the drop-in runs, their routes kept per call
   signature (a repeated call is one dictionary lookup, then the kernel's own kept launch);
@@ -43,7 +43,6 @@ from .._limits import INT32_MAX
 from ..workloads import Workload
 from . import DW_OPS, DX_OPS, FORMATS, FORWARD_OPS, Impl
 from .backprop import pick_input_grad, pick_weight_grad
-from .depthwise import depthwise_applies
 from .fp16 import U16, accumulation, fp16_tolerance
 from .igemm import dx_workload
 from ._kernels import remember
@@ -72,9 +71,9 @@ class NoKernel(LookupError):
 def _launcher_modules() -> tuple:
     """(module name, its IMPLEMENTATIONS) for each launcher module of convlab.ops, by name."""
     package = importlib.import_module(__package__)
-    return tuple((info.name, tuple(getattr(importlib.import_module(f"{__package__}.{info.name}"), "IMPLEMENTATIONS", ())))
-                 for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name)
-                 if info.name not in NOT_LAUNCHERS)
+    names = sorted(m.name for m in pkgutil.iter_modules(package.__path__) if m.name not in NOT_LAUNCHERS)
+    return tuple((name, tuple(getattr(importlib.import_module(f"{__package__}.{name}"), "IMPLEMENTATIONS", ())))
+                 for name in names)
 
 
 @functools.cache
@@ -363,8 +362,8 @@ def _into(given, fmt):
 def forward_runner(impl: Impl, s: Workload, layout: str, bias: bool):
     """run(x, w, y, bias): impl on layer s for x in layout, as its record says: x converted where the
     kernel does not read its layout, the bias passed to its epilogue or added after, the result in
-    x's layout (a given y filled). run.impl is impl; run.converts what the route copies besides
-    the kernel's own work ("x", "y", "bias": a pass of torch's over y)."""
+    x's layout (a given y filled). run.impl is impl; run.adds what the route does beside the
+    kernel ("x": converted to the layout it reads, "y": converted back, "bias": added by torch)."""
     f, kw = impl.launcher, s.conv_kwargs()
     reads = layout if layout in impl.layouts else impl.layouts[0]
     fmt, out_fmt, x_fmt = FORMATS[reads], FORMATS[impl.out_layout], FORMATS[layout]
@@ -382,9 +381,9 @@ def forward_runner(impl: Impl, s: Workload, layout: str, bias: bool):
         if y is not None:
             return y if out is y else y.copy_(out)
         return out.contiguous(memory_format=x_fmt)
-    converts = (("x",) if reads != layout else ()) + (("y",) if impl.out_layout != layout else ()) + \
+    adds = (("x",) if reads != layout else ()) + (("y",) if impl.out_layout != layout else ()) + \
         (("bias",) if adds_bias else ())
-    return _tagged(run, impl, converts)
+    return _tagged(run, impl, adds)
 
 
 def grad_runner(impl: Impl, s: Workload, direction: str):
@@ -410,8 +409,8 @@ def grad_runner(impl: Impl, s: Workload, direction: str):
     return _tagged(run, impl, ())
 
 
-def _tagged(run, impl: Impl, converts: tuple):
-    run.impl, run.converts = impl, converts       # what the route runs, and what it copies itself
+def _tagged(run, impl: Impl, adds: tuple):
+    run.impl, run.adds = impl, adds           # what the route runs, and what it does beside
     return run
 
 
@@ -444,7 +443,7 @@ def forward(x, w, y=None, *, stride=1, padding=0, dilation=1, groups: int = 1, b
 
 def forward_route(x, w, bias=None, *, stride=1, padding=0, dilation=1, groups: int = 1):
     """run(x, w, y, bias): forward()'s route for this call signature, every choice made, for a
-    caller that keeps it (the drop-in); run.impl the kernel it runs, run.converts what it copies."""
+    caller that keeps it (the drop-in); run.impl the kernel it runs, run.adds what it does beside."""
     return _forward_runner(x.shape, w.shape, None if bias is None else bias.shape, _name(x.dtype), layout_of(x),
                            stride, padding, dilation, groups)
 
