@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from . import native
 from .emu import EmuModule
 from .runtime import backend, backend_impl, device
 
@@ -170,13 +171,14 @@ def time_host(fn, calls: int = HOST_CALLS, repeats: int = 5) -> float:
 @contextlib.contextmanager
 def counted_launches(run: bool = True):
     """Counts the kernels of convlab's launched inside (torch's own not counted): yields a list whose
-    one item is the count so far. On a GPU, the backend's driver launches; on the emulator, its
+    one item is the count (on a GPU, final at the block's end). On a GPU, the backend's driver
+    launches and those of convlab.native's Routes (kept routes); on the emulator, its
     launches, which run=False replaces by the count alone (nothing runs: outputs keep what they
     held), and while one runs, what it does is no part of the call (Work.pause)."""
     n = [0]
     if backend() == "cuda":
         b = backend_impl()
-        real = b.cu.launch
+        real, before = b.cu.launch, native.launched()
 
         def counting(*args):
             n[0] += 1
@@ -186,6 +188,7 @@ def counted_launches(run: bool = True):
             yield n
         finally:
             b.cu.launch = real
+            n[0] += native.launched() - before       # those of kept routes (convlab.native Routes) too
         return
     real = EmuModule.launch
 

@@ -205,3 +205,102 @@ def test_the_count_sees_a_copy_of_x_made_before_the_kernel():
     clean = work_of(lambda: run(x, w, None, b), run=False)
     copying = work_of(lambda: run(x.contiguous(), w, None, b), run=False)
     assert clean.ops == () and copying.ops.count("clone") >= 2, (clean, copying)
+
+
+# ---- a kept route: its GPU work again, in one C call --------------------------------------------
+
+def _stand_in_driver(nargs: int):
+    """A C-callable cuLaunchKernel that records each launch's argument words (and no-op copy and
+    encode functions): what a convlab.native Route calls."""
+    import ctypes
+
+    words = []
+    launch = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, *[ctypes.c_uint] * 7, ctypes.c_void_p,
+                              ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_void_p))(
+        lambda f, gx, gy, gz, bx, by, bz, sh, stream, params, extra:
+        words.append([ctypes.c_uint64.from_address(params[i]).value for i in range(nargs)]) or 0)
+    nothing = ctypes.CFUNCTYPE(ctypes.c_int)(lambda: 0)
+    keep = (launch, nothing)
+    return words, keep, tuple(ctypes.cast(f, ctypes.c_void_p).value for f in (launch, nothing, nothing))
+
+
+def test_a_kept_route_replays_its_recorded_call_with_the_calls_tensors(monkeypatch):
+    """compiled(): the second call of a route is recorded (here by a stand-in backend, on the CPU);
+    later calls write their own tensors' addresses (and a new output's) where the recorded ones
+    were, at the same offsets into them, and return an output shaped as the route's."""
+    from convlab import backend_cuda, native, runtime
+    from convlab.ops import _kernels
+
+    if native.route_type() is None:
+        pytest.skip(f"convlab.native cannot be built here: {native.why_not()}")
+    words, keep, addresses = _stand_in_driver(5)
+    HELD = torch.zeros(1)                     # a launcher's own tensor, kept from call to call
+    HELD_AT_32 = bytes(32) + HELD.data_ptr().to_bytes(8, "little")
+
+    class Backend:
+        name = "cuda"
+
+        def record(self, fn):
+            rec = backend_cuda._recording = backend_cuda.Recording()
+            try:
+                return fn(), rec
+            finally:
+                backend_cuda._recording = None
+
+        def driver_functions(self):
+            return addresses
+
+        raw_stream, has_context = staticmethod(lambda: 5), staticmethod(lambda: True)
+
+    monkeypatch.setattr(_kernels, "recording_backend", Backend)
+    monkeypatch.setattr(runtime, "poisoning", lambda: False)
+
+    def route(x, w, y, b):                    # an NHWC kernel's route: its output a permuted allocation
+        out = x.new_empty((2, 5, 3)).permute(0, 2, 1)
+        rec = backend_cuda._recording
+        if rec is not None:
+            rec.steps.append(("launch", 0xF, (1,) * 7, HELD_AT_32, (0, 8, 16, 24, 32),
+                              [(0, x), (8, w[1:]), (16, out), (24, b), (32, HELD)], []))
+        return out
+
+    def inputs():
+        return torch.randn(2, 3, 5), torch.randn(6), torch.randn(3)
+
+    kept = _kernels.Kept(route)
+    x, w, b = inputs()
+    kept.run(x, w, None, b)
+    first = kept.run(x, w, None, b)                      # recorded
+    assert isinstance(kept.run, native.route_type()), "a call of allocations and launches only is kept"
+    x, w, b = inputs()
+    y = kept.run(x, w, None, b)
+    assert words[-1] == [x.data_ptr(), w.data_ptr() + 4, y.data_ptr(), b.data_ptr(), HELD.data_ptr()]
+    assert kept.run.holds == [HELD], "the Route keeps the launcher's own tensor alive"
+    assert (y.shape, y.stride()) == (first.shape, first.stride())
+    other = x.transpose(1, 2).contiguous().transpose(1, 2)         # the same shape, other strides
+    assert kept.run(other, w, None, b) is NotImplemented and kept(other, w, None, b).shape == first.shape
+    del keep
+
+    computing = _kernels.Kept(lambda x, w, y, b: route(x, w, y, b).add_(1))     # torch computes: never kept
+    for _ in range(3):
+        computing.run(x, w, None, b)
+    assert computing.run is computing.route
+
+
+@pytest.mark.gpu_only
+@pytest.mark.parametrize("s, key", CHANNELS_LAST_FP16, ids=[s.name for s, _ in CHANNELS_LAST_FP16])
+def test_on_a_gpu_the_drop_ins_repeated_call_is_its_kept_route(s, key):
+    """From the third call the drop-in runs a convlab.native Route: the same launches, the same result."""
+    from convlab import native
+
+    if native.route_type() is None:
+        pytest.skip(f"convlab.native cannot be built here: {native.why_not()}")
+    x, w, b = _model(s, "channels_last")
+    kw = s.conv_kwargs()
+    dropin._routes.clear()
+    first = dropin.conv2d(x, w, b, **kw)
+    dropin.conv2d(x, w, b, **kw)
+    (entry,) = dropin._routes.values()
+    assert isinstance(entry[1].run, native.route_type()), "a channels_last fp16 route is kept as one C call"
+    work = work_of(lambda: dropin.conv2d(x, w, b, **kw))
+    assert (work.launches, work.ops) == (EXPECTED[key][0], ()), work
+    torch.testing.assert_close(dropin.conv2d(x, w, b, **kw), first, rtol=0, atol=0)

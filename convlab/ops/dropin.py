@@ -36,6 +36,7 @@ import torch.nn.functional as F
 
 from .. import runtime
 from . import dispatch
+from ._kernels import Kept
 from .shapes import DTYPE, DTYPE_NAME, TorchMustAnswer, plain_arg, plane_too_large, resolve
 
 
@@ -74,12 +75,12 @@ def _needs_grad(x, w, bias) -> bool:
 
 
 class DropInFunction(torch.autograd.Function):
-    """y = conv2d(x, w, bias) by run (dispatch.forward_route's route for the call, or None:
-    dispatch.forward); its backward: dx by InputGradFunction (dispatch.input_grad), dw by
-    WeightGradFunction (dispatch.weight_grad), dbias a torch sum over dy. x 4-D; stride, padding,
-    dilation in any form torch takes (checked before). grads: the call signature's kept gradient
-    routes, a one-item list (None until the first backward fills it with dispatch.grad_routes'
-    pair), or None (worked out per call).
+    """y = conv2d(x, w, bias) by run (dispatch.forward_route's route for the call, kept: a
+    _kernels.Kept, or None: dispatch.forward); its backward: dx by InputGradFunction
+    (dispatch.input_grad), dw by WeightGradFunction (dispatch.weight_grad), dbias a torch sum over
+    dy. x 4-D; stride, padding, dilation in any form torch takes (checked before). grads: the call
+    signature's kept gradient routes, a one-item list (None until the first backward fills it with
+    dispatch.grad_routes' pair, kept), or None (worked out per call).
 
     Differentiable to any order, like torch's conv2d: the gradients of dx and dw are again a
     forward, a dX and a dW of the same layer (dx = dX(dy, w): d/d(dy) is conv2d(g, w) and d/dw is
@@ -116,7 +117,8 @@ class DropInFunction(torch.autograd.Function):
             # microsecond of Python adds to the caller's wait
             kept = ctx.grads or [None]
             if kept[0] is None:
-                kept[0] = dispatch.grad_routes(x.shape, w.shape, dy.shape, DTYPE_NAME[dy.dtype], **ctx.conf)
+                kept[0] = tuple(map(Kept, dispatch.grad_routes(x.shape, w.shape, dy.shape, DTYPE_NAME[dy.dtype],
+                                                               **ctx.conf)))
             dx_run, dw_run = kept[0]
             if ctx.needs_input_grad[0] and ctx.needs_input_grad[1] and dx_run.reads is dw_run.reads:
                 dy = dy.contiguous(memory_format=dx_run.reads)      # converted once for both, where needed
@@ -173,8 +175,9 @@ class WeightGradFunction(torch.autograd.Function):
         return gx, gdy, None, None
 
 
-# call signature -> (kernel_fallback_reason's answer, the route, [its gradient routes]): a repeated
-# call's one lookup
+# call signature (and whether cl.debug poisons outputs) -> (kernel_fallback_reason's answer, the
+# route kept (_kernels.Kept), [its gradient routes]): a repeated call's one lookup, then, on a GPU,
+# the route's one C call
 _routes: dict = {}
 
 
@@ -192,7 +195,7 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
         key = (input.shape, weight.shape, input.dtype, weight.dtype, input.device, weight.device,
                None if bias is None else (bias.shape, bias.dtype, bias.device),
                1 if input.is_contiguous() else 2 if input.is_contiguous(memory_format=torch.channels_last) else 0,
-               stride, padding, dilation, groups, grad)
+               stride, padding, dilation, groups, grad, runtime.debugging)
         reason, run, grads = _routes[key] if plain else _decide(input, weight, bias, stride, padding, dilation, groups,
                                                                 grad)
     except (AttributeError, KeyError):              # not tensors, or a first call
@@ -211,7 +214,10 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     if grad:
         y = DropInFunction.apply(x, weight, bias, stride, padding, dilation, groups, run, grads)
     else:
-        y = run(x, weight, None, bias if bias is None or bias.is_contiguous() else bias.contiguous())
+        b = bias if bias is None or bias.is_contiguous() else bias.contiguous()
+        y = run.run(x, weight, None, b)         # the kept route: one C call on a GPU after its second call
+        if y is NotImplemented:
+            y = run.slow(x, weight, None, b)
     return y if input.dim() == 4 else y.squeeze(0)
 
 
@@ -222,8 +228,8 @@ def _decide(input, weight, bias, stride, padding, dilation, groups, grad: bool) 
     if reason is not None:
         return reason, None, None
     x = input if input.dim() == 4 else input.unsqueeze(0)
-    return None, dispatch.forward_route(x, weight, bias, stride=stride, padding=padding, dilation=dilation,
-                                        groups=groups), [None]
+    return None, Kept(dispatch.forward_route(x, weight, bias, stride=stride, padding=padding, dilation=dilation,
+                                             groups=groups)), [None]
 
 
 class Conv2d(torch.nn.Conv2d):
