@@ -73,6 +73,7 @@ REPS, QUICK_REPS = 15, 5
 #: whole batch of 256 in fp64 would take longer than the timing. Gradients are checked in full.
 CHECK_IMAGES = 32
 MARGIN_S = 20           # kept for the summary and the figure at the end of the budget
+FIRST_PASS = 0.4        # the share of the budget the parallel first pass (compiles and checks) may take
 COLUMNS = ("gpu", "network", "layer", "count", "B", "C", "M", "H", "W", "K", "stride", "padding", "groups", "dtype",
            "pass", "who", "layout", "kernel", "adds", "check", "caller_ms", "caller_p25", "caller_p75", "gpu_ms",
            "gpu_p25", "gpu_p75", "gflop")
@@ -132,10 +133,11 @@ def reference(wl, tensors, kw: dict, pass_: str):
     """fp64 of the inputs: y (of the first and last two images where the batch is over CHECK_IMAGES),
     or (dx, dw, dbias)."""
     x, w, b, dy = (t.double() for t in tensors)
-    if pass_ == "forward":
-        return F.conv2d(x[_checked(wl)], w, b, **kw)
-    leaves = [t.requires_grad_() for t in (x, w, b)]
-    return torch.autograd.grad(F.conv2d(*leaves, **kw), leaves, dy)
+    with torch.backends.cudnn.flags(enabled=torch.backends.cudnn.enabled, benchmark=False):   # no autotuning in fp64
+        if pass_ == "forward":
+            return F.conv2d(x[_checked(wl)], w, b, **kw)
+        leaves = [t.requires_grad_() for t in (x, w, b)]
+        return torch.autograd.grad(F.conv2d(*leaves, **kw), leaves, dy)
 
 
 def _checked(wl):
@@ -187,20 +189,24 @@ def torch_kernel(fn) -> str:
     return " + ".join(names) or "-"
 
 
-def measure_layer(net: str, wl, count: int, dtype: str, pass_: str, reps: int, time_it: bool = True) -> list:
-    """The rows of one layer: ours from each layout (checked first), and, when timing, torch from each."""
+def measure_layer(net: str, wl, count: int, dtype: str, pass_: str, reps: int, time_it: bool = True,
+                  verdicts: dict | None = None) -> list:
+    """The rows of one layer: ours from each layout (checked first), and, when timing, torch from each.
+    verdicts: the checks made before, by (layer, pass, layout); a pass found there is not checked again."""
     grad = pass_ != "forward"
     kw = wl.conv_kwargs()
     base = dict(gpu=cl.device().name, network=net, layer=wl.name, count=count, B=wl.B, C=wl.C, M=wl.M, H=wl.H,
                 W=wl.W, K=wl.K, stride=wl.stride, padding=wl.padding, groups=wl.groups, dtype=dtype, pass_=pass_,
                 gflop=round(wl.flops * (3 if grad else 1) / 1e9, 4))
     rows, fns = [], {}
+    verdicts = {} if verdicts is None else verdicts
     tensors = _inputs(wl, dtype)
-    ref = reference(wl, tensors, kw, pass_)
+    known = all(verdicts.get((wl, pass_, layout)) == "pass" for layout in LAYOUTS)
+    ref = None if known else reference(wl, tensors, kw, pass_)
     for layout in LAYOUTS:
         x, w, b, dy = _in_layout(tensors, layout, grad)
         kernel, adds = our_kernel(wl, x, w, b, kw, pass_, layout)
-        verdict = check(wl, x, w, b, dy, kw, pass_, layout, ref)
+        verdict = verdicts[wl, pass_, layout] = "pass" if known else check(wl, x, w, b, dy, kw, pass_, layout, ref)
         rows.append(dict(base, who="ours", layout=layout, kernel=kernel, adds=adds, check=verdict))
         if verdict == "pass":
             fns[("ours", layout)] = _call(dropin.conv2d, x, w, b, dy, kw, pass_)
@@ -235,6 +241,7 @@ def worker(net: str, dtype: str, conn, reps: int, gate) -> None:
     layer's rows, sent one layer at a time, then ('done', n). gate: a semaphore held while a
     request is served without timing (the parallel first pass), to bound the GPU memory in use."""
     _setup_torch()
+    verdicts: dict = {}             # (layer, pass, layout) -> its check: the first pass's, kept for the timing
     while True:
         msg = conn.recv()
         if msg is None:
@@ -246,10 +253,10 @@ def worker(net: str, dtype: str, conn, reps: int, gate) -> None:
                 break
             try:
                 if time_it:
-                    rows = measure_layer(net, wl, count, dtype, pass_, reps)
+                    rows = measure_layer(net, wl, count, dtype, pass_, reps, verdicts=verdicts)
                 else:
                     with gate:
-                        rows = measure_layer(net, wl, count, dtype, pass_, reps, time_it=False)
+                        rows = measure_layer(net, wl, count, dtype, pass_, reps, time_it=False, verdicts=verdicts)
             except Exception as e:      # out of memory, say: the layer's row says so, the next one runs
                 rows = [dict(gpu=cl.device().name, network=net, layer=wl.name, count=count, B=wl.B, C=wl.C, M=wl.M,
                              H=wl.H, W=wl.W, K=wl.K, stride=wl.stride, padding=wl.padding, groups=wl.groups,
@@ -293,17 +300,21 @@ def run(args) -> Path:
         # the first pass in parallel: every worker compiles its kernels and checks its batch-32 forward
         first = [(net, dtype) for net, dtype, pass_, B in items if (pass_, B) == ("forward", 32)]
         for key in first:
-            workers[key][1].send(("forward", 32, deadline, False))
+            workers[key][1].send(("forward", 32, start + FIRST_PASS * args.budget_s, False))
         for key in first:
-            _drain(workers[key][1], None, f, workers[key][0])
+            if _drain(workers[key][1], None, f, workers[key][0]) < 0:
+                print(f"# the worker of {key} died in its first pass", flush=True)
         print(f"# compiled and checked in parallel: {time.time() - start:.0f} s", flush=True)
         for net, dtype, pass_, B in items:
             if time.time() > deadline:
                 print(f"# out of time before {net} {dtype} {pass_} B={B}", flush=True)
                 break
-            conn = workers[net, dtype][1]
+            process, conn = workers[net, dtype]
+            if not process.is_alive():
+                print(f"# {net} {dtype} {pass_} B={B}: its worker died before (exit code {process.exitcode})")
+                continue
             conn.send((pass_, B, deadline, True))
-            n = _drain(conn, writer, f, workers[net, dtype][0])
+            n = _drain(conn, writer, f, process)
             print(f"# {time.time() - start:5.0f} s  {net:15s} {dtype} {pass_:16s} B={B:<3d} {n} layers", flush=True)
     for p, conn in workers.values():
         try:

@@ -266,14 +266,32 @@ class CudaBackend:
             # shorthand also runs a plain sm_90 pass that rejects those instructions
             arch_only = arch.required_suffix(src.text)
             target = f"{self.cc[0]}{self.cc[1]}{arch_only}"
-            cubin = nvcc(text, options=opts, include_dirs=[str(src.path.parent), str(repo_root() / "kernels")],
-                         no_extern_c=True, arch=f"compute_{target}" if arch_only else f"sm_{target}",
-                         code=f"sm_{target}" if arch_only else None, cache_dir=str(cache))
+            with _compiling(cache, text, opts, target):
+                cubin = nvcc(text, options=opts, include_dirs=[str(src.path.parent), str(repo_root() / "kernels")],
+                             no_extern_c=True, arch=f"compute_{target}" if arch_only else f"sm_{target}",
+                             code=f"sm_{target}" if arch_only else None, cache_dir=str(cache))
         except Exception as e:   # pycuda.driver.CompileError carries nvcc's stderr
             err = getattr(e, "stderr", None) or str(e)
             raise CompileError(f"{src.path} does not compile (nvcc):\n" + map_compiler_output(err)) from None
         with self.context():
             return CudaModule(self, self.cu.load_module(cubin, src.path.name), src)
+
+
+@contextlib.contextmanager
+def _compiling(cache: Path, text: str, options: list, target: str):
+    """Held while one process compiles (or reads from PyCUDA's disk cache) this source for this
+    target: PyCUDA writes a cached cubin in place, so a second process compiling the same kernel at
+    once (benchmarks' parallel workers) would otherwise read it half written."""
+    import fcntl
+    import hashlib
+
+    key = hashlib.sha256("\0".join([text, target, *options]).encode()).hexdigest()[:32]
+    with open(cache / f"{key}.lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 class CudaModule:
