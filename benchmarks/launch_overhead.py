@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """How much Python a launch costs: each chapter's best launcher, Conv2dFunction forward +
-backward, the drop-in conv2d (forward; forward + backward) and torch's conv2d, called again and
+backward, the drop-in conv2d (forward; forward + backward; fp32 NCHW, and fp16 channels_last on a
+layer of 16 maps, chapter 11's wgmma kernel on an H100/H200) and torch's conv2d, called again and
 again on a tiny layer (the launch plan is kept after the first call); then, on a GPU, the time a
 caller waits against the GPU's time on the course's layers, and an epoch of chapter 8's LeNet-5
 with our convolutions and with torch's.
@@ -26,13 +27,18 @@ The drop-in against torch (the goal's figures): the median call of loops in whic
 alternates with a call of the other (paired()), forward and forward+backward, and the empty Python
 backward against torch's forward+backward; on a GPU the last two again with autograd's
 multithreading off (the backward then runs on the caller's thread, with no hand-over to autograd's
-device thread).
+device thread), then each pair in a loop of back-to-back calls (wall time, synchronised at the
+end: what a training loop sees), and the drop-in's python_us with its routes kept as convlab.native
+Routes (its repeated call one C call: convlab.ops._kernels.Kept) against every route through
+Python (_kernels.NATIVE off).
 The course's layers: gpu_us and caller_us (convlab.bench.time_gpu / time_caller, the L2 flushed)
 and their ratio, for each chapter's best on each layer it takes.
 
 On the emulator the backend's own launch (running nothing) is replaced by a no-op and outputs are
 not poisoned, as on a GPU: python_us is then the CPU time of the Python above the backend's launch,
-the code both backends share (launchers, Kernel.__call__, argument checks); nothing else is timed.
+the code both backends share (launchers, Kernel.__call__, argument checks); and the drop-in's cases
+once more with their routes kept as Routes, recorded from a stand-in GPU backend and replayed with
+a C function that returns at once in place of the driver's (host_on_cpu). Nothing else is timed.
 """
 from __future__ import annotations
 
