@@ -15,9 +15,10 @@ x, w and the bias) and batch (32, then 1 and 256), four contenders timed in turn
 model moved to channels_last holds it; what the call does beside our kernels, inside its time, is
 the `adds` column: "x" converted to the layout the kernel reads and "y" back, "bias" added by
 torch, and for the gradients "dy" (and "x" for dW) converted), torch from NCHW and from
-channels_last (cudnn.benchmark on, TF32 off; the kernel it ran named by torch.profiler); torch best is the faster torch. Caller time: CUDA
-events around the Python call from an idle GPU, as a user calls it; GPU time: the same with the
-GPU kept busy while Python queues the call. No L2 flush. Each of our outputs (y; dx, dw, dbias) is
+channels_last (cudnn.benchmark on, TF32 off; the kernel it ran named by torch.profiler); torch
+best is the faster torch. Caller time: CUDA events around the Python call from an idle GPU, as a
+user calls it; GPU time: the same with the GPU kept busy while Python queues the call. No L2
+flush. Each of our outputs (y; dx, dw, dbias) is
 first checked against fp64 of the same inputs (fp32: cl.check; 16-bit: the bound of the kernel
 that ran, dispatch.check_fp16_forward / dispatch.tolerance); a wrong one is a failing row, never
 timed. Where the drop-in hands a call to torch (a bf16 layer no bf16 kernel takes), its row says so

@@ -20,9 +20,10 @@ a kernel never writes shows in cl.check. A launcher works out its launch (grid, 
 scalar arguments) once per shape and keeps it, so a repeated call costs little Python.
 
 Each module lists its kernels once, as IMPLEMENTATIONS (Impl records: the key code, rules and
-CSV files join on, the label figures show, the launcher, the shapes it takes, its tunables);
-dispatch.registered() finds them all. Chapters 2-8's modules have pick(shape), the Impl a plain
-layer gets among the chapter's kernels.
+CSV files join on, the label figures show, the launcher, the shapes it takes, its tunables, and
+what a route reads instead of guessing from the launcher: its dtypes, the layouts it reads and
+returns, whether its epilogue takes a bias, how it adds); dispatch.registered() finds them all.
+Chapters 2-8's modules have pick(shape), the Impl a plain layer gets among the chapter's kernels.
 """
 from __future__ import annotations
 

@@ -43,7 +43,7 @@ from .._limits import INT32_MAX
 from ..workloads import Workload
 from . import DW_OPS, DX_OPS, FORMATS, FORWARD_OPS, Impl
 from .backprop import pick_input_grad, pick_weight_grad
-from .fp16 import U16, accumulation, fp16_tolerance
+from .fp16 import U16, fp16_tolerance
 from .igemm import dx_workload
 from ._kernels import remember
 from .shapes import DTYPE, DTYPE_NAME, layer, two

@@ -343,11 +343,11 @@ def _smallc_tunables(s: Workload) -> dict:
 
 
 HALF = Impl("half (direct, register-tiled)", conv2d_half, op="conv2d_fp16",
-            applies=lambda s: direct_fits(s.M, s.C, s.K), config=lambda s: direct_config(s.M, s.C, s.K, s.Ho), key="half",
-            accumulation="half")
+            applies=lambda s: direct_fits(s.M, s.C, s.K), config=lambda s: direct_config(s.M, s.C, s.K, s.Ho),
+            key="half", accumulation="half")
 HALF2 = Impl("half2 (direct, register-tiled)", conv2d_half2, op="conv2d_fp16",
-             applies=lambda s: direct_fits(s.M, s.C, s.K), config=lambda s: direct_config(s.M, s.C, s.K, s.Ho), key="half2",
-             accumulation="half")
+             applies=lambda s: direct_fits(s.M, s.C, s.K), config=lambda s: direct_config(s.M, s.C, s.K, s.Ho),
+             key="half2", accumulation="half")
 WMMA = Impl("WMMA implicit GEMM", conv2d_wmma, op="conv2d_fp16", config=lambda s: wmma_config(s.M, s.C, s.K), key="wmma")
 WMMA_SMALLC = Impl("WMMA, few channels (no im2col)", conv2d_wmma_smallc, op="conv2d_fp16",
                    applies=lambda s: smallc_fits(s.C, s.K, s.H, s.W, s.padding, s.stride), config=_smallc_tunables, key="wmma_smallc")
