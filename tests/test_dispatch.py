@@ -144,24 +144,23 @@ def test_a_channels_last_depthwise_layer_runs_the_nhwc_kernel_and_keeps_its_layo
     if dtype == torch.float32:
         cl.check(y, ref)
     else:
-        dispatch.check_fp16_forward(y, ref, x.shape, w.shape, b, **kw)
+        dispatch.check_fp16_forward(y, ref, x.shape, w.shape, b, **kw, layout="channels_last")
 
 
 @pytest.mark.parametrize("layout", [torch.contiguous_format, torch.channels_last])
 def test_the_tensor_core_routes_take_either_layout_and_return_torchs(layout):
-    mma = "mma.sync implicit GEMM (NHWC)"
     plain = Workload("t", B=2, C=16, M=24, H=7, W=9, K=3, padding=1)
     # a plain layer: from channels_last, wgmma on an H100/H200 (the emulator is one), else mma.sync;
     # from NCHW, WMMA (the conversion costs more)
-    hopper = wgmma.WGMMA.name if wgmma.runs_here() else mma
-    assert dispatch.pick(plain, "fp16", "channels_last").name == hopper
-    assert dispatch.pick(plain, "fp16").name == "WMMA implicit GEMM"
+    hopper = "wgmma" if wgmma.runs_here() else "mma"
+    assert dispatch.pick(plain, "fp16", "channels_last").key == hopper
+    assert dispatch.pick(plain, "fp16").key == "wmma"
     # one 64-channel step of reduction (a 1x1 layer from 64 channels): mma.sync
     short = Workload("s", B=2, C=64, M=32, H=7, W=9, K=1)
-    assert dispatch.pick(short, "fp16", "channels_last").name == mma
+    assert dispatch.pick(short, "fp16", "channels_last").key == "mma"
     # a dilated one, which WMMA does not take: mma.sync from either layout
     wl = Workload("d", B=2, C=16, M=24, H=9, W=11, K=3, padding=2, dilation=2)
-    assert dispatch.pick(wl, "fp16").name == dispatch.pick(wl, "fp16", "channels_last").name == mma
+    assert dispatch.pick(wl, "fp16").key == dispatch.pick(wl, "fp16", "channels_last").key == "mma"
     for shape in (wl, plain):
         x = cl.randn(*shape.x_shape, dtype=torch.float16).contiguous(memory_format=layout)
         w, b = cl.randn(*shape.w_shape, dtype=torch.float16), cl.randn(shape.M, dtype=torch.float16)
@@ -170,7 +169,7 @@ def test_the_tensor_core_routes_take_either_layout_and_return_torchs(layout):
             y = dispatch.forward(x, w, bias=b, **kw)
         assert y.is_contiguous(memory_format=layout)
         ref = F.conv2d(x.double().cpu(), w.double().cpu(), b.double().cpu(), **kw)
-        dispatch.check_fp16_forward(y, ref, x.shape, w.shape, b, **kw)
+        dispatch.check_fp16_forward(y, ref, x.shape, w.shape, b, **kw, layout=dispatch.layout_of(x))
 
 
 def _check_dropin_dx(x, w, y, dy):
