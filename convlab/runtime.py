@@ -282,7 +282,8 @@ def total_limit() -> float | None:
     return _setting("timeout", None) if _default_timeout == _TIMEOUT_S else None
 
 
-_debug = False
+#: Whether cl.debug is on (what poisoning() reads; the drop-in keys its kept routes by it too)
+debugging = False
 
 
 class debug:
@@ -292,16 +293,16 @@ class debug:
     allocate with torch.empty, as torch does (a NaN fill is one more full write of the output)."""
 
     def __init__(self, on: bool = True):
-        global _debug
-        self._before = _debug
-        _debug = bool(on)
+        global debugging
+        self._before = debugging
+        debugging = bool(on)
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
-        global _debug
-        _debug = self._before
+        global debugging
+        debugging = self._before
         return False
 
     def __repr__(self):
@@ -311,7 +312,7 @@ class debug:
 def poisoning() -> bool:
     """Whether launchers fill the outputs they allocate with NaN now: under cl.debug, and always on
     the emulator (where the students' checks run)."""
-    return _debug or (_backend or backend_impl()).name == "emu"
+    return debugging or (_backend or backend_impl()).name == "emu"
 
 
 class Kernel:
@@ -463,8 +464,8 @@ class CpuFunction:
                                  timeout=timeout or launch_timeout(), fibers=False, total=total_limit())
 
 
-# CUtensorMapDataType of the dtypes a tensor map may describe
-_MAP_DTYPES = {torch.uint8: 0, torch.float16: 6, torch.float32: 7, torch.bfloat16: 9}
+#: CUtensorMapDataType of the dtypes a tensor map may describe (a kept route re-encodes its maps with it)
+MAP_DTYPES = {torch.uint8: 0, torch.float16: 6, torch.float32: 7, torch.bfloat16: 9}
 
 
 def tensor_map(t: torch.Tensor, box, swizzle: int = 128, element_strides=None) -> TensorMap:
@@ -485,8 +486,8 @@ def tensor_map(t: torch.Tensor, box, swizzle: int = 128, element_strides=None) -
         pass
     if not isinstance(t, torch.Tensor) or not t.is_contiguous():
         raise ArgumentError("tensor_map needs a contiguous tensor (a channels_last x: x.permute(0, 2, 3, 1))")
-    if t.dtype not in _MAP_DTYPES:
-        raise ArgumentError(f"tensor_map: {t.dtype} is not one of {', '.join(map(str, _MAP_DTYPES))}")
+    if t.dtype not in MAP_DTYPES:
+        raise ArgumentError(f"tensor_map: {t.dtype} is not one of {', '.join(map(str, MAP_DTYPES))}")
     if t.device.type != device().torch_device:
         raise ArgumentError(f"tensor_map: the tensor is on '{t.device}', the kernels run on '{device().torch_device}'")
     box = tuple(int(b) for b in box)
@@ -519,7 +520,7 @@ def tensor_map(t: torch.Tensor, box, swizzle: int = 128, element_strides=None) -
         raise ArgumentError(f"tensor_map: the tensor's address and strides ({strides} bytes) must be multiples of "
                             f"16 bytes (e.g. channels a multiple of {16 // size})")
     b = backend_impl()
-    encoded = b.encode_tensor_map(_MAP_DTYPES[t.dtype], t.data_ptr(), dims, strides, box_in, SWIZZLES.index(swizzle),
+    encoded = b.encode_tensor_map(MAP_DTYPES[t.dtype], t.data_ptr(), dims, strides, box_in, SWIZZLES.index(swizzle),
                                   None if element_strides is None else steps_in)
     if len(_encoded) > 4096:              # tensors come and go in a loop: keep the table small
         _encoded.clear()

@@ -115,7 +115,8 @@ def test_implementation_records():
     lenet_c1, resnet = workloads.get("lenet_c1"), workloads.get("resnet")
     for impl in records:
         assert impl.applies(resnet) == ("depthwise" not in impl.key)
-        assert impl.applies(lenet_c1) == ("nhwc" not in impl.key)   # C=1: a depthwise layer too (NHWC: M = C too)
+        # C=1: a depthwise layer too (NHWC and dX as a forward: M = C too)
+        assert impl.applies(lenet_c1) == (impl.key not in ("depthwise_nhwc", "depthwise_nhwc_fp16", "depthwise_dx"))
         assert impl.config(resnet) == {}
     x, w = cl.randn(2, 1, 9, 9), cl.randn(3, 1, 3, 3)
     for impl in (general.GENERAL, depthwise.DEPTHWISE):

@@ -25,9 +25,10 @@ toward zero, is added to the accumulator by an fp32 add rounded to nearest.
   cvt.rna.tf32.f32 and the kernels make them (for the chapter, the exercise and tests).
 - tf32_tolerance(n, products, adds): the error bound derived for a reduction of n terms;
   check_tf32(y, ref, shape, impl): cl.check with it, for the kernel impl on that layer.
-- TF32_MMA, TF32X3_MMA, TF32_WGMMA, TF32X3_WGMMA: the Impl records (op "conv2d", not candidates
-  of the fp32 rule: results at TF32's accuracy, or 3xTF32's, are what a caller asks for by
-  torch's precision switches; convlab.ops.dispatch reads them).
+- TF32_MMA, TF32X3_MMA, TF32_WGMMA, TF32X3_WGMMA: the Impl records (op "conv2d", dtypes fp32,
+  precision "tf32" or "3xtf32": not kernels of the fp32 rule; results at TF32's accuracy, or
+  3xTF32's, are what a caller asks for by torch's precision switches or the drop-in's precision=,
+  and convlab.ops.dispatch's PRECISION_RULES run them then).
 """
 from __future__ import annotations
 
@@ -421,16 +422,21 @@ def wgmma_runs_here() -> bool:
 
 # ---- the records -----------------------------------------------------------------------------
 
-TF32_MMA = Impl("mma.sync TF32 implicit GEMM", functools.partial(conv2d_tf32_mma, products=1), op="conv2d",
-                applies=mma_applies, config=tf32_mma_config, any_layer=True, key="tf32_mma", candidate=False)
-TF32X3_MMA = Impl("mma.sync 3xTF32 implicit GEMM", functools.partial(conv2d_tf32_mma, products=3), op="conv2d",
-                  applies=mma_applies, config=tf32_mma_config, any_layer=True, key="tf32x3_mma", candidate=False)
-TF32_WGMMA = Impl("wgmma TF32 implicit GEMM", functools.partial(conv2d_wgmma_tf32, products=1), op="conv2d",
-                  applies=lambda s: wgmma_refuses(s) is None and wgmma_runs_here(),
-                  config=lambda s: tf32_wgmma_config(s, products=1), any_layer=True, key="tf32_wgmma",
-                  candidate=False)
-TF32X3_WGMMA = Impl("wgmma 3xTF32 implicit GEMM", functools.partial(conv2d_wgmma_tf32, products=3), op="conv2d",
-                    applies=lambda s: wgmma_refuses(s) is None and wgmma_runs_here(),
-                    config=lambda s: tf32_wgmma_config(s, products=3), any_layer=True, key="tf32x3_wgmma",
-                    candidate=False)
+#: What a route reads (convlab.ops.dispatch): float32, y returned NCHW, the bias in the epilogue; the
+#: dispatcher runs them only where dispatch.fp32_precision() asks for their precision
+#: (dispatch.PRECISION_RULES). The mma.sync kernel reads a channels_last x as it lies (an NCHW one
+#: the route converts); the wgmma kernel's layout pass reads either (it rounds or splits every element).
+_RECORD = dict(op="conv2d", any_layer=True, dtypes=("fp32",), out_layout="nchw", bias=True, accumulation="float")
+_MMA = dict(applies=mma_applies, config=tf32_mma_config, layouts=("channels_last",), **_RECORD)
+_WGMMA = dict(applies=lambda s: wgmma_refuses(s) is None and wgmma_runs_here(), layouts=("nchw", "channels_last"),
+              **_RECORD)
+TF32_MMA = Impl("mma.sync TF32 implicit GEMM", functools.partial(conv2d_tf32_mma, products=1), key="tf32_mma",
+                precision="tf32", **_MMA)
+TF32X3_MMA = Impl("mma.sync 3xTF32 implicit GEMM", functools.partial(conv2d_tf32_mma, products=3), key="tf32x3_mma",
+                  precision="3xtf32", **_MMA)
+TF32_WGMMA = Impl("wgmma TF32 implicit GEMM", functools.partial(conv2d_wgmma_tf32, products=1), key="tf32_wgmma",
+                  config=lambda s: tf32_wgmma_config(s, products=1), precision="tf32", **_WGMMA)
+TF32X3_WGMMA = Impl("wgmma 3xTF32 implicit GEMM", functools.partial(conv2d_wgmma_tf32, products=3),
+                    key="tf32x3_wgmma", config=lambda s: tf32_wgmma_config(s, products=3), precision="3xtf32",
+                    **_WGMMA)
 IMPLEMENTATIONS: tuple[Impl, ...] = (TF32_MMA, TF32X3_MMA, TF32_WGMMA, TF32X3_WGMMA)

@@ -180,5 +180,6 @@ def runs_here() -> bool:
 
 
 WGMMA = Impl("wgmma + TMA implicit GEMM (NHWC)", conv2d_wgmma, op="conv2d_fp16",
-             applies=lambda s: refuses(s) is None and runs_here(), config=wgmma_config, any_layer=True, key="wgmma")
+             applies=lambda s: refuses(s) is None and runs_here(), config=wgmma_config, any_layer=True, key="wgmma",
+             layouts=("channels_last",), out_layout="channels_last", bias=True, activations=("relu",))
 IMPLEMENTATIONS: tuple[Impl, ...] = (WGMMA,)
