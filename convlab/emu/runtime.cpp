@@ -1798,7 +1798,9 @@ extern "C" __attribute__((visibility("default"))) void clemu_tma_store(const voi
         k.st_file = file;
         k.st_line = line;
     }
-    unsigned char* dst = (unsigned char*)(uintptr_t)map->addr;
+    // the tensor's staged copy for the launch (guard.cpp), as tma_load reads it: the original is
+    // overwritten by that copy when the launch ends
+    unsigned char* dst = (unsigned char*)(uintptr_t)guard_staged((const void*)(uintptr_t)map->addr);
     int eb = (int)map->elem_bytes;
     for (long long r = 0; r < rows; r++) {
         long long rem = r, off = 0;
