@@ -236,13 +236,15 @@ def _torch_error(fn, *a, **kw):
     dict(groups=3), dict(padding="foo"), dict(padding="same", stride=2), dict(stride=(1, 2, 3)),
     dict(padding=1.5), dict(w_shape=(5, 2, 3, 3), groups=2), dict(w_shape=(6, 4, 9, 3)),
     dict(bias_shape=(5,)), dict(bias_shape=(6, 1)), dict(x_shape=(1, 2, 4, 7, 7)), dict(x_shape=(7, 7)),
-    dict(w_dtype=torch.float16), dict(bias_dtype=torch.float64),
+    dict(w_dtype=torch.float16), dict(bias_dtype=torch.float64), dict(bias_list=True),
 ], ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()))
 def test_invalid_arguments_raise_torchs_error(case):
     case = dict(case)
     x = cl.randn(*case.pop("x_shape", (2, 4, 7, 7)))
     w = cl.randn(*case.pop("w_shape", (6, 4, 3, 3)), dtype=case.pop("w_dtype", torch.float32))
     b = cl.randn(*case.pop("bias_shape", (6,)), dtype=case.pop("bias_dtype", torch.float32))
+    if case.pop("bias_list", False):             # not a tensor: the call is keyed by nothing
+        b = b.tolist()
     want = _torch_error(F.conv2d, x, w, b, **case)
     assert want is not None, f"torch takes {case}: not an invalid case"
     assert _torch_error(dropin.conv2d, x, w, b, **case) == want

@@ -194,6 +194,7 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, 
     devices, layout, arguments, precision) is worked out once and kept."""
     # 1.0 and True equal 1 and hash alike, but torch rejects them: only plain arguments key the cache
     plain = plain_arg(stride) and plain_arg(padding) and plain_arg(dilation) and plain_arg(groups)
+    key = None                                      # none where an argument is not a tensor
     try:
         grad = torch.is_grad_enabled() and (input.requires_grad or weight.requires_grad
                                             or (bias is not None and bias.requires_grad))
@@ -208,7 +209,7 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, 
         grad = _needs_grad(input, weight, bias)
         p = dispatch.fp32_precision(precision)
         reason, run, grads = _decide(input, weight, bias, stride, padding, dilation, groups, grad, p)
-        if plain and isinstance(input, torch.Tensor):
+        if plain and key is not None:
             _routes[key] = (reason, run, grads)
     if reason is not None:
         # only what differs from the defaults, as keywords: torch's argument errors then read as
