@@ -260,9 +260,12 @@ def test_one_launch_from_channels_last_and_two_with_a_split():
 
 
 def test_the_impl_records_name_their_ops():
-    ops = {i.key: i.op for i in hopper.IMPLEMENTATIONS}
-    assert ops == {"hopper": "conv2d_fp16", "hopper_bf16": "conv2d_bf16", "hopper_dx": "conv2d_dx_fp16",
-                   "hopper_dx_bf16": "conv2d_dx_bf16", "hopper_dw": "conv2d_dw_fp16", "hopper_dw_bf16": "conv2d_dw_bf16"}
+    ops = {i.key: (i.op, i.dtypes) for i in hopper.IMPLEMENTATIONS}
+    assert ops == {"hopper": ("conv2d_fp16", ("fp16",)), "hopper_bf16": ("conv2d_fp16", ("bf16",)),
+                   "hopper_dx": ("conv2d_dx_fp16", ("fp16",)), "hopper_dx_bf16": ("conv2d_dx_fp16", ("bf16",)),
+                   "hopper_dw": ("conv2d_dw_fp16", ("fp16",)), "hopper_dw_bf16": ("conv2d_dw_fp16", ("bf16",))}
+    assert all(i.layouts == ("channels_last",) and i.out_layout == "channels_last" for i in hopper.IMPLEMENTATIONS)
+    assert [i.key for i in hopper.IMPLEMENTATIONS if i.bias] == ["hopper", "hopper_bf16"], "the forward's epilogue"
     wl = Workload("stem", B=32, C=3, M=64, H=224, W=224, K=7, stride=2, padding=3)
     assert hopper.HOPPER.takes(wl) and hopper.HOPPER_DW.takes(wl) and not hopper.HOPPER_DX.takes(wl)
     assert math.isfinite(hopper.hopper_dx_config(Workload("r", B=2, C=64, M=64, H=9, W=9, K=3, stride=2))["BN"])

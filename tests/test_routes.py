@@ -5,7 +5,7 @@ else where x (dy) comes in a layout the record says the kernel reads; from the o
 conversions the record implies (x in, y out) and nothing more. Counted per call on the active
 backend: our launches (convlab.bench.count_launches) and every aten op that is not a view
 (convlab.bench.Work: allocations, and torch's passes over memory by name). Then the drop-in as a
-user calls it: a channels_last fp16 layer launches only its kernels, forward and backward.
+user calls it: a channels_last fp16 or bf16 layer launches only its kernels, forward and backward.
 
 The routes' results against fp64 are checked here too, for every routed record in both layouts."""
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 import convlab as cl
 from convlab.bench import work_of
-from convlab.ops import FORMATS, dispatch, dropin
+from convlab.ops import FORMATS, dispatch, dropin, wgmma
 from convlab.ops.shapes import DTYPE
 from convlab.ops.tf32 import check_tf32
 from convlab.workloads import Workload
@@ -65,6 +65,15 @@ EXPECTED = {
     "mma_dx": (1, 1, ("clone", "flip", "clone"), ("flip", "clone")),
     "mma_dw": (2, 2, ("clone", "clone"), ()),
     "wgmma": (1, 1, ("clone", "clone", "clone"), ()),
+    # The Hopper layers' kernels: this small layer's few tiles are split over K (SPLIT_K > 1: fp32
+    # partials, a workspace, and the kernel that sums them: a second launch), but dW's; from NCHW the
+    # route converts x (dy) and the result, and the launcher copies w (dW: x and dy) to NHWC.
+    "hopper": (2, 2, ("clone", "clone", "clone"), ()),
+    "hopper_bf16": (2, 2, ("clone", "clone", "clone"), ()),
+    "hopper_dx": (2, 2, ("clone", "clone"), ()),
+    "hopper_dx_bf16": (2, 2, ("clone", "clone"), ()),
+    "hopper_dw": (1, 1, ("clone", "clone"), ()),
+    "hopper_dw_bf16": (1, 1, ("clone", "clone"), ()),
     # TF32 (precision= or torch's switches): y NCHW. mma.sync reads x channels_last as it lies (C % 4 == 0)
     # and lays out the mask in its own pass (a launch and an allocation); wgmma's pass rounds (TF32) or
     # splits (3xTF32: hi and lo, two allocations each) x and the mask, from either layout, and this small
@@ -149,46 +158,71 @@ def test_a_route_gives_the_fp64_result_from_either_layout(impl):
 
 # ---- the drop-in, as a user calls it --------------------------------------------------------------
 
-#: channels_last fp16 layers, each with the kernel the rules give it
-CHANNELS_LAST_FP16 = (
-    (Workload("3x3", B=2, C=16, M=16, H=6, W=5, K=3, padding=1), "wgmma"),
-    (Workload("1x1 from 64", B=2, C=64, M=32, H=4, W=3, K=1), "mma"),
-    (Workload("depthwise", B=2, C=8, M=8, H=6, W=5, K=3, padding=1, groups=8), "depthwise_nhwc_fp16"),
+#: A strided ResNet layer with tiles enough for the SMs (no split over K): the Hopper kernel's one launch
+RESNET_S2 = Workload("3x3 s2", B=32, C=64, M=64, H=56, W=56, K=3, stride=2, padding=1)
+
+#: channels_last 16-bit layers, each with the kernel the rules give it (on an H100/H200 or the
+#: emulator) and its launches; the drop-in allocates only the output
+CHANNELS_LAST_16BIT = (
+    (Workload("3x3", B=2, C=16, M=16, H=6, W=5, K=3, padding=1), "fp16", "wgmma", 1),
+    (Workload("1x1 from 64", B=2, C=64, M=32, H=4, W=3, K=1), "fp16", "mma", 1),
+    (Workload("depthwise", B=2, C=8, M=8, H=6, W=5, K=3, padding=1, groups=8), "fp16", "depthwise_nhwc_fp16", 1),
+    (RESNET_S2, "fp16", "hopper", 1),
+    (RESNET_S2, "bf16", "hopper_bf16", 1),
+    (Workload("1x1 from 256", B=32, C=256, M=64, H=28, W=28, K=1), "bf16", "hopper_bf16", 1),
 )
+ON_HOPPER = wgmma.runs_here()      # an H100/H200, or the emulator: where the rules give these kernels
 
 
-def _model(s: Workload, layout: str, requires_grad: bool = False):
-    """fp16 x, w, bias as a model in that layout holds them (model.to(memory_format=...) makes w
+def _model(s: Workload, layout: str, requires_grad: bool = False, dtype: str = "fp16"):
+    """16-bit x, w, bias as a model in that layout holds them (model.to(memory_format=...) makes w
     channels_last too)."""
-    x, w, _, b = _tensors(s, "fp16", layout)
+    x, w, _, b = _tensors(s, dtype, layout)
     return tuple(t.requires_grad_(requires_grad) for t in (x, w, b))
 
 
-@pytest.mark.parametrize("s, key", CHANNELS_LAST_FP16, ids=[s.name for s, _ in CHANNELS_LAST_FP16])
-def test_a_channels_last_fp16_call_of_the_drop_in_launches_only_its_kernel(s, key):
-    x, w, b = _model(s, "channels_last")
+@pytest.mark.skipif(not ON_HOPPER, reason="the rules give these layers their kernels on an H100/H200")
+@pytest.mark.parametrize("s, dtype, key, launches", CHANNELS_LAST_16BIT,
+                         ids=[f"{s.name} {d}" for s, d, _, _ in CHANNELS_LAST_16BIT])
+def test_a_channels_last_16_bit_call_of_the_drop_in_launches_only_its_kernel(s, dtype, key, launches):
+    x, w, b = _model(s, "channels_last", dtype=dtype)
     kw = s.conv_kwargs()
     assert dispatch.forward_impl(x, w, b, **kw).key == key
     work = work_of(lambda: dropin.conv2d(x, w, b, **kw), run=False)
-    assert (work.launches, work.allocations, work.ops) == (EXPECTED[key][0], 1, ()), \
-        f"dropin.conv2d from channels_last fp16 ({key}): {work}; only the kernel and its output"
+    assert (work.launches, work.allocations, work.ops) == (launches, 1, ()), \
+        f"dropin.conv2d from channels_last {dtype} ({key}): {work}; only the kernel and its output"
     with torch.no_grad():          # the same without an autograd node
         assert work_of(lambda: dropin.conv2d(x, w, b, **kw), run=False).ops == ()
 
 
-def test_a_channels_last_fp16_training_step_adds_only_the_bias_gradients_sum():
-    """Forward (wgmma), dX and dW (mma.sync) from channels_last: the kernels, their outputs and dW's
-    split-K partials; torch's only passes are dX's mask, flipped and reordered, and dbias's sum."""
-    s = CHANNELS_LAST_FP16[0][0]
-    x, w, b = _model(s, "channels_last", requires_grad=True)
-    dy = cl.randn(*s.y_shape, dtype=torch.float16).contiguous(memory_format=torch.channels_last)
+@pytest.mark.skipif(not ON_HOPPER, reason="the rules give this layer's gradients the Hopper kernels on an H100/H200")
+@pytest.mark.parametrize("dtype, keys", [("fp16", ("wgmma", "hopper_dx", "hopper_dw")),
+                                         ("bf16", ("hopper_bf16", "hopper_dx_bf16", "hopper_dw_bf16"))])
+def test_a_channels_last_16_bit_training_step_adds_only_the_bias_gradients_sum(dtype, keys):
+    """Forward, dX and dW from channels_last on an H100/H200 (Hopper's kernels; fp16's forward chapter
+    11's wgmma): the kernels, their outputs and their split-K partials (EXPECTED's counts, on the same
+    layer); torch's only pass is dbias's sum (the dX kernel reads the mask as it lies). The
+    gradients against fp64, with the bound of float sums over each pass's reduction."""
+    s = POOL[0]
+    x, w, b = _model(s, "channels_last", requires_grad=True, dtype=dtype)
+    dy = cl.randn(*s.y_shape, dtype=DTYPE[dtype]).contiguous(memory_format=torch.channels_last)
+    kw = s.conv_kwargs()
+    assert (dispatch.forward_impl(x, w, b, **kw).key, dispatch.dx_impl(dy, w, input_size=(s.H, s.W), **kw).key,
+            dispatch.dw_impl(x, dy, kernel_size=s.K, **kw).key) == keys
 
     def step():
         x.grad = w.grad = b.grad = None
-        dropin.conv2d(x, w, b, padding=1).backward(dy)
+        dropin.conv2d(x, w, b, **kw).backward(dy)
     work = work_of(step, run=False)
-    assert work.launches == 4 and work.ops == ("flip", "clone", "sum"), work
-    assert work.allocations == 4, work           # y, dx, dW's partials, dw
+    assert work.ops == ("sum",), work
+    assert (work.launches, work.allocations) == tuple(sum(EXPECTED[k][i] for k in keys) for i in (0, 1)), work
+    with cl.debug():
+        step()
+    xd, wd, bd = (t.detach().double().cpu().requires_grad_() for t in (x, w, b))
+    F.conv2d(xd, wd, bd, **kw).backward(dy.double().cpu())
+    for got, want, n in ((x.grad, xd.grad, s.M * s.K * s.Kw), (w.grad, wd.grad, s.B * s.Ho * s.Wo)):
+        rtol, atol_rms = dispatch.tolerance(n, "float", dtype)
+        cl.check(got, want, rtol=rtol, atol=atol_rms * float(want.pow(2).mean().sqrt()), name=f"{dtype} gradient")
 
 
 def test_an_nchw_call_converts_x_once_inside_the_call():
@@ -210,7 +244,7 @@ def test_an_nchw_call_converts_x_once_inside_the_call():
 def test_the_count_sees_a_copy_of_x_made_before_the_kernel():
     """What the counts above guard against: x.contiguous() on the channels_last path (x made NCHW,
     then the NHWC kernel's launcher copies it back) shows as two copies."""
-    s, key = CHANNELS_LAST_FP16[0]
+    s, _, key, _ = CHANNELS_LAST_16BIT[0]
     x, w, b = _model(s, "channels_last")
     run = dispatch.forward_runner(dispatch.by_key(key), s, "channels_last", True)
     clean = work_of(lambda: run(x, w, None, b), run=False)
@@ -298,20 +332,22 @@ def test_a_kept_route_replays_its_recorded_call_with_the_calls_tensors(monkeypat
 
 
 @pytest.mark.gpu_only
-@pytest.mark.parametrize("s, key", CHANNELS_LAST_FP16, ids=[s.name for s, _ in CHANNELS_LAST_FP16])
-def test_on_a_gpu_the_drop_ins_repeated_call_is_its_kept_route(s, key):
+@pytest.mark.skipif(not ON_HOPPER, reason="the rules give these layers their kernels on an H100/H200")
+@pytest.mark.parametrize("s, dtype, key, launches", CHANNELS_LAST_16BIT,
+                         ids=[f"{s.name} {d}" for s, d, _, _ in CHANNELS_LAST_16BIT])
+def test_on_a_gpu_the_drop_ins_repeated_call_is_its_kept_route(s, dtype, key, launches):
     """From the third call the drop-in runs a convlab.native Route: the same launches, the same result."""
     from convlab import native
 
     if native.route_type() is None:
         pytest.skip(f"convlab.native cannot be built here: {native.why_not()}")
-    x, w, b = _model(s, "channels_last")
+    x, w, b = _model(s, "channels_last", dtype=dtype)
     kw = s.conv_kwargs()
     dropin._routes.clear()
     first = dropin.conv2d(x, w, b, **kw)
     dropin.conv2d(x, w, b, **kw)
     (entry,) = dropin._routes.values()
-    assert isinstance(entry[1].run, native.route_type()), "a channels_last fp16 route is kept as one C call"
+    assert isinstance(entry[1].run, native.route_type()), f"a channels_last {dtype} route is kept as one C call"
     work = work_of(lambda: dropin.conv2d(x, w, b, **kw))
-    assert (work.launches, work.ops) == (EXPECTED[key][0], ()), work
+    assert (work.launches, work.ops) == (launches, ()), work
     torch.testing.assert_close(dropin.conv2d(x, w, b, **kw), first, rtol=0, atol=0)

@@ -160,6 +160,25 @@ def _uneven(s: Workload) -> bool:
     return not s.symmetric
 
 
+def _hopper_class(s: Workload, reduction: int) -> bool:
+    """The layers the Hopper rows send fp16 to: one group, C and M multiples of 8 (read as they lie,
+    no padding copy) and a reduction of two 64-channel stages or more (reduction: the pass's, C·Kh·Kw
+    forward and dW, M·Kh·Kw dX): the class where chapter 11's wgmma beat mma.sync."""
+    return s.groups == 1 and s.C % 8 == 0 and s.M % 8 == 0 and reduction >= 128
+
+
+#: Why the Hopper layers' kernels (convlab.ops.hopper) are where they are: by design, not measured
+_HOPPER_BY_DESIGN = ("by design until a GPU run of benchmarks/hopper_layers.py and benchmarks/dropin_networks.py "
+                     "(H100/H200) measures it")
+_HOPPER_CLASS = ("on the class of layers where chapter 11's wgmma beat mma.sync (C and M multiples of 8, a reduction "
+                 "of two 64-channel stages or more): " + _HOPPER_BY_DESIGN)
+_HOPPER_FP16 = ("wgmma fed by the copy engine (element strides for a strided layer, a GEMM over pixels for a 1x1), "
+                + _HOPPER_CLASS)
+_HOPPER_BF16 = ("the only kernel whose record takes bf16 for this pass (a layer it does not take goes to torch): "
+                + _HOPPER_BY_DESIGN)
+#: The Hopper kernels' conditions as the table prints them (their records' applies say the rest)
+_ON_HOPPER = "stride ≤ 8, even padding, an H100/H200"
+
 _NHWC_DEPTHWISE = ("x channels_last, depthwise (one map per channel)",
                    "reads x and writes y channels_last, vec channels a thread: no conversion of x "
                    "(benchmarks/depthwise_layers.py)")
@@ -199,7 +218,14 @@ RULES = {
              "an H100/H200", lambda s: _taps(s) >= 128, "wgmma",
              "Hopper's warpgroup MMA fed by the copy engine: faster than mma.sync on every such layer measured, "
              "0.80-1.01x torch best (benchmarks/hopper_layers.py, H100); a reduction of one 64-channel step "
-             "(a 1x1 layer from 64 channels) leaves its pipeline nothing to overlap, and mma.sync was faster",
+             "(a 1x1 layer from 64 channels) leaves its pipeline nothing to overlap, and mma.sync was faster. "
+             "A layer conv2d_hopper takes too stays here (chapter 11's measured kernel) until a GPU run times both",
+             layouts=("channels_last",)),
+        Rule(f"x channels_last, groups 1, C and M multiples of 8, C·Kh·Kw ≥ 128, {_ON_HOPPER}",
+             lambda s: _hopper_class(s, _taps(s)), "hopper",
+             "the layers of that class chapter 11's wgmma does not take (strided, dilated, non-square): "
+             + _HOPPER_FP16, layouts=("channels_last",)),
+        Rule(f"bf16, x channels_last, groups 1, {_ON_HOPPER}", lambda s: True, "hopper_bf16", _HOPPER_BF16,
              layouts=("channels_last",)),
         Rule("x channels_last, groups 1, C·Kh·Kw ≥ 64, C pads to 8 cheaply",
              lambda s: s.groups == 1 and _taps(s) >= 64 and _pads_cheaply(s), "mma",
@@ -262,6 +288,11 @@ DX_RULES = {
         Rule(*_GENERAL_DX[:1], lambda s: True, "general_dx", _GENERAL_DX[1]),
     ],
     "fp16": [
+        Rule(f"groups 1, C and M multiples of 8, M·Kh·Kw ≥ 128, {_ON_HOPPER}",
+             lambda s: _hopper_class(s, s.M * s.K * s.Kw), "hopper_dx",
+             "the forward's Hopper kernel on dy with the mask read as it lies, every stride phase in one launch, "
+             + _HOPPER_CLASS),
+        Rule(f"bf16, groups 1, C and M multiples of 8, {_ON_HOPPER}", lambda s: True, "hopper_dx_bf16", _HOPPER_BF16),
         Rule("even padding", lambda s: s.symmetric, "mma_dx",
              "the forward's mma.sync kernel on dy with the flipped mask, one launch per stride phase "
              "(benchmarks/tensor_core_layers.py --backward)"),
@@ -286,6 +317,10 @@ DW_RULES = {
         Rule("any layer", lambda s: True, "general_dw", "the only kernel that takes every layer"),
     ],
     "fp16": [
+        Rule(f"groups 1, C and M multiples of 8, C·Kh·Kw ≥ 128, {_ON_HOPPER}", lambda s: _hopper_class(s, _taps(s)),
+             "hopper_dw", "dy^T times x's windows on wgmma, a GEMM over pixels per tap, fp32 sums split over them "
+             "and added in order, " + _HOPPER_CLASS),
+        Rule(f"bf16, groups 1, M a multiple of 8, {_ON_HOPPER}", lambda s: True, "hopper_dw_bf16", _HOPPER_BF16),
         Rule("even padding", lambda s: s.symmetric, "mma_dw",
              "dy^T times x's windows on mma.sync, fp32 sums split over the pixels "
              "(benchmarks/tensor_core_layers.py --backward)"),

@@ -20,9 +20,10 @@ conv2d_wgmma.cu is the teaching form they grow from, its launcher convlab.ops.wg
   gets (BN, STAGES, RINGS, the box BW x BH x BI, SPLIT_K, TMA_STORE; dW: BN, STAGES, CONSUMERS, box,
   SPLIT_K). dX takes one ring and no TMA_STORE; TMA_STORE=1 needs one ring, no split and M % 8 == 0.
 - refuses(shape, op): why a kernel cannot take a layer (None: it can).
-- HOPPER, HOPPER_DX, HOPPER_DW (op conv2d_fp16, conv2d_dx_fp16, conv2d_dw_fp16) and their bf16
-  twins HOPPER_BF16, HOPPER_DX_BF16, HOPPER_DW_BF16 (op conv2d_bf16, conv2d_dx_bf16, conv2d_dw_bf16):
-  the Impl records (the same launchers).
+- HOPPER, HOPPER_DX, HOPPER_DW (op conv2d_fp16, conv2d_dx_fp16, conv2d_dw_fp16: 16-bit in and out;
+  dtypes fp16) and their bf16 twins HOPPER_BF16, HOPPER_DX_BF16, HOPPER_DW_BF16 (the same ops and
+  launchers, dtypes bf16): the Impl records; the dispatcher's 16-bit rows name them
+  (convlab.ops.dispatch: channels_last fp16 layers of their class, every bf16 layer they take).
 
 Split-K: a layer with fewer output tiles than SPLIT_BELOW of the SMs gets SPLIT_K > 1: the work
 units (tile, split) each sum an even share of K and store fp32 partials to a workspace (SPLIT_K,
@@ -525,17 +526,21 @@ _dx_plans: dict = {}
 _dw_plans: dict = {}
 
 
-#: any_layer: stride, padding and dilation per axis, non-square masks (groups 1: refuses).
+#: any_layer: stride, padding and dilation per axis, non-square masks (groups 1: refuses). What a
+#: route reads: x (dy) and w channels_last as they lie (an NCHW one is converted), the result
+#: channels_last; the forward's bias and ReLU in its epilogue. The bf16 twins are the same launchers.
+_NHWC = dict(any_layer=True, layouts=("channels_last",), out_layout="channels_last")
 HOPPER = Impl("wgmma + TMA, any layer (NHWC)", conv2d_hopper, op="conv2d_fp16", applies=_takes("forward"),
-              config=hopper_config, any_layer=True, key="hopper")
-HOPPER_BF16 = Impl("wgmma + TMA, any layer (NHWC), bf16", conv2d_hopper, op="conv2d_bf16", applies=_takes("forward"),
-                   config=hopper_config, any_layer=True, key="hopper_bf16")
+              config=hopper_config, key="hopper", dtypes=("fp16",), bias=True, activations=("relu",), **_NHWC)
+HOPPER_BF16 = Impl("wgmma + TMA, any layer (NHWC), bf16", conv2d_hopper, op="conv2d_fp16", applies=_takes("forward"),
+                   config=hopper_config, key="hopper_bf16", dtypes=("bf16",), bias=True, activations=("relu",),
+                   **_NHWC)
 HOPPER_DX = Impl("wgmma + TMA dX (NHWC)", conv2d_hopper_dx, op="conv2d_dx_fp16", applies=_takes("dx"),
-                 config=hopper_dx_config, any_layer=True, key="hopper_dx")
-HOPPER_DX_BF16 = Impl("wgmma + TMA dX (NHWC), bf16", conv2d_hopper_dx, op="conv2d_dx_bf16", applies=_takes("dx"),
-                      config=hopper_dx_config, any_layer=True, key="hopper_dx_bf16")
+                 config=hopper_dx_config, key="hopper_dx", dtypes=("fp16",), **_NHWC)
+HOPPER_DX_BF16 = Impl("wgmma + TMA dX (NHWC), bf16", conv2d_hopper_dx, op="conv2d_dx_fp16", applies=_takes("dx"),
+                      config=hopper_dx_config, key="hopper_dx_bf16", dtypes=("bf16",), **_NHWC)
 HOPPER_DW = Impl("wgmma + TMA dW (NHWC)", conv2d_hopper_dw, op="conv2d_dw_fp16", applies=_takes("dw"),
-                 config=hopper_dw_config, any_layer=True, key="hopper_dw")
-HOPPER_DW_BF16 = Impl("wgmma + TMA dW (NHWC), bf16", conv2d_hopper_dw, op="conv2d_dw_bf16", applies=_takes("dw"),
-                      config=hopper_dw_config, any_layer=True, key="hopper_dw_bf16")
+                 config=hopper_dw_config, key="hopper_dw", dtypes=("fp16",), **_NHWC)
+HOPPER_DW_BF16 = Impl("wgmma + TMA dW (NHWC), bf16", conv2d_hopper_dw, op="conv2d_dw_fp16", applies=_takes("dw"),
+                      config=hopper_dw_config, key="hopper_dw_bf16", dtypes=("bf16",), **_NHWC)
 IMPLEMENTATIONS: tuple[Impl, ...] = (HOPPER, HOPPER_BF16, HOPPER_DX, HOPPER_DX_BF16, HOPPER_DW, HOPPER_DW_BF16)
