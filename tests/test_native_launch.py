@@ -93,9 +93,10 @@ class Driver:
             self.copies.append((dst, src, n, stream))
             return 0
 
-        def encode(out, dtype, rank, address, dims, strides, box, ones, interleave, swizzle, l2, fill):
+        def encode(out, dtype, rank, address, dims, strides, box, steps, interleave, swizzle, l2, fill):
             self.encodes.append((out % 64, dtype, rank, address, [dims[i] for i in range(rank)],
-                                 [strides[i] for i in range(rank - 1)], [box[i] for i in range(rank)], swizzle))
+                                 [strides[i] for i in range(rank - 1)], [box[i] for i in range(rank)],
+                                 [steps[i] for i in range(rank)], swizzle))
             ctypes.memset(out, 0xAB, 128)
             return 0
         self._keep = (LAUNCH(launch), COPY(copy), ENCODE(encode))
@@ -104,8 +105,8 @@ class Driver:
 
 def _route(driver, expires=None, checks=None):
     """A Route of one launch (args: x, w, None; a (2, 3) output allocated), the argument buffer: x's
-    address, w's plus 8 bytes, the output's, a scalar 77, a tensor map of w at 64; then a copy of x
-    into __constant__ memory at 0x1000."""
+    address, w's plus 8 bytes, the output's, a scalar 77, a tensor map of w at 64 (element strides
+    1 and 2: a strided layer's); then a copy of x into __constant__ memory at 0x1000."""
     import torch
 
     Route = native.route_type()
@@ -113,7 +114,7 @@ def _route(driver, expires=None, checks=None):
     buf[24:32] = (77).to_bytes(8, "little")
     offsets = (0, 8, 16, 24, 64)
     launch = (0, 0x5EED, (2, 1, 1, 128, 1, 1, 512), bytes(buf), offsets, ((0, 0, 0), (8, 1, 8), (16, 3, 0)),
-              ((64, 1, 0, 6, 3, (8, 4), (16,), (8, 2)),))
+              ((64, 1, 0, 6, 3, (8, 4), (16,), (8, 2), (1, 2)),))
     copy = (1, 0x1000, 64, 0, 0)
     checks = checks or ((0, (4, 1)), (0, (1,)), None)
     return Route(*driver.addresses, lambda: 42, lambda: True, checks, (lambda: torch.zeros(2, 3),), (launch, copy), 3,
@@ -144,7 +145,7 @@ def test_a_route_writes_the_calls_addresses_and_launches_in_one_call():
     assert (func, dims, stream) == (0x5EED, (2, 1, 1, 128, 1, 1, 512), 42)
     assert words[:4] == [x.data_ptr(), w.data_ptr() + 8, y.data_ptr(), 77]
     assert words[4] == int.from_bytes(b"\xab" * 8, "little"), "the map encoded into its slot"
-    assert d.encodes == [(0, 6, 2, w.data_ptr(), [8, 4], [16], [8, 2], 3)]
+    assert d.encodes == [(0, 6, 2, w.data_ptr(), [8, 4], [16], [8, 2], [1, 2], 3)], "encoded with its element strides"
     assert d.copies == [(0x1000, x.data_ptr(), 64, 42)]
     x2, w2 = _aligned((3, 4), (8,))
     r(x2, w2, None)
@@ -191,6 +192,14 @@ def test_a_route_refuses_a_malformed_recording():
               ((0, 1, (1,) * 7, bytes(8), (0,), ((0, 1, 0),), ()),), 2, 0)
     with pytest.raises(ValueError):      # the result must be an allocation
         Route(*d.addresses, lambda: 0, lambda: True, ((0, (1,)),), (), (), 0, 0)
+
+    def with_steps(steps):
+        return Route(*d.addresses, lambda: 0, lambda: True, ((0, (1,)),), (lambda: None,),
+                     ((0, 1, (1,) * 7, bytes(192), (0,), (), ((64, 0, 0, 6, 3, (8, 4), (16,), (8, 2), steps),)),), 1, 0)
+    with_steps((1, 8))
+    for steps in ((1,), (1, 9), (0, 1)):    # a map's element strides: one per dimension, 1 to 8
+        with pytest.raises(ValueError):
+            with_steps(steps)
 
 
 def test_the_gpu_backend_records_a_calls_launches_as_the_driver_gets_them():

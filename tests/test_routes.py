@@ -331,6 +331,97 @@ def test_a_kept_route_replays_its_recorded_call_with_the_calls_tensors(monkeypat
     assert computing.run is computing.route
 
 
+class _StandInGpu:
+    """Real routes kept as convlab.native Routes on the CPU: the GPU backend as far as compiled() needs
+    it, each kernel call of the emulator's launchers recorded as the GPU backend records a launch
+    (pointers in 8-byte slots, tensor maps in 128-byte ones; nothing runs), and C stand-ins for the
+    driver's launch and encode that note what a Route hands them: the kernel each launch names
+    (`launched`) and the element strides each tensor map is encoded with (`encodes`)."""
+
+    def __init__(self, monkeypatch):
+        import ctypes
+
+        from convlab import backend_cuda, native, runtime
+        from convlab._tensor_map import TensorMap
+        from convlab.ops import _kernels
+
+        if native.route_type() is None:
+            pytest.skip(f"convlab.native cannot be built here: {native.why_not()}")
+        self.kernels, self.launched, self.encodes = [], [], []
+        launch = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, *[ctypes.c_uint] * 7, ctypes.c_void_p,
+                                  ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_void_p))(
+            lambda f, gx, gy, gz, bx, by, bz, sh, stream, params, extra: self.launched.append(self.kernels[f - 1]) or 0)
+        copy = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_ulonglong, ctypes.c_ulonglong, ctypes.c_size_t,
+                                ctypes.c_void_p)(lambda *a: 0)
+        encode = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_uint, ctypes.c_void_p,
+                                  *[ctypes.POINTER(ctypes.c_ulonglong)] * 2, *[ctypes.POINTER(ctypes.c_uint)] * 2,
+                                  *[ctypes.c_int] * 4)(
+            lambda out, dtype, rank, address, dims, strides, box, steps, *rest:
+            self.encodes.append(tuple(steps[i] for i in range(rank))) or 0)
+        self._keep = (launch, copy, encode)
+        addresses = tuple(ctypes.cast(f, ctypes.c_void_p).value for f in self._keep)
+
+        class Backend:
+            name = "cuda"
+            raw_stream, has_context = staticmethod(lambda: 0), staticmethod(lambda: True)
+
+            def record(self, fn):
+                rec = backend_cuda._recording = backend_cuda.Recording()
+                try:
+                    return fn(), rec
+                finally:
+                    backend_cuda._recording = None
+
+            def driver_functions(self):
+                return addresses
+
+        kernels = self.kernels
+
+        def kernel_call(kernel, *args, grid, block, shared=0, max_shared=None, **kw):
+            rec = backend_cuda._recording
+            if rec is None:
+                return
+            if kernel.name not in kernels:
+                kernels.append(kernel.name)
+            at = tuple(128 * (i + 1) if isinstance(a, TensorMap) else 8 * i for i, a in enumerate(args))
+            ptrs = [(8 * i, a) for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+            maps = [(128 * (i + 1), a) for i, a in enumerate(args) if isinstance(a, TensorMap)]
+            rec.steps.append(("launch", kernels.index(kernel.name) + 1, (*grid, *block, shared),
+                              bytes(128 * (len(args) + 2)), at, ptrs, maps))
+
+        monkeypatch.setattr(_kernels, "recording_backend", Backend)
+        monkeypatch.setattr(_kernels, "LOOK_EVERY_NS", 10**15)     # no Route expires inside a test
+        monkeypatch.setattr(runtime.Kernel, "__call__", kernel_call)
+        monkeypatch.setattr(runtime, "poisoning", lambda: False)
+        self.Route = native.route_type()
+
+    def replay(self, fn):
+        """The kernels fn()'s kept Route launches, and the element strides its maps are encoded with."""
+        self.launched.clear()
+        self.encodes.clear()
+        fn()
+        return list(self.launched), list(self.encodes)
+
+
+def test_a_kept_route_encodes_its_tensor_maps_with_their_element_strides(monkeypatch):
+    """A strided layer's Hopper kernel reads x through a tensor map that steps over the input (TMA
+    element strides): a kept Route encodes that map again for a new x with the same strides."""
+    from convlab.ops import _kernels, hopper
+
+    gpu = _StandInGpu(monkeypatch)
+    s = Workload("strided", B=2, C=16, M=16, H=9, W=11, K=3, stride=(2, 3), padding=1)
+    x, w, _, b = _tensors(s, "fp16", "channels_last")
+    kept = _kernels.Kept(dispatch.forward_runner(hopper.HOPPER, s, "channels_last", True))
+    for _ in range(2):
+        kept(x, w, None, b)
+    assert isinstance(kept.run, gpu.Route)
+    x = x.clone()
+    launched, encodes = gpu.replay(lambda: kept(x, w, None, b))
+    assert "conv2d_hopper" in launched
+    assert (1, 3, 2, 1) in encodes, f"x's map (C, W, H, B innermost first) steps 3 columns and 2 rows: {encodes}"
+    assert (1, 1, 1, 1) in encodes, "the mask's map steps by one"
+
+
 @pytest.mark.gpu_only
 @pytest.mark.skipif(not ON_HOPPER, reason="the rules give these layers their kernels on an H100/H200")
 @pytest.mark.parametrize("s, dtype, key, launches", CHANNELS_LAST_16BIT,

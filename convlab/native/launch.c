@@ -56,7 +56,7 @@ typedef struct {                  // a tensor map encoded into an argument buffe
     Py_ssize_t at, source;
     long long offset;
     int dtype, swizzle;
-    unsigned rank, box[MAX_RANK];
+    unsigned rank, box[MAX_RANK], steps[MAX_RANK];   // steps: the copy's element strides
     unsigned long long dims[MAX_RANK], strides[MAX_RANK];
     unsigned long long last;      // the address last encoded
 } MapSlot;
@@ -130,9 +130,11 @@ static int fill_u64s(PyObject* seq, unsigned long long* out, unsigned n) {
     return 0;
 }
 
-// Step tuples, as convlab.backend_cuda.Recording.route builds them:
+// Step tuples, as convlab.ops._kernels._route_of builds them from a Recording:
 //   (0, function, (gx, gy, gz, bx, by, bz, shared), buf bytes, offsets of each argument in buf,
-//    ((at, source, offset), ...), ((at, source, offset, dtype, swizzle, dims, strides, box), ...))
+//    ((at, source, offset), ...),
+//    ((at, source, offset, dtype, swizzle, dims, strides, box, element strides), ...): a tensor map's
+//    fields as cuTensorMapEncodeTiled takes them, innermost first)
 //   (1, dst, nbytes, source, offset)
 static int parse_step(PyObject* t, Step* s) {
     if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) < 1) goto bad;
@@ -187,7 +189,7 @@ static int parse_step(PyObject* t, Step* s) {
     }
     for (Py_ssize_t i = 0; i < s->nmap; i++) {
         PyObject* m = PyTuple_GET_ITEM(maps, i);
-        if (!PyTuple_Check(m) || PyTuple_GET_SIZE(m) != 8) goto bad;
+        if (!PyTuple_Check(m) || PyTuple_GET_SIZE(m) != 9) goto bad;
         MapSlot* ms = &s->maps[i];
         ms->at = PyLong_AsSsize_t(PyTuple_GET_ITEM(m, 0));
         ms->source = PyLong_AsSsize_t(PyTuple_GET_ITEM(m, 1));
@@ -195,14 +197,18 @@ static int parse_step(PyObject* t, Step* s) {
         ms->dtype = (int)PyLong_AsLong(PyTuple_GET_ITEM(m, 3));
         ms->swizzle = (int)PyLong_AsLong(PyTuple_GET_ITEM(m, 4));
         PyObject *d = PyTuple_GET_ITEM(m, 5), *st = PyTuple_GET_ITEM(m, 6), *bx = PyTuple_GET_ITEM(m, 7);
-        if (PyErr_Occurred() || !PyTuple_Check(d) || !PyTuple_Check(st) || !PyTuple_Check(bx)) goto bad;
+        PyObject* es = PyTuple_GET_ITEM(m, 8);
+        if (PyErr_Occurred() || !PyTuple_Check(d) || !PyTuple_Check(st) || !PyTuple_Check(bx) || !PyTuple_Check(es))
+            goto bad;
         ms->rank = (unsigned)PyTuple_GET_SIZE(d);
-        if (ms->rank < 1 || ms->rank > MAX_RANK || PyTuple_GET_SIZE(bx) != ms->rank
+        if (ms->rank < 1 || ms->rank > MAX_RANK || PyTuple_GET_SIZE(bx) != ms->rank || PyTuple_GET_SIZE(es) != ms->rank
             || PyTuple_GET_SIZE(st) != ms->rank - 1 || ms->at % 64 || ms->at + 128 > size) goto bad;
         if (fill_u64s(d, ms->dims, ms->rank) || fill_u64s(st, ms->strides, ms->rank - 1)) return -1;
         for (unsigned k = 0; k < ms->rank; k++) {
             ms->box[k] = (unsigned)PyLong_AsUnsignedLong(PyTuple_GET_ITEM(bx, k));
+            ms->steps[k] = (unsigned)PyLong_AsUnsignedLong(PyTuple_GET_ITEM(es, k));
             if (PyErr_Occurred()) return -1;
+            if (ms->steps[k] < 1 || ms->steps[k] > 8) goto bad;     // the copy engine steps 1 to 8 elements
         }
         ms->last = 0;
     }
@@ -362,9 +368,8 @@ static PyObject* route_call(Route* r, PyObject* args, PyObject* kw) {
             MapSlot* m = &s->maps[k];
             unsigned long long v = ptr[m->source] + (unsigned long long)m->offset;
             if (v != m->last) {
-                unsigned ones[MAX_RANK] = {1, 1, 1, 1, 1};
                 int err = r->encode(s->buf + m->at, m->dtype, m->rank, (void*)(uintptr_t)v, m->dims, m->strides,
-                                    m->box, ones, 0, m->swizzle, 3, 0);
+                                    m->box, m->steps, 0, m->swizzle, 3, 0);
                 if (err) {
                     PyErr_Format(PyExc_RuntimeError, "a kept route's tensor map did not encode: CUDA error %d", err);
                     goto fail;

@@ -282,7 +282,8 @@ def _route_of(Route, b, rec, made: list, args: tuple, out):
         _, func, dims, buf, offsets, pointers, maps = step
         steps.append((0, func, tuple(dims), buf, offsets, slots(pointers),
                       tuple((at, *where(m.tensor.data_ptr()), runtime.MAP_DTYPES[m.tensor.dtype],
-                             SWIZZLES.index(m.swizzle), tuple(m.dims), tuple(m.strides), tuple(m.box))
+                             SWIZZLES.index(m.swizzle), tuple(m.dims), tuple(m.strides), tuple(m.box),
+                             tuple(m.element_strides) or (1,) * len(m.dims))    # a strided layer's steps
                             for at, m in maps)))
     n = len(args)
     result = next((i for i in range(n, len(sources)) if sources[i] == (out.data_ptr(), _extent(out))), None)
