@@ -403,6 +403,34 @@ class _StandInGpu:
         return list(self.launched), list(self.encodes)
 
 
+def test_a_precision_switch_between_calls_changes_the_kept_routes_kernel(monkeypatch):
+    """The drop-in keeps a route per call signature and, from its third call, replays it in C; the
+    float32 precision is part of the signature: torch.set_float32_matmul_precision between calls
+    changes the kernel the replayed Route launches, and going back finds the first Route again."""
+    gpu = _StandInGpu(monkeypatch)
+    s = POOL[0]
+    x, w, _, b = _tensors(s, "fp32", "nchw")
+    kw = s.conv_kwargs()
+    before = torch.get_float32_matmul_precision()
+    dropin._routes.clear()
+    try:
+        launched = {}
+        for matmul in ("highest", "high", "highest"):
+            torch.set_float32_matmul_precision(matmul)
+            for _ in range(2):                           # a first call, then the recorded one
+                dropin.conv2d(x, w, b, **kw)
+            x, w, b = (t.clone() for t in (x, w, b))     # new addresses: written into the Route's buffers
+            launched.setdefault(matmul, []).append(gpu.replay(lambda: dropin.conv2d(x, w, b, **kw))[0])
+    finally:
+        torch.set_float32_matmul_precision(before)
+        routes = list(dropin._routes.values())
+        dropin._routes.clear()
+    assert len(routes) == 2 and all(isinstance(r[1].run, gpu.Route) for r in routes), "one Route per precision"
+    assert {r[1].impl.key for r in routes} == {dispatch.pick(s, "fp32").key, "tf32x3_wgmma"}
+    assert "conv2d_wgmma_tf32" in launched["high"][0] and "conv2d_wgmma_tf32" not in launched["highest"][0]
+    assert launched["highest"][0] == launched["highest"][1] and launched["highest"][0], launched
+
+
 def test_a_kept_route_encodes_its_tensor_maps_with_their_element_strides(monkeypatch):
     """A strided layer's Hopper kernel reads x through a tensor map that steps over the input (TMA
     element strides): a kept Route encodes that map again for a new x with the same strides."""

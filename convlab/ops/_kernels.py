@@ -175,7 +175,7 @@ def batch_chunks(B: int, limit: int = GRID_YZ_MAX):
 #: Python; benchmarks/launch_overhead.py compares the two)
 NATIVE = True
 #: aten ops that only allocate: in a recorded call, the outputs and workspaces a Route allocates again
-ALLOCATING = frozenset(("empty", "empty_strided", "new_empty", "new_empty_strided"))
+ALLOCATING = frozenset(("empty", "empty_strided", "new_empty", "new_empty_strided", "empty_like"))
 
 
 class _Made(TorchDispatchMode):
