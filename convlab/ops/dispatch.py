@@ -172,8 +172,7 @@ _HOPPER_BY_DESIGN = ("by design until a GPU run of benchmarks/hopper_layers.py a
                      "(H100/H200) measures it")
 _HOPPER_CLASS = ("on the class of layers where chapter 11's wgmma beat mma.sync (C and M multiples of 8, a reduction "
                  "of two 64-channel stages or more): " + _HOPPER_BY_DESIGN)
-_HOPPER_FP16 = ("wgmma fed by the copy engine (element strides for a strided layer, a GEMM over pixels for a 1x1), "
-                + _HOPPER_CLASS)
+_HOPPER_FP16 = "wgmma fed by the copy engine (its element strides step over a strided layer's input), " + _HOPPER_CLASS
 _HOPPER_BF16 = ("the only kernel whose record takes bf16 for this pass (a layer it does not take goes to torch): "
                 + _HOPPER_BY_DESIGN)
 #: The Hopper kernels' conditions as the table prints them (their records' applies say the rest)
@@ -218,13 +217,13 @@ RULES = {
              "an H100/H200", lambda s: _taps(s) >= 128, "wgmma",
              "Hopper's warpgroup MMA fed by the copy engine: faster than mma.sync on every such layer measured, "
              "0.80-1.01x torch best (benchmarks/hopper_layers.py, H100); a reduction of one 64-channel step "
-             "(a 1x1 layer from 64 channels) leaves its pipeline nothing to overlap, and mma.sync was faster. "
-             "A layer conv2d_hopper takes too stays here (chapter 11's measured kernel) until a GPU run times both",
+             "(a 1x1 layer from 64 channels) leaves its pipeline nothing to overlap, and mma.sync was faster",
              layouts=("channels_last",)),
         Rule(f"x channels_last, groups 1, C and M multiples of 8, C·Kh·Kw ≥ 128, {_ON_HOPPER}",
              lambda s: _hopper_class(s, _taps(s)), "hopper",
-             "the layers of that class chapter 11's wgmma does not take (strided, dilated, non-square): "
-             + _HOPPER_FP16, layouts=("channels_last",)),
+             "the layers of that class chapter 11's wgmma does not take (strided, dilated, non-square; a layer "
+             "both take stays on the row above, measured, until a GPU run times both): " + _HOPPER_FP16,
+             layouts=("channels_last",)),
         Rule(f"bf16, x channels_last, groups 1, {_ON_HOPPER}", lambda s: True, "hopper_bf16", _HOPPER_BF16,
              layouts=("channels_last",)),
         Rule("x channels_last, groups 1, C·Kh·Kw ≥ 64, C pads to 8 cheaply",
