@@ -39,13 +39,13 @@ CXXFLAGS = ["-std=c++17", "-O2", "-g1", "-gdwarf-4", "-fPIC", "-shared", "-fno-s
 # warp operations too (ldmatrix and mma exchange registers between lanes: tensor_core.cuh)
 _BARRIER_RE = re.compile(r"\b(__syncthreads\w*|__syncwarp|__shfl\w*|__ballot_sync|__any_sync|__all_sync|__match_\w+_sync|"
                          r"__reduce_\w+_sync|ldmatrix_\w+|"
-                         r"mma_16816\w*|wgmma_\w+|mbar_wait|setmaxnreg_\w+|named_barrier_sync)\b")
+                         r"mma_16816\w*|mma_1688_tf32|wgmma_\w+|mbar_wait|setmaxnreg_\w+|named_barrier_sync)\b")
 # Hopper's asynchronous path (clemu_hopper.h): the runtime then records ordinary shared-memory stores
 # too, for the checks against TMA copies and wgmma reads (fence_proxy_async)
-_ASYNC_RE = re.compile(r"\b(wgmma_\w+|tma_load_\w+|mbar_\w+|fence_proxy_async|smem_desc_128b)\s*[(<]")
+_ASYNC_RE = re.compile(r"\b(wgmma_\w+|tma_load_\w+|tma_store_\w+|bulk_\w+|mbar_\w+|fence_proxy_async|smem_desc_\w+)\s*[(<]")
 #: the emulator's CUtensorMap (clemu_abi.h's clemu_tensor_map): magic, dtype, rank, swizzle, address,
-#: dims[5], strides[4], box[5], element bytes, 8 bytes reserved
-_TMAP = struct.Struct("<IiiiQ5q4q5II8x")
+#: dims[5], strides[4], box[5], element bytes, element strides[5], 3 bytes reserved
+_TMAP = struct.Struct("<IiiiQ5q4q5II5B3x")
 _TMAP_MAGIC = 0x4D544C43
 _MAP_ELEM_BYTES = {0: 1, 6: 2, 7: 4, 9: 2}
 _STATUS = {1: KernelFault, 2: BarrierError, 3: OutOfBoundsError, 4: KernelTimeout, 5: OutOfBoundsError,
@@ -304,14 +304,16 @@ class EmuBackend:
     def __init__(self):
         self.threads = int(os.environ.get("CONVLAB_EMU_THREADS") or os.cpu_count() or 1)
 
-    def encode_tensor_map(self, dtype: int, address: int, dims, strides, box, swizzle: int) -> bytes:
+    def encode_tensor_map(self, dtype: int, address: int, dims, strides, box, swizzle: int,
+                          element_strides=None) -> bytes:
         """The 128 bytes a kernel's CUtensorMap parameter receives on the emulator: the same fields
-        as the driver's cuTensorMapEncodeTiled (dims and box innermost first, in elements; strides in
-        bytes for dims[1:]; swizzle 0 none, 1 32B, 2 64B, 3 128B), read by clemu_hopper.h's TMA loads."""
+        as the driver's cuTensorMapEncodeTiled (dims, box and element strides innermost first, in
+        elements; strides in bytes for dims[1:]; swizzle 0 none, 1 32B, 2 64B, 3 128B), read by
+        clemu_hopper.h's TMA loads."""
         def pad(v, n):
             return list(v) + [0] * (n - len(v))
         return _TMAP.pack(_TMAP_MAGIC, dtype, len(dims), swizzle, address, *pad(dims, 5), *pad(strides, 4),
-                          *pad(box, 5), _MAP_ELEM_BYTES[dtype])
+                          *pad(box, 5), _MAP_ELEM_BYTES[dtype], *pad(element_strides or [1] * len(dims), 5))
 
     def set_heap_size(self, nbytes: int):
         """The device heap of malloc and new in device code (a GPU's cudaLimitMallocHeapSize)."""

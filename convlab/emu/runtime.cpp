@@ -176,10 +176,11 @@ struct fiber_thread {
     // Hopper (clemu_hopper.h)
     void* mbar;            // T_MBAR: the mbarrier it waits on, for the phase of this parity
     unsigned mbar_parity;
-    int wg_op, wg_n, wg_acc_flag;              // T_WG: the warpgroup instruction and its operands
+    int wg_op, wg_n, wg_acc_flag, wg_kind;     // T_WG: the warpgroup instruction and its operands
     float* wg_d;
     unsigned long long wg_da, wg_db;
     unsigned long long fences, fences_at_bar;  // fence_proxy_async calls so far, and as of the last __syncthreads()
+    unsigned long long bulk_groups, bulk_read;  // TMA stores: bulk groups committed; those below bulk_read read
     std::vector<mbar_seen> seen;
     std::vector<wg_acc> inflight;
     int nbar_id, nbar_threads;             // T_NBAR: named_barrier_sync(id, threads)
@@ -220,6 +221,8 @@ struct async_chunk {
     unsigned rd_mask = 0;
     unsigned long long rd_group[MAX_WARPGROUPS];
     const char* rd_file[MAX_WARPGROUPS]; int rd_line[MAX_WARPGROUPS];
+    int st_thread = -1; unsigned long long st_group = 0;    // a TMA store reading it: its thread and bulk group
+    const char* st_file = nullptr; int st_line = 0;
 };
 // A warpgroup's state: `gen` counts its instructions met, `done` the ones their first resumer has
 // carried out; commit groups committed, and the groups below `waited` are complete.
@@ -1421,16 +1424,17 @@ static std::string warps_str(unsigned bits, int first_warp) {
     return (__builtin_popcount(bits) > 1 ? "warps " : "warp ") + s;
 }
 
+enum { WG_MMA = 4, WG_MMA_TF32 = 5 };
 static const char* wg_name(int op, int n) {
     switch (op) {
         case CLEMU_WG_FENCE: return "wgmma_fence()";
         case CLEMU_WG_COMMIT: return "wgmma_commit()";
         case CLEMU_WG_WAIT: return "wgmma_wait<N>()";
         case CLEMU_WG_SETMAXNREG: return "setmaxnreg";
+        case WG_MMA_TF32: return n == 64 ? "wgmma_m64n64k8_tf32" : "wgmma_m64n128k8_tf32";
         default: return n == 64 ? "wgmma_m64n64k16" : n == 128 ? "wgmma_m64n128k16" : "wgmma_m64n256k16";
     }
 }
-enum { WG_MMA = 4 };
 
 // What a thread has seen of an mbarrier's phases.
 static mbar_seen* seen_of(fiber_thread* t, uintptr_t bar) {
@@ -1617,6 +1621,15 @@ static void async_access(unsigned op, const void* addr, unsigned bytes, const vo
                     m.phase > k.tma_phase ? "" : " (that phase has not even completed yet)");
                 throw clemu_fault_exc();
             }
+            if (wr && k.st_thread >= 0 && k.st_group >= W->threads[k.st_thread].bulk_read) {
+                set_failure(CLEMU_RACE, "write to %s at %s by %s, while the tma_store at %s (thread %s) may still read "
+                    "it: a TMA store reads shared memory after it is issued, until the bulk_wait_read<N>() of its "
+                    "thread that covers its bulk group. Have that thread call bulk_wait_read<0>() (after "
+                    "bulk_commit()), then a barrier, before anyone overwrites the staged tile.",
+                    shared_name(addr).c_str(), site(pc).c_str(), where(clemu_cur).c_str(),
+                    file_line(k.st_file, k.st_line).c_str(), thread_in_block(k.st_thread, W->blk.dim).c_str());
+                throw clemu_fault_exc();
+            }
             for (int g = 0; wr && g < MAX_WARPGROUPS; g++)
                 if (((k.rd_mask >> g) & 1u) && k.rd_group[g] >= W->wgs[g].waited) {
                     set_failure(CLEMU_RACE, "write to %s at %s by %s, while the wgmma at %s of warpgroup %d still reads "
@@ -1660,8 +1673,16 @@ extern "C" __attribute__((visibility("default"))) void clemu_tma_load(void* dst,
                  "multiple of 16: a GPU stops the kernel there (an illegal instruction). Start boxes at multiples of "
                  "%d elements along the innermost dimension", what, file, line, c[0],
                  (long long)c[0] * map->elem_bytes, (int)(16 / map->elem_bytes));
+    // with element strides, a copy traverses box[d] elements of dimension d (d >= 1) from c[d] in steps
+    // of the stride, and loads ceil(box[d] / stride) of them (the innermost stride is ignored, as the
+    // driver does without interleave)
+    long long step[5] = {1, 1, 1, 1, 1}, count[5] = {map->box[0], 1, 1, 1, 1};
+    for (int d = 1; d < rank; d++) {
+        step[d] = map->elem_strides[d] ? map->elem_strides[d] : 1;
+        count[d] = (map->box[d] + step[d] - 1) / step[d];
+    }
     long long row = (long long)map->box[0] * map->elem_bytes, rows = 1;
-    for (int d = 1; d < rank; d++) rows *= map->box[d];
+    for (int d = 1; d < rank; d++) rows *= count[d];
     long long bytes = row * rows;
     static const int align[4] = {128, 256, 512, 1024};
     int need = align[map->swizzle & 3];
@@ -1695,9 +1716,9 @@ extern "C" __attribute__((visibility("default"))) void clemu_tma_load(void* dst,
         long long rem = r, off = 0;
         bool inside = true;
         for (int d = 1; d < rank; d++) {
-            idx[d] = rem % map->box[d];
-            rem /= map->box[d];
-            long long g = (long long)c[d] + idx[d];
+            idx[d] = rem % count[d];
+            rem /= count[d];
+            long long g = (long long)c[d] + idx[d] * step[d];
             if (g < 0 || g >= map->dims[d]) inside = false;
             off += g * map->strides[d - 1];
         }
@@ -1737,37 +1758,167 @@ extern "C" __attribute__((visibility("default"))) void clemu_tma_load(void* dst,
     _mm_setcsr(csr);
 }
 
+// A TMA store (cp.async.bulk.tensor ... global.shared::cta.bulk_group): the box is read from shared
+// memory when issued and written to the tensor at once, only its elements inside the tensor. Each
+// chunk it reads is checked: a TMA copy into it this thread has not waited for, an ordinary store
+// into it that no fence_proxy_async (then a barrier) orders for the async proxy. The chunks stay
+// read by the thread's open bulk group until a bulk_wait_read covers it (async_access).
+extern "C" __attribute__((visibility("default"))) void clemu_tma_store(const void* src, const clemu_tensor_map* map,
+                                                                       const int* c, int rank, const char* file,
+                                                                       int line) {
+    unsigned csr = csr_quiet();
+    fiber_thread* t = me();
+    char what[32];
+    snprintf(what, sizeof what, "tma_store_%dd", rank);
+    if (!t || !W) clemu_fault(CLEMU_FAULT, "%s outside a kernel", what);
+    if (!map || map->magic != CLEMU_TMAP_MAGIC)
+        tc_fault(CLEMU_FAULT, "%s at %s:%d: the map is not a tensor map: pass the address of the kernel's `const "
+                 "__grid_constant__ CUtensorMap` parameter, made by cl.tensor_map(t, box)", what, file, line);
+    if (map->rank != rank)
+        tc_fault(CLEMU_FAULT, "%s at %s:%d: the tensor map has %d dimensions, but %d coordinates were given: call "
+                 "tma_store_%dd", what, file, line, map->rank, rank, map->rank);
+    if (((long long)c[0] * map->elem_bytes) % 16)
+        tc_fault(CLEMU_FAULT, "%s at %s:%d: the box's innermost coordinate %d is %lld bytes into a row, not a "
+                 "multiple of 16: start boxes at multiples of %d elements along the innermost dimension", what, file,
+                 line, c[0], (long long)c[0] * map->elem_bytes, (int)(16 / map->elem_bytes));
+    for (int d = 1; d < rank; d++)
+        if (map->elem_strides[d] > 1)
+            tc_fault(CLEMU_FAULT, "%s at %s:%d: the map has element strides: the emulator models TMA stores of "
+                     "dense boxes only", what, file, line);
+    long long row = (long long)map->box[0] * map->elem_bytes, rows = 1;
+    for (int d = 1; d < rank; d++) rows *= map->box[d];
+    long long bytes = row * rows;
+    static const int align[4] = {128, 256, 512, 1024};
+    int need = align[map->swizzle & 3];
+    if ((uintptr_t)src % need)
+        tc_fault(CLEMU_FAULT, "%s at %s:%d: the source %s is %d bytes past a %d-byte boundary: a box in the %s "
+                 "starts at a multiple of %d bytes", what, file, line, shared_name(src).c_str(),
+                 (int)((uintptr_t)src % need), need, map->swizzle ? "swizzled layout" : "shared memory", need);
+    check_shared(src, (int)bytes, what, "the source", __builtin_return_address(0));
+    const unsigned char* base = (const unsigned char*)src;
+    for (long long o = 0; o < bytes; o += 16) {
+        uintptr_t a = (uintptr_t)base + o;
+        auto it = W->chunks.find(a);
+        if (it != W->chunks.end()) {
+            async_chunk& k = it->second;
+            if (k.tma && !has_seen(t, k.tma_bar, k.tma_phase))
+                tc_fault(CLEMU_RACE, "%s at %s:%d reads %s before this thread has waited for the tma_load at %s that "
+                         "writes it: call mbar_wait on its mbarrier first", what, file, line, shared_name((void*)a).c_str(),
+                         file_line(k.tma_file, k.tma_line).c_str());
+            if (k.written) {
+                fiber_thread& wt = W->threads[k.w_thread];
+                if (!(wt.fences_at_bar > k.w_fences || (k.w_thread == t->pub.linear && wt.fences > k.w_fences)))
+                    tc_fault(CLEMU_RACE, "%s at %s:%d reads %s, which thread %s wrote with an ordinary store at %s, but "
+                             "no fence_proxy_async() makes that store visible to the copy engine (the async proxy): "
+                             "add fence_proxy_async() after the stores at %s, before the barrier that orders them "
+                             "before the store", what, file, line, shared_name((void*)a).c_str(),
+                             thread_in_block(k.w_thread, W->blk.dim).c_str(), site(k.w_site).c_str(),
+                             site(k.w_site).c_str());
+            }
+        }
+        async_chunk& k = W->chunks[a];
+        k.st_thread = t->pub.linear;
+        k.st_group = t->bulk_groups;
+        k.st_file = file;
+        k.st_line = line;
+    }
+    // the tensor's staged copy for the launch (guard.cpp), as tma_load reads it: the original is
+    // overwritten by that copy when the launch ends
+    unsigned char* dst = (unsigned char*)(uintptr_t)guard_staged((const void*)(uintptr_t)map->addr);
+    int eb = (int)map->elem_bytes;
+    for (long long r = 0; r < rows; r++) {
+        long long rem = r, off = 0;
+        bool inside = true;
+        for (int d = 1; d < rank; d++) {
+            long long i = rem % map->box[d], g = (long long)c[d] + i;
+            rem /= map->box[d];
+            if (g < 0 || g >= map->dims[d]) inside = false;
+            off += g * map->strides[d - 1];
+        }
+        if (!inside) continue;
+        for (long long i = 0; i < map->box[0]; i++) {
+            long long g = (long long)c[0] + i;
+            if (g < 0 || g >= map->dims[0]) continue;
+            memcpy(dst + off + g * eb, (const void*)swizzle((uintptr_t)(base + r * row + i * eb), map->swizzle),
+                   (size_t)eb);
+        }
+    }
+    _mm_setcsr(csr);
+}
+
+// cp.async.bulk.commit_group (op 0) and cp.async.bulk.wait_group.read n (op 1), per thread: a wait
+// leaves at most n of its committed groups still reading their sources.
+extern "C" __attribute__((visibility("default"))) void clemu_bulk_op(int op, int n, const char* file, int line) {
+    fiber_thread* t = me();
+    if (!t || !W) clemu_fault(CLEMU_FAULT, "%s outside a kernel", op ? "bulk_wait_read" : "bulk_commit");
+    (void)file, (void)line;
+    if (op == 0) t->bulk_groups++;
+    else if (t->bulk_groups >= (unsigned long long)n && t->bulk_groups - n > t->bulk_read) t->bulk_read = t->bulk_groups - n;
+}
+
 // The tile a descriptor points at: its shared array (0 the dynamic buffer, k the k-th static
-// array the block opened) and the start's offset in it.
-extern "C" __attribute__((visibility("default"))) unsigned long long clemu_smem_desc(const void* tile, const char* file,
-                                                                                     int line) {
-    if (!W || !me()) clemu_fault(CLEMU_FAULT, "smem_desc_128b outside a kernel");
+// array the block opened) and the start's offset in it; the layout (1: the 128-byte swizzle, the
+// tile 1024-byte aligned; 0: none, 16-byte aligned) and its leading and stride byte offsets.
+extern "C" __attribute__((visibility("default"))) unsigned long long clemu_smem_desc_any(const void* tile, int layout,
+                                                                                         unsigned lbo, unsigned sbo,
+                                                                                         const char* file, int line) {
+    const char* name = layout == 0 ? "smem_desc_plain" : lbo == 16 ? "smem_desc_128b" : "smem_desc_128b_mn";
+    if (!W || !me()) clemu_fault(CLEMU_FAULT, "%s outside a kernel", name);
     mem_place m = place_of(tile);
     const char* p = (const char*)tile;
     if (m.space != SP_SHARED || p < m.lo || p >= m.lo + (m.name ? m.bytes : MAX_DYN_SHARED))
-        tc_fault(CLEMU_FAULT, "smem_desc_128b at %s:%d: the tile is not in shared memory (%s): wgmma reads its "
-                 "operands from a __shared__ array", file, line, not_shared(tile).c_str());
-    if ((uintptr_t)tile % 1024)
-        tc_fault(CLEMU_FAULT, "smem_desc_128b at %s:%d: the tile %s is %d bytes past a 1024-byte boundary: a tile in "
-                 "the 128-byte swizzle starts at a multiple of 1024 bytes (round the shared buffer's start up, and "
-                 "make each tile's size a multiple of 1024 bytes)", file, line, shared_name(tile).c_str(),
-                 (int)((uintptr_t)tile % 1024));
+        tc_fault(CLEMU_FAULT, "%s at %s:%d: the tile is not in shared memory (%s): wgmma reads its "
+                 "operands from a __shared__ array", name, file, line, not_shared(tile).c_str());
+    int align = layout == 1 ? 1024 : 16;
+    if ((uintptr_t)tile % align)
+        tc_fault(CLEMU_FAULT, "%s at %s:%d: the tile %s is %d bytes past a %d-byte boundary: %s", name, file, line,
+                 shared_name(tile).c_str(), (int)((uintptr_t)tile % align), align,
+                 layout == 1 ? "a tile in the 128-byte swizzle starts at a multiple of 1024 bytes (round the shared "
+                               "buffer's start up, and make each tile's size a multiple of 1024 bytes)"
+                             : "a tile's rows of 16 bytes start at a multiple of 16 bytes");
+    if (lbo % 16 || sbo % 16 || !lbo || !sbo || (lbo >> 18) || (sbo >> 18))
+        tc_fault(CLEMU_FAULT, "%s at %s:%d: leading byte offset %u and stride byte offset %u: each a nonzero multiple "
+                 "of 16 below 256 KB (the descriptor keeps them >> 4 in 14 bits)", name, file, line, lbo, sbo);
     unsigned long long region = 0;
     if (m.name)
         for (size_t i = 0; i < W->regions.size(); i++)
             if (W->regions[i].lo == m.lo) region = i + 1;
     unsigned long long off = (unsigned long long)(p - m.lo);
     if (off >> 18)
-        tc_fault(CLEMU_FAULT, "smem_desc_128b at %s:%d: the tile lies %llu bytes into its shared array, past the "
-                 "descriptor's 256 KB", file, line, off);
-    return (off >> 4) | (1ull << 16) | (64ull << 32) | (region << 52) | (1ull << 62);
+        tc_fault(CLEMU_FAULT, "%s at %s:%d: the tile lies %llu bytes into its shared array, past the "
+                 "descriptor's 256 KB", name, file, line, off);
+    return (off >> 4) | ((unsigned long long)(lbo >> 4) << 16) | ((unsigned long long)(sbo >> 4) << 32) |
+           (region << 52) | ((unsigned long long)layout << 62);
 }
 
-// A descriptor's start address, checked: shared, in the 128-byte swizzle, `rows` rows inside the array.
-static const unsigned char* desc_tile(unsigned long long desc, int rows, const char* operand, const char* what,
-                                      const char* file, int line) {
+extern "C" __attribute__((visibility("default"))) unsigned long long clemu_smem_desc(const void* tile, const char* file,
+                                                                                     int line) {
+    return clemu_smem_desc_any(tile, 1, 16, 1024, file, line);
+}
+
+// An operand tile as a wgmma reads it (clemu_hopper.h): where it starts, its layout (1: the
+// 128-byte swizzle, 0: none), its byte offsets, and whether it is M/N-major (a transposed operand).
+struct operand_tile { const unsigned char* start; int layout; unsigned long long lbo, sbo; bool mn; };
+
+// The 16-byte chunk of shared memory that holds 8 consecutive values of an operand tile: K-major,
+// values k..k+7 (k = 0 or 8) of row mn; M/N-major, values mn..mn+7 (mn a multiple of 8) of K row k.
+//   K-major, 128-byte swizzle: row mn at (mn / 8) * SBO + (mn % 8) * 128, its 16 values consecutive
+//   K-major, no swizzle: core matrices of 8 rows x 16 bytes; rows 8.. SBO on, values 8..15 LBO on
+//   M/N-major, 128-byte swizzle: K row k at (k / 8) * SBO + (k % 8) * 128, 64 M/N values a row,
+//   the next 64 LBO on
+static uintptr_t operand_chunk(const operand_tile& o, int mn, int k) {
+    uintptr_t s = (uintptr_t)o.start;
+    if (o.mn) return swizzle(s + (mn / 64) * o.lbo + (k / 8) * o.sbo + (k % 8) * 128 + (mn % 64) / 8 * 16, 3);
+    if (o.layout == 1) return swizzle(s + (mn / 8) * o.sbo + (mn % 8) * 128 + (k / 8) * 16, 3);
+    return s + (mn / 8) * o.sbo + (mn % 8) * 16 + (k / 8) * o.lbo;
+}
+
+// A descriptor's tile, checked: shared, a layout the emulator models for that major-ness, `rows`
+// rows (M or N values) inside the array.
+static operand_tile desc_tile(unsigned long long desc, int rows, bool mn, const char* operand, const char* what,
+                              const char* file, int line) {
     unsigned long long region = (desc >> 52) & 0x3FF, off = (desc & 0x3FFF) << 4;
-    unsigned long long sbo = ((desc >> 32) & 0x3FFF) << 4;
+    unsigned long long lbo = ((desc >> 16) & 0x3FFF) << 4, sbo = ((desc >> 32) & 0x3FFF) << 4;
     int layout = (int)(desc >> 62);
     const char* lo;
     long long size;
@@ -1775,34 +1926,61 @@ static const unsigned char* desc_tile(unsigned long long desc, int rows, const c
     else if (region <= W->regions.size()) { lo = W->regions[region - 1].lo; size = W->regions[region - 1].bytes; }
     else tc_fault(CLEMU_FAULT, "%s at %s:%d: %s's descriptor %#llx names no shared array of this block: make it with "
                   "smem_desc_128b(tile) (plus 2 per 16 columns)", what, file, line, operand, desc);
-    if (layout != 1 || sbo != 1024)
-        tc_fault(CLEMU_FAULT, "%s at %s:%d: %s's descriptor %#llx is not smem_desc_128b's (layout %d, stride byte "
-                 "offset %llu): the emulator models K-major tiles in the 128-byte swizzle, 8-row groups 1024 bytes "
-                 "apart", what, file, line, operand, desc, layout, sbo);
-    const unsigned char* start = (const unsigned char*)lo + off;
-    if ((uintptr_t)start % 32 || (uintptr_t)start % 1024 >= 128)
-        tc_fault(CLEMU_FAULT, "%s at %s:%d: %s's descriptor starts %d bytes past a 1024-byte boundary: a tile in the "
-                 "128-byte swizzle starts 1024-aligned, and desc + 2k (k = 0..3) starts at its columns 16k..16k+15",
-                 what, file, line, operand, (int)((uintptr_t)start % 1024));
-    long long end = (long long)(start - (const unsigned char*)lo) - (long long)((uintptr_t)start % 1024) +
-                    (long long)(rows / 8) * 1024;
+    operand_tile o{(const unsigned char*)lo + off, layout, lbo, sbo, mn};
+    uintptr_t at = (uintptr_t)o.start;
+    if (mn) {
+        if (layout != 1 || sbo != 1024 || (rows > 64 && lbo % 1024))
+            tc_fault(CLEMU_FAULT, "%s at %s:%d: %s is transposed (M/N-major), but its descriptor %#llx is not "
+                     "smem_desc_128b_mn's (layout %d, stride byte offset %llu, leading byte offset %llu): the emulator "
+                     "models M/N-major tiles in the 128-byte swizzle, 8-row groups of K 1024 bytes apart, each 64 M/N "
+                     "values a multiple of 1024 bytes further", what, file, line, operand, desc, layout, sbo, lbo);
+        if (at % 1024)
+            tc_fault(CLEMU_FAULT, "%s at %s:%d: %s's descriptor starts %d bytes past a 1024-byte boundary: an M/N-major "
+                     "tile in the 128-byte swizzle starts 1024-aligned, and desc + 128 (2048 bytes on) starts at its "
+                     "K row 16", what, file, line, operand, (int)(at % 1024));
+    } else if (layout == 1) {
+        if (sbo != 1024)
+            tc_fault(CLEMU_FAULT, "%s at %s:%d: %s's descriptor %#llx is not smem_desc_128b's (layout %d, stride byte "
+                     "offset %llu): the emulator models K-major tiles in the 128-byte swizzle, 8-row groups 1024 bytes "
+                     "apart", what, file, line, operand, desc, layout, sbo);
+        if (at % 32 || at % 1024 >= 128)
+            tc_fault(CLEMU_FAULT, "%s at %s:%d: %s's descriptor starts %d bytes past a 1024-byte boundary: a tile in "
+                     "the 128-byte swizzle starts 1024-aligned, and desc + 2k (k = 0..3) starts at its columns "
+                     "16k..16k+15", what, file, line, operand, (int)(at % 1024));
+    } else if (layout != 0 || at % 16) {
+        tc_fault(CLEMU_FAULT, "%s at %s:%d: %s's descriptor %#llx (layout %d, %d bytes past a 16-byte boundary) is "
+                 "neither smem_desc_128b's nor smem_desc_plain's: the emulator models K-major tiles in the 128-byte "
+                 "swizzle or without swizzle (16-byte aligned)", what, file, line, operand, desc, layout,
+                 (int)(at % 16));
+    }
+    // the farthest chunk it reads, from the first byte of the array
+    long long end = 0;
+    for (int r = 0; r < rows; r += rows - 1 > 0 ? rows - 1 : 1)
+        for (int k = 0; k < 16; k += mn ? 1 : 8) {
+            uintptr_t c = operand_chunk(o, mn ? r / 8 * 8 : r, k) & ~(uintptr_t)(layout == 1 ? 1023 : 15);
+            long long e = (long long)(c - (uintptr_t)lo) + (layout == 1 ? 1024 : 16);
+            if (e > end) end = e;
+        }
     if (end > size)
-        tc_fault(CLEMU_OOB, "%s at %s:%d: %s's %d rows (%d bytes from the tile's start) run past the end of %s (%lld "
-                 "bytes)", what, file, line, operand, rows, rows * 128, region ? W->regions[region - 1].name :
+        tc_fault(CLEMU_OOB, "%s at %s:%d: %s's %d rows (to %lld bytes from the array's start) run past the end of %s "
+                 "(%lld bytes)", what, file, line, operand, rows, end, region ? W->regions[region - 1].name :
                  "the launch's extern __shared__ memory", size);
-    return start;
+    return o;
 }
 
-// Read `rows` rows of 16 halves of a K-major 128B-swizzled tile into out[rows][16], checking each
-// chunk for warpgroup g: a TMA copy into it that some thread of the warpgroup has not waited for,
-// an ordinary store into it that no fence_proxy_async orders for the tensor cores. The wgmma's
-// read is recorded on the chunk until the wait that covers `group`.
-static void read_tile(const unsigned char* start, int rows, float (*out)[16], int g, unsigned long long group,
-                      const char* operand, const char* what, const char* file, int line) {
+// Read an operand tile of `rows` M (or N) values x 16 K values into out[rows][16] (tf32: 8 K values
+// a row, each float read as a tf32 operand, its top 19 bits: out[r][0..7]), checking each chunk for
+// warpgroup g: a TMA copy into it that some thread of the warpgroup has not waited for, an ordinary
+// store into it that no fence_proxy_async orders for the tensor cores. The wgmma's read is recorded
+// on the chunk until the wait that covers `group`. bf16: the values are bf16.
+static void read_tile(const operand_tile& o, int rows, float (*out)[16], bool bf16, bool tf32, int g,
+                      unsigned long long group, const char* operand, const char* what, const char* file, int line) {
     fiber_thread* th = &W->threads[128 * g];
-    for (int r = 0; r < rows; r++)
-        for (int h = 0; h < 2; h++) {
-            uintptr_t a = swizzle((uintptr_t)start + (r / 8) * 1024 + (r % 8) * 128 + 16 * h, 3);
+    int outer = o.mn ? 16 : rows, inner = o.mn ? rows / 8 : 2;
+    for (int r = 0; r < outer; r++)
+        for (int h = 0; h < inner; h++) {
+            // K-major: row r, values 8h..8h+7; M/N-major: K row r, M/N values 8h..8h+7
+            uintptr_t a = o.mn ? operand_chunk(o, 8 * h, r) : operand_chunk(o, r, 8 * h);
             auto it = W->chunks.find(a);
             if (it != W->chunks.end()) {
                 async_chunk& k = it->second;
@@ -1838,9 +2016,19 @@ static void read_tile(const unsigned char* start, int rows, float (*out)[16], in
             k.rd_group[g] = group;
             k.rd_file[g] = file;
             k.rd_line[g] = line;
+            if (tf32) {   // K-major only (wgmma's tf32 operands have no transposed form)
+                uint32_t v[4];
+                memcpy(v, (const void*)a, 16);
+                for (int e = 0; e < 4; e++) out[r][4 * h + e] = clemu::tf32_operand(v[e]);
+                continue;
+            }
             uint16_t v[8];
             memcpy(v, (const void*)a, 16);
-            for (int e = 0; e < 8; e++) out[r][8 * h + e] = hp_h2f(v[e]);
+            for (int e = 0; e < 8; e++) {
+                float f = bf16 ? clemu::bf16_value(v[e]) : hp_h2f(v[e]);
+                if (o.mn) out[8 * h + e][r] = f;
+                else out[r][8 * h + e] = f;
+            }
         }
 }
 
@@ -1868,26 +2056,31 @@ static void poison(float* d, int n) {
              file_line(e.file, e.line).c_str(), now, file, line);
 }
 
-// All 128 threads of warpgroup g have met at a wgmma: compute it for each of them.
-static void wgmma_issue(int g, const char* file, int line) {
+// All 128 threads of warpgroup g have met at a wgmma (op WG_MMA: k16 of fp16, WG_MMA_TF32: k8 of
+// tf32): compute it for each of them.
+static void wgmma_issue(int g, int op, const char* file, int line) {
     fiber_thread* th = &W->threads[128 * g];
     fiber_thread& a = th[0];
     int n = a.wg_n;
-    const char* what = wg_name(WG_MMA, n);
+    bool tf32 = op == WG_MMA_TF32;
+    const char* what = wg_name(op, n);
     for (int i = 1; i < 128; i++)
-        if (th[i].wg_da != a.wg_da || th[i].wg_db != a.wg_db || th[i].wg_acc_flag != a.wg_acc_flag)
+        if (th[i].wg_da != a.wg_da || th[i].wg_db != a.wg_db || th[i].wg_acc_flag != a.wg_acc_flag ||
+            th[i].wg_kind != a.wg_kind)
             tc_fault(CLEMU_FAULT, "%s at %s:%d: threads %s and %s of warpgroup %d pass different %s: the "
-                     "descriptors and the accumulate flag of a wgmma are the warpgroup's, the same in all 128 threads",
-                     what, file, line, thread_in_block(a.pub.linear, W->blk.dim).c_str(),
+                     "descriptors, the accumulate flag and the operands' kind of a wgmma are the warpgroup's, the same "
+                     "in all 128 threads", what, file, line, thread_in_block(a.pub.linear, W->blk.dim).c_str(),
                      thread_in_block(th[i].pub.linear, W->blk.dim).c_str(), g,
                      th[i].wg_da != a.wg_da ? "A descriptors" : th[i].wg_db != a.wg_db ? "B descriptors" :
-                     "accumulate flags");
+                     th[i].wg_kind != a.wg_kind ? "operand kinds" : "accumulate flags");
     wg_state& s = W->wgs[g];
     static thread_local float A[64][16], B[256][16];
-    const unsigned char* ta = desc_tile(a.wg_da, 64, "A", what, file, line);
-    const unsigned char* tb = desc_tile(a.wg_db, n, "B", what, file, line);
-    read_tile(ta, 64, A, g, s.committed, "A", what, file, line);
-    read_tile(tb, n, B, g, s.committed, "B", what, file, line);
+    int kind = a.wg_kind;
+    bool bf16 = (kind & 3) == CLEMU_WG_BF16;
+    operand_tile ta = desc_tile(a.wg_da, 64, (kind & CLEMU_WG_TRANS_A) != 0, "A", what, file, line);
+    operand_tile tb = desc_tile(a.wg_db, n, (kind & CLEMU_WG_TRANS_B) != 0, "B", what, file, line);
+    read_tile(ta, 64, A, bf16, tf32, g, s.committed, "A", what, file, line);
+    read_tile(tb, n, B, bf16, tf32, g, s.committed, "B", what, file, line);
     for (int i = 0; i < 128; i++) {
         fiber_thread& t = th[i];
         wg_acc* e = nullptr;
@@ -1907,7 +2100,8 @@ static void wgmma_issue(int g, const char* file, int line) {
             for (int q = 0; q < 4; q++) {
                 int row = 16 * w + l / 4 + 8 * (q >> 1), col = 8 * j + 2 * (l % 4) + (q & 1);
                 float& v = e->val[4 * j + q];
-                v = wgmma_k16(t.wg_acc_flag ? v : 0.0f, A[row], B[col]);
+                float c = t.wg_acc_flag ? v : 0.0f;
+                v = tf32 ? clemu::mma_k8(c, A[row], B[col]) : wgmma_k16(c, A[row], B[col]);
             }
         e->group = s.committed;
         e->file = file;
@@ -1937,7 +2131,7 @@ static void wg_collective(int g, int op, int arg, const char* file, int line) {
             }
             fl.resize(keep);
         }
-    } else if (op == WG_MMA) wgmma_issue(g, file, line);
+    } else if (op == WG_MMA || op == WG_MMA_TF32) wgmma_issue(g, op, file, line);
 }
 
 // A warpgroup instruction: wait for the other 127 threads (release() checks who comes), then the
@@ -1962,11 +2156,26 @@ extern "C" __attribute__((visibility("default"))) void clemu_wg_op(int op, int a
 }
 
 extern "C" __attribute__((visibility("default"))) void clemu_wgmma(float* d, int n, unsigned long long da,
-                                                                   unsigned long long db, int accumulate,
+                                                                   unsigned long long db, int accumulate, int kind,
                                                                    const char* file, int line) {
     fiber_thread* t = me();
-    if (t) { t->wg_d = d; t->wg_n = n; t->wg_da = da; t->wg_db = db; t->wg_acc_flag = accumulate ? 1 : 0; }
+    if (t) {
+        t->wg_d = d; t->wg_n = n; t->wg_da = da; t->wg_db = db; t->wg_acc_flag = accumulate ? 1 : 0;
+        t->wg_kind = kind;
+    }
     wg_meet(WG_MMA, 0, file, line);
+}
+
+// wgmma m64nNk8 with .tf32 operands (clemu_hopper.h): the same tiles, descriptors and checks, 8 floats a row
+extern "C" __attribute__((visibility("default"))) void clemu_wgmma_tf32(float* d, int n, unsigned long long da,
+                                                                        unsigned long long db, int accumulate,
+                                                                        const char* file, int line) {
+    fiber_thread* t = me();
+    if (t) {
+        t->wg_d = d; t->wg_n = n; t->wg_da = da; t->wg_db = db; t->wg_acc_flag = accumulate ? 1 : 0;
+        t->wg_kind = CLEMU_WG_F16;   // K-major operands (read as tf32 by the op)
+    }
+    wg_meet(WG_MMA_TF32, 0, file, line);
 }
 
 // a float -> half conversion of a wgmma accumulator's poison (cuda_fp16.h's f2h)
@@ -2609,6 +2818,7 @@ static void run_block(worker* w, long long b) {
         th[i].warp_gen = 0;
         th[i].cp_groups = 0;
         th[i].fences = th[i].fences_at_bar = 0;
+        th[i].bulk_groups = th[i].bulk_read = 0;
         th[i].seen.clear();
         th[i].inflight.clear();
         th[i].nb_count = 0;
