@@ -92,9 +92,11 @@ NONE = -(10 ** 6)        # the exponent of a zero: below any term's
 
 
 def _ex(v: np.ndarray) -> np.ndarray:
-    """floor(log2 |v|) of nonzero values (fp32 subnormals too), NONE for zeros."""
+    """floor(log2 |v|) of nonzero values, NONE for zeros; fp32's subnormals count as -126, their
+    exponent field's (clemu_mma_numerics.h's mma_ex)."""
     _, e = np.frexp(v)
-    return np.where(v != 0, e.astype(np.int64) - 1, NONE)
+    e = np.maximum(e.astype(np.int64) - 1, -126)
+    return np.where(v != 0, e, NONE)
 
 
 def mma_k16(c: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -111,6 +113,7 @@ def mma_k16(c: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     away = np.abs(f.astype(np.float64)) > np.abs(s)
     f = np.where(away, np.nextafter(f, np.float32(0)), f)
     f = np.where(np.isinf(f), np.copysign(np.float32(np.finfo(np.float32).max), f), f)
+    f = np.where(f == 0, np.float32(0), f)                        # a zero result is +0
     return np.where(none, c + np.float32(0), f).astype(np.float32)
 
 

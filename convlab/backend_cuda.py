@@ -201,6 +201,8 @@ class CudaBackend:
         self._threads = threading.local()
 
     def encode_tensor_map(self, dtype, address, dims, strides, box, swizzle, element_strides=None) -> bytes:
+        # a driver call like a launch: autograd's backward thread may have no context current yet
+        self.has_context()
         return self.cu.encode_tensor_map(dtype, address, dims, strides, box, swizzle, element_strides)
 
     def set_heap_size(self, nbytes: int):

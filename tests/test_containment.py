@@ -533,3 +533,12 @@ __global__ void k(const float* x, float* y) {
     ok = cl.load_source(text.replace("&s[1]", "&s[4]"), name="aligned")
     with cl.detect_races(True):
         ok.kernel("k")(cl.randn(8), cl.empty(8), grid=1, block=8)
+
+
+def test_a_missing_compiler_is_one_line_that_says_what_to_install(monkeypatch):
+    from convlab import emu
+    monkeypatch.setattr(emu, "CXX", "g++-that-is-not-installed")
+    with pytest.raises(cl.CompileError) as e:
+        cl.load_source(f"__global__ void k(float* y) {{ y[0] = {time.time_ns()}; }}\n", name="no_compiler")
+    msg = str(e.value)
+    assert "`g++-that-is-not-installed` is not installed" in msg and "apt-get install g++" in msg and "\n" not in msg

@@ -403,6 +403,7 @@ class _StandInGpu:
         return list(self.launched), list(self.encodes)
 
 
+@pytest.mark.emu_only   # a stand-in GPU driver: on a GPU the real one is in the way
 def test_a_precision_switch_between_calls_changes_the_kept_routes_kernel(monkeypatch):
     """The drop-in keeps a route per call signature and, from its third call, replays it in C; the
     float32 precision is part of the signature: torch.set_float32_matmul_precision between calls
@@ -431,6 +432,7 @@ def test_a_precision_switch_between_calls_changes_the_kept_routes_kernel(monkeyp
     assert launched["highest"][0] == launched["highest"][1] and launched["highest"][0], launched
 
 
+@pytest.mark.emu_only   # a stand-in GPU driver: on a GPU the real one is in the way
 def test_a_kept_route_encodes_its_tensor_maps_with_their_element_strides(monkeypatch):
     """A strided layer's Hopper kernel reads x through a tensor map that steps over the input (TMA
     element strides): a kept Route encodes that map again for a new x with the same strides."""

@@ -66,12 +66,12 @@ FILL_STEPS = 4                   # a unit's fixed cost in steps: the ring's fill
 
 
 def round_tf32(t: torch.Tensor) -> torch.Tensor:
-    """float32 t rounded to TF32 as cvt.rna.tf32.f32 rounds (to nearest, ties away from zero; the
-    low 13 bits zero; infinities kept, NaN canonical), as float32."""
+    """float32 t rounded to TF32 as cvt.rna.tf32.f32 rounds on an H200 (to nearest, ties away from
+    zero; the low 13 bits zero; an infinity or NaN keeps its top 19 bits), as float32."""
     u = t.detach().float().contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF   # the bits, unsigned
     r = (u + 0x1000) & 0xFFFFE000
     special = (u & 0x7F800000) == 0x7F800000
-    r = torch.where(special, torch.where((u & 0x007FFFFF) != 0, torch.full_like(u, 0x7FFFFFFF), u), r)
+    r = torch.where(special, u & 0xFFFFE000, r)
     r = torch.where(r >= 1 << 31, r - (1 << 32), r)
     return r.to(torch.int32).view(torch.float32).reshape(t.shape)
 
