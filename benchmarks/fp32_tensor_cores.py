@@ -125,20 +125,26 @@ def contenders(x, w, padding: int) -> dict:
         out[p] = ((lambda p=p: dropin.conv2d(x, w, padding=padding, precision=p)), impl.name, impl, False)
     if cl.backend() != "cuda":
         return out
-    torch.backends.cudnn.benchmark = True
     xl = x.contiguous(memory_format=torch.channels_last)
     wl = w.contiguous(memory_format=torch.channels_last)
     for name, tf32 in zip(TORCH, (False, True)):
-        torch.backends.cudnn.allow_tf32 = tf32
         best = None
-        for xx, ww in ((x, w), (xl, wl)):
-            def f(xx=xx, ww=ww):
-                return F.conv2d(xx, ww, padding=padding)
-            t = time_gpu(f, reps=3, warmup=2)
-            if best is None or t.ms < best[0]:
-                best = (t.ms, f)
-        out[name] = (best[1], kernels(best[1]), None, tf32)
+        with cudnn(tf32):
+            for xx, ww in ((x, w), (xl, wl)):
+                def f(xx=xx, ww=ww):
+                    return F.conv2d(xx, ww, padding=padding)
+                t = time_gpu(f, reps=3, warmup=2)
+                if best is None or t.ms < best[0]:
+                    best = (t.ms, f)
+            out[name] = (best[1], kernels(best[1]), None, tf32)
     return out
+
+
+def cudnn(tf32: bool):
+    """cuDNN with cudnn.benchmark on and its TF32 flag as given, through its flags() context (which
+    also works where torch's test helpers have frozen the global flags)."""
+    c = torch.backends.cudnn
+    return c.flags(enabled=c.enabled, benchmark=True, deterministic=c.deterministic, allow_tf32=tf32)
 
 
 def measure_shape(wl: Workload, seed: int, reps: int) -> list[dict]:
@@ -150,25 +156,24 @@ def measure_shape(wl: Workload, seed: int, reps: int) -> list[dict]:
     rmax, rrms = ref.abs().max().item(), ref.pow(2).mean().sqrt().item()
     rows = []
     for name, (f, label, impl, tf32) in contenders(x, w, s.padding).items():
-        torch.backends.cudnn.allow_tf32 = tf32
-        y = f()
-        err = (y.double() - ref).abs()
-        emax = err.max().item()
-        # within the bound derived for the kernel (tf32.check_tf32; fp32's default for the rest)
-        if impl is not None and any(impl.key in keys for keys in dispatch.TENSOR_CORE_FP32.values()):
-            ok = check_tf32(y, ref, s, impl, raise_on_error=False)
-        else:
-            ok = cl.check(y, ref, raise_on_error=False)
-        row = dict(workload=s.name, shape=s.shape_text, B=s.B, C=s.C, M=s.M, H=s.H, W=s.W, K=s.K, padding=s.padding,
-                   seed=seed, flops=s.flops, contender=name, kernel=label, max_err=emax, max_err_rel=emax / rmax,
-                   max_err_rms=emax / rrms, rms_err=err.pow(2).mean().sqrt().item() / rrms,
-                   within_bound=not isinstance(ok, Exception), ref_s=ref_s, gpu=cl.device().name)
-        if cl.backend() == "cuda":
-            g, c = time_gpu(f, reps=reps), time_caller(f, reps=reps)
-            row.update(ms=g.ms, p25=g.p25, p75=g.p75, caller_ms=c.ms, tflops=s.flops / g.ms / 1e9)
-        rows.append(row)
-        del y, err
-    torch.backends.cudnn.allow_tf32 = False
+        with cudnn(tf32):
+            y = f()
+            err = (y.double() - ref).abs()
+            emax = err.max().item()
+            # within the bound derived for the kernel (tf32.check_tf32; fp32's default for the rest)
+            if impl is not None and any(impl.key in keys for keys in dispatch.TENSOR_CORE_FP32.values()):
+                ok = check_tf32(y, ref, s, impl, raise_on_error=False)
+            else:
+                ok = cl.check(y, ref, raise_on_error=False)
+            row = dict(workload=s.name, shape=s.shape_text, B=s.B, C=s.C, M=s.M, H=s.H, W=s.W, K=s.K,
+                       padding=s.padding, seed=seed, flops=s.flops, contender=name, kernel=label, max_err=emax, max_err_rel=emax / rmax,
+                       max_err_rms=emax / rrms, rms_err=err.pow(2).mean().sqrt().item() / rrms,
+                       within_bound=not isinstance(ok, Exception), ref_s=ref_s, gpu=cl.device().name)
+            if cl.backend() == "cuda":
+                g, c = time_gpu(f, reps=reps), time_caller(f, reps=reps)
+                row.update(ms=g.ms, p25=g.p25, p75=g.p75, caller_ms=c.ms, tflops=s.flops / g.ms / 1e9)
+            rows.append(row)
+            del y, err
     return rows
 
 

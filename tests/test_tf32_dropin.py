@@ -7,6 +7,8 @@ ran (tf32.check_tf32, or fp32's), and TF32's error is shown to be TF32's.
 """
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -19,17 +21,20 @@ from convlab.ops.tf32 import TF32_MMA, TF32_WGMMA, TF32X3_MMA, TF32X3_WGMMA, che
 
 @pytest.fixture
 def switches():
-    """Set torch's switches inside a test (cuDNN's TF32 flag by the legacy name every torch has);
-    torch's own state comes back after it."""
-    matmul, flag = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
+    """Set torch's switches inside a test (cuDNN's TF32 flag by the legacy name every torch has,
+    through torch.backends.cudnn.flags: torch's own test helpers, which another test may import
+    first, forbid setting it directly); torch's own state comes back after it."""
+    matmul, stack = torch.get_float32_matmul_precision(), contextlib.ExitStack()
 
     def set_(matmul_precision="highest", cudnn_tf32=None):
         torch.set_float32_matmul_precision(matmul_precision)
         if cudnn_tf32 is not None:
-            torch.backends.cudnn.allow_tf32 = cudnn_tf32
-    yield set_
+            c = torch.backends.cudnn
+            stack.enter_context(c.flags(enabled=c.enabled, benchmark=c.benchmark, deterministic=c.deterministic,
+                                        allow_tf32=cudnn_tf32))
+    with stack:
+        yield set_
     torch.set_float32_matmul_precision(matmul)
-    torch.backends.cudnn.allow_tf32 = flag
 
 
 def _layer(stride=1):
