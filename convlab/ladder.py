@@ -99,16 +99,20 @@ def rungs(upto: str, pass_: str | None = "forward") -> list:
     return [r for r in RUNGS if _number(r.chapter) <= n and (pass_ is None or r.pass_ == pass_)]
 
 
-_loaded: dict = {}
+_loaded: dict = {}   # name -> (the file's mtime and size when read, its rows)
 
 
 def _data(name: str):
-    if name not in _loaded:
+    """The results file's rows, read again whenever the file changed: a chapter that re-measures and
+    saves its results mid-notebook must see them in the ladder it draws afterwards."""
+    path = results.data_path(name)
+    stamp = (path.stat().st_mtime_ns, path.stat().st_size) if path.is_file() else None
+    if name not in _loaded or _loaded[name][0] != stamp:
         df = results.load(name, quiet=True)
         if df is None:
             raise LadderError(f"no committed results book/data/{name}.csv (of the current harness)")
-        _loaded[name] = df
-    return _loaded[name]
+        _loaded[name] = (stamp, df)
+    return _loaded[name][1]
 
 
 def _rows(rung: Rung):
