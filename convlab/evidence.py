@@ -53,6 +53,67 @@ def torch_card(name: str, fn, *args, **kwargs):
     return _committed(name, torch=True)
 
 
+def torch_best_row(chapter: str, workload: str, pass_: str = "forward", dtype: str = "fp32"):
+    """The committed "torch best" row of a chapter's results for one layer (a pandas Series: its
+    layout, GPU time and the kernels it ran, `torch_kernels`), or None."""
+    from . import results
+
+    df = results.load(chapter, quiet=True)
+    if df is None:
+        return None
+    rows = df[(df["workload"] == workload) & (df["kind"] == "torch best") & (df["pass"] == pass_)
+              & (df["dtype"] == dtype)]
+    return None if rows.empty else rows.iloc[0]
+
+
+def torch_best_card(name: str, chapter: str, workload: str, x, w, **kwargs):
+    """The card of the call "torch best" timed on one layer: torch.nn.functional.conv2d as the book
+    times torch (strict fp32, cudnn.benchmark on, so cuDNN chooses the algorithm it chose when it was
+    timed) on x and w in the layout of the chapter's committed torch best row. Without a GPU, the
+    committed card. Compare what it ran with what was timed with timed_kernel()."""
+    import torch
+
+    row = torch_best_row(chapter, workload)
+    if row is not None and row["layout"] == "channels_last":
+        x, w = (t.contiguous(memory_format=torch.channels_last) for t in (x, w))
+    return torch_card(name, torch.nn.functional.conv2d, x, w, **kwargs)
+
+
+def _short(kernel_name: str) -> str:
+    """A kernel's name without its template arguments and parameters: 'DSE::regular_fft_pad'."""
+    name = kernel_name.split("(")[0].split("<")[0].strip()
+    return name.split()[-1] if name else kernel_name
+
+
+def timed_kernel(card, row) -> dict | None:
+    """What torch best's committed row ran (`row`: torch_best_row) against what the card profiled:
+    {"timed": the row's kernels, "profiled": the card's kernels (short names), "same": whether the card
+    profiled the kernels that were timed, "card_us": the card's longest kernel's duration, "timed_ms":
+    the row's GPU time}; None without a card or a row."""
+    if card is None or row is None or not card.kernels:
+        return None
+    timed = [_short(k) for k in str(row["torch_kernels"]).split(" | ") if k.strip()]
+    profiled = [_short(k.name) for k in card.kernels]
+    longest = kernel(card)
+    return {"timed": list(dict.fromkeys(timed)), "profiled": list(dict.fromkeys(profiled)),
+            "same": bool(timed) and set(profiled) <= set(timed),
+            "card_us": longest.value("gpu__time_duration.sum") if longest else None, "timed_ms": float(row["ms"])}
+
+
+def describe_timed_kernel(match: dict | None) -> str | None:
+    """timed_kernel() in words, for the prose."""
+    if match is None:
+        return None
+    brief = lambda k: k if len(k) <= 40 else k[:38] + "…"  # noqa: E731 - cuDNN's names run to 100 characters
+    ran = ", ".join(f"`{brief(k)}`" for k in match["profiled"])
+    if match["same"]:
+        return (f"the kernels torch best ran when it was timed: {ran}, whose longest took "
+                f"{match['card_us']:,.0f} µs under the profiler against {match['timed_ms']:.2f} ms timed")
+    timed = ", ".join(f"`{brief(k)}`" for k in match["timed"])
+    return (f"{ran}, which is not what torch best ran when it was timed ({timed}, "
+            f"{match['timed_ms']:.2f} ms): this card is of another algorithm than the timed call's")
+
+
 def _measured(how, *args, **kwargs):
     # where ncu is missing or refused, cl.profile falls back to the committed card; before the
     # first one is committed that is an error, which here is one line and no card

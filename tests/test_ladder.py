@@ -108,3 +108,14 @@ def test_a_results_file_saved_mid_notebook_is_read_again(tmp_path, monkeypatch):
     df.loc[ours, "ms"] = 2 * before
     df.to_csv(copy, index=False)
     assert ladder.table("02_naive", "lenet_c1")["GPU ms"].iloc[0] == 2 * before
+
+
+def test_chapter_9b_comes_after_9a_and_before_10():
+    assert ladder._number("09b_tensor_cores") == 9.5 and ladder._ch("09b_tensor_cores") == "ch9b"
+    steps = list(dict.fromkeys(ladder.table("10_network")["chapter"]))
+    assert steps.index("09b_tensor_cores") == steps.index("09_general") + 1
+    assert "09b_tensor_cores" not in set(ladder.table("09_general")["chapter"])
+    t = ladder.table("09b_tensor_cores")
+    assert set(t.loc[t["new"], "chapter"]) == {"09b_tensor_cores"} and (t.loc[t["new"], "dtype"] == "fp16").all()
+    with pytest.raises(ValueError, match="09b_tensor_cores"):
+        ladder._number("9b_tensor_cores")
