@@ -216,3 +216,49 @@ def table(columns: dict, rows=SUMMARY):
     keep = [i for i in range(len(rows)) if any(v[i] is not None for v in cols.values())]
     index = pd.MultiIndex.from_tuples([rows[i] for i in keep], names=["what", "ncu metric"])
     return pd.DataFrame({k: [card_value(v[i]) for i in keep] for k, v in cols.items()}, index=index)
+
+
+def describe_issue(card, part: str | None = None, what: str = "Its card") -> str:
+    """One sentence from a kernel's card on what its time went to: issue slots, DRAM, and per
+    warp-wide FFMA (or HMMA) the instructions and shared loads it issued; "" without a card (a
+    page that quotes it says nothing until a GPU run has measured it)."""
+    k = kernel(card, part)
+    if k is None:
+        return ""
+    issue = k.value("smsp__issue_active.avg.pct_of_peak_sustained_active")
+    dram = k.value("dram__throughput.avg.pct_of_peak_sustained_elapsed")
+    inst = k.value("smsp__inst_executed.sum")
+    ffma = k.value("smsp__sass_thread_inst_executed_op_ffma_pred_on.sum")
+    lds = k.value("smsp__inst_executed_op_shared_ld.sum")
+    parts = []
+    if issue is not None and dram is not None:
+        parts.append(f"the schedulers issued an instruction in {issue:.0f}% of the cycles and DRAM ran at "
+                     f"{dram:.0f}% of its peak")
+    if inst and ffma:
+        per = inst / (ffma / 32)
+        lds_part = f", {lds / (ffma / 32):.2f} of them shared-memory loads" if lds is not None else ""
+        parts.append(f"for each warp-wide FFMA it issued {per:.1f} instructions{lds_part}")
+    if not parts:
+        return ""
+    return f"{what} ({card.source.split(':')[0]}): " + "; ".join(parts) + "."
+
+
+def stalls(card, part: str | None = None, n: int = 3) -> list:
+    """The kernel's n largest warp stalls as (reason, warps stalled per issued instruction), largest
+    first; [] without a card."""
+    from .profile import STALL_REASONS, _stall
+
+    k = kernel(card, part)
+    if k is None:
+        return []
+    vals = [(r, k.value(_stall(r))) for r in STALL_REASONS if r != "selected"]
+    return sorted(((r, v) for r, v in vals if isinstance(v, (int, float)) and v > 0), key=lambda rv: -rv[1])[:n]
+
+
+def stall(card, part: str | None, reason: str):
+    """Warps stalled for one reason per issued instruction, or None."""
+    from .profile import _stall
+
+    k = kernel(card, part)
+    v = None if k is None else k.value(_stall(reason))
+    return v if isinstance(v, (int, float)) else None
