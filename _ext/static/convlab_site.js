@@ -7,7 +7,10 @@
       opens the panel as a dialog below 992 px and folds the chapter list away above it.
    2. A table or output wider than its column scrolls inside its container; the container gets
       the class "scrolls" (and "at-end" once scrolled to the right) so the stylesheet can show a
-      cue that there is more to the right. */
+      cue that there is more to the right.
+   3. Printed, a page keeps every value: each folded dropdown opens (before printing, and whenever
+      the page is shown as print, as a print preview or an emulated print does), and closes again
+      after. */
 (function () {
   "use strict";
 
@@ -40,9 +43,31 @@
     });
   }
 
+  function openForPrint() {
+    var closed = [];
+    function open() {
+      document.querySelectorAll("details:not([open])").forEach(function (d) {
+        d.open = true;
+        closed.push(d);
+      });
+    }
+    function restore() {
+      closed.forEach(function (d) { d.open = false; });
+      closed = [];
+    }
+    window.addEventListener("beforeprint", open);
+    window.addEventListener("afterprint", restore);
+    var print = window.matchMedia("print");
+    var onChange = function (e) { if (e.matches) open(); else restore(); };
+    if (print.addEventListener) print.addEventListener("change", onChange);
+    else if (print.addListener) print.addListener(onChange);
+    if (print.matches) open();
+  }
+
   function init() {
     forwardToggles();
     markScrollers();
+    openForPrint();
   }
 
   if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", init);
