@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import importlib
 
-from . import runtime
+from . import results, runtime
 from .bench import strict_fp32
-from .profile import card_value
+from .profile import STALL_REASONS, _stall, card_value
 
 # the modules (cl.profile and cl.sass are the functions of the same names)
 _P = importlib.import_module("convlab.profile")
@@ -56,8 +56,6 @@ def torch_card(name: str, fn, *args, **kwargs):
 def torch_best_row(chapter: str, workload: str, pass_: str = "forward", dtype: str = "fp32"):
     """The committed "torch best" row of a chapter's results for one layer (a pandas Series: its
     layout, GPU time and the kernels it ran, `torch_kernels`), or None."""
-    from . import results
-
     df = results.load(chapter, quiet=True)
     if df is None:
         return None
@@ -246,8 +244,6 @@ def describe_issue(card, part: str | None = None, what: str = "Its card") -> str
 def stalls(card, part: str | None = None, n: int = 3) -> list:
     """The kernel's n largest warp stalls as (reason, warps stalled per issued instruction), largest
     first; [] without a card."""
-    from .profile import STALL_REASONS, _stall
-
     k = kernel(card, part)
     if k is None:
         return []
@@ -257,8 +253,6 @@ def stalls(card, part: str | None = None, n: int = 3) -> list:
 
 def stall(card, part: str | None, reason: str):
     """Warps stalled for one reason per issued instruction, or None."""
-    from .profile import _stall
-
     k = kernel(card, part)
     v = None if k is None else k.value(_stall(reason))
     return v if isinstance(v, (int, float)) else None
