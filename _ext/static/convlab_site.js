@@ -9,8 +9,8 @@
       the class "scrolls" (and "at-end" once scrolled to the right) so the stylesheet can show a
       cue that there is more to the right.
    3. Printed, a page keeps every value: each folded dropdown opens (before printing, and whenever
-      the page is shown as print, as a print preview or an emulated print does), and closes again
-      after. */
+      the page is shown as print, as a print preview or an emulated print does), a display formula
+      wider than the paper is scaled to fit, and both go back after. */
 (function () {
   "use strict";
 
@@ -45,15 +45,34 @@
 
   function openForPrint() {
     var closed = [];
+    // a display formula wider than the paper cannot scroll there: it is scaled down to fit
+    function fitMath() {
+      document.querySelectorAll('mjx-container[display="true"]').forEach(function (m) {
+        m.style.zoom = "";
+        var room = m.parentElement.clientWidth;     // the formula's box, which would clip it
+        if (m.scrollWidth > room + 1) m.style.zoom = (0.98 * room / m.scrollWidth).toFixed(3);
+      });
+    }
     function open() {
       document.querySelectorAll("details:not([open])").forEach(function (d) {
         d.open = true;
         closed.push(d);
       });
+      afterTypeset(fitMath);
+    }
+    // MathJax typesets after the page has loaded: measure the formulas once it has
+    function afterTypeset(f) {
+      var go = function () {
+        if (window.MathJax && MathJax.startup && MathJax.startup.promise) MathJax.startup.promise.then(f);
+        else f();
+      };
+      if (document.readyState === "complete") go();
+      else window.addEventListener("load", go);
     }
     function restore() {
       closed.forEach(function (d) { d.open = false; });
       closed = [];
+      document.querySelectorAll('mjx-container[display="true"]').forEach(function (m) { m.style.zoom = ""; });
     }
     window.addEventListener("beforeprint", open);
     window.addEventListener("afterprint", restore);
