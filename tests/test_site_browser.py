@@ -422,19 +422,23 @@ def test_printed_page_opens_its_folds_and_keeps_every_value(page, site, browser)
     assert not seen["wide"], f"{page} printed is {seen['width']} px wide on a {seen['page']} px page"
 
 
-def test_table_check_catches_a_table_wider_than_the_column(site, browser):
+def test_table_checks_catch_a_table_wider_than_the_column(site, browser):
+    """A table that cannot shrink to the column (a cell 2,000 px wide): bare, it sticks out of the
+    column; in a scroll box, it hides columns. A long name, which the site's cells wrap, fits."""
     tab = _open(browser, site, "book/intro", DESKTOP)
     try:
-        wide = tab.evaluate("""inspect => {
-            const cell = "<td>" + "a_long_unbreakable_name_".repeat(20) + "</td>";
+        seen = tab.evaluate("""inspect => {
+            const cell = '<td><div style="width: 2000px">a_long_unbreakable_name_</div></td>';
             const article = document.querySelector("article.bd-article");
             article.insertAdjacentHTML("beforeend", `<table id="bare"><tr>${cell}</tr></table>` +
-                `<div class="table-wrap"><table id="wrapped"><tr>${cell}</tr></table></div>`);
-            return (0, eval)("(" + inspect + ")")().wideTables; }""", DESKTOP_INSPECT)
+                `<div class="table-wrap"><table id="wrapped"><tr>${cell}</tr></table></div>` +
+                `<table id="names"><tr><td>${"a_long_unbreakable_name_".repeat(20)}</td></tr></table>`);
+            return (0, eval)("(" + inspect + ")")(); }""", DESKTOP_INSPECT)
     finally:
         tab.close()
-    assert len(wide) == 1 and "a_long_unbreakable_name_" in wide[0], (
-        f"the bare wide table should be caught and the one in div.table-wrap pass: {wide}")
+    assert len(seen["wideTables"]) == 1 and "a_long_unbreakable_name_" in seen["wideTables"][0], (
+        f"the bare wide table should be caught and the one in div.table-wrap pass: {seen['wideTables']}")
+    assert len(seen["hidingTables"]) == 2, f"both tables that do not fit hide columns: {seen['hidingTables']}"
 
 
 def _figure_problems(images: list[dict]) -> list[str]:
