@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """How much Python a launch costs: each chapter's best launcher, Conv2dFunction forward +
-backward, the drop-in conv2d (forward; forward + backward) and torch's conv2d, called again and
+backward, the drop-in conv2d (forward; forward + backward; fp32 NCHW, and fp16 channels_last on a
+layer of 16 maps, chapter 11's wgmma kernel on an H100/H200) and torch's conv2d, called again and
 again on a tiny layer (the launch plan is kept after the first call); then, on a GPU, the time a
 caller waits against the GPU's time on the course's layers, and an epoch of chapter 8's LeNet-5
 with our convolutions and with torch's.
@@ -26,13 +27,18 @@ The drop-in against torch (the goal's figures): the median call of loops in whic
 alternates with a call of the other (paired()), forward and forward+backward, and the empty Python
 backward against torch's forward+backward; on a GPU the last two again with autograd's
 multithreading off (the backward then runs on the caller's thread, with no hand-over to autograd's
-device thread).
+device thread), then each pair in a loop of back-to-back calls (wall time, synchronised at the
+end: what a training loop sees), and the drop-in's python_us with its routes kept as convlab.native
+Routes (its repeated call one C call: convlab.ops._kernels.Kept) against every route through
+Python (_kernels.NATIVE off).
 The course's layers: gpu_us and caller_us (convlab.bench.time_gpu / time_caller, the L2 flushed)
 and their ratio, for each chapter's best on each layer it takes.
 
 On the emulator the backend's own launch (running nothing) is replaced by a no-op and outputs are
 not poisoned, as on a GPU: python_us is then the CPU time of the Python above the backend's launch,
-the code both backends share (launchers, Kernel.__call__, argument checks); nothing else is timed.
+the code both backends share (launchers, Kernel.__call__, argument checks); and the drop-in's cases
+once more with their routes kept as Routes, recorded from a stand-in GPU backend and replayed with
+a C function that returns at once in place of the driver's (host_on_cpu). Nothing else is timed.
 """
 from __future__ import annotations
 
@@ -51,14 +57,17 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import convlab as cl  # noqa: E402
-from convlab.bench import HOST_CALLS, HOST_HOLD_CYCLES, time_caller, time_gpu, time_host  # noqa: E402
-from convlab.bench import count_launches as count_gpu_launches  # noqa: E402
-from convlab.ops import backprop, conv3d, dropin, fp16, fused, im2col, naive, tiled  # noqa: E402
+from convlab.bench import (HOST_CALLS, HOST_HOLD_CYCLES, count_launches, time_caller, time_gpu,  # noqa: E402
+                           time_host, wall_per_call)
+from convlab.ops import _kernels, backprop, conv3d, dropin, fp16, fused, im2col, naive, tiled  # noqa: E402
 from convlab.workloads import Workload  # noqa: E402
 
 CALLS = HOST_CALLS           # calls per timed loop (convlab.bench.time_host's: under the driver's queue)
 LAYERS = ("fa17", "lenet_c3", "resnet", "days100")   # the course's 2D layers the best launchers are timed on
 DROPIN_FWD, DROPIN_TRAIN = "ch9 dropin.conv2d forward", "ch9 dropin.conv2d forward+backward"
+#: channels_last fp16, 16 -> 16 maps: the layer that runs chapter 11's wgmma kernel on an H100/H200
+HALF_FWD, HALF_TRAIN = "dropin.conv2d fp16 channels_last forward", "dropin.conv2d fp16 channels_last fwd+bwd"
+TORCH_HALF_FWD, TORCH_HALF_TRAIN = "torch F.conv2d fp16 channels_last", "torch F.conv2d fp16 channels_last fwd+bwd"
 FLOOR = "autograd Function, empty Python backward"
 TORCH_FWD, TORCH_TRAIN = "torch F.conv2d", "torch F.conv2d forward+backward"
 #: The drop-in's Python per call, at most this many times torch's (forward; forward + backward)
@@ -73,6 +82,12 @@ def cases():
     x3, w3 = cl.randn(1, 1, 12, 20, 20), cl.randn(1, 1, 3, 3, 3)
     dy = cl.randn(*shape.y_shape)
     xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
+    half = dict(dtype=torch.float16)
+    xh_cl = cl.randn(2, 16, 8, 8, **half).contiguous(memory_format=torch.channels_last)
+    wh_cl = cl.randn(16, 16, 3, 3, **half).contiguous(memory_format=torch.channels_last)
+    bh = cl.randn(16, **half)
+    dyh = cl.randn(2, 16, 8, 8, **half).contiguous(memory_format=torch.channels_last)
+    xhg, whg, bhg = (t.clone().requires_grad_() for t in (xh_cl, wh_cl, bh))
     out = []
     for chapter, module in ((2, naive), (3, tiled), (4, im2col)):
         impl = module.pick(shape)
@@ -91,6 +106,10 @@ def cases():
         (TORCH_FWD, lambda: F.conv2d(x, w, padding=1)),
         (TORCH_TRAIN, lambda: F.conv2d(xg, wg, padding=1).backward(dy)),
         (FLOOR, lambda: _EmptyBackward.apply(xg, wg).backward(dy)),
+        (HALF_FWD, lambda: dropin.conv2d(xh_cl, wh_cl, bh, 1, 1)),
+        (HALF_TRAIN, lambda: dropin.conv2d(xhg, whg, bhg, 1, 1).backward(dyh)),
+        (TORCH_HALF_FWD, lambda: F.conv2d(xh_cl, wh_cl, bh, 1, 1)),
+        (TORCH_HALF_TRAIN, lambda: F.conv2d(xhg, whg, bhg, 1, 1).backward(dyh)),
     ]
     return out
 
@@ -108,18 +127,6 @@ class _EmptyBackward(torch.autograd.Function):
     def backward(ctx, dy):
         xs, ws = ctx.shapes
         return dy.new_empty(xs), dy.new_empty(ws)
-
-
-_emu_launches = [0]
-
-
-def count_launches(fn) -> int:
-    """Kernels of ours that one call of fn launches."""
-    if cl.runtime.backend_impl().name == "cuda":
-        return count_gpu_launches(fn)
-    before = _emu_launches[0]
-    fn()
-    return _emu_launches[0] - before
 
 
 def torch_kernels(fn) -> int:
@@ -190,14 +197,87 @@ def paired(ours, theirs, on_gpu: bool, rounds: int = 9) -> tuple:
 
 
 def stub_emulator_launch():
-    """Replace the emulator's launch (ctypes packing and running every thread) by a counter, and
+    """Replace the emulator's launch (ctypes packing and running every thread) by a no-op, and
     allocate outputs with torch.empty as on a GPU."""
     from convlab.emu import EmuModule
 
-    def launch(self, *args, **kwargs):
-        _emu_launches[0] += 1
-    EmuModule.launch = launch
-    cl.poisoning = lambda: False
+    EmuModule.launch = lambda self, *args, **kwargs: None
+    cl.runtime.poisoning = lambda: False
+
+
+def routes_through_python(fns: dict, names) -> list:
+    """(name, python_us) of the drop-in's cases with every route run through Python (no
+    convlab.native Route: _kernels.NATIVE off, the routes made afresh), on a GPU: what the kept
+    Routes save."""
+    _kernels.NATIVE = False
+    dropin._routes.clear()
+    try:
+        return [(name, time_host(fns[name])) for name in names]
+    finally:
+        _kernels.NATIVE = True
+        dropin._routes.clear()
+
+
+def host_on_cpu(fns: dict, names) -> list:
+    """(name, us of the route through Python, us of the kept Route) per call on the CPU, the GPU's
+    work replaced by no-ops: the Python route with the emulator's launch stubbed; the kept Route
+    recorded from a stand-in GPU backend (each launch recorded as the GPU backend records it, its
+    pointers in 8-byte slots) and replayed by convlab.native with a C function that returns at once
+    in place of the driver's. Neither counts the driver's own work per launch (the same for both)."""
+    import ctypes
+    import subprocess
+    import tempfile
+
+    from convlab import backend_cuda, native, runtime
+    from convlab._tensor_map import TensorMap
+
+    if native.route_type() is None:
+        return []
+    python = [(name, python_us_emu(fns[name])) for name in names]
+    with tempfile.TemporaryDirectory() as tmp:                 # a C function that returns 0 at once
+        src, lib = Path(tmp) / "noop.c", Path(tmp) / "noop.so"
+        src.write_text("int noop(void) { return 0; }\n")
+        subprocess.run(["cc", "-O2", "-shared", "-fPIC", str(src), "-o", str(lib)], check=True)
+        noop = ctypes.CDLL(str(lib)).noop
+        address = ctypes.cast(noop, ctypes.c_void_p).value
+
+        class StandIn:
+            """The GPU backend as far as a kept route needs it."""
+            name = "cuda"
+            raw_stream, has_context = staticmethod(lambda: 0), staticmethod(lambda: True)
+
+            def record(self, fn):
+                rec = backend_cuda._recording = backend_cuda.Recording()
+                try:
+                    return fn(), rec
+                finally:
+                    backend_cuda._recording = None
+
+            def driver_functions(self):
+                return address, address, address
+
+            def encode_tensor_map(self, *args):
+                return bytes(128)
+
+        def kernel_call(self, *args, grid, block, shared=0, max_shared=None, **kw):
+            rec = backend_cuda._recording
+            if rec is not None:
+                at = tuple(128 * (i + 1) if isinstance(a, TensorMap) else 8 * i for i, a in enumerate(args))
+                ptrs = [(8 * i, a) for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+                maps = [(128 * (i + 1), a) for i, a in enumerate(args) if isinstance(a, TensorMap)]
+                size = 128 * (len(args) + 2)
+                rec.steps.append(("launch", 1, (*grid, *block, shared), bytes(size), at, ptrs, maps))
+        real_backend, real_call = _kernels.recording_backend, runtime.Kernel.__call__
+        _kernels.recording_backend, runtime.Kernel.__call__ = StandIn, kernel_call
+        dropin._routes.clear()
+        try:
+            kept = [(name, python_us_emu(fns[name])) for name in names]
+            assert all(isinstance(e[1].run, native.route_type()) for e in dropin._routes.values()), \
+                "every route measured is kept as a Route"
+        finally:
+            _kernels.recording_backend, runtime.Kernel.__call__ = real_backend, real_call
+            dropin._routes.clear()
+    return [(n, a, b) for (n, a), (_, b) in zip(python, kept)]
 
 
 def stat_us() -> float:
@@ -311,9 +391,29 @@ def main(argv=None) -> int:
         a, b = paired(fns[ours], fns[theirs], on_gpu)
         print(f"# {ours}: {a / b:.2f}x torch's Python per call ({a:.1f} against {b:.1f} us, the median call, "
               f"calls of the two alternating; goal: at most {GOAL}x)")
+    for ours, theirs in ((HALF_FWD, TORCH_HALF_FWD), (HALF_TRAIN, TORCH_HALF_TRAIN)):
+        a, b = paired(fns[ours], fns[theirs], on_gpu)
+        print(f"# {ours}: {a / b:.2f}x torch's ({a:.1f} against {b:.1f} us, alternating)")
     a, b = paired(fns[FLOOR], fns[TORCH_TRAIN], on_gpu)
     print(f"# {FLOOR} (no kernel at all): {a / b:.2f}x torch's convolution forward+backward ({a:.1f} against "
           f"{b:.1f} us): the part of the drop-in's forward+backward that any Python backward pays")
+    pairs = ((DROPIN_FWD, TORCH_FWD), (DROPIN_TRAIN, TORCH_TRAIN), (HALF_FWD, TORCH_HALF_FWD),
+             (HALF_TRAIN, TORCH_HALF_TRAIN))
+    if on_gpu:
+        for ours, theirs in pairs:                 # a loop of back-to-back calls, as a training loop makes them
+            a, b = wall_per_call(fns[ours], calls=CALLS) * 1e3, wall_per_call(fns[theirs], calls=CALLS) * 1e3
+            print(f"# {ours}, back to back ({CALLS} calls, wall time, synchronised at the end): {a / b:.2f}x "
+                  f"torch's ({a:.1f} against {b:.1f} us a call)")
+        names = (DROPIN_FWD, DROPIN_TRAIN, HALF_FWD, HALF_TRAIN)
+        kept = {r[0]: r[3] for r in rows}
+        for name, us in routes_through_python(fns, names):
+            print(f"# {name}: python_us {kept[name]:.1f} with its kept convlab.native Route, {us:.1f} through "
+                  "Python (_kernels.NATIVE off)")
+    else:
+        print("\n# the drop-in's host time per call on this CPU, the GPU's work replaced by no-ops (us): its route "
+              "through Python, and its kept convlab.native Route (recorded from a stand-in GPU backend)")
+        for name, a, b in host_on_cpu(fns, (DROPIN_FWD, DROPIN_TRAIN, HALF_FWD, HALF_TRAIN)):
+            print(f"{name:44s} python {a:6.2f}   kept Route {b:6.2f}")
     if on_gpu:
         # autograd runs the backward of CUDA tensors on a thread of its own, to which every backward hands
         # over (and a Python backward takes the GIL there); with that off it runs on the caller's

@@ -25,13 +25,13 @@ from .draw import draw
 from .profile import ProfileCard, profile, profile_torch
 from .runtime import (CpuFunction, CpuModule, DeviceInfo, Kernel, Module, backend, debug, default_timeout,
                       detect_races, device, find_race, launch_timeout, load, load_cpu, load_source, poisoning,
-                      set_timeout, sync, tensor_map, thread_order, time_limit)
+                      set_heap_size, set_timeout, sync, tensor_map, thread_order, time_limit)
 from .sass import SassUnavailable, sass
 from .tensors import empty, out_size, randn, seed, to_device, zeros
 from .trace import Trace, trace
 
 __all__ = ["device", "backend", "load", "load_source", "load_cpu", "randn", "empty", "zeros", "to_device",
-           "seed", "out_size", "tensor_map", "check", "bench", "sync", "ref", "thread_order", "set_timeout", "find_race", "debug",
+           "seed", "out_size", "tensor_map", "check", "bench", "sync", "ref", "thread_order", "set_timeout", "set_heap_size", "find_race", "debug",
            "poisoning", "detect_races", "time_limit", "RaceError", "RaceDetectorOff", "KernelInterrupted",
            "profile", "profile_torch", "sass", "trace", "draw", "Trace", "ProfileCard", "ProfileUnavailable", "SassUnavailable",
            "Timing", "CheckResult", "ConvlabError", "CompileError", "LaunchError", "ArgumentError",

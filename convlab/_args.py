@@ -33,6 +33,9 @@ TYPES = {
     "double": CType("f", _F64, ctypes.c_double, "d"),
     "half": CType("f", _F16, ctypes.c_uint16, "H"),
     "half2": CType("v", _F16, None, ""),
+    "__nv_bfloat16": CType("f", (torch.bfloat16,), ctypes.c_uint16, "H"),
+    "nv_bfloat16": CType("f", (torch.bfloat16,), ctypes.c_uint16, "H"),
+    "__nv_bfloat162": CType("v", (torch.bfloat16,), None, ""),
     "int": CType("i", _I32, ctypes.c_int32, "i"),
     "int32_t": CType("i", _I32, ctypes.c_int32, "i"),
     "unsigned int": CType("u", (torch.int32, torch.uint32), ctypes.c_uint32, "I"),
@@ -69,6 +72,10 @@ _INT_RANGE = {"i": {1: 7, 2: 15, 4: 31, 8: 63}, "u": {1: 8, 2: 16, 4: 32, 8: 64}
 
 
 def ctype_of(p: Param, kernel: str) -> CType:
+    if " | " in p.base:                  # a typedef with a type per #if branch: a pointer to any of them
+        alts = [TYPES.get(b) for b in p.base.split(" | ")]
+        if p.pointer and all(alts) and len({a.kind for a in alts}) == 1:
+            return CType(alts[0].kind, tuple(d for a in alts for d in a.dtypes), alts[0].ctype, alts[0].code)
     t = TYPES.get(p.base)
     if t is None:
         raise ArgumentError(f"{kernel}: parameter `{p}` has the type `{p.base}`, which convlab cannot pass "

@@ -138,13 +138,20 @@ _CONST_ELEM_RE = re.compile(r"(?:unsigned\s+)?(?:float|double|int|unsigned)")
 def parse(text: str, path: Path | str, include_dirs: list[Path]) -> Source:
     path = Path(path)
     clean = strip_comments(text)
-    typedefs = {}
-    for m in re.finditer(r"typedef\s+([\w\s]+?)\s+(\w+)\s*;", clean):
-        typedefs[m.group(2)] = " ".join(m.group(1).split())
-    for m in re.finditer(r"using\s+(\w+)\s*=\s*([\w\s]+?)\s*;", clean):
-        typedefs[m.group(1)] = " ".join(m.group(2).split())
-    for m in re.finditer(r"^\s*#\s*define\s+(\w+)\s+(float|double|half|__half|int|unsigned int)\s*$", clean, re.M):
-        typedefs[m.group(1)] = m.group(2)
+    includes = _resolve_includes(text, path, include_dirs, set())
+    # the types a kernel's parameters may be spelled in: the file's typedefs and its course headers'
+    declared = clean + "".join(strip_comments(p.read_text()) for p in includes)
+    found: dict[str, list[str]] = {}
+    for m in re.finditer(r"typedef\s+([\w\s]+?)\s+(\w+)\s*;", declared):
+        found.setdefault(m.group(2), []).append(" ".join(m.group(1).split()))
+    for m in re.finditer(r"using\s+(\w+)\s*=\s*([\w\s]+?)\s*;", declared):
+        found.setdefault(m.group(1), []).append(" ".join(m.group(2).split()))
+    for m in re.finditer(r"^\s*#\s*define\s+(\w+)\s+(float|double|half|__half|int|unsigned int)\s*$", declared,
+                         re.M):
+        found.setdefault(m.group(1), []).append(m.group(2))
+    # a name given a type in each branch of an #if (a kernel built for fp16 or bf16 by a define): the
+    # alternatives, "half | __nv_bfloat16" (_args.ctype_of takes a tensor of any of them)
+    typedefs = {name: " | ".join(dict.fromkeys(TYPE_ALIASES.get(t, t) for t in ts)) for name, ts in found.items()}
     kernels = {}
     for m in _GLOBAL_RE.finditer(clean):
         name = m.group(1)
@@ -168,20 +175,24 @@ def parse(text: str, path: Path | str, include_dirs: list[Path]) -> Source:
     constants = {}
     for m in _CONST_RE.finditer(clean):
         constants[m.group(2)] = " ".join(m.group(1).split())
-    includes = _resolve_includes(clean, path, include_dirs, set())
     return Source(path, text, kernels, constants, includes)
 
 
-def _resolve_includes(clean: str, path: Path, include_dirs: list[Path], seen: set) -> list[Path]:
+def _resolve_includes(text: str, path: Path, include_dirs: list[Path], seen: set) -> list[Path]:
+    """The course headers that text (path's source) includes with `#include "..."`, found beside
+    path or in include_dirs, and theirs (an #include inside a comment does not count)."""
     found = []
-    for m in re.finditer(r'^\s*#\s*include\s*"([^"]+)"', clean, re.M):
+    clean = strip_comments(text)             # blanks the names too: only says where the comments are
+    for m in re.finditer(r'^\s*#\s*include\s*"([^"]+)"', text, re.M):
+        if clean[m.start():m.start(1) - 1] != text[m.start():m.start(1) - 1]:
+            continue
         for d in [path.parent, *include_dirs]:
             p = (d / m.group(1)).resolve()
             if p.is_file():
                 if p not in seen:
                     seen.add(p)
                     found.append(p)
-                    found += _resolve_includes(strip_comments(p.read_text(errors="replace")), p, include_dirs, seen)
+                    found += _resolve_includes(p.read_text(errors="replace"), p, include_dirs, seen)
                 break
     return found
 
@@ -219,11 +230,12 @@ def _declared_types(clean: str) -> list[str]:
     return sorted(names, key=len, reverse=True)
 
 
-def _local_pointer_edits(clean: str) -> list[tuple[int, int, str]]:
+def _local_pointer_edits(clean: str, headers: str = "") -> list[tuple[int, int, str]]:
     """Local pointer variables (`const float* p = ...;`, inside a function), C-style pointer casts
     and reinterpret_/static_casts to a pointer, spelled with cuda_emu.h's CLEMU_P macros: the same
-    pointer in the plain build, a clemu::lptr<T> whose elements the profiler counts in the hooked one."""
-    types = "|".join([_BUILTIN_TYPES] + [re.escape(n) for n in _declared_types(clean)])
+    pointer in the plain build, a clemu::lptr<T> whose elements the profiler counts in the hooked one.
+    headers: the course headers' text (comments blanked), whose typedefs name types too."""
+    types = "|".join([_BUILTIN_TYPES] + [re.escape(n) for n in _declared_types(clean + headers)])
     elem = rf"(?P<cv>(?:(?:const|volatile)\s+)*)(?P<t>(?:{types}))\b(?P<cv2>(?:\s+(?:const|volatile))*)"
     edits = []
     depth = [0] * (len(clean) + 1)
@@ -266,6 +278,10 @@ def _local_pointer_edits(clean: str) -> list[tuple[int, int, str]]:
             continue
         macro = "CLEMU_RCAST" if m.group(1) == "reinterpret_cast" else "CLEMU_SCAST"
         edits.append((m.start(), m.end(), f"{macro}({' '.join(m.group(2).split())})"))
+    # reinterpret_cast to an integer or a reference: a function that takes the checked pointers too
+    for m in re.finditer(r"\breinterpret_cast(\s*<\s*[^<>;]*?(?:<[^<>;]*>[^<>;]*?)?\s*>)", clean):
+        if not m.group(1).rstrip(" >").rstrip().endswith("*"):
+            edits.append((m.start(), m.end(), "::clemu::rcast" + m.group(1)))
     return edits
 
 
@@ -324,7 +340,8 @@ def rewrite_for_emulator(src: Source) -> str:
     accesses; `#pragma unroll` is dropped (g++ has its own unroller and rejects non-constant counts)."""
     text = src.text
     clean = strip_comments(text)
-    edits = _local_pointer_edits(clean)   # (start, end, replacement)
+    headers = "".join(strip_comments(p.read_text(errors="replace")) for p in src.includes)
+    edits = _local_pointer_edits(clean, headers)   # (start, end, replacement)
     for k in src.kernels.values():
         for (s, e), p in zip(k.param_spans, k.params):
             if p.pointer and p.base != "pointer":
@@ -372,7 +389,7 @@ def rewrite_for_emulator(src: Source) -> str:
             store = f"{name}__clemu"
             edits.append((m.start(), m.end(), f"{elem} {store}{dims}; static const ::clemu::cview<{elem}{dims}> "
                                               f"{name}{{{store}}};" + "\n" * text[m.start():m.end()].count("\n")))
-        edits.append((i + 1, i + 1, f' extern "C" void* __clemu_const_{name}(long long* n) '
+        edits.append((i + 1, i + 1, f' extern "C" __attribute__((no_sanitize_address)) void* __clemu_const_{name}(long long* n) '
                                     f'{{ *n = sizeof({store}); return (void*)&{store}; }}'))
     for m in re.finditer(r"^[ \t]*#[ \t]*pragma[ \t]+unroll\b[^\n]*", clean, re.M):
         edits.append((m.start(), m.end(), ""))
@@ -404,14 +421,15 @@ def register_cell(path, name: str) -> None:
 
 
 def display_name(path) -> str:
-    """A source file as messages name it: "cell NAME", or its path relative to the repository."""
+    """A source file as messages name it: "cell NAME", its path relative to the repository, or
+    (outside it) its name alone: never a path of the machine that ran it."""
     p = str(path)
     if p in _CELLS:
         return f"cell {_CELLS[p]}"
     try:
         return str(Path(p).resolve().relative_to(repo_root()))
     except ValueError:
-        return p
+        return Path(p).name if Path(p).is_absolute() else p
 
 
 def where(path, line) -> str:

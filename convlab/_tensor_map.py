@@ -19,7 +19,10 @@ class TensorMap:
     box: tuple                # the box one copy fetches, in elements, innermost first
     swizzle: int              # bytes: 0, 32, 64 or 128
     encoded: bytes            # the 128 bytes the kernel receives (the GPU driver's or the emulator's record)
+    element_strides: tuple = ()   # the copy's step through each dimension, innermost first (() : all 1)
 
     def __repr__(self):
+        steps = tuple(reversed(self.element_strides))
         return (f"<TensorMap of {self.tensor.dtype} {tuple(reversed(self.dims))}, box "
-                f"{tuple(reversed(self.box))}, swizzle {self.swizzle}>")
+                f"{tuple(reversed(self.box))}, swizzle {self.swizzle}"
+                + (f", element strides {steps}" if any(e != 1 for e in steps) else "") + ">")

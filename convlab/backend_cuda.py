@@ -119,16 +119,17 @@ class Driver:
         """Stream-ordered copy of nbytes from device memory at source to address."""
         self._call("copying to __constant__ memory", self.lib.cuMemcpyDtoDAsync_v2, address, source, nbytes, stream)
 
-    def encode_tensor_map(self, dtype: int, address: int, dims, strides, box, swizzle: int) -> bytes:
-        """cuTensorMapEncodeTiled's 128 bytes: a tiled map, element strides 1, no interleave, the
-        swizzle (CUtensorMapSwizzle: 0 none, 1 32B, 2 64B, 3 128B), L2 promotion of 256 bytes,
-        zeros outside the tensor."""
+    def encode_tensor_map(self, dtype: int, address: int, dims, strides, box, swizzle: int,
+                          element_strides=None) -> bytes:
+        """cuTensorMapEncodeTiled's 128 bytes: a tiled map, element strides as given (innermost
+        first; None: 1), no interleave, the swizzle (CUtensorMapSwizzle: 0 none, 1 32B, 2 64B, 3
+        128B), L2 promotion of 256 bytes, zeros outside the tensor."""
         out = (ctypes.c_uint64 * 16)()
         rank = len(dims)
         U64, U32 = ctypes.c_uint64, ctypes.c_uint
         self._call("encoding a tensor map", self.lib.cuTensorMapEncodeTiled, ctypes.byref(out), dtype, rank, address,
                    (U64 * rank)(*dims), (U64 * max(rank - 1, 1))(*strides), (U32 * rank)(*box),
-                   (U32 * rank)(*([1] * rank)), 0, swizzle, 3, 0, error=ArgumentError)
+                   (U32 * rank)(*(element_strides or [1] * rank)), 0, swizzle, 3, 0, error=ArgumentError)
         return bytes(out)
 
     def make_current(self, context: int):
@@ -199,8 +200,35 @@ class CudaBackend:
         self.threads = self.dev.get_attribute(attr.MULTIPROCESSOR_COUNT)
         self._threads = threading.local()
 
-    def encode_tensor_map(self, dtype, address, dims, strides, box, swizzle) -> bytes:
-        return self.cu.encode_tensor_map(dtype, address, dims, strides, box, swizzle)
+    def encode_tensor_map(self, dtype, address, dims, strides, box, swizzle, element_strides=None) -> bytes:
+        # a driver call like a launch: autograd's backward thread may have no context current yet
+        self.has_context()
+        return self.cu.encode_tensor_map(dtype, address, dims, strides, box, swizzle, element_strides)
+
+    def set_heap_size(self, nbytes: int):
+        """cudaLimitMallocHeapSize: the device heap of malloc and new in device code."""
+        with self.context():
+            self.drv.Context.set_limit(self.drv.limit.MALLOC_HEAP_SIZE, nbytes)
+
+    def record(self, fn):
+        """(fn()'s result, the Recording of what it did on the GPU from this thread), or (fn()'s
+        result, None) while another call is being recorded."""
+        global _recording
+        if not _record_lock.acquire(blocking=False):
+            return fn(), None
+        rec = _recording = Recording()
+        try:
+            return fn(), rec
+        finally:
+            _recording = None
+            _record_lock.release()
+
+    def driver_functions(self) -> tuple:
+        """The addresses of cuLaunchKernel, cuMemcpyDtoDAsync and cuTensorMapEncodeTiled (what a
+        convlab.native Route calls)."""
+        lib = self.cu.lib
+        return tuple(ctypes.cast(getattr(lib, n), ctypes.c_void_p).value
+                     for n in ("cuLaunchKernel", "cuMemcpyDtoDAsync_v2", "cuTensorMapEncodeTiled"))
 
     def stream(self) -> ctypes.c_void_p:
         """torch's current stream in this thread, as the ctypes object cuLaunchKernel takes."""
@@ -246,14 +274,32 @@ class CudaBackend:
             # shorthand also runs a plain sm_90 pass that rejects those instructions
             arch_only = arch.required_suffix(src.text)
             target = f"{self.cc[0]}{self.cc[1]}{arch_only}"
-            cubin = nvcc(text, options=opts, include_dirs=[str(src.path.parent), str(repo_root() / "kernels")],
-                         no_extern_c=True, arch=f"compute_{target}" if arch_only else f"sm_{target}",
-                         code=f"sm_{target}" if arch_only else None, cache_dir=str(cache))
+            with _compiling(cache, text, opts, target):
+                cubin = nvcc(text, options=opts, include_dirs=[str(src.path.parent), str(repo_root() / "kernels")],
+                             no_extern_c=True, arch=f"compute_{target}" if arch_only else f"sm_{target}",
+                             code=f"sm_{target}" if arch_only else None, cache_dir=str(cache))
         except Exception as e:   # pycuda.driver.CompileError carries nvcc's stderr
             err = getattr(e, "stderr", None) or str(e)
             raise CompileError(f"{src.path} does not compile (nvcc):\n" + map_compiler_output(err)) from None
         with self.context():
             return CudaModule(self, self.cu.load_module(cubin, src.path.name), src)
+
+
+@contextlib.contextmanager
+def _compiling(cache: Path, text: str, options: list, target: str):
+    """Held while one process compiles (or reads from PyCUDA's disk cache) this source for this
+    target: PyCUDA writes a cached cubin in place, so a second process compiling the same kernel at
+    once (benchmarks' parallel workers) would otherwise read it half written."""
+    import fcntl
+    import hashlib
+
+    key = hashlib.sha256("\0".join([text, target, *options]).encode()).hexdigest()[:32]
+    with open(cache / f"{key}.lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 class CudaModule:
@@ -287,6 +333,9 @@ class CudaModule:
     def set_constant(self, name: str, data: bytes):
         b = self.backend
         ptr = self._global(name, len(data))
+        rec = _recording
+        if rec is not None and rec.mine():
+            rec.why = f"__constant__ {name} is filled from the host"
         with b.context():
             b.cu.copy_to_device(ptr, data, b.stream())     # in order with the kernels on the current stream
 
@@ -295,6 +344,9 @@ class CudaModule:
         b = self.backend
         ptr = self._global(name, nbytes)
         b.has_context()
+        rec = _recording
+        if rec is not None and rec.mine():
+            rec.steps.append(("copy", ptr, source, nbytes))
         b.cu.copy_on_device(ptr, source, nbytes, b.stream())
 
     def limits(self, name) -> dict:
@@ -307,6 +359,27 @@ class CudaModule:
 
     def launcher(self, name, params, ctypes_) -> "KernelLauncher":
         return KernelLauncher(self.backend, name, self._function(name), params, ctypes_)
+
+
+class Recording:
+    """What one call did on the GPU, in order (CudaBackend.record): each launch as ("launch",
+    function, its grid, block and shared bytes, its argument buffer as packed, each argument's offset
+    in it, the pointer arguments as (offset, tensor), the tensor-map arguments as (offset,
+    TensorMap)); each copy into __constant__ memory as ("copy", to, from (an address), bytes); and
+    why the call cannot be launched again from these alone (`why`: a __constant__ filled from the
+    host), else None."""
+
+    def __init__(self):
+        self.thread, self.steps, self.why = threading.get_ident(), [], None
+
+    def mine(self) -> bool:
+        return threading.get_ident() == self.thread
+
+
+#: The Recording of the call being recorded (CudaBackend.record), or None; only its thread's
+#: launches go into it
+_recording = None
+_record_lock = threading.Lock()
 
 
 def _half_bits(v) -> int:
@@ -371,6 +444,12 @@ class KernelLauncher:
 
 
     def __call__(self, values, grid, block, shared):
+        rec = _recording
+        if rec is not None and rec.mine():
+            maps = [(self.offsets[i], values[i]) for i in self.maps]
+            pointers = [(self.offsets[i], values[i]) for i in self.pointers]
+        else:
+            maps = None
         values = list(values)
         for i in self.pointers:
             values[i] = values[i].data_ptr()
@@ -382,6 +461,9 @@ class KernelLauncher:
             self.allow_shared(shared)
         slots = self.slots
         self.struct.pack_into(slots.buf, 0, *values)
+        if maps is not None:
+            rec.steps.append(("launch", self.func_id, _dims(grid, block, shared), bytes(slots.buf), tuple(self.offsets),
+                              pointers, maps))
         b = self.backend
         b.has_context()
         err = b.cu.launch(self.func_id, *grid, *block, shared, b.raw_stream(), slots.address)
@@ -448,6 +530,11 @@ class BoundLaunch:
             return self.slow(tensors)
         slots = self.slots
         self.pack(slots.buf, 0, *ptrs)
+        rec = _recording
+        if rec is not None and rec.mine():
+            offsets = self.launcher.offsets
+            rec.steps.append(("launch", self.launcher.func_id, self.dims, bytes(slots.buf), tuple(offsets),
+                              list(zip(offsets, tensors)), []))
         b = self.backend
         b.has_context()
         err = b.cu.launch(self.launcher.func_id, *self.dims, b.raw_stream(), slots.address)

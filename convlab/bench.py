@@ -12,7 +12,12 @@ launch too (as torch's ops do): timed from inside `with torch.cuda.stream(s):`, 
 the call's kernels on s.
 
 torch's own contenders (and the roofline's GEMM) are timed under strict_fp32(): TF32 off, the
-arithmetic our kernels do."""
+arithmetic our kernels do.
+
+Besides: time_alternating (several contenders timed in turns, call by call), time_host (the host
+time per call), and what one call does, on either backend: count_launches (our kernels) and
+work_of (those, and every aten op that is not a view: the allocations and torch's own passes over
+memory, convlab.bench.Work)."""
 from __future__ import annotations
 
 import contextlib
@@ -21,7 +26,10 @@ import time
 from dataclasses import dataclass, field
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
+from . import native
+from .emu import EmuModule
 from .runtime import backend, backend_impl, device
 
 
@@ -105,6 +113,37 @@ def time_caller(fn, reps: int = 20, warmup: int = 3, flush_l2: bool = True) -> T
     return _events(fn, reps, warmup, flush_l2, hold=False)
 
 
+def time_alternating(fns: dict, reps: int = 15, warmup: int = 2, hold: bool = False) -> dict:
+    """{name: Timing} of each fn() in fns, timed in turns: each round times one call of every fn
+    (CUDA events around it, no L2 flush), in an order rotated from round to round, so drift on the
+    host or the GPU weighs on each alike. hold=False: each call from an idle GPU, the time a caller
+    sees (Python included); hold=True: the GPU kept busy while Python queues the call, its GPU time."""
+    names = list(fns)
+    for _ in range(warmup):
+        for n in names:
+            fns[n]()
+    samples = {n: [] for n in names}
+    for r in range(reps):
+        k = r % len(names)
+        for n in names[k:] + names[:k]:
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            if hold:
+                _hold_gpu()
+            else:
+                torch.cuda.synchronize()
+            s.record()
+            fns[n]()
+            e.record()
+            e.synchronize()
+            samples[n].append(s.elapsed_time(e))
+    name = torch.cuda.get_device_name()
+    out = {}
+    for n, v in samples.items():
+        median, p25, p75 = spread(v)
+        out[n] = Timing(median, p25, p75, min(v), max(v), v, True, name)
+    return out
+
+
 #: Calls per loop of time_host: with at most 8 kernels a call, fewer than the ~1,000 launches the
 #: driver queues before a launch waits for the GPU (measured on an H100: 5.9 us a launch with 768
 #: queued, 99 us with 1,024).
@@ -129,21 +168,110 @@ def time_host(fn, calls: int = HOST_CALLS, repeats: int = 5) -> float:
     return best
 
 
-def count_launches(fn) -> int:
-    """Kernels of convlab's that one call of fn() launches on the GPU backend (torch's own not
-    counted), by counting the backend's driver launches. GPU only."""
-    b = backend_impl()
-    real, n = b.cu.launch, [0]
+@contextlib.contextmanager
+def counted_launches(run: bool = True):
+    """Counts the kernels of convlab's launched inside (torch's own not counted): yields a list whose
+    one item is the count (on a GPU, final at the block's end). On a GPU, the backend's driver
+    launches and those of convlab.native's Routes (kept routes); on the emulator, its
+    launches, which run=False replaces by the count alone (nothing runs: outputs keep what they
+    held), and while one runs, what it does is no part of the call (Work.pause)."""
+    n = [0]
+    if backend() == "cuda":
+        b = backend_impl()
+        real, before = b.cu.launch, native.launched()
 
-    def counting(*args):
+        def counting(*args):
+            n[0] += 1
+            return real(*args)
+        b.cu.launch = counting
+        try:
+            yield n
+        finally:
+            b.cu.launch = real
+            n[0] += native.launched() - before       # those of kept routes (convlab.native Routes) too
+        return
+    real = EmuModule.launch
+
+    def emu_launch(self, *args, **kwargs):
         n[0] += 1
-        return real(*args)
-    b.cu.launch = counting
+        if run:
+            with Work.pause():
+                return real(self, *args, **kwargs)
+    EmuModule.launch = emu_launch
     try:
-        fn()
+        yield n
     finally:
-        b.cu.launch = real
+        EmuModule.launch = real
+
+
+def count_launches(fn, run: bool = True) -> int:
+    """Kernels of convlab's that one call of fn() launches (counted_launches)."""
+    with counted_launches(run) as n:
+        fn()
     return n[0]
+
+
+#: aten ops that only allocate (or allocate and fill): a new tensor, no input read
+ALLOCATING = frozenset(("empty", "empty_strided", "new_empty", "new_empty_strided", "full", "new_full", "zeros",
+                        "new_zeros", "ones", "new_ones", "empty_like", "full_like", "zeros_like", "ones_like"))
+
+
+class Work(TorchDispatchMode):
+    """What torch does inside: every aten op that is not a view, as `allocations` (ops of ALLOCATING)
+    and `ops` (the names of the others, each a pass over memory by torch: a copy, a conversion of
+    layout, a fill, an add). Our kernels are no aten ops: beside count_launches, this is what a
+    route adds to them. Views (permute, view, unsqueeze...) move no memory and are not counted."""
+
+    _paused = [0]
+
+    def __init__(self):
+        super().__init__()
+        self.allocations, self.ops = 0, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if not Work._paused[0] and not _is_view(func):
+            name = func.overloadpacket.__name__
+            if name in ALLOCATING:
+                self.allocations += 1
+            else:
+                self.ops.append(name)
+        return out
+
+    @staticmethod
+    @contextlib.contextmanager
+    def pause():
+        """Ops inside are not counted (the emulator's own work while it runs a kernel)."""
+        Work._paused[0] += 1
+        try:
+            yield
+        finally:
+            Work._paused[0] -= 1
+
+
+def _is_view(func) -> bool:
+    """An op whose outputs alias an input without writing it (a view), or that only reads metadata."""
+    returns = func._schema.returns
+    return bool(returns) and all(r.alias_info is not None and not r.alias_info.is_write for r in returns)
+
+
+@dataclass
+class CallWork:
+    launches: int              # kernels of ours
+    allocations: int           # tensors torch allocated (outputs, workspaces)
+    ops: tuple                 # torch's passes over memory besides (copies, conversions, fills, adds), by name
+
+    def __str__(self):
+        return f"{self.launches} launches, {self.allocations} allocations, torch ops {list(self.ops) or 'none'}"
+
+
+def work_of(fn, run: bool = True) -> CallWork:
+    """The launches, allocations and torch ops of one call of fn() (after a first call that plans
+    it: a repeated call, as a loop makes). run=False on the emulator: nothing runs, only counted."""
+    fn()
+    with counted_launches(run) as n, Work() as w:
+        fn()
+    return CallWork(n[0], w.allocations, tuple(w.ops))
 
 
 def wall_per_call(fn, calls: int | None = None, budget_s: float = 0.5) -> float:

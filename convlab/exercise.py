@@ -11,11 +11,13 @@
     ex.check_streams(run)            # run(g, images, chunks): chapter 10's network on streams, recorded
     ex.check_unroll(unroll)          # unroll(x, K, stride, pad) returns im2col's U
     ex.check_counters(launch, targets)   # correct, then the emulator's memory counters against targets
+    ex.check_targets("05_direct_regtile", MT=8, ROWS=2, BLOCK=128)   # targets from the chapter's kernel
     ex.check_constant_mask(launch, mod, targets)   # the mask in mod's __constant__ c_mask, then counters
     ex.check_conv3d_counters(launch, K, targets)   # the same for a 3D launch(x, w, y)
     ex.check_dx_counters(launch, targets)          # the same for a dX launch(dy, w, dx, stride, pad)
     ex.check_answer("03.reuse", reuse)   # a number against the answer kept in exercise_answers
     ex.check_ring(my_ring)           # exercise 11.1's TMA + wgmma ring: the mbarrier protocol
+    ex.check_tf32_split(mod, part)   # exercise 12.1: the 3xTF32 split (part 1), the three products (part 2)
     ex.count_atomics(fn, *args)      # global atomic warp instructions of the kernels fn(*args) launches
     ex.check_function(conv2d_numpy)  # conv2d_numpy(x, w, stride, pad) returns y (numpy)
     ex.check_value("FLOPs", flops, expected)
@@ -26,12 +28,15 @@
 
 Verdicts: "correct"; a named common mistake when the output matches one of them on the
 reference (flipped mask, swapped axes, padding or stride ignored, `=` for `+=`, a tile not fully
-loaded, the result rebound instead of written into y); "wrong at (b,m,h,w): expected … got …",
+loaded, the result rebound instead of written into y, every output off by one amount: a sum
+that does not start at 0); "wrong at (b,m,h,w): expected … got …",
 and when the wrong outputs hold other outputs' right values, how the two differ (by the index and
 the fields locate() names: warp 1 holds what warp 0 computes, acc[i][j] holds acc[i][j+1]'s, a
 leading dimension of 16 where the row holds 36);
 "N outputs never written"; the emulator's fault messages (cl.ConvlabError subclasses: out of
-range, races, barriers, timeouts, each at its source line) as they are. "not done yet" only while
+range, races, barriers, timeouts, each at its source line) as they are, but for two threads that
+store to one element at one line, told as an index to fix, not a barrier to add. Each piece of
+advice is given only where its premise holds on the failing case. "not done yet" only while
 a TODO stub that scripts/make_exercises.py left (`TODO: … (about N lines)`) is still in the code
 the check runs (the launch function, the functions and %%cuda modules it uses); written code
 that writes nothing is told so. On the emulator, kernels run with the race detector, so a
@@ -54,10 +59,11 @@ import convlab as cl
 
 from . import emu, network, simgpu, streams
 from .baselines import torch_algorithm
-from .exercise_answers import ANSWERS, COMPARE, COUNTER_SHAPES, RING_ROUNDS, TARGETS
+from .exercise_answers import ANSWERS, COMPARE, COUNTER_SHAPES, RING_ROUNDS, TARGETS, TUNABLES
 from .measure import call, inputs
-from .ops import naive, out_size
+from .ops import fused, naive, out_size
 from .ops.fp16 import fp16_tolerance
+from .ops.tf32 import round_tf32, split_tf32, tf32_tolerance
 from .profile import ATOMICS, EMU_CONSTANT_ADDRESSES, EMU_CONSTANT_REQUESTS
 from .workloads import Workload, get
 
@@ -195,14 +201,23 @@ def diagnose(y, x, w, stride: int, pad: int, *, rtol: float = 1e-4, atol: float 
 NOTHING = ("none of the", "all ")
 
 
-def _edge_only(bad: np.ndarray, pad: int, K: int) -> bool:
-    """Whether every wrong output of a (B, M, Ho, Wo) output lies in the band at the image's edge
-    whose window reaches outside the image (the bounds check or the padding decide those)."""
+def _outside_windows(H: int, W: int, K: int, stride: int, pad: int, Ho: int, Wo: int) -> np.ndarray:
+    """(Ho, Wo): whether each output's window reaches outside the image (a padding row or column),
+    where the bounds test and the padding's offset decide its value."""
+    def reach(size, n):
+        first = np.arange(n) * stride - pad
+        return (first < 0) | (first + K - 1 > size - 1)
+    return reach(H, Ho)[:, None] | reach(W, Wo)[None, :]
+
+
+def _edge_only(bad: np.ndarray, x_shape, K: int, stride: int, pad: int) -> bool:
+    """Whether the wrong outputs of a (B, M, Ho, Wo) output are exactly at the image's edge: every
+    one of them has a window that reaches outside the image, and the outputs whose windows lie
+    inside it (there are some) are all right. Without padding no window reaches outside."""
     if bad.ndim != 4 or not bad.any():
         return False
-    band = max(pad, 1) + (K > 1)
-    inner = bad[..., band:-band, band:-band] if min(bad.shape[-2:]) > 2 * band else np.zeros(0, bool)
-    return not inner.any()
+    outside = _outside_windows(x_shape[-2], x_shape[-1], K, stride, pad, *bad.shape[-2:])
+    return bool(outside.any() and (~outside).any() and not bad[..., ~outside].any())
 
 
 #: A field of a locate() text: a word and a number ("warp 1", "row 0"), a tuple ("block (0,1)")
@@ -407,9 +422,10 @@ def verdict(y, ref, *, rtol: float = 1e-4, atol: float | None = None, labels: st
 
     if n_poisoned:
         first = tuple(int(i) for i in np.argwhere(poison_mask(y))[0])
-        questions = ("does the loop that loads the tile cover all of it, halo rows and columns included, does "
-                     "every thread wait at a __syncthreads() before reading it, and does every read stay inside "
-                     "what was written (an index, a fragment's leading dimension)?")
+        halo = ", halo rows and columns included" if inputs is not None else ""
+        questions = (f"does the loop that loads the tile cover all of it{halo}, does every thread wait at a "
+                     f"__syncthreads() before reading it, and does every read stay inside what was written (an "
+                     f"index, a fragment's leading dimension)?")
         if n_poisoned == got.size:
             return False, (f"all {got.size} outputs were computed from __shared__ memory that no thread wrote "
                            f"(the emulator fills it with NaN for each block): {questions}")
@@ -436,14 +452,24 @@ def verdict(y, ref, *, rtol: float = 1e-4, atol: float | None = None, labels: st
         if mistake:
             return False, mistake
 
+    if not n_never and n_bad == got.size > 1:
+        diff = got - want
+        off = float(np.median(diff))
+        if np.all(np.abs(diff - off) <= atol + rtol * np.abs(want)):
+            return False, (f"every output is {off:+.6g} off the reference, the same amount everywhere: does the sum "
+                           f"start at 0 (acc = 0 before the loop, not left unset or set to another value)?")
     first = tuple(int(i) for i in np.argwhere(bad)[0])
-    moved = None if n_never else _moved(got, want, bad, atol + rtol * np.abs(got), labels, locate)
+    moved = _moved(got, want, bad, atol + rtol * np.abs(got), labels, locate)
     if n_never:
         first_never = tuple(int(i) for i in np.argwhere(never)[0])
+        if moved:     # written to the wrong places: an index off, not outputs without a thread
+            return False, (f"{n_never} of {got.size} outputs never written, the first at {at(first_never)}, and "
+                           f"written ones hold values that belong elsewhere:\n  {moved}")
         return False, (f"{n_never} of {got.size} outputs never written, the first at {at(first_never)}: "
                        f"does every output get a thread?")
     edge = ""
-    if inputs is not None and not moved and _edge_only(bad, inputs[3], np.shape(inputs[1])[-1]):
+    if inputs is not None and not moved and _edge_only(bad, np.shape(inputs[0]), np.shape(inputs[1])[-1], inputs[2],
+                                                       inputs[3]):
         edge = (": only outputs at the image's edge are wrong, whose windows reach outside the image: check "
                 "the bounds test (ih < H, not ih <= H; ih >= 0) and where the padding is subtracted")
     return False, (f"wrong at {at(first)}: expected {_fmt(want[first])} got {_fmt(got[first])} "
@@ -602,9 +628,10 @@ class _Case:
 def _run_cases(run, cases, *, name: str, labels: str = "bmhw", out_index: int | None = 2,
                passed: str, nothing_hint: dict | None = None, explain=None) -> Verdict:
     """The checks' common path: each case run (faults printed, never raised), judged against its
-    reference and the common mistakes; the first failure is the verdict. nothing_hint: {start of
-    verdict's text for an empty output: what to add} for the operation's own causes. explain(e)
-    -> text (or ""): the operation's own reading of a fault, added under the fault's message."""
+    reference and the common mistakes; the first failure is the verdict. nothing_hint: {words of
+    the first clause of verdict's text for an empty output: what to add} for the operation's own
+    causes. explain(e) -> text (or ""): the operation's own reading of a fault, added under the
+    fault's message."""
     import torch
 
     cases = list(cases)
@@ -623,15 +650,37 @@ def _run_cases(run, cases, *, name: str, labels: str = "bmhw", out_index: int | 
         ok, text = verdict(out, case.ref, labels=labels, inputs=case.inputs, mistakes=case.mistakes,
                            locate=case.locate, **(case.bound or {}))
         if not ok and text.startswith(NOTHING):
-            hint = next((h for start, h in (nothing_hint or {}).items() if text.startswith(start)), "")
+            hint = next((h for words, h in (nothing_hint or {}).items() if words in text.split(": ")[0]), "")
             text = _nothing(run, text, out_index=out_index)
             if text.startswith("not done"):
                 return _say(False, text)
+            # "nothing written" asks whether the kernel stores at all: where it stores on a larger
+            # case, that case's verdict says what is wrong instead
+            later = _first_written(cases[i + 1:], labels) if text.startswith("✗ none of") else None
+            if later is not None:
+                other, verdict_text = later
+                return _say(False, f"✗ {case.text}: nothing was written, though on {other.text} some outputs are; "
+                                   f"there: {verdict_text}")
             return _say(False, f"{text[:2]}{case.text}: {text[2:]}{hint}")
         if not ok:
             why = f" ({case.why})" if case.why else ""
             return _say(False, f"✗ {case.text}{why}: {text}{before}")
     return _say(True, f"✓ correct: {name} {passed}")
+
+
+def _first_written(cases, labels: str):
+    """The first of cases where the launch writes some outputs, and verdict's text there (a fault
+    ends the search): (case, text), or None."""
+    for case in cases:
+        try:
+            checked_launch(case.call)
+        except Exception:  # noqa: BLE001 (the first case's verdict stands)
+            return None
+        ok, text = verdict(case.out, case.ref, labels=labels, inputs=case.inputs, mistakes=case.mistakes,
+                           locate=case.locate, **(case.bound or {}))
+        if not ok and not text.startswith(NOTHING):
+            return case, text
+    return None
 
 
 def _read_on(e: BaseException, case: _Case, labels: str) -> str:
@@ -840,10 +889,13 @@ def check_dw(launch, shapes=None, *, name: str = "your kernel") -> Verdict:
 
     return _run_cases(launch, cases(), name=name, labels=("m", "c", "ky", "kx"),
                       nothing_hint={
-                          "none of the": " (dw starts as NaN, and NaN plus anything stays NaN: a kernel that adds "
+                          "was written": " (dw starts as NaN, and NaN plus anything stays NaN: a kernel that adds "
                                          "into dw with atomicAdd needs dw.zero_() before the launch)",
-                          "all ": " (in a reduction tree each step adds, partial[t] += partial[t + s]: with `=` "
-                                  "partial[0] holds one thread's sum, 0 where that thread had no pixel)"},
+                          "outputs are 0": " (in a reduction tree each step adds, partial[t] += partial[t + s]: with "
+                                           "`=` partial[0] holds one thread's sum, 0 where that thread had no pixel)",
+                          "no thread wrote": " (a reduction's partial[] has an element per thread of the block, which "
+                                             "that thread writes: a block of fewer threads than the array leaves the "
+                                             "rest unwritten)"},
                       passed=f"matches the fp64 reference on all {len(shapes)} shapes (awkward sizes, C=1, "
                              f"B=1, odd and even K, stride 2, padding)")
 
@@ -948,7 +1000,7 @@ def check_dx(launch, shapes=None, *, name: str = "your kernel") -> Verdict:
 
     return _run_cases(launch, cases(), name=name,
                       nothing_hint={
-                          "none of the": " (dx starts as NaN: a kernel that adds into dx, with += or atomicAdd, "
+                          "was written": " (dx starts as NaN: a kernel that adds into dx, with += or atomicAdd, "
                                          "adds to that NaN. Each dx element has one thread here: sum into a "
                                          "register and store it once, dx[i] = acc)"},
                       passed=f"matches the fp64 reference on all {len(shapes)} shapes (awkward sizes, C=1, "
@@ -1110,6 +1162,10 @@ def check_stage(launch, shapes=None, *, name: str = "your kernel") -> Verdict:
                  lambda wd=wd, bd=bd, conv=conv: torch.relu(F.avg_pool2d(conv(wd, bd), 2))),
                 ("the window is 2×2 conv outputs at rows 2py, 2py+1 and columns 2px, 2px+1: only (2py, 2px) "
                  "was taken", lambda wd=wd, bd=bd, conv=conv, ref=ref: torch.relu(conv(wd, bd))[..., 0:2 * (ref.shape[-2]):2, 0:2 * ref.shape[-1]:2]),
+                ("the windows overlap: pooled output (py, px) takes the conv outputs at rows 2py, 2py+1 and columns "
+                 "2px, 2px+1, so its input row is 2 * py + dy + ky, not py + dy + ky",
+                 lambda wd=wd, bd=bd, conv=conv, ref=ref: F.max_pool2d(torch.relu(conv(wd, bd)), 2, stride=1)[
+                     ..., :ref.shape[-2], :ref.shape[-1]]),
             ]
             y = cl.empty(*ref.shape)
             yield _Case(f"B={B} C={C} M={M} {H}×{W} K={K}", "", lambda x=x, w=w, b=b, y=y: launch(x, w, b, y),
@@ -1128,7 +1184,8 @@ def _macs(shape: Workload) -> int:
 
 
 #: What check_counters grades, from one kernel's emulator counters (k.metrics) and the
-#: multiply-adds of the launch: (its value, its unit for the verdict).
+#: multiply-adds of the launch: (its value, its unit for the verdict). "shared loads per
+#: multiply-add" needs k.trace, a trace of every block of the launch (cl.trace): shared_values.
 def _quantity(what: str, k, macs: int | None) -> float | None:
     m = k.metrics
     if what == "sectors per load request":
@@ -1140,8 +1197,11 @@ def _quantity(what: str, k, macs: int | None) -> float | None:
                 + m["l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum"])
     if what == "global load bytes per multiply-add":
         return 32 * m["l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum"] / macs if macs else None
-    if what == "shared loads per multiply-add":      # a warp's load instruction is 32 threads' loads
-        return 32 * m["smsp__inst_executed_op_shared_ld.sum"] / macs if macs else None
+    if what == "shared loads per multiply-add":      # the values each thread loads (shared_values)
+        if getattr(k, "trace", None) is None:
+            raise ValueError("shared loads per multiply-add are counted from a trace of every block of the launch "
+                             "(cl.trace(..., blocks=every block)): k.trace")
+        return len(shared_values(k.trace)) / macs if macs else None
     if what == "global atomics":                     # warp instructions, as ncu counts them
 
         return k.value(ATOMICS)
@@ -1156,15 +1216,72 @@ COUNTERS = ("sectors per load request", "sectors per store request", "shared ban
             "global load bytes per multiply-add", "shared loads per multiply-add", "global atomics",
             "constant addresses per request")
 
+#: The accesses of card.lines() behind each quantity: the line named under a missed target is one of them.
+_ACCESSES = {"sectors per load request": ("global load",), "global load bytes per multiply-add": ("global load",),
+             "sectors per store request": ("global store",), "shared bank conflicts": ("shared load", "shared store"),
+             "global atomics": ("global atomic",)}
 
-def _costliest_line(card) -> str:
-    """The source line whose accesses move the most sectors or wavefronts, as a student finds it."""
+
+def shared_values(trace):
+    """The shared-memory values a traced launch's threads load, as compiled code loads them: each
+    4-byte word once per thread and barrier interval. A word the thread read before in the same
+    interval is still in a register (nvcc keeps it there: no other thread may write it before the
+    next barrier, and the thread's own stores it forwards), and the width of the load instructions
+    is the compiler's (it merges a float4's worth of neighbouring floats into one load where it can
+    prove the alignment), so neither a float4 written as four floats nor a value read again inside
+    a loop is counted twice (checked against nvcc's PTX in tests/test_exercise_mutants.py). Where
+    nvcc keeps two reads apart (each under its own condition) this counts one. trace: cl.trace of
+    every block. A DataFrame, one row per (block, thread, interval, word), with the source line of
+    its first read ("line")."""
+    import pandas as pd
+
+    a = trace.accesses
+    r = a[(a.space == "shared") & (a.access == "read")]
+    words = np.maximum(r.bytes.to_numpy() // 4, 1)
+    rows = np.repeat(np.arange(len(r)), words)
+    within = np.arange(len(rows)) - np.repeat(np.cumsum(words) - words, words)
+    df = pd.DataFrame({c: r[c].to_numpy()[rows] for c in ("bx", "by", "bz", "thread", "phase", "line")})
+    df["word"] = (r.addr.to_numpy().astype(np.uint64)[rows] >> np.uint64(2)) + within.astype(np.uint64)
+    return df.drop_duplicates(["bx", "by", "bz", "thread", "phase", "word"]).reset_index(drop=True)
+
+
+def _every_block(grid: str) -> list:
+    """Every block of a launch's grid, as a KernelProfile gives it ("(5, 1, 1)")."""
+    gx, gy, gz = (int(v) for v in grid.strip("()").split(","))
+    return [(bx, by, bz) for bz in range(gz) for by in range(gy) for bx in range(gx)]
+
+
+def _traced(call, card):
+    """The last kernel of a profiled call, run again with every block traced: a KernelProfile with
+    its trace (the quantities counted from accesses)."""
+    k = card.kernels[-1]
+    return cl.trace(call, blocks=_every_block(k.grid), launch=len(card.kernels) - 1).profile
+
+
+def _costliest_line(card, missed=(), traced=None) -> str:
+    """The source line a student looks at first: under a missed target, the line that makes most
+    of that quantity (the most shared values loaded, the most sectors of a global load, the most
+    bank conflicts); otherwise the line whose accesses move the most sectors or wavefronts."""
+    if "shared loads per multiply-add" in missed and traced is not None:
+        per_line = shared_values(traced.trace).groupby("line").size()
+        if len(per_line):
+            line = per_line.idxmax()
+            return (f"\n  the line that loads the most from shared memory: {line} ({per_line[line]:,} values, each "
+                    f"counted once per thread and barrier interval)")
     try:
-        df = card.lines().reset_index()
+        df = card.lines(len(card.kernels) - 1).reset_index()
     except Exception:  # noqa: BLE001 (no lines on this card: nothing to add)
         return ""
+    kinds = {kind for q in missed for kind in _ACCESSES.get(q, ())}
+    if kinds:
+        df = df[df.access.isin(kinds)]
     best, text = -1.0, ""
     for _, row in df.iterrows():
+        if "shared bank conflicts" in missed:
+            n = row.get("bank conflicts")
+            if n is not None and not (isinstance(n, float) and math.isnan(n)) and float(n) > best:
+                best, text = float(n), f"{row['source line']} ({row['access']}: {float(n):,.0f} bank conflicts)"
+            continue
         for unit in ("sectors", "wavefronts"):
             per = row.get(f"{unit} per request")
             if per is not None and not (isinstance(per, float) and math.isnan(per)):
@@ -1181,10 +1298,22 @@ def check_counters(launch, targets: dict, *, shape: Workload | None = None, resu
     on that shape under cl.profile and its output held to the fp64 reference; without, launch()
     takes no arguments, result() -> (got, expected) says whether its output is right and macs
     (its multiply-adds) is what the "per multiply-add" quantities divide by. Prints
-    e.g. "✓ correct; 4 sectors per load request (target ≤ 4.5); ..." and the costliest line."""
+    e.g. "✓ correct; 4 sectors per load request (target ≤ 4.5); ..." and the line to look at
+    (under a missed target, the line that makes most of that quantity).
+
+    What is counted is what the GPU would do with the kernel as nvcc compiles it, so that a
+    target never punishes what the compiler does for the student: global memory in the sectors and
+    requests the emulator's warps make (nvcc keeps a global load where the code has it); shared
+    loads as the values each thread loads (shared_values: a word once per thread and barrier
+    interval, whatever the width of the loads, since nvcc keeps a value already loaded in a
+    register and merges neighbouring floats into vector loads). Targets made by check_targets for
+    another shape than this one (a Targets with derive) are made again for this shape."""
     import torch
 
 
+    if getattr(targets, "derive", None) is not None and shape is not None and cl.backend() == "emu" \
+            and _dims(shape) != _dims(targets.shape):
+        targets = targets.derive(shape)
     for what in targets:
         if what not in COUNTERS:
             raise ValueError(f"check_counters grades {', '.join(COUNTERS)}; not {what!r}")
@@ -1222,19 +1351,27 @@ def check_counters(launch, targets: dict, *, shape: Workload | None = None, resu
         return _say(False, f"✗ {name}{f' on {shape}' if shape else ''}: {text}")
     if not card.kernels:
         return _say(False, f"✗ {name} launched no kernel")
-    k = card.kernels[-1]
-    parts, met = [], True
+    k, traced = card.kernels[-1], None
+    if "shared loads per multiply-add" in targets:
+        try:
+            traced = _traced(call, card)
+        except Exception as e:  # noqa: BLE001 (a check must never stop the notebook)
+            return _say(False, f"✗ {describe_error(e)}")
+    parts, missed = [], []
     for what, most in targets.items():
-        got = _quantity(what, k, macs)
+        got = _quantity(what, traced if what == "shared loads per multiply-add" else k, macs)
         if got is None:
             parts.append(f"no {what} (the kernel makes no such access)")
             continue
         good = got <= most + 1e-9
-        met &= good
+        if not good:
+            missed.append(what)
         shown = f"{got:,.0f}" if float(got).is_integer() else f"{got:.3g}"
         parts.append(f"{shown} {what} (target {'≤ ' if most else ''}{most:g}){'' if good else ' ✗'}")
-    lead = "✓ correct" if met else "✗ correct, but not within the targets"
-    verdict_ = _say(met, f"{lead}: {name}: " + "; ".join(parts) + _costliest_line(card))
+    lead = "✓ correct" if not missed else "✗ correct, but not within the targets"
+    source = f"\n  the targets: {targets.source}" if getattr(targets, "source", "") else ""
+    verdict_ = _say(not missed, f"{lead}: {name}: " + "; ".join(parts) + source
+                    + _costliest_line(card, missed, traced))
     if shape is not None:
         compare_on_gpu(launch, targets, name=name)
     return verdict_
@@ -1332,6 +1469,9 @@ def _mask_index_mistakes(x, w, stride: int, pad: int):
     if C > 1:
         yield (f"the index into the mask leaves out the channel c: {tap}",
                lambda: conv(w.reshape(-1)[:M * K * K].reshape(M, 1, K, K).expand_as(w)))
+    if M > 1 and C > 1:
+        yield (f"the index into the mask puts the channel before the map, ((c * M + m) * K + p) * K + q: {tap}",
+               lambda: conv(w.reshape(C, M, K, K).transpose(0, 1)))
 
 
 def _global_reads(launch, arg: str, shape: Shape) -> str | None:
@@ -1382,7 +1522,7 @@ def check_constant_mask(launch, module, targets: dict, *, constant: str = "c_mas
     never_copied = (f"\n  Here the likely cause: the mask was never copied into `{constant}`, so the kernel read "
                     f"zeros. A __constant__ array holds zeros until the launch fills it, "
                     f"`module.set_constant(\"{constant}\", w)`, before the kernel's launch")
-    right = _run_cases(launch, cases, name=name, nothing_hint={"all ": never_copied},
+    right = _run_cases(launch, cases, name=name, nothing_hint={"outputs are 0": never_copied},
                        passed=f"matches the fp64 reference on all {len(cases)} shapes (awkward sizes, C=1, "
                               f"B=1, odd and even K, stride 2, padding)")
     if not right:
@@ -1530,8 +1670,10 @@ def check_timing(time_it, *, seed: int | None = None) -> Verdict:
     """time_it(fn, gpu) -> (median ms, 25th, 75th percentile): a timing harness, graded on a
     simulated GPU (convlab.simgpu.SimGPU) whose kernel's cold-cache time is known, and named by its
     mistake: a host clock read without synchronize, events read before they completed, the first
-    (compiling) call timed, too few runs, the flush timed with the kernel, a hot L2, the mean. On a GPU it is then compared with
-    cl.bench on chapter 2's flat naive kernel (lenet_c1)."""
+    (compiling) call timed, too few runs, the flush timed with the kernel, a hot L2, the mean, a
+    "median" that is no middle run (named: the fastest, the slowest, the first or last, a
+    quartile), wrong quartiles. On a GPU it is then compared with cl.bench on chapter 2's flat
+    naive kernel (lenet_c1)."""
     import random
     import statistics
 
@@ -1601,13 +1743,32 @@ def check_timing(time_it, *, seed: int | None = None) -> Verdict:
             f"layers have filled L2 with theirs: flush L2 before each run (gpu.flush_l2(), or zero a buffer "
             f"of at least gpu.L2_BYTES)"))
     median, mean = statistics.median(samples), statistics.mean(samples)
-    if abs(ms - mean) < abs(ms - median) and abs(mean - median) > 0.05 * median:
+    qs, n = sorted(samples), len(samples)
+    # a median has at most half the runs on either side of it (statistics.median, or the lower or
+    # upper middle run); anything else is named by what it is
+    below, above = sum(x < ms - 1e-12 for x in qs), sum(x > ms + 1e-12 for x in qs)
+    named = next((text for value, text in (
+        (qs[0], f"the fastest of your {n} runs (min(times))"), (qs[-1], f"the slowest of your {n} runs (max(times))"),
+        (samples[0], f"the first of your {n} runs"), (samples[-1], f"the last of your {n} runs"),
+        (p25, "your p25, the first quartile"), (p75, "your p75, the third quartile"),
+        *zip(statistics.quantiles(samples, n=4)[::2], ("the first quartile of your runs (statistics.quantiles(times, "
+                                                       "n=4) gives [p25, median, p75], in that order)",
+                                                       "the third quartile of your runs (statistics.quantiles(times, "
+                                                       "n=4) gives [p25, median, p75], in that order)")))
+        if math.isclose(ms, value, rel_tol=1e-9, abs_tol=1e-12)), None)
+    middle = 2 * below <= n and 2 * above <= n
+    if not middle and named is None and abs(ms - mean) < abs(ms - median) and abs(mean - median) > 0.05 * median:
         slow = sum(L.other_ms > 0 for L in timed)
         return _say(False, (
             f"✗ {ms:.3g} ms is the mean of your {len(samples)} runs: {slow} of them waited behind other work "
             f"on the GPU and pull the mean up; the median ({median:.3g} ms) is what a run takes, whatever a "
             f"few outliers do (statistics.median)"))
-    qs = sorted(samples)
+    if not middle:
+        what = named or f"no middle value of your {n} runs: {below} of them are faster, {above} slower"
+        return _say(False, (
+            f"✗ the median you return, {ms:.3g} ms, is {what}, not their median ({median:.3g} ms): the "
+            f"median is the middle of the sorted times, half the runs faster and half slower "
+            f"(statistics.median(times), or the middle value of statistics.quantiles(times, n=4))"))
 
     def rank(v):
         return sum(x <= v + 1e-12 for x in qs) / len(qs)
@@ -1810,14 +1971,122 @@ def check_answer(key: str, got, *args) -> Verdict:
 
 
 class Targets(dict):
-    """An exercise's counter targets, and the exercise's key (check_counters's GPU comparison)."""
+    """An exercise's counter targets {quantity: most allowed}, and the exercise's key
+    (check_counters's GPU comparison). Targets measured from a kernel also say where they come
+    from (source, printed under the verdict), on which shape, and derive(shape) makes them again
+    for another shape."""
     key: str | None = None
+    source: str = ""
+    shape: Workload | None = None
+    derive = None
 
 
-def check_targets(key: str) -> dict:
-    """The counter targets kept for an exercise's kernel (convlab.exercise_answers.TARGETS)."""
+def _dims(shape) -> tuple | None:
+    return None if shape is None else (shape.B, shape.C, shape.M, shape.H, shape.W, shape.K, shape.stride,
+                                       shape.padding, shape.dilation, shape.groups)
 
-    targets = Targets(TARGETS[key])
+
+def _round_up(v: float, digits: int = 3) -> float:
+    """v rounded up to `digits` significant digits: a target a kernel as good as v meets."""
+    if v <= 0:
+        return v
+    e = math.floor(math.log10(v)) - digits + 1
+    return round(math.ceil(v / 10 ** e - 1e-9) * 10 ** e, max(-e, 0))
+
+
+def _round(v: float, digits: int = 3) -> float:
+    return float(f"{v:.{digits}g}")
+
+
+def _conv_counters(run, shape: Workload, quantities) -> dict:
+    """The quantities of the last kernel run(x, w, y, stride=, padding=) launches on shape, counted
+    on the emulator as check_counters counts them."""
+    x, w = cl.randn(shape.B, shape.C, shape.H, shape.W), cl.randn(shape.M, shape.C, shape.K, shape.K)
+    y = cl.empty(shape.B, shape.M, shape.Ho, shape.Wo)
+    call = lambda: run(x, w, y, stride=shape.stride, padding=shape.padding)  # noqa: E731
+    card = cl.profile(call)
+    traced = _traced(call, card) if "shared loads per multiply-add" in quantities else None
+    return {q: _quantity(q, traced if q == "shared loads per multiply-add" else card.kernels[-1], _macs(shape))
+            for q in quantities}
+
+
+def _flat_targets(shape: Workload) -> Targets:
+    """Exercise 2.1: sectors per load and per store request halfway (on a log scale: the geometric
+    mean) between chapter 2's flat kernel, coalesced, and the same sum with a warp's lanes down a
+    column of the output, uncoalesced (chapter 2's conv2d_naive_z in blocks of 1 × 32), both
+    measured on the shape: a coalesced kernel that does a little more or less than the chapter's
+    (taps clamped to the image, another loop order) passes, one whose lanes are not consecutive
+    output columns fails, with the margin of the factor between the two."""
+    quantities = ("sectors per load request", "sectors per store request")
+    chapter = _conv_counters(naive.conv2d_naive_flat, shape, quantities)
+    column = _conv_counters(lambda *a, **kw: naive.conv2d_naive_z(*a, block=(1, 32), **kw), shape, quantities)
+    t = Targets({q: _round(math.sqrt(chapter[q] * column[q])) for q in quantities})
+    t.source = ("halfway between chapter 2's conv2d_naive_flat, coalesced ("
+                + ", ".join(f"{_round(chapter[q])}" for q in quantities)
+                + "), and a warp's lanes down a column of the output, uncoalesced (conv2d_naive_z in blocks of "
+                  "1 × 32: " + ", ".join(f"{_round(column[q])}" for q in quantities)
+                + ") on the same shape, for loads and stores")
+    return t
+
+
+def _direct_regtile_targets(shape: Workload, MT: int, ROWS: int, BLOCK: int) -> Targets:
+    """Exercise 5.3: chapter 5's conv2d_direct_regtile with the same MT, ROWS and BLOCK on the shape."""
+    quantities = ("shared loads per multiply-add", "global load bytes per multiply-add")
+    got = _conv_counters(lambda x, w, y, **kw: fused.conv2d_direct_regtile(x, w, y, MT=MT, ROWS=ROWS, BLOCK=BLOCK,
+                                                                             **kw), shape, quantities)
+    t = Targets({q: _round_up(v) for q, v in got.items()})
+    t.source = f"chapter 5's conv2d_direct_regtile with MT={MT}, ROWS={ROWS}, BLOCK={BLOCK} on the same shape"
+    return t
+
+
+def _register_tile_targets(shape: Workload, BM: int, BN: int, BK: int, TM: int, TN: int) -> Targets:
+    """Exercise 5.2: the shared values the exercise's loop loads with these tunables, per
+    multiply-add of the shape: each thread's TM + TN values of a step kk feed its TM·TN
+    multiply-adds, over every block of (BM/TM)·(BN/TN) threads and every step of BK."""
+    N, KD = shape.B * shape.Ho * shape.Wo, shape.C * shape.K * shape.K
+    blocks = -(-N // BN) * -(-shape.M // BM)
+    threads, steps = (BM // TM) * (BN // TN), -(-KD // BK)
+    t = Targets({"shared loads per multiply-add": _round_up(blocks * threads * steps * BK * (TM + TN) / _macs(shape))})
+    t.source = (f"the micro-tile's loop with BM={BM}, BN={BN}, BK={BK}, TM={TM}, TN={TN}: each thread's "
+                f"TM + TN = {TM + TN} values per step kk for TM·TN = {TM * TN} multiply-adds, on {blocks} "
+                f"block{'s' if blocks > 1 else ''} of {threads} threads and {steps} steps of BK on the same shape")
+    return t
+
+
+#: The exercises whose targets are measured when asked for: key -> targets(shape, **tunables).
+_DERIVED = {"02": _flat_targets, "05_direct_regtile": _direct_regtile_targets,
+            "05_register_tiles": _register_tile_targets}
+
+
+def check_targets(key: str, **tunables) -> dict:
+    """The counter targets of an exercise's kernel: those kept in convlab.exercise_answers.TARGETS,
+    or, for the exercises whose targets come from a kernel (2.1, 5.2, 5.3), measured now on the
+    emulator on counter_shape(key) with the tunables given (check_targets("05_direct_regtile",
+    MT=8, ROWS=2, BLOCK=128); the exercise's own for those left out, exercise_answers.TUNABLES)
+    and made again by check_counters for another shape. On a GPU those hold no numbers (the
+    counters are graded on the emulator) but still name the exercise."""
+
+    if key not in _DERIVED:
+        if tunables:
+            raise TypeError(f"the targets of {key!r} take no tunables")
+        targets = Targets(TARGETS[key])
+    else:
+        known = TUNABLES.get(key, {})
+        unknown = sorted(set(tunables) - set(known))
+        if unknown:
+            raise TypeError(f"the targets of {key!r} take the tunables {', '.join(known) or 'none'}; not "
+                            f"{', '.join(unknown)}")
+        values = {k: int(v) for k, v in {**known, **tunables}.items()}
+        derive = _DERIVED[key]
+
+        def make(shape, derive=derive, values=values):
+            t = derive(shape, **values)
+            t.key, t.shape, t.derive = key, shape, make
+            return t
+        if cl.backend() == "emu":
+            return make(counter_shape(key))
+        targets = Targets()
+        targets.derive = make
     targets.key = key
     return targets
 
@@ -2005,3 +2274,107 @@ def check_ring(module, *, kernel: str = "ring_gemm", name: str = "your ring") ->
                       passed=f"matches the fp64 reference with K of {', '.join(map(str, RING_ROUNDS))} rounds of "
                              f"the ring ({where})",
                       explain=lambda e: ring_diagnosis(e, steps_of.get("now", 0), stages))
+
+
+# ---- 12: the 3xTF32 split --------------------------------------------------------------------
+
+#: Exercise 12.1, part 1's values: ties (low 13 bits 0x1000), just below and above them, a carry into
+#: the exponent, subnormals, both signs, zeros; then random floats over a wide range.
+SPLIT_BITS = (0x3F801000, 0xBF801000, 0x3F800FFF, 0x3F801001, 0x3FFFF000, 0x3FFFFFFF, 0x00001000, 0x00000FFF,
+              0x807FF000, 0x3EAAAAAB, 0xBF7FFFFF, 0x00000000, 0x80000000, 0x7F7FEFFF)
+#: Part 2's reduction: K floats per output, 8 a tensor-core step.
+SPLIT_K = 256
+
+
+def check_tf32_split(module, part: int, *, name: str = "your split") -> Verdict:
+    """Exercise 12.1 on the %%cuda module that holds it. Part 1: split_values(a, hi, lo, n) runs the
+    student's split(a, hi, lo) on SPLIT_BITS and random floats; hi and lo must be the bits of
+    convlab.ops.tf32.split_tf32 (hi: a rounded to TF32, to nearest; lo: a - hi, rounded too).
+    Named: hi left as a, hi truncated, lo not rounded, lo truncated, lo of the wrong sign. Part 2:
+    product3(A, B, D, K) multiplies a 16 x K by a K x 8 tile with mma_1688_tf32 on the split
+    fragments; D must be within 3xTF32's bound (tf32_tolerance: the target) of the float64 product.
+    Named: a product left out (by which TF32 sum D matches), TF32's error, never written."""
+    import torch
+
+    if part == 1:
+        rng = np.random.default_rng(12)
+        rand = (rng.standard_normal(500) * np.exp2(rng.integers(-40, 40, 500))).astype(np.float32)
+        a = np.concatenate([np.array(SPLIT_BITS, np.uint32).view(np.float32), rand])
+        at = torch.from_numpy(a)
+        hi, lo = cl.to_device(torch.full((len(a),), float("nan"))), cl.to_device(torch.full((len(a),), float("nan")))
+        try:
+            run = module.kernel("split_values")
+            checked_launch(lambda: run(cl.to_device(at), hi, lo, len(a), grid=(len(a) + 127) // 128, block=128))
+        except Exception as e:  # noqa: BLE001 (a check must never stop the notebook)
+            return _say(False, _fault(module, describe_error(e)))
+        got_hi, got_lo = hi.cpu(), lo.cpu()
+        want_hi, want_lo = split_tf32(at)
+
+        def same(x, y):
+            return bool(torch.equal(x.view(torch.int32), y.view(torch.int32)))
+        if same(got_hi, want_hi) and same(got_lo, want_lo):
+            return _say(True, f"✓ correct: {name}: hi and lo are the bits of the 3xTF32 split for all {len(a)} "
+                              "values (ties, carries, subnormals, both signs)")
+        unfinished = _unfinished(module)
+        if unfinished is not None:
+            return unfinished
+        if torch.isnan(got_hi).all() or torch.isnan(got_lo).all():
+            return _say(False, f"✗ {name}: {'hi' if torch.isnan(got_hi).all() else 'lo'} was never written")
+        trunc = (at.view(torch.int32) & -0x2000).view(torch.float32)
+        rest = at - want_hi
+        if same(got_hi, at):
+            why = "hi is a itself, all 23 mantissa bits: round it to TF32's 10 (cvt_rna_tf32)"
+        elif same(got_hi, trunc):
+            why = ("hi is a truncated (its low 13 bits dropped): that rounds toward zero; cvt_rna_tf32 rounds to "
+                   "nearest, so |a - hi| is at most half a TF32 step")
+        elif not same(got_hi, want_hi):
+            i = int((got_hi.view(torch.int32) != want_hi.view(torch.int32)).nonzero()[0])
+            why = (f"hi of {float(a[i])!r} (bits {a.view(np.uint32)[i]:#010x}) is {float(got_hi[i])!r}; a rounded to "
+                   f"TF32 is {float(want_hi[i])!r}")
+        elif same(got_lo, rest):
+            why = ("lo = a - hi is right, but not rounded: the tensor core reads only its top 19 bits, so round lo "
+                   "to TF32 too (then a_lo * b_hi is exact)")
+        elif same(got_lo, (rest.view(torch.int32) & -0x2000).view(torch.float32)):
+            why = "lo is truncated: round a - hi to nearest (cvt_rna_tf32), as hi is"
+        elif torch.equal(got_lo, -want_lo):             # as values: +0 and -0 alike
+            why = "lo has the wrong sign: it is a - hi, what hi left over"
+        else:
+            i = int((got_lo.view(torch.int32) != want_lo.view(torch.int32)).nonzero()[0])
+            why = (f"lo of {float(a[i])!r} is {float(got_lo[i])!r}; a - hi = {float(rest[i])!r} rounded to TF32 is "
+                   f"{float(want_lo[i])!r}")
+        return _say(False, f"✗ {name}: {why}")
+
+    A, B = cl.randn(16, SPLIT_K), cl.randn(8, SPLIT_K)
+    D = cl.to_device(torch.full((16, 8), float("nan")))
+    try:
+        checked_launch(lambda: module.kernel("product3")(A, B, D, SPLIT_K, grid=1, block=32))
+    except Exception as e:  # noqa: BLE001
+        return _say(False, _fault(module, describe_error(e)))
+    Ad, Bd = A.double().cpu(), B.double().cpu()
+    ref = Ad @ Bd.T
+    rms = float(ref.pow(2).mean().sqrt())
+    got = D.double().cpu()
+    if torch.isnan(got).any():
+        return _unfinished(module) or _say(False, f"✗ {name}: {int(torch.isnan(got).sum())} of D's 128 outputs "
+                                                  "were never written")
+    err = float((got - ref).abs().max()) / rms
+    rtol, atol_rms = tf32_tolerance(SPLIT_K, 3, SPLIT_K // 8)
+    bound = atol_rms + rtol * float(ref.abs().max()) / rms
+    tf32_err = float((round_tf32(A.cpu()).double() @ round_tf32(B.cpu()).double().T - ref).abs().max()) / rms
+    if err <= bound:    # (no figures in the verdict: they differ from one machine's random tiles to another's)
+        return _say(True, "✓ correct: the three products: D is within 3xTF32's bound of the float64 product (about "
+                          f"fp32's){', where TF32 alone is not' if tf32_err > bound else ''}")
+    unfinished = _unfinished(module)
+    if unfinished is not None:
+        return unfinished
+    (ah, al), (bh, bl) = (tuple(t.double() for t in split_tf32(m.cpu())) for m in (A, B))
+    sums = {"only a_hi * b_hi": ah @ bh.T, "a_hi * b_hi + a_lo * b_hi: a_hi * b_lo is missing": ah @ bh.T + al @ bh.T,
+            "a_hi * b_hi + a_hi * b_lo: a_lo * b_hi is missing": ah @ bh.T + ah @ bl.T}
+    close = [k for k, v in sums.items() if float((got - v).abs().max()) / rms < 10 * bound]
+    if close:
+        why = f"D is {close[0]}: three products are needed, each fragment pair's hi and lo crossed"
+    elif err > 0.1 * tf32_err:
+        why = f"D's error is TF32's ({err:.2g} of its RMS; TF32 alone {tf32_err:.2g}): a lo part is lost"
+    else:
+        why = f"D's largest error is {err:.2g} of its RMS, over 3xTF32's bound {bound:.2g}"
+    return _say(False, f"✗ {name}: {why}")

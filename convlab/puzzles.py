@@ -16,6 +16,7 @@ Expected values live here, never in the notebook. A check never raises; it retur
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -49,11 +50,15 @@ class Puzzle:
     checks: str                        # what the check looks at, in a few words (the report's table)
     cases: Callable[[], list]          # -> [Launch]
     rtol: float = 1e-5
-    faults: dict = field(default_factory=dict)      # error class name -> what it usually means here
+    # what a fault usually means here, by its kind (_fault_kind): "OutOfBoundsError" on a kernel
+    # argument, "OutOfBoundsError shared" on a __shared__ array, "RaceError" (a read against a
+    # write); a kind with no entry gets no advice (two stores to one element: describe_error says it)
+    faults: dict = field(default_factory=dict)
     mistakes: list = field(default_factory=list)    # (text, test(launch, got) -> bool), tried in order
     sectors_max: float | None = None   # every global access: sectors per request at most this
     conflicts_max: int | None = None   # every shared access: bank conflicts at most this
     picture: dict | None = None        # cl.draw keywords for the picture shown when right ("case": which)
+    halo: bool = False                 # its shared tile has a halo (the unwritten-tile verdict says so)
 
 
 PUZZLES: dict[str, Puzzle] = {}
@@ -114,7 +119,7 @@ _add(Puzzle(
     mistakes=[("only the first block's elements were written: every block used the same indices. "
                "The element of a thread is blockIdx.x * blockDim.x + threadIdx.x", _only_first_block)],
     faults={"OutOfBoundsError": "is the element index blockIdx.x * blockDim.x + threadIdx.x?",
-            "RaceError": "several blocks wrote the same elements: the element of a thread is "
+            "RaceError stores": "several blocks wrote the same elements: the element of a thread is "
                          "blockIdx.x * blockDim.x + threadIdx.x, different in every block"},
     picture={"what": "threads", "block_id": (1, 0, 0), "shape": (6, 16), "height": 3.2},
 ))
@@ -143,6 +148,17 @@ def _guard_case(n, block):
                   f"n={n}, {_count(_blocks(n, block), 'block')} of {block}")
 
 
+def _axes_swapped(launch: Launch, got: np.ndarray) -> bool:
+    """What a 2D kernel that takes its row from x and its column from y writes: the elements with
+    row < gridDim.x * blockDim.x and col < gridDim.y * blockDim.y, each right, and no other."""
+    rows, cols = got.shape
+    swapped = (np.arange(rows)[:, None] < launch.grid[0] * launch.block[0]) & \
+              (np.arange(cols)[None, :] < launch.grid[1] * launch.block[1])
+    want = launch.want["out"]
+    return not swapped.all() and bool((~_never(got) == swapped).all()) and \
+        _matches(np.where(swapped, got, 0), np.where(swapped, want, 0))
+
+
 _add(Puzzle(
     "map_2d", "ch2", "add_bias_2d",
     "out[r][c] = a[r][c] + bias[c] on a 2D grid of 2D blocks, rows and columns no multiple of the block",
@@ -151,7 +167,10 @@ _add(Puzzle(
                lambda launch, got: _matches(got, _bias_by_row(launch))),
               ("the rows are read `rows` apart: a row of the row-major matrix is `cols` elements long, "
                "so element (row, col) is at row * cols + col",
-               lambda launch, got: _matches(got, _row_stride_rows(launch)))],
+               lambda launch, got: _matches(got, _row_stride_rows(launch))),
+              ("row and col come from the wrong axes: the threads cover rows up to gridDim.x * blockDim.x and "
+               "columns up to gridDim.y * blockDim.y, and the rest is never written. col is the x index "
+               "(blockIdx.x * blockDim.x + threadIdx.x), row the y index", _axes_swapped)],
     faults={"OutOfBoundsError": "an index past the end: is col the x index and row the y index, is a row "
                                 "`cols` elements long (a[row * cols + col]), and does the guard check "
                                 "both row < rows and col < cols?"},
@@ -245,9 +264,11 @@ _add(Puzzle(
     mistakes=[("the first and last output of each block are wrong: their neighbours are the halo, "
                "tile[0] and tile[BLOCK + 1], which a thread of the block must load (0 outside the array)",
                _edges_unwritten)],
-    faults={"OutOfBoundsError": "the halo of the first and last block lies outside the array: load 0 "
-                                "there instead of reading a[-1] or a[n]",
+    faults={"OutOfBoundsError": "a read past either end of the array: a thread past the end (i >= n) loads 0 "
+                                "into tile[1 + t], and the halo cells of the first and last block, a[i - 1] "
+                                "and a[i + 1], are 0 outside 0 .. n-1",
             "RaceError": _RACE},
+    halo=True,
     picture={"what": "shared", "block_id": (1, 0, 0), "shape": (1, 34), "height": 1.6},
 ))
 
@@ -272,7 +293,10 @@ _add(Puzzle(
     rtol=1e-5,
     faults={"OutOfBoundsError": "a halo cell outside the image: load 0 there (check 0 <= r < rows and "
                                 "0 <= c < cols for the image pixel of each tile cell)",
+            "OutOfBoundsError shared": "an index past the tile: a row of the tile is TILE = BLOCK + 2 cells "
+                                       "wide, so cell k is row k / TILE, column k % TILE",
             "RaceError": _RACE},
+    halo=True,
     picture={"what": "shared", "block_id": (1, 0, 0), "shape": (10, 10)},
 ))
 
@@ -305,7 +329,10 @@ _add(Puzzle(
                lambda launch, got: any(_matches(got, _conv1d(launch.args[0].cpu().numpy(), _MASK5, s))
                                        for s in (2, -2, 1, -1))),
               ("the mask is flipped: c_mask[j] goes with a[i + j - R] (a correlation), not c_mask[4 - j]",
-               lambda launch, got: _matches(got, _conv1d(launch.args[0].cpu().numpy(), _MASK5[::-1])))],
+               lambda launch, got: _matches(got, _conv1d(launch.args[0].cpu().numpy(), _MASK5[::-1]))),
+              ("a tap is left out: j runs over the 2R + 1 taps, 0 to 2R inclusive (j <= 2 * R)",
+               lambda launch, got: any(_matches(got, _conv1d(launch.args[0].cpu().numpy(), _MASK5 * keep))
+                                       for keep in (np.arange(5) < 4, np.arange(5) > 0)))],
     faults={"OutOfBoundsError": "a tap past the ends of the array: count it as 0 (check 0 <= i + j - R < n)"},
 ))
 
@@ -415,7 +442,9 @@ _add(Puzzle(
                lambda launch, got: _some_lanes(launch, got))],
     faults={"WarpMaskError": "every lane named in the mask (0xffffffff: all 32) must reach the shuffle: a lane "
                              "past n must not return early; let it add 0 instead",
-            "OutOfBoundsError": _OOB_GUARD + " (a lane past n adds 0)"},
+            "OutOfBoundsError": _OOB_GUARD + " (a lane past n adds 0)",
+            "RaceError stores": "warps of two blocks wrote the same out[w]: a warp's number counts across the "
+                                "whole grid, (blockIdx.x * blockDim.x + threadIdx.x) / 32, not within its block"},
 ))
 
 
@@ -502,6 +531,10 @@ _add(Puzzle(
     mistakes=[("C is A·Bᵀ: B was read transposed. B is row-major (N columns a row): its fragment is "
                "wmma::row_major and its leading dimension N",
                lambda launch, got: _matches(got, _b_col_major(launch))),
+              ("A's tiles were read with a leading dimension of 16: A is row-major with K columns, so the "
+               "fragment's ldm is K (B's is N, C's N)", lambda launch, got: _matches(got, _lead_dim(launch, "a", 16))),
+              ("B's tiles were read with a leading dimension of 16: B is row-major with N columns, so the "
+               "fragment's ldm is N (A's is K, C's N)", lambda launch, got: _matches(got, _lead_dim(launch, "b", 16))),
               ("only the first 16 of K were summed: loop over K in steps of 16, accumulating in one fragment",
                lambda launch, got: _matches(got, _matmul(launch.args[0].cpu().numpy()[:, :16],
                                                          launch.args[1].cpu().numpy()[:16])))],
@@ -525,6 +558,20 @@ def _b_col_major(launch: Launch) -> np.ndarray:
             index = k0 * N + n0 + kk + nn * N
             read[k0:k0 + 16, n0:n0 + 16] = flat[np.minimum(index, flat.size - 1)]
     return (a.astype(np.float64) @ read).astype(np.float32)
+
+
+def _lead_dim(launch: Launch, which: str, ldm: int) -> np.ndarray:
+    """C when the 16×16 tiles of A (which="a") or B ("b") are loaded with leading dimension ldm from
+    their row-major corners: element (r, c) of a tile read from corner + r * ldm + c."""
+    a, b = (t.cpu().numpy().astype(np.float64) for t in launch.args[:2])
+    m = a if which == "a" else b
+    rows, cols = m.shape
+    flat, read = m.reshape(-1), np.empty_like(m)
+    r, c = np.meshgrid(np.arange(16), np.arange(16), indexing="ij")
+    for r0 in range(0, rows, 16):
+        for c0 in range(0, cols, 16):
+            read[r0:r0 + 16, c0:c0 + 16] = flat[np.minimum(r0 * cols + c0 + r * ldm + c, flat.size - 1)]
+    return ((read if which == "a" else a) @ (b if which == "a" else read)).astype(np.float32)
 
 
 def _wmma_case(M, N, K, seed):
@@ -591,7 +638,9 @@ def _compare(puzzle: Puzzle, case: Launch, name: str, got: np.ndarray) -> tuple[
         first = int(np.flatnonzero(poison)[0])
         return "wrong", (f"{int(poison.sum())} of {got.size} elements of {name} were computed from __shared__ "
                          f"memory that no thread wrote (the emulator fills it with NaN for each block), the first "
-                         f"at {_at(case, got.shape, first)}: does the load cover the whole tile, halo included?")
+                         f"at {_at(case, got.shape, first)}: does the load cover the whole tile"
+                         f"{', halo included' if puzzle.halo else ''}, and does each thread read a cell "
+                         f"that was written?")
     first = int(np.flatnonzero(bad)[0])
     if never.any():
         first_never = int(np.flatnonzero(never)[0])
@@ -599,6 +648,19 @@ def _compare(puzzle: Puzzle, case: Launch, name: str, got: np.ndarray) -> tuple[
                          f"{_at(case, got.shape, first_never)}: does every element get a thread?")
     return "wrong", (f"{name}{_at(case, got.shape, first)} is {g.flat[first]:.6g}, expected {w.flat[first]:.6g} "
                      f"({int(bad.sum())} of {got.size} wrong)")
+
+
+def _fault_kind(e: BaseException) -> str:
+    """Which of a puzzle's advices a fault's premise fits: its class name, with " shared" for an
+    out-of-range access to a __shared__ array (the advices of "OutOfBoundsError" are about the
+    kernel's arguments), and "RaceError stores" for two threads storing to one element (the
+    advices of "RaceError" are about a read against a write)."""
+    kind, msg = type(e).__name__, str(e)
+    if isinstance(e, cl.OutOfBoundsError) and "__shared__ " in msg.split(" by thread")[0]:
+        return kind + " shared"
+    if isinstance(e, cl.RaceError) and " reads it" not in msg.split(", and nothing orders")[0]:
+        return kind + " stores"
+    return kind
 
 
 def _counters(puzzle: Puzzle, kernel, case: Launch):
@@ -615,10 +677,15 @@ def _counters(puzzle: Puzzle, kernel, case: Launch):
                          f"neighbouring addresses"))
         if puzzle.conflicts_max is not None and access.startswith("shared") and row["bank conflicts"] is not None \
                 and row["bank conflicts"] > puzzle.conflicts_max:
+            ways = row["wavefronts per request"]
+            why = ("the lanes of a warp read one column of the tile, 32 floats apart, all in one bank. One float "
+                   "of padding per row spreads a column over all 32 banks" if ways >= 16 else
+                   "the lanes of a warp read one column of the tile, and some of its words share a bank: a row "
+                   "length with a factor in common with the 32 banks (an even one) puts a column's words in the "
+                   "same banks again and again. A row of TILE + 1 floats, odd, gives each word of a column its "
+                   "own bank")
             over.append(("banks", int(number), f"the {access} at {where} has {int(row['bank conflicts']):,} bank "
-                         f"conflicts ({row['wavefronts per request']:.3g} wavefronts per request; 0 is the "
-                         f"target): the lanes of a warp read one column of the tile, 32 floats apart, all in one "
-                         f"bank. One float of padding per row spreads a column over all 32 banks"))
+                         f"conflicts ({ways:.3g} wavefronts per request; 0 is the target): {why}"))
     return over
 
 
@@ -674,7 +741,7 @@ def check(name: str, kernel, *, draw: bool = True) -> Verdict:
         try:
             _launch(kern, case)
         except Exception as e:  # noqa: BLE001
-            advice = puzzle.faults.get(type(e).__name__)
+            advice = puzzle.faults.get(_fault_kind(e))
             text = f"✗ {case.what}: {describe_error(e)}"
             return _say(False, text + (f"\n  In this puzzle that usually means: {advice}" if advice else ""))
         for out, tensor in case.outputs.items():

@@ -236,21 +236,32 @@ def detect_races(on: bool = True):
         emu.set_detect(old)
 
 
+def set_heap_size(nbytes: int):
+    """The device heap that malloc and new in device code allocate from, in bytes (a GPU's
+    cudaLimitMallocHeapSize, 8 MB unless raised): on a GPU, set it before the kernels that use the
+    heap run; the emulator refuses a change while blocks are allocated."""
+    backend_impl().set_heap_size(int(nbytes))
+
+
 def set_timeout(seconds: float):
-    """How long an emulator launch may run before it is stopped (default 10 s; 5 s inside the
-    exercise checks, convlab.exercise, while the default stands)."""
+    """How long an emulator launch may go without any CUDA thread finishing before the watchdog
+    stops it as stuck (default 10 s). A launch that keeps finishing threads runs to its end,
+    however long; cl.time_limit sets a total limit on top (the exercise checks use 5 s, while
+    this default stands)."""
     global _default_timeout
     _default_timeout = float(seconds)
 
 
 def default_timeout() -> float:
-    """The emulator's time limit for a launch as cl.set_timeout last set it (10 s to begin with)."""
+    """How long an emulator launch may go without a CUDA thread finishing, as cl.set_timeout last
+    set it (10 s to begin with)."""
     return _default_timeout
 
 
 @contextlib.contextmanager
 def time_limit(seconds: float):
-    """The emulator's time limit for the launches inside, unless cl.set_timeout changed the default."""
+    """A total time limit for the emulator launches inside (however well they progress), unless
+    cl.set_timeout changed the default."""
     old = _setting("timeout", None)
     _settings.timeout = seconds
     try:
@@ -260,13 +271,18 @@ def time_limit(seconds: float):
 
 
 def launch_timeout() -> float:
-    """The time limit an emulator launch gets now: cl.time_limit's inside one, unless
-    cl.set_timeout changed the default."""
-    limit = _setting("timeout", None) if _default_timeout == _TIMEOUT_S else None
-    return limit or _default_timeout
+    """How long an emulator launch may go without a CUDA thread finishing now (cl.set_timeout's)."""
+    return _default_timeout
 
 
-_debug = False
+def total_limit() -> float | None:
+    """The total time an emulator launch may run now: cl.time_limit's inside one, unless
+    cl.set_timeout changed the default; None (as long as it progresses) elsewhere."""
+    return _setting("timeout", None) if _default_timeout == _TIMEOUT_S else None
+
+
+#: Whether cl.debug is on (what poisoning() reads; the drop-in keys its kept routes by it too)
+debugging = False
 
 
 class debug:
@@ -276,16 +292,16 @@ class debug:
     allocate with torch.empty, as torch does (a NaN fill is one more full write of the output)."""
 
     def __init__(self, on: bool = True):
-        global _debug
-        self._before = _debug
-        _debug = bool(on)
+        global debugging
+        self._before = debugging
+        debugging = bool(on)
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
-        global _debug
-        _debug = self._before
+        global debugging
+        debugging = self._before
         return False
 
     def __repr__(self):
@@ -295,7 +311,7 @@ class debug:
 def poisoning() -> bool:
     """Whether launchers fill the outputs they allocate with NaN now: under cl.debug, and always on
     the emulator (where the students' checks run)."""
-    return _debug or (_backend or backend_impl()).name == "emu"
+    return debugging or (_backend or backend_impl()).name == "emu"
 
 
 class Kernel:
@@ -356,7 +372,8 @@ class Kernel:
         if plan.emu:
             plan.impl.launch(self.name, list(zip(self.params, plan.args.ctypes, values)), grid, block, shared,
                              order=order or _setting("order", "forward"), timeout=timeout or launch_timeout(),
-                             seed=seed, shared_limit=_limits.SHARED_DEFAULT_MAX if max_shared is None else max_shared)
+                             seed=seed, shared_limit=_limits.SHARED_DEFAULT_MAX if max_shared is None else max_shared,
+                             total=total_limit())
         else:
             plan.launch(values, grid, block, shared)
 
@@ -443,30 +460,33 @@ class CpuFunction:
     def __call__(self, *args, timeout: float | None = None):
         checked = _args.check_args(self.name, self.params, args, "cpu")
         self.module._impl.launch(self.name, checked, (1, 1, 1), (1, 1, 1), 0,
-                                 timeout=timeout or launch_timeout(), fibers=False)
+                                 timeout=timeout or launch_timeout(), fibers=False, total=total_limit())
 
 
-# CUtensorMapDataType of the dtypes a tensor map may describe
-_MAP_DTYPES = {torch.uint8: 0, torch.float16: 6, torch.float32: 7, torch.bfloat16: 9}
+#: CUtensorMapDataType of the dtypes a tensor map may describe (a kept route re-encodes its maps with it)
+MAP_DTYPES = {torch.uint8: 0, torch.float16: 6, torch.float32: 7, torch.bfloat16: 9}
 
 
-def tensor_map(t: torch.Tensor, box, swizzle: int = 128) -> TensorMap:
+def tensor_map(t: torch.Tensor, box, swizzle: int = 128, element_strides=None) -> TensorMap:
     """A tiled tensor map of the contiguous tensor t for a kernel's `const __grid_constant__
     CUtensorMap` parameter: the copy engine (tma_load_Nd, kernels/11_hopper/hopper.cuh) then
     fetches boxes of `box` elements (listed as t's shape is, outermost first), zeros outside t,
     into shared memory in the given swizzle (bytes: 0, 32, 64, 128; with a swizzle, the box's
-    innermost extent is at most that many bytes). Made by the same call on both backends: the GPU
-    driver's cuTensorMapEncodeTiled, or the emulator's record of the same fields."""
-    try:                                  # a repeated call: the same memory, shape, box and swizzle
-        hit = _encoded.get((t.data_ptr(), t.dtype, t.shape, box, swizzle, backend_impl().name))
+    innermost extent is at most that many bytes). element_strides (as t's shape, 1 to 8, the
+    innermost 1; None: all 1): a copy steps through dimension d by element_strides[d], loading
+    ceil(box[d] / element_strides[d]) elements of it (a strided convolution's pixels). Made by the
+    same call on both backends: the GPU driver's cuTensorMapEncodeTiled, or the emulator's record
+    of the same fields."""
+    try:                                  # a repeated call: the same memory, shape, box, swizzle and strides
+        hit = _encoded.get((t.data_ptr(), t.dtype, t.shape, box, swizzle, element_strides, backend_impl().name))
         if hit is not None and t.is_contiguous():
             return TensorMap(t, *hit)
     except (AttributeError, TypeError):   # not a tensor, or a box that cannot key: the checks below say why
         pass
     if not isinstance(t, torch.Tensor) or not t.is_contiguous():
         raise ArgumentError("tensor_map needs a contiguous tensor (a channels_last x: x.permute(0, 2, 3, 1))")
-    if t.dtype not in _MAP_DTYPES:
-        raise ArgumentError(f"tensor_map: {t.dtype} is not one of {', '.join(map(str, _MAP_DTYPES))}")
+    if t.dtype not in MAP_DTYPES:
+        raise ArgumentError(f"tensor_map: {t.dtype} is not one of {', '.join(map(str, MAP_DTYPES))}")
     if t.device.type != device().torch_device:
         raise ArgumentError(f"tensor_map: the tensor is on '{t.device}', the kernels run on '{device().torch_device}'")
     box = tuple(int(b) for b in box)
@@ -475,8 +495,12 @@ def tensor_map(t: torch.Tensor, box, swizzle: int = 128) -> TensorMap:
                             f"{tuple(t.shape)}, got {box}")
     if swizzle not in SWIZZLES:
         raise ArgumentError(f"tensor_map: swizzle={swizzle!r}, one of {SWIZZLES} bytes")
+    steps = (1,) * t.dim() if element_strides is None else tuple(int(e) for e in element_strides)
+    if len(steps) != t.dim() or not all(1 <= e <= 8 for e in steps) or steps[-1] != 1:
+        raise ArgumentError(f"tensor_map: element_strides {element_strides}: one per dimension of {tuple(t.shape)}, "
+                            "each 1 to 8, the innermost 1 (the copy engine steps only through the outer ones)")
     size = t.element_size()
-    dims, box_in = tuple(int(d) for d in reversed(t.shape)), tuple(reversed(box))
+    dims, box_in, steps_in = tuple(int(d) for d in reversed(t.shape)), tuple(reversed(box)), tuple(reversed(steps))
     # a contiguous tensor's strides from its shape (a size-1 dimension may report any stride)
     strides, step = [], size
     for d in dims[:-1]:
@@ -495,14 +519,16 @@ def tensor_map(t: torch.Tensor, box, swizzle: int = 128) -> TensorMap:
         raise ArgumentError(f"tensor_map: the tensor's address and strides ({strides} bytes) must be multiples of "
                             f"16 bytes (e.g. channels a multiple of {16 // size})")
     b = backend_impl()
-    encoded = b.encode_tensor_map(_MAP_DTYPES[t.dtype], t.data_ptr(), dims, strides, box_in, SWIZZLES.index(swizzle))
+    encoded = b.encode_tensor_map(MAP_DTYPES[t.dtype], t.data_ptr(), dims, strides, box_in, SWIZZLES.index(swizzle),
+                                  None if element_strides is None else steps_in)
     if len(_encoded) > 4096:              # tensors come and go in a loop: keep the table small
         _encoded.clear()
-    fields = _encoded[(t.data_ptr(), t.dtype, t.shape, box, swizzle, b.name)] = (dims, strides, box_in, swizzle, encoded)
+    key = (t.data_ptr(), t.dtype, t.shape, box, swizzle, element_strides, b.name)
+    fields = _encoded[key] = (dims, strides, box_in, swizzle, encoded, steps_in)
     return TensorMap(t, *fields)
 
 
-# (address, dtype, shape, box as given, swizzle, backend) -> a TensorMap's fields: a repeated call's
+# (address, dtype, shape, box as given, swizzle, element strides as given, backend) -> a TensorMap's fields: a repeated call's
 # tensors (the same memory and shape) reuse their encoding; the tensor itself is never kept here
 _encoded: dict = {}
 

@@ -181,6 +181,10 @@ def move_python_comments(lines: list[str]) -> list[str]:
     return out
 
 
+FSTRING_START = getattr(tokenize, "FSTRING_START", -1)
+FSTRING_END = getattr(tokenize, "FSTRING_END", -1)
+
+
 def break_points(source: str, row: int) -> list[tuple[int, list[int], bool]]:
     """On line `row` (0-based): each bracket opened there that holds commas on that line, as
     (its column, the columns where a break may go: just after its top-level commas and just
@@ -190,8 +194,13 @@ def break_points(source: str, row: int) -> list[tuple[int, list[int], bool]]:
     line = source.split("\n")[row]
     outer = len(line) - len(line.lstrip()) - 1
     open_at, groups, closed, in_target = [], {}, {}, set()
+    in_fstring = 0   # Python 3.12 tokenizes an f-string's fields; 3.11 gives one STRING: the same for both
     for tok in tokenize.generate_tokens(io.StringIO(source).readline):
-        if tok.start[0] - 1 != row:
+        if tok.type == FSTRING_START:
+            in_fstring += 1
+        elif tok.type == FSTRING_END:
+            in_fstring -= 1
+        if tok.start[0] - 1 != row or in_fstring or tok.type == FSTRING_END:
             continue
         bracket = open_at[-1] if open_at else outer
         if tok.type == tokenize.NAME and tok.string in ("for", "in"):

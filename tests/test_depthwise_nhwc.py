@@ -59,10 +59,12 @@ def test_depthwise_nhwc(shape, dtype):
     _check(y, F.conv2d(x.double().cpu(), w.double().cpu(), None, **kw), dtype, n, "y (given, no bias)")
 
 
-def test_nhwc_refuses_what_it_does_not_take():
-    x = cl.randn(2, 4, 8, 8)
-    with pytest.raises(ValueError, match="channels-last"):
-        depthwise.conv2d_depthwise_nhwc(x, cl.randn(4, 1, 3, 3), groups=4)
+def test_nhwc_converts_an_nchw_x_and_refuses_what_it_does_not_take():
+    x, w = cl.randn(2, 4, 8, 8), cl.randn(4, 1, 3, 3)
+    with cl.debug():
+        y = depthwise.conv2d_depthwise_nhwc(x, w, groups=4)        # converted to channels_last in the call
+    assert y.is_contiguous(memory_format=torch.channels_last)
+    cl.check(y, F.conv2d(x.double().cpu(), w.double().cpu(), groups=4))
     xc = x.to(memory_format=torch.channels_last)
     with pytest.raises(ValueError, match="one map per channel"):
         depthwise.conv2d_depthwise_nhwc(xc, cl.randn(8, 1, 3, 3), groups=4)      # a channel multiplier

@@ -12,20 +12,62 @@ import torch.nn.functional as F
 
 import convlab as cl
 from convlab import workloads
-from convlab.ops import depthwise, dispatch, dropin, fp16, general, igemm, wgmma
+from convlab.ops import depthwise, dispatch, dropin, fp16, igemm, wgmma
 from convlab.workloads import Workload
 
 
-@pytest.mark.parametrize("dtype", list(dispatch.RULES))
-def test_every_rule_names_a_registered_kernel_and_the_last_takes_any_layer(dtype):
-    keys = {i.key for i in dispatch.implementations(dtype)}
-    for rule in dispatch.RULES[dtype]:
-        assert rule.kernel in keys, f"{dtype} rule {rule.condition!r} names {rule.kernel!r}, not a registered candidate"
-        assert dispatch.by_key(rule.kernel).name in dispatch.dispatch_rule(dtype)
-    last = dispatch.RULES[dtype][-1]
+@pytest.mark.parametrize("direction", list(dispatch.TABLES))
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+def test_every_rule_names_a_registered_kernel_and_the_last_takes_any_layer(dtype, direction):
+    # the 16-bit table is bf16's too: a row of it may name a kernel whose record takes bf16
+    readers = [d for d, table in dispatch.TABLE_OF.items() if table == dtype]
+    keys = {i.key for d in readers for i in dispatch.implementations(d, direction)}
+    for rule in dispatch.TABLES[direction][dtype]:
+        assert rule.kernel in keys, (f"{dtype} {direction} rule {rule.condition!r} names {rule.kernel!r}, not a "
+                                     "registered candidate of that pass and dtype")
+        assert dispatch.by_key(rule.kernel).name in dispatch.dispatch_rule(dtype, direction)
+    last = dispatch.TABLES[direction][dtype][-1]
     kernel = dispatch.by_key(last.kernel)
     for wl in [*workloads.WORKLOADS_2D, *workloads.LAYERS]:
-        assert last.holds(wl) and kernel.takes(wl), f"the last {dtype} rule must take {wl}"
+        assert last.holds(wl) and kernel.takes(wl), f"the last {dtype} {direction} rule must take {wl}"
+
+
+@pytest.mark.parametrize("precision", list(dispatch.PRECISION_RULES))
+def test_a_precisions_rows_name_its_kernels_and_fall_through_to_fp32s(precision):
+    """A float32 forward in TF32 or 3xTF32 reads PRECISION_RULES' rows (kernels whose record computes
+    in that precision) first, then the fp32 table; the fp32 table alone never runs them."""
+    keys = {i.key for i in dispatch.implementations("fp32", "forward", precision)}
+    rows = dispatch.PRECISION_RULES[precision]
+    assert tuple(r.kernel for r in rows) == dispatch.TENSOR_CORE_FP32[precision]
+    for r in rows:
+        assert r.kernel in keys and dispatch.by_key(r.kernel).precision == precision
+        assert dispatch.by_key(r.kernel).name in dispatch.dispatch_rule("fp32")
+    assert not any(i.precision for i in dispatch.implementations("fp32"))
+    for wl in [*workloads.WORKLOADS_2D, *workloads.LAYERS]:
+        for layout in dispatch.LAYOUTS:
+            impl = dispatch.pick(wl, "fp32", layout, precision=precision)
+            tc = [dispatch.by_key(r.kernel) for r in rows if dispatch.by_key(r.kernel).takes(wl)]
+            assert impl is (tc[0] if tc else dispatch.pick(wl, "fp32", layout)), (wl, layout)
+            assert dispatch.pick(wl, "fp16", layout, precision=precision) is dispatch.pick(wl, "fp16", layout)
+
+
+def test_bf16_reads_the_16_bit_tables_among_the_kernels_whose_record_takes_bf16():
+    """bf16 has no table of its own: the first fp16 row whose kernel's record lists bf16 and takes
+    the layer. A layer no such kernel takes has none: the drop-in hands it to torch, saying why."""
+    for wl in [*workloads.WORKLOADS_2D, *workloads.LAYERS]:
+        for layout in dispatch.LAYOUTS:
+            rows = [r for r in dispatch.RULES["fp16"] if layout in r.layouts and r.holds(wl)
+                    and "bf16" in dispatch.by_key(r.kernel).dtypes and dispatch.by_key(r.kernel).takes(wl)]
+            if rows:
+                assert dispatch.pick(wl, "bf16", layout).key == rows[0].kernel
+            else:
+                with pytest.raises(dispatch.NoKernel):
+                    dispatch.pick(wl, "bf16", layout)
+    # an RGB stem: no 16-bit tensor-core kernel reads 3 channels in bf16
+    x = torch.zeros(1, 3, 5, 5, dtype=torch.bfloat16, device=cl.device().torch_device)
+    w = torch.zeros(4, 3, 3, 3, dtype=torch.bfloat16, device=x.device)
+    assert "no bf16 forward kernel" in dropin.kernel_fallback_reason(x, w)
+    cl.check(dropin.conv2d(x, w), F.conv2d(x, w))
 
 
 def test_pick_agrees_with_the_fastest_measured_kernel():
@@ -44,9 +86,10 @@ def test_pick_agrees_with_the_fastest_measured_kernel():
 def test_pick_never_takes_a_kernel_that_cannot_run_the_layer():
     for wl in [*workloads.WORKLOADS_2D, *workloads.LAYERS]:
         for dtype in dispatch.RULES:
-            impl = dispatch.pick(wl, dtype)
-            assert impl.takes(wl) and impl in dispatch.candidates(wl, dtype)
-            assert impl.op == dispatch.OPS[dtype]
+            for direction, ops in dispatch.DIRECTIONS.items():
+                impl = dispatch.pick(wl, dtype, direction=direction)
+                assert impl.takes(wl) and impl in dispatch.candidates(wl, dtype, direction)
+                assert impl.op in ops and dtype in impl.dtypes
 
 
 def _random_layer(rng: random.Random) -> Workload:
@@ -122,24 +165,25 @@ def test_a_channels_last_depthwise_layer_runs_the_nhwc_kernel_and_keeps_its_layo
     if dtype == torch.float32:
         cl.check(y, ref)
     else:
-        dispatch.check_fp16_forward(y, ref, x.shape, w.shape, b, **kw)
+        dispatch.check_fp16_forward(y, ref, x.shape, w.shape, b, **kw, layout="channels_last")
 
 
 @pytest.mark.parametrize("layout", [torch.contiguous_format, torch.channels_last])
 def test_the_tensor_core_routes_take_either_layout_and_return_torchs(layout):
-    mma = "mma.sync implicit GEMM (NHWC)"
     plain = Workload("t", B=2, C=16, M=24, H=7, W=9, K=3, padding=1)
     # a plain layer: from channels_last, wgmma on an H100/H200 (the emulator is one), else mma.sync;
     # from NCHW, WMMA (the conversion costs more)
-    hopper = wgmma.WGMMA.name if wgmma.runs_here() else mma
-    assert dispatch.pick(plain, "fp16", "channels_last").name == hopper
-    assert dispatch.pick(plain, "fp16").name == "WMMA implicit GEMM"
+    hopper = "wgmma" if wgmma.runs_here() else "mma"
+    assert dispatch.pick(plain, "fp16", "channels_last").key == hopper
+    assert dispatch.pick(plain, "fp16").key == "wmma"
     # one 64-channel step of reduction (a 1x1 layer from 64 channels): mma.sync
     short = Workload("s", B=2, C=64, M=32, H=7, W=9, K=1)
-    assert dispatch.pick(short, "fp16", "channels_last").name == mma
-    # a dilated one, which WMMA does not take: mma.sync from either layout
+    assert dispatch.pick(short, "fp16", "channels_last").key == "mma"
+    # a dilated one, which WMMA and chapter 11's wgmma do not take: mma.sync from NCHW; from
+    # channels_last, the Hopper layers' kernel on an H100/H200, else mma.sync
     wl = Workload("d", B=2, C=16, M=24, H=9, W=11, K=3, padding=2, dilation=2)
-    assert dispatch.pick(wl, "fp16").name == dispatch.pick(wl, "fp16", "channels_last").name == mma
+    assert dispatch.pick(wl, "fp16").key == "mma"
+    assert dispatch.pick(wl, "fp16", "channels_last").key == ("hopper" if wgmma.runs_here() else "mma")
     for shape in (wl, plain):
         x = cl.randn(*shape.x_shape, dtype=torch.float16).contiguous(memory_format=layout)
         w, b = cl.randn(*shape.w_shape, dtype=torch.float16), cl.randn(shape.M, dtype=torch.float16)
@@ -148,7 +192,7 @@ def test_the_tensor_core_routes_take_either_layout_and_return_torchs(layout):
             y = dispatch.forward(x, w, bias=b, **kw)
         assert y.is_contiguous(memory_format=layout)
         ref = F.conv2d(x.double().cpu(), w.double().cpu(), b.double().cpu(), **kw)
-        dispatch.check_fp16_forward(y, ref, x.shape, w.shape, b, **kw)
+        dispatch.check_fp16_forward(y, ref, x.shape, w.shape, b, **kw, layout=dispatch.layout_of(x))
 
 
 def _check_dropin_dx(x, w, y, dy):
@@ -194,8 +238,9 @@ def test_the_drop_in_keeps_its_gradient_routes_with_its_forward_route():
     dropin._routes.clear()
     dropin.conv2d(x.detach(), w.detach(), None, 1, 1)
     dropin.conv2d(x, w, None, 1, 1)
-    ((_, _, grads),) = dropin._routes.values()
-    assert grads == [None], "a forward plans no gradient routes"
+    assert [k[-2] for k in dropin._routes] == [False, True], "the call signature says whether a gradient is wanted"
+    (_, _, none), (_, _, grads) = dropin._routes.values()
+    assert none == grads == [None], "a forward plans no gradient routes"
     dy = cl.randn(2, 5, 7, 6)
     xd, wd = x.detach().double().cpu().requires_grad_(), w.detach().double().cpu().requires_grad_()
     F.conv2d(xd, wd, padding=1).backward(dy.double().cpu())
@@ -204,18 +249,21 @@ def test_the_drop_in_keeps_its_gradient_routes_with_its_forward_route():
         cl.check(gx, xd.grad, name="dx")
         cl.check(gw, wd.grad, name="dw")
     kept = grads[0]
-    assert kept == dispatch.grad_routes(x.shape, w.shape, dy.shape, dy.dtype, stride=1, padding=1)
+    routes = dispatch.grad_routes(x.shape, w.shape, dy.shape, "fp32", stride=1, padding=1)
+    assert tuple(k.route for k in kept) == routes
     assert kept[0].impl is dispatch.dx_impl(dy, w, padding=1, input_size=(7, 6))
 
 
-def test_every_registered_kernel_has_a_unique_key_and_a_row_in_the_api_document():
+def test_every_registered_kernel_has_a_unique_key_and_the_api_documents_table_is_its_records():
     """A new kernel is its .cu, its Impl record and its test: the dispatcher finds the record, and
-    the document's table of registered kernels must name it (key, label, op)."""
+    the document's table of registered kernels is generated from the records (kernel_table)."""
     from pathlib import Path
 
     records = dispatch.registered()
     keys = [i.key for i in records]
     assert all(keys) and len(set(keys)) == len(keys), f"keys must be unique and non-empty: {keys}"
     doc = (Path(__file__).resolve().parent.parent / "docs" / "convlab-api.md").read_text()
-    for i in records:
-        assert f"| `{i.key}` | {i.name} | {i.op} |" in doc, f"docs/convlab-api.md has no row for {i.key} ({i.name})"
+    table = doc[doc.index(dispatch.KERNEL_TABLE_BEGIN) + len(dispatch.KERNEL_TABLE_BEGIN):
+                doc.index(dispatch.KERNEL_TABLE_END)].strip()
+    assert table == dispatch.kernel_table(), ("docs/convlab-api.md's kernel table differs from the records: run "
+                                             "python scripts/kernel_table.py")

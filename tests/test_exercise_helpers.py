@@ -352,6 +352,7 @@ def test_values_in_other_places_by_a_row_length_name_the_leading_dimension(capsy
     assert "a leading dimension of 5 where a row of the array holds 8" in out, out
 
 
+@pytest.mark.emu_only
 def test_counters_on_the_emulator_say_the_gpu_comparison_needs_a_gpu(capsys):
     launch = _launcher(GOOD_KERNEL.replace("BUG", ""))
     assert ex.check_counters(launch, ex.check_targets("02"), shape=ex.COUNTER_SHAPE)
@@ -381,3 +382,45 @@ def test_the_gpu_comparison_shows_three_times_side_by_side():
     assert lines[3].endswith("measured on NVIDIA H200, not this GPU")
     same_gpu = ex.side_by_side(wl, "NVIDIA H200", impl.name, yours, theirs, row)
     assert "not this GPU" not in same_gpu
+
+
+EDGE_ADVICE = "only outputs at the image's edge are wrong"
+
+
+def _edge_verdict(shape, wrong):
+    """verdict's text for the reference of shape with the outputs where wrong(h, w, Ho, Wo) off by a
+    different amount each (no common offset, no other output's value)."""
+    x, w = cl.randn(shape.B, shape.C, shape.H, shape.W).cpu(), cl.randn(shape.M, shape.C, shape.K, shape.K).cpu()
+    ref = cl.ref.conv2d(x, w, stride=shape.stride, padding=shape.padding)
+    y = ref.clone().float()
+    for h in range(shape.Ho):
+        for c in range(shape.Wo):
+            if wrong(h, c, shape.Ho, shape.Wo):
+                y[..., h, c] += 100.0 + 10 * h + c
+    return ex.verdict(y, ref, inputs=(x, w, shape.stride, shape.padding))
+
+
+def test_edge_advice_only_where_the_wrong_outputs_are_those_whose_windows_reach_outside():
+    padded = ex.Shape(1, 2, 2, 16, 16, 3, pad=1)
+    border = lambda h, c, Ho, Wo: h in (0, Ho - 1) or c in (0, Wo - 1)  # noqa: E731
+    ok, text = _edge_verdict(padded, border)
+    assert not ok and EDGE_ADVICE in text, text
+    # a wrong output whose window lies inside the image: not the bounds test
+    ok, text = _edge_verdict(padded, lambda h, c, Ho, Wo: border(h, c, Ho, Wo) or (h, c) == (5, 5))
+    assert not ok and EDGE_ADVICE not in text, text
+    # every output wrong, and no padding (no window reaches outside): never the bounds test
+    for shape in (padded, ex.AWKWARD_SHAPES[0], ex.Shape(2, 1, 3, 12, 12, 3)):
+        ok, text = _edge_verdict(shape, lambda h, c, Ho, Wo: True)
+        assert not ok and EDGE_ADVICE not in text, (shape, text)
+    smallest = ex.AWKWARD_SHAPES[0]                          # 5 x 5, K = 3, no padding
+    ok, text = _edge_verdict(smallest, border)
+    assert not ok and EDGE_ADVICE not in text and "(8 of 9 outputs wrong)" in text, text
+
+
+def test_a_sum_that_starts_off_zero_is_named_by_its_offset():
+    x, w = cl.randn(1, 2, 9, 9).cpu(), cl.randn(3, 2, 3, 3).cpu()
+    ref = cl.ref.conv2d(x, w)
+    ok, text = ex.verdict(ref + 0.5, ref, inputs=(x, w, 1, 0))
+    assert not ok and text.startswith("every output is +0.5 off the reference") and "start at 0" in text, text
+    ok, text = ex.verdict(ref + torch.rand_like(ref) + 0.5, ref, inputs=(x, w, 1, 0))
+    assert not ok and "off the reference" not in text, text

@@ -115,7 +115,8 @@ def test_implementation_records():
     lenet_c1, resnet = workloads.get("lenet_c1"), workloads.get("resnet")
     for impl in records:
         assert impl.applies(resnet) == ("depthwise" not in impl.key)
-        assert impl.applies(lenet_c1) == ("nhwc" not in impl.key)   # C=1: a depthwise layer too (NHWC: M = C too)
+        # C=1: a depthwise layer too (NHWC and dX as a forward: M = C too)
+        assert impl.applies(lenet_c1) == (impl.key not in ("depthwise_nhwc", "depthwise_nhwc_fp16", "depthwise_dx"))
         assert impl.config(resnet) == {}
     x, w = cl.randn(2, 1, 9, 9), cl.randn(3, 1, 3, 3)
     for impl in (general.GENERAL, depthwise.DEPTHWISE):
@@ -235,13 +236,15 @@ def _torch_error(fn, *a, **kw):
     dict(groups=3), dict(padding="foo"), dict(padding="same", stride=2), dict(stride=(1, 2, 3)),
     dict(padding=1.5), dict(w_shape=(5, 2, 3, 3), groups=2), dict(w_shape=(6, 4, 9, 3)),
     dict(bias_shape=(5,)), dict(bias_shape=(6, 1)), dict(x_shape=(1, 2, 4, 7, 7)), dict(x_shape=(7, 7)),
-    dict(w_dtype=torch.float16), dict(bias_dtype=torch.float64),
+    dict(w_dtype=torch.float16), dict(bias_dtype=torch.float64), dict(bias_list=True),
 ], ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()))
 def test_invalid_arguments_raise_torchs_error(case):
     case = dict(case)
     x = cl.randn(*case.pop("x_shape", (2, 4, 7, 7)))
     w = cl.randn(*case.pop("w_shape", (6, 4, 3, 3)), dtype=case.pop("w_dtype", torch.float32))
     b = cl.randn(*case.pop("bias_shape", (6,)), dtype=case.pop("bias_dtype", torch.float32))
+    if case.pop("bias_list", False):             # not a tensor: the call is keyed by nothing
+        b = b.tolist()
     want = _torch_error(F.conv2d, x, w, b, **case)
     assert want is not None, f"torch takes {case}: not an invalid case"
     assert _torch_error(dropin.conv2d, x, w, b, **case) == want

@@ -4,10 +4,12 @@ results run on an H100/H200 too (the same kernels, checked against the same expe
 sanitizer's are the emulator's alone (emu_only).
 
 - The tensor cores' accumulation: wgmma m64n64k16 (fed by TMA in the 128-byte swizzle) and mma.sync
-  m16n8k16 give the H100's bits on the measured trials (tests/data/hopper_mma_numerics.npz).
+  m16n8k16 give the H100's bits on the measured trials (tests/data/hopper_mma_numerics.npz); fp16
+  and bf16, K-major and transposed operands, follow the same rule (benchmarks/mma_numerics_probe.py's
+  trials; its recorded GPU bits, tests/data/hopper_mma_numerics_bf16.npz, once committed).
 - conv2d_wgmma (kernels/11_hopper) against torch in float64 on awkward shapes, outputs poisoned first.
-- TMA: a box's zero fill outside the tensor (negative coordinates too) and each swizzle, against a
-  direct computation.
+- TMA: a box's zero fill outside the tensor (negative coordinates too) and each swizzle, and a box
+  read with element strides, against a direct computation.
 - The sanitizer: tests/data/hopper/pipeline.cu makes one mistake per `bug` value; each is reported
   with its error type and the lines it names (tagged `// [tag]` in the file), and the same kernel
   without the mistake runs and computes the right product, over several rounds of the ring.
@@ -68,6 +70,98 @@ def test_wgmma_and_mma_give_the_h100s_bits():
             f"mma, trial {t}"
         differs += int((_sequential_fmaf(data["C"][t], data["A"][t], data["B"][t], KS) != data["D"][t]).sum())
     assert differs > 0      # the data tells the models apart: plain float sums would not pass
+
+
+def test_the_numpy_model_is_the_emulators_rule_on_the_h100_data():
+    """benchmarks/mma_numerics_probe.py's mma_model (clemu_mma_numerics.h's rule in numpy, which the
+    bf16 checks below use) gives the H100's fp16 bits too."""
+    from benchmarks.mma_numerics_probe import mma_model
+
+    data = np.load(DATA / "hopper_mma_numerics.npz")
+    for t in range(len(data["KS"])):
+        A, B = data["A"][t].astype(np.float64), data["B"][t].astype(np.float64)
+        D = mma_model(data["C"][t], A, B, int(data["KS"][t]))
+        assert np.array_equal(D.view(np.uint32), data["D"][t].view(np.uint32)), f"trial {t}"
+        assert np.array_equal(D[:16, :8].view(np.uint32), data["D16"][t].view(np.uint32)), f"trial {t}"
+
+
+def _follow_the_model(dtype, kinds):
+    from benchmarks import mma_numerics_probe as P
+
+    for A, B, C, KS, kind in P.trials(dtype, seed=7, kinds=kinds)[::3]:
+        D, DT, D16 = P.run_kernels(A, B, C, KS, dtype)
+        want = P.mma_model(C, A, B, KS).view(np.uint32)
+        assert np.array_equal(D.view(np.uint32), want), f"wgmma, {dtype} {kind}"
+        assert np.array_equal(DT.view(np.uint32), want), f"wgmma with transposed operands, {dtype} {kind}"
+        assert np.array_equal(D16.view(np.uint32), want[:16, :8]), f"mma.sync, {dtype} {kind}"
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_wgmma_and_mma_follow_the_model_in_fp16_and_bf16(dtype):
+    """wgmma with K-major and with transposed (M-/N-major) operands and mma.sync, on random and
+    adversarial trials of each kind but subnormal inputs (mma_numerics_probe.trials), give the
+    model's bits. On an H100/H200 this is the model's test for bf16 and for the transposed tiles'
+    layout; on the emulator, that bf16 and the transposed tiles reach the model."""
+    from benchmarks.mma_numerics_probe import AB_KINDS
+
+    _follow_the_model(dtype, [k for k in AB_KINDS if k != "tiny"])
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_subnormal_inputs_follow_the_model(dtype):
+    """The same for subnormal inputs, which no measurement covered before (the rule extended to them:
+    clemu_mma_numerics.h). A failure here on a GPU says the tensor cores treat them otherwise."""
+    _follow_the_model(dtype, ["tiny"])
+
+
+def _kinds_variant(old: str, new: str, **defines):
+    """tests/data/hopper/wgmma_kinds.cu with one line changed, loaded beside it."""
+    text = (DATA / "hopper" / "wgmma_kinds.cu").read_text()
+    assert old in text, "wgmma_kinds.cu changed: update the line this test edits"
+    return cl.load_source(text.replace(old, new), name="wgmma_kinds_variant", defines=defines,
+                          directory=DATA / "hopper")
+
+
+def _run_kinds(m, transposed: bool):
+    A, B, C = cl.randn(64, 64).half(), cl.randn(64, 64).half(), cl.randn(64, 64)
+    ta, tb = (A.T.contiguous(), B.T.contiguous()) if transposed else (A, B)
+    m.kernel("wgmma_kinds")(torch.empty(64, 64), C, cl.tensor_map(ta, (64, 64)), cl.tensor_map(tb, (64, 64)), 1,
+                            grid=(1, 1, 1), block=(128, 1, 1), shared=2 * 8192 + 1024)
+
+
+@pytest.mark.emu_only
+def test_an_m_n_major_tile_off_its_1024_byte_boundary_is_refused():
+    m = _kinds_variant("uint64_t db = TRANSPOSED ? smem_desc_128b_mn(smem + 8192, 8192) : smem_desc_128b(smem + 8192);",
+                       "uint64_t db = smem_desc_128b_mn(smem + 8192, 8192) + 32;", TRANSPOSED=1)
+    with pytest.raises(cl.KernelFault, match="B's descriptor starts 512 bytes past a 1024-byte boundary: an M/N-major"):
+        _run_kinds(m, True)
+
+
+@pytest.mark.emu_only
+def test_a_strided_box_announced_at_its_traversal_size_never_completes():
+    """With element strides a copy brings ceil(box / stride) elements a dimension, not the box:
+    announcing the box's bytes leaves the phase waiting for bytes that never come."""
+    t = cl.randn(7, 9, 64).half()
+    with pytest.raises(cl.BarrierError, match="fewer than announced"):
+        cl.load(DATA / "hopper" / "tma_box.cu").kernel("tma_box")(
+            torch.zeros(4 * 6 * 64 // 2, dtype=torch.int32), cl.tensor_map(t, (4, 6, 64), element_strides=(2, 3, 1)),
+            0, 0, 0, 4 * 6 * 64 * 2, grid=(1, 1, 1), block=(64, 1, 1), shared=4 * 6 * 64 * 2 + 1024)
+
+
+def test_bf16_gives_the_gpus_recorded_bits():
+    """The emulator against the GPU's bf16 outputs that benchmarks/mma_numerics_probe.py recorded."""
+    from benchmarks import mma_numerics_probe as P
+
+    path = DATA / "hopper_mma_numerics_bf16.npz"
+    if not path.exists():
+        pytest.skip("no recorded bf16 outputs yet: run benchmarks/mma_numerics_probe.py on an H100/H200 and "
+                    "commit its hopper_mma_numerics_bf16.npz to tests/data/")
+    data = np.load(path)
+    for t in range(len(data["KS"])):
+        A, B = (torch.from_numpy(data[k][t].view(np.int16)).view(torch.bfloat16).double().numpy() for k in "AB")
+        D, DT, D16 = P.run_kernels(A, B, data["C"][t], int(data["KS"][t]), "bf16")
+        for got, key in ((D, "D"), (DT, "DT"), (D16, "D16")):
+            assert np.array_equal(got.view(np.uint32), data[key][t].view(np.uint32)), f"{key}, {data['kind'][t]}"
 
 
 # ------------------------------------------------------------------------------------------
@@ -147,6 +241,40 @@ def test_tma_box_zero_fill_and_swizzle(dtype, swizzle, box):
                     off = int(_swizzled(np.array(((i2 * box[1] + i1) * box[2] + i0) * es), swizzle))
                     want[off:off + es] = np.frombuffer(v.tobytes(), np.uint8)
         assert np.array_equal(got, want), f"box at {(c2, c1, c0)}"
+
+
+@pytest.mark.parametrize("steps,box", [((2, 3, 1), (4, 6, 64)), ((1, 2, 1), (3, 5, 32)), ((3, 1, 1), (5, 4, 8))])
+def test_tma_box_with_element_strides(steps, box):
+    """A copy steps through each outer dimension by its element stride and loads ceil(box / stride)
+    elements of it (the box of a strided convolution's pixels); zeros outside the tensor."""
+    m = cl.load(DATA / "hopper" / "tma_box.cu")
+    t = cl.to_device(torch.randn(7, 9, 64).half() + 3)
+    got_box = tuple(-(-b // s) for b, s in zip(box, steps))
+    nbytes = int(np.prod(got_box)) * 2
+    src = t.cpu().view(torch.int16).numpy()
+    for c2, c1, c0 in [(0, 0, 0), (-1, -2, 0), (5, 4, 32)]:
+        out = cl.to_device(torch.zeros(nbytes // 4, dtype=torch.int32))
+        m.kernel("tma_box")(out, cl.tensor_map(t, box, swizzle=128 if box[2] == 64 else 0, element_strides=steps),
+                            c0, c1, c2, nbytes, grid=(1, 1, 1), block=(64, 1, 1), shared=nbytes + 1024)
+        got = out.cpu().numpy().view(np.uint8)
+        want = np.zeros(nbytes, np.uint8)
+        for i2 in range(got_box[0]):
+            for i1 in range(got_box[1]):
+                for i0 in range(got_box[2]):
+                    g2, g1, g0 = c2 + i2 * steps[0], c1 + i1 * steps[1], c0 + i0
+                    inside = 0 <= g2 < t.shape[0] and 0 <= g1 < t.shape[1] and 0 <= g0 < t.shape[2]
+                    v = src[g2, g1, g0] if inside else np.int16(0)
+                    off = ((i2 * got_box[1] + i1) * got_box[2] + i0) * 2
+                    off = int(_swizzled(np.array(off), 128 if box[2] == 64 else 0))
+                    want[off:off + 2] = np.frombuffer(v.tobytes(), np.uint8)
+        assert np.array_equal(got, want), f"box at {(c2, c1, c0)}"
+
+
+def test_tensor_map_element_strides_are_checked():
+    t = cl.randn(4, 6, 64).half()
+    for bad in [(1, 2), (9, 1, 1), (1, 1, 2), (0, 1, 1)]:
+        with pytest.raises(cl.ArgumentError, match="element_strides"):
+            cl.tensor_map(t, (2, 4, 64), element_strides=bad)
 
 
 @pytest.mark.emu_only

@@ -169,3 +169,172 @@ def test_a_cell_that_did_not_compile_is_said():
 
     verdict = pz.check("map", FailedModule("add_ten", "error: expected ';'"), draw=False)
     assert not verdict and "did not compile" in verdict.text
+
+
+#: puzzle -> [(the mistake, [(solution text, mistaken text)], what the verdict must say, what it must
+#: not say)]: advice whose premise does not hold on the fault is not given
+ADVICE = {
+    "reverse_block": [("two threads store to one cell (t / 2): no loop, no barrier to add",
+                       [("tile[t] = a[base + t];", "tile[t / 2] = a[base + t];")],
+                       "each element needs exactly one writer", ("inside its loop", "In this puzzle that usually"))],
+    "tile_2d": [("the tile's rows BLOCK wide: an index past the tile, not a pixel outside the image",
+                 [("tile[k / TILE][k % TILE]", "tile[k / BLOCK][k % BLOCK]")],
+                 "a row of the tile is TILE = BLOCK + 2 cells wide", ("load 0 there",))],
+    "coalesced_transpose": [("the tile's row j left out: no halo here",
+                             [("tile[threadIdx.y + j][threadIdx.x] = a[(y + j) * cols + x];",
+                               "tile[threadIdx.y][threadIdx.x] = a[(y + j) * cols + x];")],
+                             "does the load cover the whole tile", ("halo",))],
+}
+
+
+@needs_emulator
+@pytest.mark.parametrize("name,mistake,edits,says,never", [
+    (name, mistake, edits, says, never) for name, cases in sorted(ADVICE.items())
+    for mistake, edits, says, never in cases], ids=lambda v: v if isinstance(v, str) and " " not in v else None)
+def test_advice_only_where_its_premise_holds(name, mistake, edits, says, never):
+    source = _solution(CELLS[name][1])
+    for old, new in edits:
+        assert old in source, f"{name}: the mutant's text is not in the solution: {old!r}"
+        source = source.replace(old, new)
+    verdict = _check(name, source, "advice" + str(abs(hash(mistake)) % 10**6))
+    assert not verdict, f"{name}, {mistake}: the mistake passed"
+    assert says in verdict.text, f"{name}, {mistake}: {verdict.text}"
+    for words in never:
+        assert words not in verdict.text, f"{name}, {mistake}: {verdict.text}"
+
+
+#: more mistakes a student makes, one per puzzle at least (the others are in ADVICE): (the mistake,
+#: (solution text, mistaken text), what the verdict must say)
+MORE_MUTANTS = {
+    "map": [("index one past", ("threadIdx.x;", "threadIdx.x + 1;"),
+             "is the element index blockIdx.x * blockDim.x + threadIdx.x")],
+    "guard": [("guard i <= n", ("if (i < n)", "if (i <= n)"), "each thread must check its index")],
+    "map_2d": [("row and col from the wrong axes",
+                ("const int col = blockIdx.x * blockDim.x + threadIdx.x;\n"
+                 "    const int row = blockIdx.y * blockDim.y + threadIdx.y;",
+                 "const int row = blockIdx.x * blockDim.x + threadIdx.x;\n"
+                 "    const int col = blockIdx.y * blockDim.y + threadIdx.y;"),
+                "row and col come from the wrong axes")],
+    "grid_stride": [("a stride of one block", ("gridDim.x * blockDim.x;", "blockDim.x;"), "the step of its loop")],
+    "halo": [("its own element read unguarded", ("tile[1 + t] = i < n ? a[i] : 0.0f;", "tile[1 + t] = a[i];"),
+              "a thread past the end (i >= n) loads 0")],
+    "constant_mask": [("one tap short", ("j <= 2 * R", "j < 2 * R"), "a tap is left out")],
+    "coalesced_transpose": [("the tile read by rows on the store",
+                             ("= tile[threadIdx.x][threadIdx.y + j];", "= tile[threadIdx.y + j][threadIdx.x];"),
+                             "no thread wrote")],
+    "padded_tile": [("padded by 2", ("tile[TILE][TILE + 1]", "tile[TILE][TILE + 2]"),
+                     "some of its words share a bank")],
+    "block_reduce": [("the barrier inside the if",
+                      ("        if (t < stride)\n            s[t] += s[t + stride];\n        __syncthreads();",
+                       "        if (t < stride) {\n            s[t] += s[t + stride];\n"
+                       "            __syncthreads();\n        }"),
+                      "BarrierError")],
+    "histogram": [("no guard", ("    if (i < n) {\n        const int v = data[i];\n        atomicAdd(&bins[v], 1);\n"
+                                "    }", "    atomicAdd(&bins[data[i]], 1);"),
+                   "each thread must check its index")],
+    "warp_sum": [("the warp's number within its block", ("warp = i / 32", "warp = threadIdx.x / 32"),
+                  "a warp's number counts across the whole grid")],
+    "dot": [("no guard on the products", ("float v = i < n ? a[i] * b[i] : 0.0f;", "float v = a[i] * b[i];"),
+             "each thread must check its index")],
+    "half2_axpy": [("pairs indexed as halves", ("x[i], y[i]);", "x[2 * i], y[2 * i]);"), "n2 counts pairs")],
+    "wmma_tile": [("A's leading dimension 16", ("a + row * K + k, K)", "a + row * K + k, 16)"),
+                   "A's tiles were read with a leading dimension of 16")],
+}
+
+
+#: right kernels written another way, one per puzzle at least: (what, [(solution text, new text)]);
+#: each passes
+ALTERNATIVES = {
+    "map": [("the index's terms in another order, 10 first",
+             [("blockIdx.x * blockDim.x + threadIdx.x", "threadIdx.x + blockDim.x * blockIdx.x"),
+              ("a[i] + 10.0f", "10.0f + a[i]")])],
+    "guard": [("an early return", [("    if (i < n)\n        out[i]", "    if (i >= n)\n        return;\n    out[i]")])],
+    "map_2d": [("an early return", [("    if (row < rows && col < cols)\n        out",
+                                     "    if (row >= rows || col >= cols)\n        return;\n    out")])],
+    "grid_stride": [("a while loop", [("    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)\n"
+                                       "        out[i] = alpha * a[i];",
+                                       "    int i = blockIdx.x * blockDim.x + threadIdx.x;\n    while (i < n) {\n"
+                                       "        out[i] = a[i] * alpha;\n        i += stride;\n    }")])],
+    "reverse_block": [("stored mirrored, read in order",
+                       [("    tile[t] = a[base + t];\n    __syncthreads();\n    out[base + t] = tile[CHUNK - 1 - t];",
+                         "    tile[CHUNK - 1 - t] = a[base + t];\n    __syncthreads();\n    out[base + t] = tile[t];")])],
+    "halo": [("the right halo loaded by thread 1",
+              [("    if (t == BLOCK - 1)\n        tile[BLOCK + 1] = i + 1 < n ? a[i + 1] : 0.0f;",
+                "    if (t == 1) {\n        const int r = blockIdx.x * BLOCK + BLOCK;\n"
+                "        tile[BLOCK + 1] = r < n ? a[r] : 0.0f;\n    }")])],
+    "tile_2d": [("two loops over the tile's rows and columns",
+                 [("""    for (int k = ty * BLOCK + tx; k < TILE * TILE; k += BLOCK * BLOCK) {
+        const int r = blockIdx.y * BLOCK + k / TILE - 1;
+        const int c = blockIdx.x * BLOCK + k % TILE - 1;
+        tile[k / TILE][k % TILE] = r >= 0 && r < rows && c >= 0 && c < cols
+                                   ? a[r * cols + c] : 0.0f;
+    }""", """    for (int y = ty; y < TILE; y += BLOCK)
+        for (int x = tx; x < TILE; x += BLOCK) {
+            const int r = blockIdx.y * BLOCK + y - 1, c = blockIdx.x * BLOCK + x - 1;
+            tile[y][x] = (r >= 0 && r < rows && c >= 0 && c < cols) ? a[r * cols + c] : 0.0f;
+        }""")])],
+    "constant_mask": [("the taps' range clamped to the array",
+                       [("""    for (int j = 0; j <= 2 * R; ++j)
+        if (i + j - R >= 0 && i + j - R < n)
+            sum += c_mask[j] * a[i + j - R];""", """    const int lo = max(0, R - i), hi = min(2 * R, n - 1 - i + R);
+    for (int j = lo; j <= hi; ++j)
+        sum += a[i - R + j] * c_mask[j];""")])],
+    "coalesced_transpose": [("a padded tile", [("tile[TILE][TILE]", "tile[TILE][TILE + 1]")])],
+    "padded_tile": [("a flat tile with rows TILE + 1 apart",
+                     [("__shared__ float tile[TILE][TILE + 1];", "__shared__ float tile[TILE * (TILE + 1)];"),
+                      ("tile[threadIdx.y + j][threadIdx.x] = a", "tile[(threadIdx.y + j) * (TILE + 1) + threadIdx.x] = a"),
+                      ("= tile[threadIdx.x][threadIdx.y + j];", "= tile[threadIdx.x * (TILE + 1) + threadIdx.y + j];")])],
+    "block_reduce": [("neighbours added in pairs, the stride doubling",
+                      [("""    for (int stride = BLOCK / 2; stride > 0; stride /= 2) {
+        if (t < stride)""", """    for (int stride = 1; stride < BLOCK; stride *= 2) {
+        if (t % (2 * stride) == 0)""")])],
+    "histogram": [("a block's histogram in shared memory first",
+                   [("""    if (i < n) {
+        const int v = data[i];
+        atomicAdd(&bins[v], 1);
+    }""", """    __shared__ int local[16];
+    if (threadIdx.x < 16)
+        local[threadIdx.x] = 0;
+    __syncthreads();
+    if (i < n)
+        atomicAdd(&local[data[i]], 1);
+    __syncthreads();
+    if (threadIdx.x < 16)
+        atomicAdd(&bins[threadIdx.x], local[threadIdx.x]);""")])],
+    "warp_sum": [("a butterfly (xor)", [("__shfl_down_sync(0xffffffff, v, offset)",
+                                          "__shfl_xor_sync(0xffffffff, v, offset)")])],
+    "dot": [("xor shuffles, lane 0 by a mask", [("__shfl_down_sync(0xffffffff, v, offset)",
+                                                 "__shfl_xor_sync(0xffffffff, v, offset)"),
+                                                ("if (threadIdx.x % 32 == 0)", "if ((threadIdx.x & 31) == 0)")])],
+    "half2_axpy": [("a multiply, then an add", [("out[i] = __hfma2(__float2half2_rn(a), x[i], y[i]);",
+                                                 "out[i] = __hadd2(__hmul2(x[i], __float2half2_rn(a)), y[i]);")])],
+    "wmma_tile": [("pointers by &a[...]", [("a + row * K + k, K)", "&a[row * K + k], K)"),
+                                           ("b + k * N + col, N)", "&b[k * N + col], N)"),
+                                           ("c + row * N + col, acc", "&c[row * N + col], acc")])],
+}
+
+
+def test_every_puzzle_has_another_mutant_and_a_correct_alternative():
+    assert sorted(set(MORE_MUTANTS) | set(ADVICE)) == sorted(pz.PUZZLES)
+    assert sorted(ALTERNATIVES) == sorted(pz.PUZZLES)
+
+
+@needs_emulator
+@pytest.mark.parametrize("name,mistake,edit,says", [
+    (name, mistake, edit, says) for name, cases in sorted(MORE_MUTANTS.items()) for mistake, edit, says in cases],
+    ids=lambda v: v if isinstance(v, str) and " " not in v else None)
+def test_another_mistake_is_named(name, mistake, edit, says):
+    test_a_mistake_is_named(name, mistake, edit, says)
+
+
+@needs_emulator
+@pytest.mark.parametrize("name,what,edits", [
+    (name, what, edits) for name, cases in sorted(ALTERNATIVES.items()) for what, edits in cases],
+    ids=lambda v: v if isinstance(v, str) and " " not in v else None)
+def test_a_correct_alternative_passes(name, what, edits):
+    source = _solution(CELLS[name][1])
+    for old, new in edits:
+        assert old in source, f"{name}: the alternative's text is not in the solution: {old!r}"
+        source = source.replace(old, new)
+    verdict = _check(name, source, "alt" + str(abs(hash(what)) % 10**6))
+    assert verdict, f"{name}, {what}: {verdict.text}"

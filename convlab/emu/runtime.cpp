@@ -10,6 +10,7 @@
 #include "clemu_abi.h"
 #include "clemu_profile.h"
 #include "clemu_mma_numerics.h"
+#include "guard.h"
 
 #include <atomic>
 #include <chrono>
@@ -31,6 +32,8 @@
 #include <unordered_map>
 #include <unordered_set>
 #include <dlfcn.h>
+#include <link.h>
+#include <unwind.h>
 #include <pthread.h>
 #include <sys/mman.h>
 #include <ucontext.h>
@@ -138,8 +141,9 @@ struct clemu_launch {
     void (*body)(void** args); // calls the kernel once, for clemu_cur
     void** args;
     int n_bufs;
-    clemu_buf* bufs;           // buffer arguments, for fault messages
+    clemu_buf* bufs;           // buffer arguments: the kernel's pointer parameters read these (staged by guard.cpp)
     const char** buf_names;
+    const long long* buf_elem; // each buffer's element size in bytes, for messages
     int detect;                // run the race detector (one worker, so its verdict is deterministic)
     int profile;               // count requests, sectors and bank conflicts (profile.cpp)
     int async_proxy;           // the kernel uses Hopper's async path: ordinary shared stores are recorded (fence checks)
@@ -172,10 +176,11 @@ struct fiber_thread {
     // Hopper (clemu_hopper.h)
     void* mbar;            // T_MBAR: the mbarrier it waits on, for the phase of this parity
     unsigned mbar_parity;
-    int wg_op, wg_n, wg_acc_flag;              // T_WG: the warpgroup instruction and its operands
+    int wg_op, wg_n, wg_acc_flag, wg_kind;     // T_WG: the warpgroup instruction and its operands
     float* wg_d;
     unsigned long long wg_da, wg_db;
     unsigned long long fences, fences_at_bar;  // fence_proxy_async calls so far, and as of the last __syncthreads()
+    unsigned long long bulk_groups, bulk_read;  // TMA stores: bulk groups committed; those below bulk_read read
     std::vector<mbar_seen> seen;
     std::vector<wg_acc> inflight;
     int nbar_id, nbar_threads;             // T_NBAR: named_barrier_sync(id, threads)
@@ -198,6 +203,10 @@ struct mbar_state {
     long long pending, tx, announced, announced_before;   // announced: bytes this phase; before: the last phase's
     unsigned long long phase;          // phases completed; the current one's parity is phase & 1
     const char* tx_file; int tx_line;  // the phase's last mbar_arrive_expect_tx
+    // who initialised it, where, and in which of the block's barrier epochs; whether that thread's
+    // fence_mbar_init() has made the init visible (to the copy engine and, after a barrier, to all)
+    int init_thread; unsigned init_epoch; const char* init_file; int init_line;
+    bool fenced; unsigned fence_epoch;
 };
 // A 16-byte chunk of shared memory as the asynchronous proxy sees it: the last TMA copy into it
 // (done for a thread once it has seen phase tma_phase of tma_bar complete), the last ordinary store
@@ -212,6 +221,8 @@ struct async_chunk {
     unsigned rd_mask = 0;
     unsigned long long rd_group[MAX_WARPGROUPS];
     const char* rd_file[MAX_WARPGROUPS]; int rd_line[MAX_WARPGROUPS];
+    int st_thread = -1; unsigned long long st_group = 0;    // a TMA store reading it: its thread and bulk group
+    const char* st_file = nullptr; int st_line = 0;
 };
 // A warpgroup's state: `gen` counts its instructions met, `done` the ones their first resumer has
 // carried out; commit groups committed, and the groups below `waited` are complete.
@@ -250,6 +261,9 @@ struct worker {
     unsigned epoch = 0;                            // barriers the running block has passed
     void* stop_pc = nullptr;                       // where the watchdog's signal found the kernel
     const void* last_site = nullptr;               // the last access the hook saw (when stop_pc is in the runtime)
+    char* stack_lo = nullptr;                      // the OS thread's own stack (blocks without fibers run on it)
+    char* stack_hi = nullptr;
+    char* stack_owned = nullptr;                   // kernels own [stack_lo + a page, stack_owned): below run_block
 };
 
 static thread_local worker* W = nullptr;
@@ -267,6 +281,7 @@ static int workers_done = 0;
 static int workers_active = 0;     // how many take part in the current launch
 static clemu_launch* L = nullptr;
 static std::atomic<long long> next_block{0};
+static std::atomic<long long> threads_done{0}, blocks_done{0};   // the launch's progress, for the watchdog
 static long long n_blocks = 0;
 static std::atomic<int> failed{0};
 static std::atomic<unsigned long long> block_serial{0};
@@ -304,6 +319,33 @@ static std::string at_site(const void* pc) {
     return s.empty() ? s : " at " + s;
 }
 
+// " at SITE, called at SITE, ..." for a fault in a kernel module: the line, then the lines that
+// called the __device__ functions it is in, up to the kernel (inlined calls: Python reads them off
+// the line tables, {{chain:..}}; real calls: the unwinder's frames in the same module).
+static std::string at_chain(const void* pc) {
+    Dl_info mine;
+    if (!pc || !dladdr(pc, &mine) || !mine.dli_fname) return "";
+    struct frames { void* ip[24]; int n; } f{{}, 0};
+    _Unwind_Backtrace([](struct _Unwind_Context* c, void* d) -> _Unwind_Reason_Code {
+        frames* f = (frames*)d;
+        if (f->n >= 24) return _URC_END_OF_STACK;
+        f->ip[f->n++] = (void*)_Unwind_GetIP(c);
+        return _URC_NO_REASON;
+    }, &f);
+    std::string s = site(pc);
+    if (s.empty()) return "";
+    s = " at {{chain:" + s.substr(7);
+    bool past = false;
+    for (int i = 0; i < f.n; i++) {
+        if (!past) { past = f.ip[i] == pc; continue; }
+        Dl_info d;
+        if (!dladdr(f.ip[i], &d) || d.dli_fbase != mine.dli_fbase) break;
+        if (d.dli_sname && strncmp(d.dli_sname, "__clemu_body_", 13) == 0) break;   // the launcher: the kernel is done
+        s += ", called at {{chain:" + site(f.ip[i]).substr(7);
+    }
+    return s;
+}
+
 static std::string where(const clemu_thread* t) {
     char s[160];
     if (!t) return "outside any CUDA thread";
@@ -325,7 +367,7 @@ static std::string block_str(const clemu_block* b) {
 }
 
 extern "C" [[noreturn]] void clemu_fault_oob(int arg, long long elem, long long n, long long esize) {
-    std::string at = at_site(__builtin_return_address(0));
+    std::string at = at_chain(__builtin_return_address(0));
     const char* name = (L && arg >= 0 && arg < L->n_bufs) ? L->buf_names[arg] : "?";
     char hint[200] = "";
     if (elem == n) snprintf(hint, sizeof hint, " (one past the end: a bounds check `if (i < n)` missing or off by one?)");
@@ -337,7 +379,7 @@ extern "C" [[noreturn]] void clemu_fault_oob(int arg, long long elem, long long 
 }
 
 extern "C" [[noreturn]] void clemu_fault_shared(const char* name, long long elem, long long n, long long esize) {
-    std::string at = at_site(__builtin_return_address(0));
+    std::string at = at_chain(__builtin_return_address(0));
     // the size this access needs is all the message can tell: the tile's formula depends on the kernel
     // (a stride, a halo), so the launch's shared= and the kernel's index are for the student to compare
     char need[200] = "";
@@ -352,7 +394,7 @@ extern "C" [[noreturn]] void clemu_fault_shared(const char* name, long long elem
 
 extern "C" [[noreturn]] void clemu_fault_shared_index(const char* name, int dim, long long index, long long extent,
                                                       const long long* prefix, int rank) {
-    std::string at = at_site(__builtin_return_address(0));
+    std::string at = at_chain(__builtin_return_address(0));
     std::string idx = name;
     for (int d = 0; d < dim && d < 4; d++) idx += "[" + std::to_string(prefix[d]) + "]";
     idx += "[" + std::to_string(index) + "]";
@@ -486,7 +528,8 @@ static thread_local const void* volatile hook_site = nullptr;   // inside clemu_
 static thread_local volatile int stop_pending = 0;               // the watchdog asked to stop meanwhile
 
 struct acc_rec { const void* site; unsigned long long block; int thread; unsigned epoch; unsigned wgen; unsigned seq;
-                 unsigned nb; };   // nb: the thread's named barriers passed (named_barrier_sync)
+                 unsigned nb;      // nb: the thread's named barriers passed (named_barrier_sync)
+                 bool looped; };   // made inside a `for` loop (the hooked build's loop scopes)
 struct shadow_word { acc_rec w, r1, r2; };
 static std::unordered_map<uintptr_t, shadow_word> shadow;
 struct race_rec { const void* a; const void* b; };
@@ -494,7 +537,8 @@ static std::vector<race_rec> races_seen;
 static std::string race_text;
 // A race whose fix is a barrier between two lines: which barrier (__syncthreads() or __syncwarp())
 // is decided when the launch ends, from which threads of the block ran the two lines.
-struct race_note { std::string head, a, b; const void* sa; const void* sb; bool a_writes, b_writes; int ta, tb; };
+struct race_note { std::string head, a, b; const void* sa; const void* sb; bool a_writes, b_writes; int ta, tb;
+                   bool looped; };   // the accesses were made inside a `for` loop
 static std::vector<race_note> race_notes;
 // Per access site: the threads of the last block that ran it (one bit per thread of the block).
 struct site_threads { unsigned long long block; std::vector<unsigned long long> bits; };
@@ -567,8 +611,12 @@ static void report_race(const acc_rec& p, bool p_writes, const acc_rec& c, bool 
     else if (blocks && p_writes && c_writes)
         txt += "Threads of different blocks store to the same element, and nothing orders blocks: which value stays "
                "is undefined. Each output element needs exactly one writer: check the index computed for the store at " +
-               site(w_site) + ", the step of its loop (a grid-stride loop steps by blockDim.x * gridDim.x) and the "
-               "guard that decides which thread writes it.";
+               site(w_site) + (c.looped ? ", the step of its loop (a grid-stride loop steps by blockDim.x * gridDim.x)"
+                                        : "") + " and the guard that decides which thread writes it.";
+    else if (p_writes && c_writes && p.site == c.site)
+        txt += "Both threads store to the same element at the same line: each element needs exactly one writer (a "
+               "barrier would only decide which store stays). Check the index of the store at " + site(w_site) +
+               ": a row length, a divisor or an offset that maps two threads to one element.";
     else if (blocks)
         txt += "Threads of different blocks are never ordered (a barrier holds inside one block only), so a block "
                "cannot read what another block writes in the same launch: read only elements this block writes, or "
@@ -589,11 +637,11 @@ static void report_race(const acc_rec& p, bool p_writes, const acc_rec& c, bool 
                    " (every thread of the block must reach it), so every thread's copy has landed first.";
         else {
             race_notes.push_back({txt, a, b2, p_first ? p.site : c.site, p_first ? c.site : p.site, a_writes, b_writes,
-                                  p_first ? p.thread : c.thread, p_first ? c.thread : p.thread});
+                                  p_first ? p.thread : c.thread, p_first ? c.thread : p.thread, p.looped || c.looped});
             return;
         }
     }
-    race_notes.push_back({txt, "", "", nullptr, nullptr, false, false, -1, -1});
+    race_notes.push_back({txt, "", "", nullptr, nullptr, false, false, -1, -1, false});
 }
 
 // "lane 3", "lanes 16-31", "lanes 0, 2, 5-7"
@@ -649,8 +697,12 @@ static std::string barrier_fix(const race_note& r, int n) {
                "between " + r.a + " and " + r.b + " (" + lanes_str(lanes) + " of the warp run these lines and must "
                "reach it), so the " + aw + " at " + r.a + " is finished in every lane before the " + bw + " at " +
                r.b + " starts.";
-    return "Put a __syncthreads() between " + r.a + " and " + r.b + " (every thread of the block must reach it), so "
-           "the " + aw + " at " + r.a + " is finished in every thread before the " + bw + " at " + r.b + " starts.";
+    // {{loop}}: the accesses were made inside a `for` loop; where both are of one line, Python (which
+    // knows the lines) turns the advice into the barrier at the end of the iteration, or, without a
+    // loop, into splitting the statement's read from its write (convlab/emu/__init__.py)
+    return "Put a __syncthreads() between " + r.a + " and " + r.b + (r.looped ? "{{loop}}" : "") + " (every thread "
+           "of the block must reach it), so the " + aw + " at " + r.a + " is finished in every thread before the " +
+           bw + " at " + r.b + " starts.";
 }
 
 static void cp_check(unsigned op, const void* addr, unsigned bytes, const char* name, const void* base, const void* pc);
@@ -662,7 +714,7 @@ static void detect(unsigned op, const volatile void* addr, unsigned bytes, const
     if (!t || !W) return;
     hook_site = pc;
     W->last_site = hook_site;
-    acc_rec c{hook_site, W->blk.serial, t->pub.linear, W->epoch, t->warp_gen, t->seq++, t->nb_count};
+    acc_rec c{hook_site, W->blk.serial, t->pub.linear, W->epoch, t->warp_gen, t->seq++, t->nb_count, t->pub.loop != 0};
     see_site(pc, t->pub.linear, W->blk.serial, (int)(W->blk.dim.x * W->blk.dim.y * W->blk.dim.z));
     bool sh = op & CLEMU_SHARED;
     shadow_word& s = shadow[(uintptr_t)addr];
@@ -885,6 +937,7 @@ extern "C" __attribute__((visibility("default"))) void clemu_shared_region(const
                                                                              const char* name) {
     if (!W) return;
     W->regions.push_back({(const char*)lo, bytes, elem, name});
+    guard_allow(lo, (size_t)bytes);
     W->static_bytes += bytes;
     // a GPU counts a kernel's __shared__ arrays with the dynamic bytes of its launch, and refuses a
     // launch over the limit (48 KB, or the opt-in): so does the emulator, when the array is opened
@@ -921,6 +974,263 @@ extern "C" __attribute__((visibility("default"))) void clemu_fault_shared_ptr(co
         "was made with and the index used on it",
         at.c_str(), name, elem, esize, off, where(clemu_cur).c_str(), name, bytes, bytes / esize - 1,
         off < 0 ? " (before its start)" : off >= bytes ? " (past its end)" : " (it runs over the end)");
+    throw clemu_fault_exc();
+}
+
+// ---- the guard's verdicts ---------------------------------------------------------------
+// guard.cpp keeps the shadow of what a launch owns; kernel modules, compiled with
+// -fsanitize=kernel-address, check it inline before every load and store and call
+// __asan_report_* here when it says no (or fault on the shadow itself: on_signal). Local arrays
+// indexed out of range and integer division by zero come from -fsanitize=bounds and
+// integer-divide-by-zero (__ubsan_handle_*), with the source line in their data.
+
+static std::atomic<long long> heap_full_bytes{0};   // the last malloc/new the device heap could not serve
+
+// What address a is, for a student: the argument and element it runs past, the shared array, the
+// heap block, the stack; and the status the fault gets.
+static std::string guard_what(uintptr_t a, unsigned bytes, bool write, int* status) {
+    char s[1200];
+    const char* act = write ? "store" : "load";
+    *status = CLEMU_OOB;
+    guard_place pl;
+    if (a < 65536) {
+        long long full = heap_full_bytes.load();
+        char why[300] = "";
+        if (full) snprintf(why, sizeof why, " (a malloc or new of %lld bytes in this launch found the device heap full "
+                           "and returned NULL: the heap is %lld bytes; cl.set_heap_size() raises it)", full,
+                           guard_heap_bytes());
+        snprintf(s, sizeof s, "%s through a null pointer (address %#lx)%s: a pointer that was never set, or "
+                 "that points at nothing here", act, (unsigned long)a, why);
+        *status = CLEMU_SEGV;
+        return s;
+    }
+    if (L && guard_near_buffer(a, &pl) && pl.buf < L->n_bufs) {
+        long long esize = L->buf_elem ? L->buf_elem[pl.buf] : 1;
+        if (esize < 1) esize = 1;
+        long long n = L->bufs[pl.buf].nbytes / esize;
+        long long elem = pl.offset >= 0 ? pl.offset / esize : -((-pl.offset + esize - 1) / esize);
+        const char* name = L->buf_names[pl.buf];
+        char hint[200] = "";
+        if (elem == n) snprintf(hint, sizeof hint, " (one past the end: a bounds check `if (i < n)` missing or off by one?)");
+        else if (elem < 0) snprintf(hint, sizeof hint, " (before the start: a negative index, e.g. a halo row or column "
+                                    "above or left of the input that needs a bounds check)");
+        else if (elem < n) snprintf(hint, sizeof hint, " (it starts inside but its %u bytes run past the end)", bytes);
+        snprintf(s, sizeof s, "out-of-range %s: %s[%lld] through a pointer into argument `%s`, but %s has %lld elements "
+                 "of %lld bytes (valid indices 0..%lld)%s", act, name, elem, name, name, n, esize, n - 1, hint);
+        return s;
+    }
+    if (W) {
+        const char* dyn = (const char*)W->dyn_shared;
+        if (dyn && (const char*)a + NEAR_BYTES >= dyn && (const char*)a < dyn + MAX_DYN_SHARED) {
+            long long off = (long long)(a - (uintptr_t)dyn);
+            snprintf(s, sizeof s, "out-of-range %s: byte %lld of extern __shared__ memory, but the launch gave "
+                     "shared=%lld bytes: compute shared= from the same sizes as the kernel's shared index, or check the "
+                     "index", act, off, W->blk.dyn_bytes);
+            return s;
+        }
+        mem_place m = place_of((const void*)a);
+        if (m.space == SP_SHARED && m.name) {
+            long long off = (long long)(a - (uintptr_t)m.lo);
+            snprintf(s, sizeof s, "out-of-range %s: through a pointer into __shared__ %s, byte %lld from its start, but "
+                     "%s has %lld bytes (elements 0..%lld of %lld bytes)%s: check the offset the pointer was made with "
+                     "and the index used on it", act, m.name, off, m.name, m.bytes, m.bytes / (m.elem ? m.elem : 1) - 1,
+                     m.elem, off < 0 ? " (before its start)" : " (past its end)");
+            return s;
+        }
+        long page = sysconf(_SC_PAGESIZE);
+        if (W->stack_lo && (char*)a >= W->stack_lo - 65536 && (char*)a < W->stack_lo + page) {
+            snprintf(s, sizeof s, "stack overflow: the thread's local variables (or a recursion) need more than the "
+                     "%lld KB of stack the emulator's CPU thread has (a GPU thread has far less): make local arrays "
+                     "smaller, put them in shared memory, or end the recursion", (long long)(W->stack_hi - W->stack_lo) >> 10);
+            *status = CLEMU_STACK;
+            return s;
+        }
+    }
+    long long start, blk;
+    bool freed;
+    if (guard_heap_place(a, &start, &blk, &freed)) {
+        if (start >= 0 && freed)
+            snprintf(s, sizeof s, "%s into a block of the device heap that free or delete released (a use after free): "
+                     "%lld bytes from the start of its %lld bytes", act, (long long)a - start, blk);
+        else if (start >= 0)
+            snprintf(s, sizeof s, "out-of-range %s on the device heap: %lld bytes past the end of a block of %lld bytes "
+                     "from malloc or new: allocate enough, or check the index", act, (long long)a - (start + blk), blk);
+        else snprintf(s, sizeof s, "%s into the device heap where no malloc or new gave a block", act);
+        return s;
+    }
+    snprintf(s, sizeof s, "%s at address %#lx, which the launch does not own (none of its buffer arguments, its shared "
+             "memory, the device heap or the thread's own variables): a pointer that was never set, or one computed "
+             "from a wrong base or offset", act, (unsigned long)a);
+    *status = CLEMU_SEGV;
+    return s;
+}
+
+// Leave the kernel after a fault reported from a call the compiler takes for one that cannot throw
+// (the sanitizers' report calls, free, delete): as a signal leaves it, to the worker's loop.
+[[noreturn]] static void leave_kernel() {
+    if (W && W->in_kernel.load()) siglongjmp(W->jmp, 1);
+    throw clemu_fault_exc();
+}
+
+[[noreturn]] static void bad_access(uintptr_t a, unsigned bytes, bool write, const void* pc) {
+    {
+        int status;
+        std::string what = guard_what(a, bytes, write, &status);
+        set_failure(status, "%s%s by %s", what.c_str(), at_chain(pc).c_str(), where(clemu_cur).c_str());
+    }
+    leave_kernel();
+}
+
+#define CLEMU_API extern "C" __attribute__((visibility("default")))
+#define CLEMU_REPORT(N) \
+    CLEMU_API void __asan_report_load##N##_noabort(uintptr_t a) { bad_access(a, N, false, __builtin_return_address(0)); } \
+    CLEMU_API void __asan_report_store##N##_noabort(uintptr_t a) { bad_access(a, N, true, __builtin_return_address(0)); }
+CLEMU_REPORT(1) CLEMU_REPORT(2) CLEMU_REPORT(4) CLEMU_REPORT(8) CLEMU_REPORT(16)
+#undef CLEMU_REPORT
+CLEMU_API void __asan_report_load_n_noabort(uintptr_t a, size_t n) { bad_access(a, (unsigned)n, false, __builtin_return_address(0)); }
+CLEMU_API void __asan_report_store_n_noabort(uintptr_t a, size_t n) { bad_access(a, (unsigned)n, true, __builtin_return_address(0)); }
+// the out-of-line checks (accesses of odd sizes; and every access when the shadow is in software)
+#define CLEMU_CHECK(N) \
+    CLEMU_API void __asan_load##N##_noabort(uintptr_t a) { \
+        if (!guard_owned(a, N)) bad_access(a, N, false, __builtin_return_address(0)); } \
+    CLEMU_API void __asan_store##N##_noabort(uintptr_t a) { \
+        if (!guard_owned(a, N)) bad_access(a, N, true, __builtin_return_address(0)); }
+CLEMU_CHECK(1) CLEMU_CHECK(2) CLEMU_CHECK(4) CLEMU_CHECK(8) CLEMU_CHECK(16)
+#undef CLEMU_CHECK
+CLEMU_API void __asan_loadN_noabort(uintptr_t a, size_t n) {
+    if (!guard_owned(a, n)) bad_access(a, (unsigned)n, false, __builtin_return_address(0)); }
+CLEMU_API void __asan_storeN_noabort(uintptr_t a, size_t n) {
+    if (!guard_owned(a, n)) bad_access(a, (unsigned)n, true, __builtin_return_address(0)); }
+CLEMU_API void __asan_handle_no_return() {}
+
+// UndefinedBehaviorSanitizer's data, as GCC lays it out
+struct ub_loc { const char* file; unsigned line, column; };
+struct ub_type { unsigned short kind, info; char name[1]; };
+struct ub_oob_data { ub_loc loc; const ub_type* array; const ub_type* index; };
+struct ub_div_data { ub_loc loc; const ub_type* type; };
+
+static long long ub_int(const ub_type* t, uintptr_t v) {
+    int bits = 1 << (t->info >> 1);
+    if (!(t->info & 1) || bits >= 64) return (long long)v;
+    unsigned long long m = 1ull << (bits - 1);
+    unsigned long long x = (unsigned long long)v & ((m << 1) - 1);
+    return (long long)((x ^ m) - m);   // sign-extended
+}
+
+[[noreturn]] static void ub_out_of_bounds(const ub_oob_data* d, uintptr_t index, const void* pc) {
+    long long i = ub_int(d->index, index);
+    set_failure(CLEMU_OOB, "out-of-range index%s: index %lld into an array of type %s (a local array of the thread, or "
+                "an array inside a struct), by %s: a GPU reads or writes whatever lies beyond it. Check the index "
+                "against the array's size", at_chain(pc).c_str(), i, d->array->name, where(clemu_cur).c_str());
+    leave_kernel();
+}
+CLEMU_API void __ubsan_handle_out_of_bounds(const ub_oob_data* d, uintptr_t index) {
+    ub_out_of_bounds(d, index, __builtin_return_address(0)); }
+CLEMU_API void __ubsan_handle_out_of_bounds_abort(const ub_oob_data* d, uintptr_t index) {
+    ub_out_of_bounds(d, index, __builtin_return_address(0)); }
+
+[[noreturn]] static void ub_divide(const ub_div_data* d, uintptr_t lhs, uintptr_t rhs, const void* pc) {
+    long long r = ub_int(d->type, rhs);
+    char at[1200];
+    snprintf(at, sizeof at, "%s", at_chain(pc).c_str());
+    if (r == 0)
+        set_failure(CLEMU_FPE, "integer division or remainder by zero%s (%lld / 0) by %s: a GPU does not stop there, "
+                    "it computes an unspecified number and goes on, so the emulator stops to show you. Check the "
+                    "divisor (a size that is 0 for this shape? a variable used before it is set?)",
+                    at, ub_int(d->type, lhs), where(clemu_cur).c_str());
+    else
+        set_failure(CLEMU_FPE, "signed integer division overflow%s (%lld / %lld, whose result does not fit) by %s: a "
+                    "GPU gives an unspecified number", at, ub_int(d->type, lhs), r, where(clemu_cur).c_str());
+    leave_kernel();
+}
+struct ub_return_data { ub_loc loc; };
+[[noreturn]] static void ub_missing_return(const void* pc) {
+    set_failure(CLEMU_FAULT, "a function reached its end without returning its value%s, by %s: every path of a "
+                "function that returns a value must end in `return value;` (on a GPU the caller gets garbage)",
+                at_chain(pc).c_str(), where(clemu_cur).c_str());
+    leave_kernel();
+}
+CLEMU_API void __ubsan_handle_missing_return(const ub_return_data*) { ub_missing_return(__builtin_return_address(0)); }
+
+CLEMU_API void __ubsan_handle_divrem_overflow(const ub_div_data* d, uintptr_t l, uintptr_t r) {
+    ub_divide(d, l, r, __builtin_return_address(0)); }
+CLEMU_API void __ubsan_handle_divrem_overflow_abort(const ub_div_data* d, uintptr_t l, uintptr_t r) {
+    ub_divide(d, l, r, __builtin_return_address(0)); }
+
+// Device code's malloc, free, new and delete (the module is linked with --wrap for each): the
+// device heap of guard.cpp, cudaLimitMallocHeapSize bytes (8 MB unless cl.set_heap_size raised it).
+static void* device_alloc(size_t n) {
+    void* p = guard_malloc(n);
+    if (!p) heap_full_bytes.store((long long)n);
+    return p;
+}
+[[noreturn]] static void bad_free(void* p, const char* how, const void* pc) {
+    set_failure(CLEMU_FAULT, "%s(%p)%s by %s: that is no block malloc or new returned, or it was released already "
+                "(a double free)", how, p, at_chain(pc).c_str(), where(clemu_cur).c_str());
+    leave_kernel();
+}
+CLEMU_API void* __wrap_malloc(size_t n) { return device_alloc(n); }
+// new T[n] with n negative or too large for the address space
+CLEMU_API void __wrap___cxa_throw_bad_array_new_length() {
+    set_failure(CLEMU_FAULT, "new[] of a negative or impossibly large number of elements%s by %s",
+                at_chain(__builtin_return_address(0)).c_str(), where(clemu_cur).c_str());
+    leave_kernel();
+}
+CLEMU_API void __wrap_free(void* p) { if (!guard_free(p)) bad_free(p, "free", __builtin_return_address(0)); }
+CLEMU_API void* __wrap__Znwm(size_t n) { return device_alloc(n); }
+CLEMU_API void* __wrap__Znam(size_t n) { return device_alloc(n); }
+CLEMU_API void __wrap__ZdlPv(void* p) { if (!guard_free(p)) bad_free(p, "delete", __builtin_return_address(0)); }
+CLEMU_API void __wrap__ZdaPv(void* p) { if (!guard_free(p)) bad_free(p, "delete[]", __builtin_return_address(0)); }
+CLEMU_API void __wrap__ZdlPvm(void* p, size_t) { if (!guard_free(p)) bad_free(p, "delete", __builtin_return_address(0)); }
+CLEMU_API void __wrap__ZdaPvm(void* p, size_t) { if (!guard_free(p)) bad_free(p, "delete[]", __builtin_return_address(0)); }
+
+// Python's side of the guard: the shadow's offset for the compilers, a module's own data, the heap.
+CLEMU_API unsigned long long clemu_guard_offset() {
+    static bool once = false;
+    if (!once) {
+        once = true;
+        guard_init();
+        guard_allow(&clemu_hook_on, sizeof clemu_hook_on);   // flags the kernel headers read
+        guard_allow(&clemu_count_on, sizeof clemu_count_on);
+        guard_allow(&clemu_flat_shared, sizeof clemu_flat_shared);
+    }
+    return guard_offset();
+}
+
+// A kernel module just loaded: its data (__constant__ and __device__ variables, string literals,
+// tables) is the kernel's to read and write; its code is not.
+CLEMU_API int clemu_module_loaded(const char* path) {
+    struct ctx { const char* path; int found; } c{path, 0};
+    dl_iterate_phdr([](struct dl_phdr_info* info, size_t, void* data) -> int {
+        ctx* c = (ctx*)data;
+        if (!info->dlpi_name || strcmp(info->dlpi_name, c->path) != 0) return 0;
+        for (int i = 0; i < info->dlpi_phnum; i++) {
+            const ElfW(Phdr)& ph = info->dlpi_phdr[i];
+            if (ph.p_type == PT_LOAD && !(ph.p_flags & PF_X))
+                guard_allow((const void*)(info->dlpi_addr + ph.p_vaddr), ph.p_memsz);
+        }
+        c->found = 1;
+        return 1;
+    }, &c);
+    return c.found;
+}
+
+CLEMU_API int clemu_heap_limit(long long bytes) { return guard_heap_limit(bytes); }
+CLEMU_API long long clemu_heap_bytes() { return guard_heap_bytes(); }
+// what a kernel header gives the kernel of its own (a slot that stands for memory past an array)
+CLEMU_API void clemu_own(const void* p, long long bytes) { guard_allow(p, (size_t)bytes); }
+
+extern "C" __attribute__((visibility("default"))) [[noreturn]] void clemu_fault_misaligned(const void* p, int align,
+                                                                                         int bytes) {
+    std::string at = at_chain(__builtin_return_address(0));
+    mem_place m = place_of(p);
+    std::string what = m.space == SP_SHARED ? shared_what(p, m) : m.space == SP_GLOBAL && m.name ?
+                       std::string("byte ") + std::to_string((const char*)p - m.lo) + " of argument `" + m.name + "`" :
+                       "address " + std::to_string((uintptr_t)p);
+    set_failure(CLEMU_FAULT, "misaligned access%s: %d bytes at %s, which is %d bytes past a multiple of %d, by %s: a GPU "
+                "stops the kernel there (misaligned address). A vector type (float4, float2, half2...) is read and "
+                "written only at a multiple of its size: check the offset the pointer is cast at",
+                at.c_str(), bytes, what.c_str(), (int)((uintptr_t)p % align), align, where(clemu_cur).c_str());
     throw clemu_fault_exc();
 }
 
@@ -1114,16 +1424,17 @@ static std::string warps_str(unsigned bits, int first_warp) {
     return (__builtin_popcount(bits) > 1 ? "warps " : "warp ") + s;
 }
 
+enum { WG_MMA = 4, WG_MMA_TF32 = 5 };
 static const char* wg_name(int op, int n) {
     switch (op) {
         case CLEMU_WG_FENCE: return "wgmma_fence()";
         case CLEMU_WG_COMMIT: return "wgmma_commit()";
         case CLEMU_WG_WAIT: return "wgmma_wait<N>()";
         case CLEMU_WG_SETMAXNREG: return "setmaxnreg";
+        case WG_MMA_TF32: return n == 64 ? "wgmma_m64n64k8_tf32" : "wgmma_m64n128k8_tf32";
         default: return n == 64 ? "wgmma_m64n64k16" : n == 128 ? "wgmma_m64n128k16" : "wgmma_m64n256k16";
     }
 }
-enum { WG_MMA = 4 };
 
 // What a thread has seen of an mbarrier's phases.
 static mbar_seen* seen_of(fiber_thread* t, uintptr_t bar) {
@@ -1195,13 +1506,54 @@ extern "C" __attribute__((visibility("default"))) void clemu_mbar_init(void* bar
     mbar_state s{};
     s.count = count;
     s.pending = count;
+    s.init_thread = me()->pub.linear;
+    s.init_epoch = W->epoch;
+    s.init_file = file;
+    s.init_line = line;
     W->mbars[(uintptr_t)bar] = s;
+}
+
+// fence.mbarrier_init: the thread's inits so far become visible to the copy engine, and to the
+// other threads once a barrier follows
+extern "C" __attribute__((visibility("default"))) void clemu_fence_mbar_init(const char*, int) {
+    fiber_thread* t = me();
+    if (!W || !t) return;
+    for (auto& kv : W->mbars)
+        if (kv.second.init_thread == t->pub.linear && !kv.second.fenced) {
+            kv.second.fenced = true;
+            kv.second.fence_epoch = W->epoch;
+        }
+}
+
+// A use of an mbarrier by this thread (or, async, by the copy engine on its behalf): the init must
+// be visible to it, as on a GPU: fenced (fence_mbar_init) for the copy engine and other threads,
+// and ordered by a __syncthreads() for other threads. Otherwise they may find it uninitialised.
+static void mbar_visible(const mbar_state& m, void* bar, const char* what, const char* file, int line, bool async) {
+    int self = me()->pub.linear;
+    bool other = self != m.init_thread;
+    std::string init = file_line(m.init_file, m.init_line), by = thread_in_block(m.init_thread, W->blk.dim);
+    if (other && W->epoch <= m.init_epoch)
+        tc_fault(CLEMU_RACE, "%s at %s:%d uses the mbarrier %s, which thread %s initialised at %s with no __syncthreads() "
+                 "between that and this use: on a GPU this thread may find it uninitialised. After the mbar_init calls "
+                 "(and fence_mbar_init()), put a __syncthreads() that every thread passes before any of them uses the "
+                 "barriers", what, file, line, shared_name(bar).c_str(), by.c_str(), init.c_str());
+    if ((other || async) && !m.fenced)
+        tc_fault(CLEMU_RACE, "%s at %s:%d uses the mbarrier %s, which thread %s initialised at %s, but no "
+                 "fence_mbar_init() followed that init: %s may find the barrier uninitialised. Call fence_mbar_init() "
+                 "in the initialising thread after its mbar_init calls, before the __syncthreads()",
+                 what, file, line, shared_name(bar).c_str(), by.c_str(), init.c_str(),
+                 async ? "the copy engine, which completes the barrier's bytes," : "other threads");
+    if (other && W->epoch <= m.fence_epoch)
+        tc_fault(CLEMU_RACE, "%s at %s:%d uses the mbarrier %s, whose fence_mbar_init() in thread %s came after the "
+                 "last __syncthreads(): the fence must come before the barrier that publishes the init (mbar_init, "
+                 "fence_mbar_init(), then __syncthreads())", what, file, line, shared_name(bar).c_str(), by.c_str());
 }
 
 extern "C" __attribute__((visibility("default"))) void clemu_mbar_arrive(void* bar, unsigned tx, int expect,
                                                                          const char* file, int line) {
     const char* what = expect ? "mbar_arrive_expect_tx" : "mbar_arrive";
     mbar_state& m = mbar_get(bar, what, file, line);
+    mbar_visible(m, bar, what, file, line, false);
     if (m.pending == 0)
         tc_fault(CLEMU_BARRIER, "%s at %s:%d: %s has had all its arrivals this phase and waits only for bytes: one "
                  "arrival too many (mbar_init's count is the number of mbar_arrive and mbar_arrive_expect_tx calls "
@@ -1221,6 +1573,7 @@ extern "C" __attribute__((visibility("default"))) void clemu_mbar_wait(void* bar
     unsigned csr = csr_quiet();
     fiber_thread* t = me();
     mbar_state* m = &mbar_get(bar, "mbar_wait", file, line);
+    mbar_visible(*m, bar, "mbar_wait", file, line, false);
     if ((m->phase & 1) == (parity & 1)) {     // that phase is still running: let the others work
         t->mbar = bar;
         t->mbar_parity = parity & 1;
@@ -1268,6 +1621,15 @@ static void async_access(unsigned op, const void* addr, unsigned bytes, const vo
                     m.phase > k.tma_phase ? "" : " (that phase has not even completed yet)");
                 throw clemu_fault_exc();
             }
+            if (wr && k.st_thread >= 0 && k.st_group >= W->threads[k.st_thread].bulk_read) {
+                set_failure(CLEMU_RACE, "write to %s at %s by %s, while the tma_store at %s (thread %s) may still read "
+                    "it: a TMA store reads shared memory after it is issued, until the bulk_wait_read<N>() of its "
+                    "thread that covers its bulk group. Have that thread call bulk_wait_read<0>() (after "
+                    "bulk_commit()), then a barrier, before anyone overwrites the staged tile.",
+                    shared_name(addr).c_str(), site(pc).c_str(), where(clemu_cur).c_str(),
+                    file_line(k.st_file, k.st_line).c_str(), thread_in_block(k.st_thread, W->blk.dim).c_str());
+                throw clemu_fault_exc();
+            }
             for (int g = 0; wr && g < MAX_WARPGROUPS; g++)
                 if (((k.rd_mask >> g) & 1u) && k.rd_group[g] >= W->wgs[g].waited) {
                     set_failure(CLEMU_RACE, "write to %s at %s by %s, while the wgmma at %s of warpgroup %d still reads "
@@ -1311,8 +1673,16 @@ extern "C" __attribute__((visibility("default"))) void clemu_tma_load(void* dst,
                  "multiple of 16: a GPU stops the kernel there (an illegal instruction). Start boxes at multiples of "
                  "%d elements along the innermost dimension", what, file, line, c[0],
                  (long long)c[0] * map->elem_bytes, (int)(16 / map->elem_bytes));
+    // with element strides, a copy traverses box[d] elements of dimension d (d >= 1) from c[d] in steps
+    // of the stride, and loads ceil(box[d] / stride) of them (the innermost stride is ignored, as the
+    // driver does without interleave)
+    long long step[5] = {1, 1, 1, 1, 1}, count[5] = {map->box[0], 1, 1, 1, 1};
+    for (int d = 1; d < rank; d++) {
+        step[d] = map->elem_strides[d] ? map->elem_strides[d] : 1;
+        count[d] = (map->box[d] + step[d] - 1) / step[d];
+    }
     long long row = (long long)map->box[0] * map->elem_bytes, rows = 1;
-    for (int d = 1; d < rank; d++) rows *= map->box[d];
+    for (int d = 1; d < rank; d++) rows *= count[d];
     long long bytes = row * rows;
     static const int align[4] = {128, 256, 512, 1024};
     int need = align[map->swizzle & 3];
@@ -1323,6 +1693,7 @@ extern "C" __attribute__((visibility("default"))) void clemu_tma_load(void* dst,
                  map->swizzle == 3 ? "128-byte swizzle" : map->swizzle ? "swizzled layout" : "shared memory", need);
     check_shared(dst, (int)bytes, what, "the destination", __builtin_return_address(0));
     mbar_state& m = mbar_get(bar, what, file, line);
+    mbar_visible(m, bar, what, file, line, true);
     unsigned char* base = (unsigned char*)dst;
     // the chunks it writes: none may still be read by a wgmma in flight
     for (long long o = 0; o < bytes; o += 16) {
@@ -1338,16 +1709,16 @@ extern "C" __attribute__((visibility("default"))) void clemu_tma_load(void* dst,
                          shared_name(base + o).c_str(), file_line(k.rd_file[g], k.rd_line[g]).c_str(), g);
     }
     // the box: element i of row r at linear offset r * row + i * elem, then swizzled
-    const unsigned char* src = (const unsigned char*)(uintptr_t)map->addr;
+    const unsigned char* src = (const unsigned char*)guard_staged((const void*)(uintptr_t)map->addr);
     int eb = (int)map->elem_bytes;
     long long idx[5] = {0, 0, 0, 0, 0};
     for (long long r = 0; r < rows; r++) {
         long long rem = r, off = 0;
         bool inside = true;
         for (int d = 1; d < rank; d++) {
-            idx[d] = rem % map->box[d];
-            rem /= map->box[d];
-            long long g = (long long)c[d] + idx[d];
+            idx[d] = rem % count[d];
+            rem /= count[d];
+            long long g = (long long)c[d] + idx[d] * step[d];
             if (g < 0 || g >= map->dims[d]) inside = false;
             off += g * map->strides[d - 1];
         }
@@ -1387,37 +1758,167 @@ extern "C" __attribute__((visibility("default"))) void clemu_tma_load(void* dst,
     _mm_setcsr(csr);
 }
 
+// A TMA store (cp.async.bulk.tensor ... global.shared::cta.bulk_group): the box is read from shared
+// memory when issued and written to the tensor at once, only its elements inside the tensor. Each
+// chunk it reads is checked: a TMA copy into it this thread has not waited for, an ordinary store
+// into it that no fence_proxy_async (then a barrier) orders for the async proxy. The chunks stay
+// read by the thread's open bulk group until a bulk_wait_read covers it (async_access).
+extern "C" __attribute__((visibility("default"))) void clemu_tma_store(const void* src, const clemu_tensor_map* map,
+                                                                       const int* c, int rank, const char* file,
+                                                                       int line) {
+    unsigned csr = csr_quiet();
+    fiber_thread* t = me();
+    char what[32];
+    snprintf(what, sizeof what, "tma_store_%dd", rank);
+    if (!t || !W) clemu_fault(CLEMU_FAULT, "%s outside a kernel", what);
+    if (!map || map->magic != CLEMU_TMAP_MAGIC)
+        tc_fault(CLEMU_FAULT, "%s at %s:%d: the map is not a tensor map: pass the address of the kernel's `const "
+                 "__grid_constant__ CUtensorMap` parameter, made by cl.tensor_map(t, box)", what, file, line);
+    if (map->rank != rank)
+        tc_fault(CLEMU_FAULT, "%s at %s:%d: the tensor map has %d dimensions, but %d coordinates were given: call "
+                 "tma_store_%dd", what, file, line, map->rank, rank, map->rank);
+    if (((long long)c[0] * map->elem_bytes) % 16)
+        tc_fault(CLEMU_FAULT, "%s at %s:%d: the box's innermost coordinate %d is %lld bytes into a row, not a "
+                 "multiple of 16: start boxes at multiples of %d elements along the innermost dimension", what, file,
+                 line, c[0], (long long)c[0] * map->elem_bytes, (int)(16 / map->elem_bytes));
+    for (int d = 1; d < rank; d++)
+        if (map->elem_strides[d] > 1)
+            tc_fault(CLEMU_FAULT, "%s at %s:%d: the map has element strides: the emulator models TMA stores of "
+                     "dense boxes only", what, file, line);
+    long long row = (long long)map->box[0] * map->elem_bytes, rows = 1;
+    for (int d = 1; d < rank; d++) rows *= map->box[d];
+    long long bytes = row * rows;
+    static const int align[4] = {128, 256, 512, 1024};
+    int need = align[map->swizzle & 3];
+    if ((uintptr_t)src % need)
+        tc_fault(CLEMU_FAULT, "%s at %s:%d: the source %s is %d bytes past a %d-byte boundary: a box in the %s "
+                 "starts at a multiple of %d bytes", what, file, line, shared_name(src).c_str(),
+                 (int)((uintptr_t)src % need), need, map->swizzle ? "swizzled layout" : "shared memory", need);
+    check_shared(src, (int)bytes, what, "the source", __builtin_return_address(0));
+    const unsigned char* base = (const unsigned char*)src;
+    for (long long o = 0; o < bytes; o += 16) {
+        uintptr_t a = (uintptr_t)base + o;
+        auto it = W->chunks.find(a);
+        if (it != W->chunks.end()) {
+            async_chunk& k = it->second;
+            if (k.tma && !has_seen(t, k.tma_bar, k.tma_phase))
+                tc_fault(CLEMU_RACE, "%s at %s:%d reads %s before this thread has waited for the tma_load at %s that "
+                         "writes it: call mbar_wait on its mbarrier first", what, file, line, shared_name((void*)a).c_str(),
+                         file_line(k.tma_file, k.tma_line).c_str());
+            if (k.written) {
+                fiber_thread& wt = W->threads[k.w_thread];
+                if (!(wt.fences_at_bar > k.w_fences || (k.w_thread == t->pub.linear && wt.fences > k.w_fences)))
+                    tc_fault(CLEMU_RACE, "%s at %s:%d reads %s, which thread %s wrote with an ordinary store at %s, but "
+                             "no fence_proxy_async() makes that store visible to the copy engine (the async proxy): "
+                             "add fence_proxy_async() after the stores at %s, before the barrier that orders them "
+                             "before the store", what, file, line, shared_name((void*)a).c_str(),
+                             thread_in_block(k.w_thread, W->blk.dim).c_str(), site(k.w_site).c_str(),
+                             site(k.w_site).c_str());
+            }
+        }
+        async_chunk& k = W->chunks[a];
+        k.st_thread = t->pub.linear;
+        k.st_group = t->bulk_groups;
+        k.st_file = file;
+        k.st_line = line;
+    }
+    // the tensor's staged copy for the launch (guard.cpp), as tma_load reads it: the original is
+    // overwritten by that copy when the launch ends
+    unsigned char* dst = (unsigned char*)(uintptr_t)guard_staged((const void*)(uintptr_t)map->addr);
+    int eb = (int)map->elem_bytes;
+    for (long long r = 0; r < rows; r++) {
+        long long rem = r, off = 0;
+        bool inside = true;
+        for (int d = 1; d < rank; d++) {
+            long long i = rem % map->box[d], g = (long long)c[d] + i;
+            rem /= map->box[d];
+            if (g < 0 || g >= map->dims[d]) inside = false;
+            off += g * map->strides[d - 1];
+        }
+        if (!inside) continue;
+        for (long long i = 0; i < map->box[0]; i++) {
+            long long g = (long long)c[0] + i;
+            if (g < 0 || g >= map->dims[0]) continue;
+            memcpy(dst + off + g * eb, (const void*)swizzle((uintptr_t)(base + r * row + i * eb), map->swizzle),
+                   (size_t)eb);
+        }
+    }
+    _mm_setcsr(csr);
+}
+
+// cp.async.bulk.commit_group (op 0) and cp.async.bulk.wait_group.read n (op 1), per thread: a wait
+// leaves at most n of its committed groups still reading their sources.
+extern "C" __attribute__((visibility("default"))) void clemu_bulk_op(int op, int n, const char* file, int line) {
+    fiber_thread* t = me();
+    if (!t || !W) clemu_fault(CLEMU_FAULT, "%s outside a kernel", op ? "bulk_wait_read" : "bulk_commit");
+    (void)file, (void)line;
+    if (op == 0) t->bulk_groups++;
+    else if (t->bulk_groups >= (unsigned long long)n && t->bulk_groups - n > t->bulk_read) t->bulk_read = t->bulk_groups - n;
+}
+
 // The tile a descriptor points at: its shared array (0 the dynamic buffer, k the k-th static
-// array the block opened) and the start's offset in it.
-extern "C" __attribute__((visibility("default"))) unsigned long long clemu_smem_desc(const void* tile, const char* file,
-                                                                                     int line) {
-    if (!W || !me()) clemu_fault(CLEMU_FAULT, "smem_desc_128b outside a kernel");
+// array the block opened) and the start's offset in it; the layout (1: the 128-byte swizzle, the
+// tile 1024-byte aligned; 0: none, 16-byte aligned) and its leading and stride byte offsets.
+extern "C" __attribute__((visibility("default"))) unsigned long long clemu_smem_desc_any(const void* tile, int layout,
+                                                                                         unsigned lbo, unsigned sbo,
+                                                                                         const char* file, int line) {
+    const char* name = layout == 0 ? "smem_desc_plain" : lbo == 16 ? "smem_desc_128b" : "smem_desc_128b_mn";
+    if (!W || !me()) clemu_fault(CLEMU_FAULT, "%s outside a kernel", name);
     mem_place m = place_of(tile);
     const char* p = (const char*)tile;
     if (m.space != SP_SHARED || p < m.lo || p >= m.lo + (m.name ? m.bytes : MAX_DYN_SHARED))
-        tc_fault(CLEMU_FAULT, "smem_desc_128b at %s:%d: the tile is not in shared memory (%s): wgmma reads its "
-                 "operands from a __shared__ array", file, line, not_shared(tile).c_str());
-    if ((uintptr_t)tile % 1024)
-        tc_fault(CLEMU_FAULT, "smem_desc_128b at %s:%d: the tile %s is %d bytes past a 1024-byte boundary: a tile in "
-                 "the 128-byte swizzle starts at a multiple of 1024 bytes (round the shared buffer's start up, and "
-                 "make each tile's size a multiple of 1024 bytes)", file, line, shared_name(tile).c_str(),
-                 (int)((uintptr_t)tile % 1024));
+        tc_fault(CLEMU_FAULT, "%s at %s:%d: the tile is not in shared memory (%s): wgmma reads its "
+                 "operands from a __shared__ array", name, file, line, not_shared(tile).c_str());
+    int align = layout == 1 ? 1024 : 16;
+    if ((uintptr_t)tile % align)
+        tc_fault(CLEMU_FAULT, "%s at %s:%d: the tile %s is %d bytes past a %d-byte boundary: %s", name, file, line,
+                 shared_name(tile).c_str(), (int)((uintptr_t)tile % align), align,
+                 layout == 1 ? "a tile in the 128-byte swizzle starts at a multiple of 1024 bytes (round the shared "
+                               "buffer's start up, and make each tile's size a multiple of 1024 bytes)"
+                             : "a tile's rows of 16 bytes start at a multiple of 16 bytes");
+    if (lbo % 16 || sbo % 16 || !lbo || !sbo || (lbo >> 18) || (sbo >> 18))
+        tc_fault(CLEMU_FAULT, "%s at %s:%d: leading byte offset %u and stride byte offset %u: each a nonzero multiple "
+                 "of 16 below 256 KB (the descriptor keeps them >> 4 in 14 bits)", name, file, line, lbo, sbo);
     unsigned long long region = 0;
     if (m.name)
         for (size_t i = 0; i < W->regions.size(); i++)
             if (W->regions[i].lo == m.lo) region = i + 1;
     unsigned long long off = (unsigned long long)(p - m.lo);
     if (off >> 18)
-        tc_fault(CLEMU_FAULT, "smem_desc_128b at %s:%d: the tile lies %llu bytes into its shared array, past the "
-                 "descriptor's 256 KB", file, line, off);
-    return (off >> 4) | (1ull << 16) | (64ull << 32) | (region << 52) | (1ull << 62);
+        tc_fault(CLEMU_FAULT, "%s at %s:%d: the tile lies %llu bytes into its shared array, past the "
+                 "descriptor's 256 KB", name, file, line, off);
+    return (off >> 4) | ((unsigned long long)(lbo >> 4) << 16) | ((unsigned long long)(sbo >> 4) << 32) |
+           (region << 52) | ((unsigned long long)layout << 62);
 }
 
-// A descriptor's start address, checked: shared, in the 128-byte swizzle, `rows` rows inside the array.
-static const unsigned char* desc_tile(unsigned long long desc, int rows, const char* operand, const char* what,
-                                      const char* file, int line) {
+extern "C" __attribute__((visibility("default"))) unsigned long long clemu_smem_desc(const void* tile, const char* file,
+                                                                                     int line) {
+    return clemu_smem_desc_any(tile, 1, 16, 1024, file, line);
+}
+
+// An operand tile as a wgmma reads it (clemu_hopper.h): where it starts, its layout (1: the
+// 128-byte swizzle, 0: none), its byte offsets, and whether it is M/N-major (a transposed operand).
+struct operand_tile { const unsigned char* start; int layout; unsigned long long lbo, sbo; bool mn; };
+
+// The 16-byte chunk of shared memory that holds 8 consecutive values of an operand tile: K-major,
+// values k..k+7 (k = 0 or 8) of row mn; M/N-major, values mn..mn+7 (mn a multiple of 8) of K row k.
+//   K-major, 128-byte swizzle: row mn at (mn / 8) * SBO + (mn % 8) * 128, its 16 values consecutive
+//   K-major, no swizzle: core matrices of 8 rows x 16 bytes; rows 8.. SBO on, values 8..15 LBO on
+//   M/N-major, 128-byte swizzle: K row k at (k / 8) * SBO + (k % 8) * 128, 64 M/N values a row,
+//   the next 64 LBO on
+static uintptr_t operand_chunk(const operand_tile& o, int mn, int k) {
+    uintptr_t s = (uintptr_t)o.start;
+    if (o.mn) return swizzle(s + (mn / 64) * o.lbo + (k / 8) * o.sbo + (k % 8) * 128 + (mn % 64) / 8 * 16, 3);
+    if (o.layout == 1) return swizzle(s + (mn / 8) * o.sbo + (mn % 8) * 128 + (k / 8) * 16, 3);
+    return s + (mn / 8) * o.sbo + (mn % 8) * 16 + (k / 8) * o.lbo;
+}
+
+// A descriptor's tile, checked: shared, a layout the emulator models for that major-ness, `rows`
+// rows (M or N values) inside the array.
+static operand_tile desc_tile(unsigned long long desc, int rows, bool mn, const char* operand, const char* what,
+                              const char* file, int line) {
     unsigned long long region = (desc >> 52) & 0x3FF, off = (desc & 0x3FFF) << 4;
-    unsigned long long sbo = ((desc >> 32) & 0x3FFF) << 4;
+    unsigned long long lbo = ((desc >> 16) & 0x3FFF) << 4, sbo = ((desc >> 32) & 0x3FFF) << 4;
     int layout = (int)(desc >> 62);
     const char* lo;
     long long size;
@@ -1425,34 +1926,61 @@ static const unsigned char* desc_tile(unsigned long long desc, int rows, const c
     else if (region <= W->regions.size()) { lo = W->regions[region - 1].lo; size = W->regions[region - 1].bytes; }
     else tc_fault(CLEMU_FAULT, "%s at %s:%d: %s's descriptor %#llx names no shared array of this block: make it with "
                   "smem_desc_128b(tile) (plus 2 per 16 columns)", what, file, line, operand, desc);
-    if (layout != 1 || sbo != 1024)
-        tc_fault(CLEMU_FAULT, "%s at %s:%d: %s's descriptor %#llx is not smem_desc_128b's (layout %d, stride byte "
-                 "offset %llu): the emulator models K-major tiles in the 128-byte swizzle, 8-row groups 1024 bytes "
-                 "apart", what, file, line, operand, desc, layout, sbo);
-    const unsigned char* start = (const unsigned char*)lo + off;
-    if ((uintptr_t)start % 32 || (uintptr_t)start % 1024 >= 128)
-        tc_fault(CLEMU_FAULT, "%s at %s:%d: %s's descriptor starts %d bytes past a 1024-byte boundary: a tile in the "
-                 "128-byte swizzle starts 1024-aligned, and desc + 2k (k = 0..3) starts at its columns 16k..16k+15",
-                 what, file, line, operand, (int)((uintptr_t)start % 1024));
-    long long end = (long long)(start - (const unsigned char*)lo) - (long long)((uintptr_t)start % 1024) +
-                    (long long)(rows / 8) * 1024;
+    operand_tile o{(const unsigned char*)lo + off, layout, lbo, sbo, mn};
+    uintptr_t at = (uintptr_t)o.start;
+    if (mn) {
+        if (layout != 1 || sbo != 1024 || (rows > 64 && lbo % 1024))
+            tc_fault(CLEMU_FAULT, "%s at %s:%d: %s is transposed (M/N-major), but its descriptor %#llx is not "
+                     "smem_desc_128b_mn's (layout %d, stride byte offset %llu, leading byte offset %llu): the emulator "
+                     "models M/N-major tiles in the 128-byte swizzle, 8-row groups of K 1024 bytes apart, each 64 M/N "
+                     "values a multiple of 1024 bytes further", what, file, line, operand, desc, layout, sbo, lbo);
+        if (at % 1024)
+            tc_fault(CLEMU_FAULT, "%s at %s:%d: %s's descriptor starts %d bytes past a 1024-byte boundary: an M/N-major "
+                     "tile in the 128-byte swizzle starts 1024-aligned, and desc + 128 (2048 bytes on) starts at its "
+                     "K row 16", what, file, line, operand, (int)(at % 1024));
+    } else if (layout == 1) {
+        if (sbo != 1024)
+            tc_fault(CLEMU_FAULT, "%s at %s:%d: %s's descriptor %#llx is not smem_desc_128b's (layout %d, stride byte "
+                     "offset %llu): the emulator models K-major tiles in the 128-byte swizzle, 8-row groups 1024 bytes "
+                     "apart", what, file, line, operand, desc, layout, sbo);
+        if (at % 32 || at % 1024 >= 128)
+            tc_fault(CLEMU_FAULT, "%s at %s:%d: %s's descriptor starts %d bytes past a 1024-byte boundary: a tile in "
+                     "the 128-byte swizzle starts 1024-aligned, and desc + 2k (k = 0..3) starts at its columns "
+                     "16k..16k+15", what, file, line, operand, (int)(at % 1024));
+    } else if (layout != 0 || at % 16) {
+        tc_fault(CLEMU_FAULT, "%s at %s:%d: %s's descriptor %#llx (layout %d, %d bytes past a 16-byte boundary) is "
+                 "neither smem_desc_128b's nor smem_desc_plain's: the emulator models K-major tiles in the 128-byte "
+                 "swizzle or without swizzle (16-byte aligned)", what, file, line, operand, desc, layout,
+                 (int)(at % 16));
+    }
+    // the farthest chunk it reads, from the first byte of the array
+    long long end = 0;
+    for (int r = 0; r < rows; r += rows - 1 > 0 ? rows - 1 : 1)
+        for (int k = 0; k < 16; k += mn ? 1 : 8) {
+            uintptr_t c = operand_chunk(o, mn ? r / 8 * 8 : r, k) & ~(uintptr_t)(layout == 1 ? 1023 : 15);
+            long long e = (long long)(c - (uintptr_t)lo) + (layout == 1 ? 1024 : 16);
+            if (e > end) end = e;
+        }
     if (end > size)
-        tc_fault(CLEMU_OOB, "%s at %s:%d: %s's %d rows (%d bytes from the tile's start) run past the end of %s (%lld "
-                 "bytes)", what, file, line, operand, rows, rows * 128, region ? W->regions[region - 1].name :
+        tc_fault(CLEMU_OOB, "%s at %s:%d: %s's %d rows (to %lld bytes from the array's start) run past the end of %s "
+                 "(%lld bytes)", what, file, line, operand, rows, end, region ? W->regions[region - 1].name :
                  "the launch's extern __shared__ memory", size);
-    return start;
+    return o;
 }
 
-// Read `rows` rows of 16 halves of a K-major 128B-swizzled tile into out[rows][16], checking each
-// chunk for warpgroup g: a TMA copy into it that some thread of the warpgroup has not waited for,
-// an ordinary store into it that no fence_proxy_async orders for the tensor cores. The wgmma's
-// read is recorded on the chunk until the wait that covers `group`.
-static void read_tile(const unsigned char* start, int rows, float (*out)[16], int g, unsigned long long group,
-                      const char* operand, const char* what, const char* file, int line) {
+// Read an operand tile of `rows` M (or N) values x 16 K values into out[rows][16] (tf32: 8 K values
+// a row, each float read as a tf32 operand, its top 19 bits: out[r][0..7]), checking each chunk for
+// warpgroup g: a TMA copy into it that some thread of the warpgroup has not waited for, an ordinary
+// store into it that no fence_proxy_async orders for the tensor cores. The wgmma's read is recorded
+// on the chunk until the wait that covers `group`. bf16: the values are bf16.
+static void read_tile(const operand_tile& o, int rows, float (*out)[16], bool bf16, bool tf32, int g,
+                      unsigned long long group, const char* operand, const char* what, const char* file, int line) {
     fiber_thread* th = &W->threads[128 * g];
-    for (int r = 0; r < rows; r++)
-        for (int h = 0; h < 2; h++) {
-            uintptr_t a = swizzle((uintptr_t)start + (r / 8) * 1024 + (r % 8) * 128 + 16 * h, 3);
+    int outer = o.mn ? 16 : rows, inner = o.mn ? rows / 8 : 2;
+    for (int r = 0; r < outer; r++)
+        for (int h = 0; h < inner; h++) {
+            // K-major: row r, values 8h..8h+7; M/N-major: K row r, M/N values 8h..8h+7
+            uintptr_t a = o.mn ? operand_chunk(o, 8 * h, r) : operand_chunk(o, r, 8 * h);
             auto it = W->chunks.find(a);
             if (it != W->chunks.end()) {
                 async_chunk& k = it->second;
@@ -1488,9 +2016,19 @@ static void read_tile(const unsigned char* start, int rows, float (*out)[16], in
             k.rd_group[g] = group;
             k.rd_file[g] = file;
             k.rd_line[g] = line;
+            if (tf32) {   // K-major only (wgmma's tf32 operands have no transposed form)
+                uint32_t v[4];
+                memcpy(v, (const void*)a, 16);
+                for (int e = 0; e < 4; e++) out[r][4 * h + e] = clemu::tf32_operand(v[e]);
+                continue;
+            }
             uint16_t v[8];
             memcpy(v, (const void*)a, 16);
-            for (int e = 0; e < 8; e++) out[r][8 * h + e] = hp_h2f(v[e]);
+            for (int e = 0; e < 8; e++) {
+                float f = bf16 ? clemu::bf16_value(v[e]) : hp_h2f(v[e]);
+                if (o.mn) out[8 * h + e][r] = f;
+                else out[r][8 * h + e] = f;
+            }
         }
 }
 
@@ -1518,26 +2056,31 @@ static void poison(float* d, int n) {
              file_line(e.file, e.line).c_str(), now, file, line);
 }
 
-// All 128 threads of warpgroup g have met at a wgmma: compute it for each of them.
-static void wgmma_issue(int g, const char* file, int line) {
+// All 128 threads of warpgroup g have met at a wgmma (op WG_MMA: k16 of fp16, WG_MMA_TF32: k8 of
+// tf32): compute it for each of them.
+static void wgmma_issue(int g, int op, const char* file, int line) {
     fiber_thread* th = &W->threads[128 * g];
     fiber_thread& a = th[0];
     int n = a.wg_n;
-    const char* what = wg_name(WG_MMA, n);
+    bool tf32 = op == WG_MMA_TF32;
+    const char* what = wg_name(op, n);
     for (int i = 1; i < 128; i++)
-        if (th[i].wg_da != a.wg_da || th[i].wg_db != a.wg_db || th[i].wg_acc_flag != a.wg_acc_flag)
+        if (th[i].wg_da != a.wg_da || th[i].wg_db != a.wg_db || th[i].wg_acc_flag != a.wg_acc_flag ||
+            th[i].wg_kind != a.wg_kind)
             tc_fault(CLEMU_FAULT, "%s at %s:%d: threads %s and %s of warpgroup %d pass different %s: the "
-                     "descriptors and the accumulate flag of a wgmma are the warpgroup's, the same in all 128 threads",
-                     what, file, line, thread_in_block(a.pub.linear, W->blk.dim).c_str(),
+                     "descriptors, the accumulate flag and the operands' kind of a wgmma are the warpgroup's, the same "
+                     "in all 128 threads", what, file, line, thread_in_block(a.pub.linear, W->blk.dim).c_str(),
                      thread_in_block(th[i].pub.linear, W->blk.dim).c_str(), g,
                      th[i].wg_da != a.wg_da ? "A descriptors" : th[i].wg_db != a.wg_db ? "B descriptors" :
-                     "accumulate flags");
+                     th[i].wg_kind != a.wg_kind ? "operand kinds" : "accumulate flags");
     wg_state& s = W->wgs[g];
     static thread_local float A[64][16], B[256][16];
-    const unsigned char* ta = desc_tile(a.wg_da, 64, "A", what, file, line);
-    const unsigned char* tb = desc_tile(a.wg_db, n, "B", what, file, line);
-    read_tile(ta, 64, A, g, s.committed, "A", what, file, line);
-    read_tile(tb, n, B, g, s.committed, "B", what, file, line);
+    int kind = a.wg_kind;
+    bool bf16 = (kind & 3) == CLEMU_WG_BF16;
+    operand_tile ta = desc_tile(a.wg_da, 64, (kind & CLEMU_WG_TRANS_A) != 0, "A", what, file, line);
+    operand_tile tb = desc_tile(a.wg_db, n, (kind & CLEMU_WG_TRANS_B) != 0, "B", what, file, line);
+    read_tile(ta, 64, A, bf16, tf32, g, s.committed, "A", what, file, line);
+    read_tile(tb, n, B, bf16, tf32, g, s.committed, "B", what, file, line);
     for (int i = 0; i < 128; i++) {
         fiber_thread& t = th[i];
         wg_acc* e = nullptr;
@@ -1557,7 +2100,8 @@ static void wgmma_issue(int g, const char* file, int line) {
             for (int q = 0; q < 4; q++) {
                 int row = 16 * w + l / 4 + 8 * (q >> 1), col = 8 * j + 2 * (l % 4) + (q & 1);
                 float& v = e->val[4 * j + q];
-                v = wgmma_k16(t.wg_acc_flag ? v : 0.0f, A[row], B[col]);
+                float c = t.wg_acc_flag ? v : 0.0f;
+                v = tf32 ? clemu::mma_k8(c, A[row], B[col]) : wgmma_k16(c, A[row], B[col]);
             }
         e->group = s.committed;
         e->file = file;
@@ -1587,7 +2131,7 @@ static void wg_collective(int g, int op, int arg, const char* file, int line) {
             }
             fl.resize(keep);
         }
-    } else if (op == WG_MMA) wgmma_issue(g, file, line);
+    } else if (op == WG_MMA || op == WG_MMA_TF32) wgmma_issue(g, op, file, line);
 }
 
 // A warpgroup instruction: wait for the other 127 threads (release() checks who comes), then the
@@ -1612,11 +2156,26 @@ extern "C" __attribute__((visibility("default"))) void clemu_wg_op(int op, int a
 }
 
 extern "C" __attribute__((visibility("default"))) void clemu_wgmma(float* d, int n, unsigned long long da,
-                                                                   unsigned long long db, int accumulate,
+                                                                   unsigned long long db, int accumulate, int kind,
                                                                    const char* file, int line) {
     fiber_thread* t = me();
-    if (t) { t->wg_d = d; t->wg_n = n; t->wg_da = da; t->wg_db = db; t->wg_acc_flag = accumulate ? 1 : 0; }
+    if (t) {
+        t->wg_d = d; t->wg_n = n; t->wg_da = da; t->wg_db = db; t->wg_acc_flag = accumulate ? 1 : 0;
+        t->wg_kind = kind;
+    }
     wg_meet(WG_MMA, 0, file, line);
+}
+
+// wgmma m64nNk8 with .tf32 operands (clemu_hopper.h): the same tiles, descriptors and checks, 8 floats a row
+extern "C" __attribute__((visibility("default"))) void clemu_wgmma_tf32(float* d, int n, unsigned long long da,
+                                                                        unsigned long long db, int accumulate,
+                                                                        const char* file, int line) {
+    fiber_thread* t = me();
+    if (t) {
+        t->wg_d = d; t->wg_n = n; t->wg_da = da; t->wg_db = db; t->wg_acc_flag = accumulate ? 1 : 0;
+        t->wg_kind = CLEMU_WG_F16;   // K-major operands (read as tf32 by the op)
+    }
+    wg_meet(WG_MMA_TF32, 0, file, line);
 }
 
 // a float -> half conversion of a wgmma accumulator's poison (cuda_fp16.h's f2h)
@@ -1929,6 +2488,7 @@ static void fiber_entry(void* arg) {
     clemu_cur = &t->pub;
     try {
         L->body(L->args);
+        threads_done.fetch_add(1, std::memory_order_relaxed);
         t->state = T_DONE;
         check_thread_end(t);
     } catch (clemu_fault_exc&) {
@@ -1950,7 +2510,10 @@ static void fiber_entry(void* arg) {
 
 static void ensure_stacks(worker* w, int n, long long stack_bytes) {
     if (w->stacks && w->n_stacks >= n && w->stack_bytes == stack_bytes) return;
-    if (w->stacks) munmap(w->stacks, (size_t)w->n_stacks * w->stack_bytes);
+    if (w->stacks) {
+        guard_forbid(w->stacks, (size_t)w->n_stacks * w->stack_bytes);
+        munmap(w->stacks, (size_t)w->n_stacks * w->stack_bytes);
+    }
     size_t total = (size_t)n * stack_bytes;
     void* p = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED) { w->stacks = nullptr; w->n_stacks = 0; return; }
@@ -1958,7 +2521,10 @@ static void ensure_stacks(worker* w, int n, long long stack_bytes) {
     w->n_stacks = n;
     w->stack_bytes = stack_bytes;
     long page = sysconf(_SC_PAGESIZE);
-    for (int i = 0; i < n; i++) mprotect(w->stacks + (size_t)i * stack_bytes, page, PROT_NONE);   // guard
+    for (int i = 0; i < n; i++) {
+        mprotect(w->stacks + (size_t)i * stack_bytes, page, PROT_NONE);   // guard
+        guard_allow(w->stacks + (size_t)i * stack_bytes + page, (size_t)(stack_bytes - page));
+    }
 }
 
 static void make_order(std::vector<int>& order, int n, int mode, unsigned seed) {
@@ -2170,6 +2736,31 @@ static bool release(worker* w, int n, bool& all_done) {
     return true;
 }
 
+// What kernel code of a launch reads of the runtime (guard.cpp): its threads' threadIdx and
+// blockIdx, the warp exchange's slots, and the launch's dynamic shared memory (shared= bytes).
+static void own_launch_fields(worker* w, int n, bool own) {
+    auto mark = own ? guard_allow : guard_forbid;
+    for (int i = 0; i < n && i < (int)w->threads.size(); i++) mark(&w->threads[i].pub, sizeof(clemu_thread));
+    mark(&w->blk, sizeof w->blk);
+    mark(w->warp_slots.data(), w->warp_slots.size() * sizeof(unsigned long long));
+    mark(w->warp_regs.data(), w->warp_regs.size() * sizeof(unsigned));
+    if (L && L->shared_bytes) mark(w->dyn_shared, (size_t)L->shared_bytes);
+    if (!own)
+        for (auto& g : w->regions) guard_forbid(g.lo, (size_t)g.bytes);   // the block's static __shared__ arrays
+}
+
+// The frame a kernel called from run_block starts at: everything of the OS thread's stack below it
+// is the running CUDA thread's (run_block's own frame and those above it are not).
+__attribute__((noinline)) static char* callee_frame() { return (char*)__builtin_frame_address(0); }
+
+static void own_stack_below(worker* w, char* top) {
+    if (!w->stack_lo || w->stack_owned == top) return;
+    long page = sysconf(_SC_PAGESIZE);
+    if (w->stack_owned) guard_forbid(w->stack_lo, (size_t)(w->stack_owned - w->stack_lo));
+    guard_allow(w->stack_lo + page, (size_t)(top - w->stack_lo - page));
+    w->stack_owned = top;
+}
+
 static bool run_block_fibers(worker* w, const std::vector<int>& order, int n) {
     auto& th = w->threads;
     for (int i = 0; i < n; i++) {
@@ -2227,6 +2818,7 @@ static void run_block(worker* w, long long b) {
         th[i].warp_gen = 0;
         th[i].cp_groups = 0;
         th[i].fences = th[i].fences_at_bar = 0;
+        th[i].bulk_groups = th[i].bulk_read = 0;
         th[i].seen.clear();
         th[i].inflight.clear();
         th[i].nb_count = 0;
@@ -2238,12 +2830,14 @@ static void run_block(worker* w, long long b) {
         th[i].pub.loop = 0;
     }
     if (!l->use_fibers) {
+        own_stack_below(w, callee_frame());   // called here: at the depth the kernel's body is called from
         for (int k = 0; k < n; k++) {
             fiber_thread& t = th[order[k]];
             clemu_cur = &t.pub;
             w->running = &t;
             try {
                 l->body(l->args);
+                threads_done.fetch_add(1, std::memory_order_relaxed);
             } catch (clemu_fault_exc&) {
                 clemu_cur = nullptr;
                 return;
@@ -2257,18 +2851,28 @@ static void run_block(worker* w, long long b) {
         w->running = nullptr;
         clemu_cur = nullptr;
         if (prof_on) clprof_epoch(n, 0);
+        blocks_done.fetch_add(1, std::memory_order_relaxed);
         return;
     }
-    if (run_block_fibers(w, order, n) && prof_on) clprof_epoch(n, 0);
+    if (run_block_fibers(w, order, n)) {
+        if (prof_on) clprof_epoch(n, 0);
+        blocks_done.fetch_add(1, std::memory_order_relaxed);
+    }
 }
 
 // ----------------------------------------------------------------------------------------
 // Signals: SIGUSR2 stops a worker (timeout or another worker's fault); SIGSEGV/SIGBUS/SIGFPE
 // inside a kernel become a fault message. Anything outside a kernel goes to the old handler.
-static struct sigaction old_segv, old_bus, old_fpe, old_usr2;
+static struct sigaction old_segv, old_bus, old_fpe, old_ill, old_trap, old_usr2;
 
 static std::string describe_address(uintptr_t a) {
     char s[400];
+    if (W && W->stack_lo && a + 65536 >= (uintptr_t)W->stack_lo && a < (uintptr_t)W->stack_lo + (uintptr_t)sysconf(_SC_PAGESIZE)) {
+        snprintf(s, sizeof s, "a stack overflow: the thread's local variables (or a recursion) need more than the %lld KB "
+                 "of stack the emulator's CPU thread has (a GPU thread has far less): make local arrays smaller, put them "
+                 "in shared memory, or end the recursion", (long long)(W->stack_hi - W->stack_lo) >> 10);
+        return s;
+    }
     if (W && W->stacks) {
         uintptr_t lo = (uintptr_t)W->stacks, hi = lo + (uintptr_t)W->n_stacks * W->stack_bytes;
         if (a >= lo && a < hi && ((a - lo) % W->stack_bytes) < (uintptr_t)sysconf(_SC_PAGESIZE)) {
@@ -2335,8 +2939,24 @@ static void on_signal(int sig, siginfo_t* info, void* uctx) {
                         "wgmma_wait<0>() (or a smaller N that covers that group) before this line", at.c_str(),
                         where(t).c_str(), file_line(ft->inflight[0].file, ft->inflight[0].line).c_str());
         else if (sig == SIGFPE)
-            set_failure(CLEMU_FPE, "arithmetic fault (integer division or remainder by zero?)%s in %s", at.c_str(), where(t).c_str());
-        else {
+            set_failure(CLEMU_FPE, "integer division fault%s in %s: a division or remainder by zero, or INT_MIN / -1 "
+                        "(signed division overflow). A GPU does not stop there: it computes an unspecified number",
+                        at.c_str(), where(t).c_str());
+        else if (sig == SIGILL || sig == SIGTRAP)
+            set_failure(CLEMU_FAULT, "the CPU stopped on a trap instruction%s in %s: the compiler puts one where the "
+                        "program's behaviour is undefined, most often a function that can reach its end without "
+                        "`return` (a __device__ function that returns a value must return one on every path), or a "
+                        "__builtin_trap()", at.c_str(), where(t).c_str());
+        else if (uintptr_t app; sig == SIGSEGV && guard_in_shadow((uintptr_t)info->si_addr, &app)) {
+            // the guard's inline check faulted on the shadow itself: an address the launch owns nothing near
+            int status;
+            std::string d = guard_what(app, 1, false, &status);
+            // the check cannot tell a load from a store: say "access"
+            for (const char* w : {"out-of-range load", "out-of-range store"})
+                if (d.rfind(w, 0) == 0) d = "out-of-range access" + d.substr(strlen(w));
+            if (d.rfind("load ", 0) == 0 || d.rfind("store ", 0) == 0) d = "access " + d.substr(d.find(' ') + 1);
+            set_failure(status, "%s%s by %s", d.c_str(), at.c_str(), where(t).c_str());
+        } else {
             std::string d = describe_address((uintptr_t)info->si_addr);
             bool stack = d.rfind("a stack overflow", 0) == 0;
             set_failure(stack ? CLEMU_STACK : CLEMU_SEGV, "%s%s in %s: %s",
@@ -2344,7 +2964,8 @@ static void on_signal(int sig, siginfo_t* info, void* uctx) {
         }
         siglongjmp(w->jmp, 1);
     }
-    struct sigaction* old = sig == SIGSEGV ? &old_segv : sig == SIGBUS ? &old_bus : sig == SIGFPE ? &old_fpe : &old_usr2;
+    struct sigaction* old = sig == SIGSEGV ? &old_segv : sig == SIGBUS ? &old_bus : sig == SIGFPE ? &old_fpe
+                          : sig == SIGILL ? &old_ill : sig == SIGTRAP ? &old_trap : &old_usr2;
     if (old->sa_flags & SA_SIGINFO) { if (old->sa_sigaction) old->sa_sigaction(sig, info, uctx); return; }
     if (old->sa_handler == SIG_IGN) return;
     if (old->sa_handler == SIG_DFL) { sigaction(sig, old, nullptr); raise(sig); return; }
@@ -2360,6 +2981,8 @@ static void install_signals() {
     sigaction(SIGSEGV, &sa, &old_segv);
     sigaction(SIGBUS, &sa, &old_bus);
     sigaction(SIGFPE, &sa, &old_fpe);
+    sigaction(SIGILL, &sa, &old_ill);
+    sigaction(SIGTRAP, &sa, &old_trap);
     sigaction(SIGUSR2, &sa, &old_usr2);
 }
 
@@ -2372,6 +2995,15 @@ static void* worker_main(void* arg) {
     ss.ss_sp = w->altstack; ss.ss_size = 1 << 16; ss.ss_flags = 0;
     sigaltstack(&ss, nullptr);
     w->dyn_shared = (unsigned char*)aligned_alloc(1024, MAX_DYN_SHARED);   // as aligned as a GPU's (WMMA needs 32 B)
+    guard_allow(&clemu_cur, sizeof clemu_cur);   // kernels read threadIdx through it
+    pthread_attr_t at;
+    if (pthread_getattr_np(pthread_self(), &at) == 0) {
+        void* lo; size_t bytes;
+        pthread_attr_getstack(&at, &lo, &bytes);
+        w->stack_lo = (char*)lo;
+        w->stack_hi = (char*)lo + bytes;
+        pthread_attr_destroy(&at);
+    }
     unsigned long long seen = 0;
     for (;;) {
         {
@@ -2394,6 +3026,7 @@ static void* worker_main(void* arg) {
             ensure_stacks(w, n, L->stack_bytes);
             if (!w->stacks) set_failure(CLEMU_LAUNCH, "could not allocate %d fiber stacks", n);
         }
+        own_launch_fields(w, n, true);
         if (sigsetjmp(w->jmp, 0) != 0) _mm_setcsr(0x1F80);   // a fault in a wgmma's window left its trap on
         else {
             w->in_kernel.store(1);
@@ -2408,6 +3041,7 @@ static void* worker_main(void* arg) {
         w->running = nullptr;
         w->sched_sp = nullptr;
         clemu_cur = nullptr;
+        own_launch_fields(w, n, false);
         {
             std::lock_guard<std::mutex> g(pool_mu);
             workers_done++;
@@ -2463,6 +3097,7 @@ static void finish(clemu_launch* launch) {
         site_seen.clear();
         cp_issue_sites.clear();
     }
+    guard_unstage();
     L = nullptr;
     busy.store(0);
 }
@@ -2480,6 +3115,12 @@ extern "C" __attribute__((visibility("default"))) int clemu_start(clemu_launch* 
         launch->status = CLEMU_LAUNCH;
         snprintf(launch->message, sizeof launch->message, "dynamic shared memory of %lld bytes is over the %lld a GPU can give a block",
                  launch->shared_bytes, MAX_DYN_SHARED);
+        busy.store(0);
+        return launch->status;
+    }
+    // the buffers go to the guard's arena for the launch (copied back in finish)
+    if (guard_stage(launch->bufs, launch->n_bufs, launch->message, sizeof launch->message) != 0) {
+        launch->status = CLEMU_LAUNCH;
         busy.store(0);
         return launch->status;
     }
@@ -2501,6 +3142,8 @@ extern "C" __attribute__((visibility("default"))) int clemu_start(clemu_launch* 
         clemu_hook_on = 1;
     }
     next_block.store(0);
+    threads_done.store(0);
+    blocks_done.store(0);
     n_blocks = blocks;
     failed.store(0);
     workers_done = 0;
@@ -2521,10 +3164,14 @@ extern "C" __attribute__((visibility("default"))) int clemu_wait(clemu_launch* l
     return 1;
 }
 
-// How many blocks have started (for the progress line).
-extern "C" __attribute__((visibility("default"))) long long clemu_progress() {
+// How far the launch is: blocks started and finished, CUDA threads finished (the watchdog tells a
+// launch that progresses from one that does not).
+extern "C" __attribute__((visibility("default"))) void clemu_progress(long long* started, long long* blocks,
+                                                                      long long* threads) {
     long long b = next_block.load();
-    return b < n_blocks ? b : n_blocks;
+    *started = b < n_blocks ? b : n_blocks;
+    *blocks = blocks_done.load();
+    *threads = threads_done.load();
 }
 
 // Stop a running launch with `status`; its message says where the running threads were

@@ -1,7 +1,9 @@
-"""The one C extension convlab builds for itself (launch.c: cuLaunchKernel in one C call), compiled
-on first use with the machine's C compiler against this Python's headers, into convlab's cache.
-Where it cannot be built (no compiler, no Python headers), fast_launch() is None and the GPU
-backend launches through ctypes, as correct and a few microseconds slower per launch."""
+"""The one C extension convlab builds for itself (launch.c: cuLaunchKernel in one C call, and Route:
+a kept route's GPU work, its allocations, copies and launches, in one C call), compiled on first use
+with the machine's C compiler against this Python's headers, into convlab's cache. Where it cannot
+be built (no compiler, no Python headers), fast_launch() and route_type() are None: the GPU backend
+launches through ctypes and routes run through Python, as correct and a few microseconds slower
+per call."""
 from __future__ import annotations
 
 import hashlib
@@ -36,7 +38,7 @@ def build() -> Path:
         raise OSError("no C compiler or no Python headers")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(f".{os.getpid()}.tmp")
-    r = subprocess.run([cc, "-O2", "-shared", "-fPIC", f"-I{include}", str(_SOURCE), "-o", str(tmp)],
+    r = subprocess.run([cc, "-O2", "-Wall", "-shared", "-fPIC", f"-I{include}", str(_SOURCE), "-o", str(tmp)],
                        capture_output=True, text=True)
     if r.returncode != 0:
         raise OSError(f"{cc} failed: {r.stderr.strip()[:500]}")
@@ -53,10 +55,27 @@ def fast_launch():
             spec = importlib.util.spec_from_file_location("convlab_launch", path)
             mod = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(mod)
-            _loaded[:] = [mod.launch, None]
+            _loaded[:] = [mod.launch, None, mod]
         except (OSError, ImportError) as e:
-            _loaded[:] = [None, str(e)]
+            _loaded[:] = [None, str(e), None]
     return _loaded[0]
+
+
+def route_type():
+    """convlab_launch.Route (see launch.c), or None where the extension cannot be built."""
+    fast_launch()
+    return None if _loaded[2] is None else _loaded[2].Route
+
+
+def launched() -> int:
+    """How many kernels Routes have launched so far, all together (0 where none can be made)."""
+    fast_launch()
+    return 0 if _loaded[2] is None else _loaded[2].launched()
+
+
+def now_ns() -> int:
+    """The monotonic clock a Route's expiry is read against (ns); only where route_type() is not None."""
+    return _loaded[2].now()
 
 
 def why_not() -> str | None:

@@ -20,9 +20,10 @@ a kernel never writes shows in cl.check. A launcher works out its launch (grid, 
 scalar arguments) once per shape and keeps it, so a repeated call costs little Python.
 
 Each module lists its kernels once, as IMPLEMENTATIONS (Impl records: the key code, rules and
-CSV files join on, the label figures show, the launcher, the shapes it takes, its tunables);
-dispatch.registered() finds them all. Chapters 2-8's modules have pick(shape), the Impl a plain
-layer gets among the chapter's kernels.
+CSV files join on, the label figures show, the launcher, the shapes it takes, its tunables, and
+what a route reads instead of guessing from the launcher: its dtypes, the layouts it reads and
+returns, whether its epilogue takes a bias, how it adds); dispatch.registered() finds them all.
+Chapters 2-8's modules have pick(shape), the Impl a plain layer gets among the chapter's kernels.
 """
 from __future__ import annotations
 
@@ -43,24 +44,68 @@ def _no_tunables(shape) -> dict:
     return {}
 
 
+#: x's memory formats, by the names records, rules and result rows use (torch's memory format of each)
+FORMATS = {"nchw": torch.contiguous_format, "channels_last": torch.channels_last}
+#: ops of the three passes a route runs (forward, dE/dX, dE/dW), by their calling contract above
+FORWARD_OPS = ("conv2d", "conv2d_fp16")
+DX_OPS = ("conv2d_dx", "conv2d_dx_fp16")
+DW_OPS = ("conv2d_dw", "conv2d_dw_fp16")
+
+
 @dataclass(frozen=True)
 class Impl:
     """One implementation: called like its launcher. config(shape) gives the tunables it uses
-    for a convlab.workloads.Workload when none are passed (the same function pick() uses).
+    for a convlab.workloads.Workload when none are passed (the same function pick() uses; the
+    launcher fills in the same ones when none are passed).
 
     any_layer: the launcher takes every layer torch's conv2d takes (groups, dilation, non-square
     masks, per-axis stride and padding, as keywords: Workload.conv_kwargs). Without it an Impl is
-    offered only the chapters' plain layers (Workload.plain), whatever its `applies` says."""
+    offered only the chapters' plain layers (Workload.plain), whatever its `applies` says, and is
+    called with int stride and padding.
 
-    name: str                   # the label figures and tables show (free to change)
+    What a route (convlab.ops.dispatch) reads instead of guessing from the launcher:
+    dtypes: the dtypes it takes and returns, by the names of shapes.DTYPE ("fp32", "fp16",
+    "bf16"; None: its op's, "fp16" for an op ending in _fp16, else "fp32"). layouts: the memory
+    formats of its tensor input (x; dy for dX; x and dy for dW) and of w that it reads without a
+    copy of its own ("nchw", "channels_last"; the first is what a route converts another layout to);
+    out_layout: the memory format of what it returns. bias: it takes bias= and adds it in its
+    epilogue; activations: the epilogue's activations it takes as keywords (relu=True). accumulation:
+    how its sums are kept ("half" or "float"; fp16.fp16_tolerance's bound depends on it). precision:
+    None where it computes in its dtype's own precision; "tf32" or "3xtf32" for a float32 kernel whose
+    products are TF32's (or the split's, convlab.ops.tf32): the dispatcher runs it only where
+    dispatch.fp32_precision() asks for that precision (dispatch.PRECISION_RULES)."""
+
+    name: str                   # the label figures and tables show (free to change; never an identity)
     launcher: Callable          # the contract above
     op: str = "conv2d"          # "conv2d" | "conv2d_fp16" | "conv3d" | "conv2d_dx" | "conv2d_dw" | "conv2d_train"
-                                # | "conv2d_dx_fp16" | "conv2d_dw_fp16" (half in and out)
+                                # | "conv2d_dx_fp16" | "conv2d_dw_fp16" (16-bit in and out: fp16 or bf16, as
+                                # dtypes says) | "conv2d_stage"
     applies: Callable = _always         # Workload -> bool: which shapes it can take
     config: Callable = _no_tunables     # Workload -> dict: its default tunables
     any_layer: bool = False
     key: str = ""               # the identity code, rules and CSV files join on (short, never changes)
-    candidate: bool = True      # one the dispatcher may choose (False: a teaching step, or not strict fp32)
+    candidate: bool = True      # one the dispatcher may choose (False: a teaching step, or a float32 path that
+                                # is not fp32's and says no precision)
+    dtypes: tuple | None = None
+    layouts: tuple = ("nchw",)
+    out_layout: str = "nchw"
+    bias: bool = False
+    activations: tuple = ()
+    accumulation: str = "float"
+    precision: str | None = None
+
+    def __post_init__(self):
+        if self.dtypes is None:
+            object.__setattr__(self, "dtypes", ("fp16",) if self.op.endswith("_fp16") else ("fp32",))
+        bad = [v for v in (*self.layouts, self.out_layout) if v not in FORMATS]
+        if bad or not self.layouts:
+            raise ValueError(f"{self.name}: layouts {self.layouts} and out_layout {self.out_layout!r} are some of "
+                             f"{', '.join(FORMATS)}")
+        if self.accumulation not in ("half", "float"):
+            raise ValueError(f"{self.name}: accumulation {self.accumulation!r} is 'half' or 'float'")
+        if self.precision not in (None, "tf32", "3xtf32") or (self.precision and self.dtypes != ("fp32",)):
+            raise ValueError(f"{self.name}: precision {self.precision!r} is None, or 'tf32' or '3xtf32' for a "
+                             "float32 kernel")
 
     def __call__(self, *args, **kwargs):
         return self.launcher(*args, **kwargs)

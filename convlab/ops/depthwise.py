@@ -4,8 +4,11 @@
   OY=, BX=, BY=, BZ=, vec=) -> y, by kernels/09_general/conv2d_depthwise.cu: NCHW; a block per tile
   of BZ output planes, their input in shared memory, OY outputs down a column per thread.
 - conv2d_depthwise_nhwc(x, w, y=None, *, ..., OY=, OX=, vec=, CB=, PB=) -> y, by
-  kernels/09_general/conv2d_depthwise_nhwc.cu: x and y channels_last (memory (B, H, W, C)); an
-  OY x OX patch of vec channels per thread, the block's masks in shared memory; groups == C == M.
+  kernels/09_general/conv2d_depthwise_nhwc.cu: x and y channels_last (memory (B, H, W, C); an NCHW
+  x converted in the call); an OY x OX patch of vec channels per thread, the block's masks in
+  shared memory; groups == C == M.
+- conv2d_depthwise_dx(dy, w, dx=None, *, stride, padding, input_size, dilation, groups) -> dx: dX of
+  a stride-1 depthwise layer as conv2d_depthwise of dy with the flipped mask (depthwise_dx_applies).
 - depthwise_applies(s) / nhwc_applies(s): which layers (a Workload) each takes; depthwise_config(s)
   and nhwc_config(s, dtype): their default tunables; depthwise_dx_padding(s): where dX of a
   depthwise layer is itself a depthwise forward (the flipped mask).
@@ -142,6 +145,24 @@ def _nchw_plan(x, w, bias, stride, padding, dilation, groups, OY, BX, BY, BZ, ve
         for z0 in range(0, planes, per_launch))
 
 
+def conv2d_depthwise_dx(dy, w, dx=None, *, stride=1, padding=0, input_size=None, dilation=1, groups: int = 1):
+    """dx of a depthwise layer where depthwise_dx_padding allows: conv2d_depthwise on dy with the
+    flipped mask (one small copy of the mask a call), float32 or float16, NCHW."""
+    M, _, Kh, Kw = (int(v) for v in w.shape)
+    H, W = (int(v) for v in input_size) if input_size is not None else (None, None)
+    s = layer((int(dy.shape[0]), M, H, W), tuple(w.shape), stride, padding, dilation, groups)
+    pad = depthwise_dx_padding(s)
+    if pad is None:
+        raise ValueError(f"{s}: dX is a depthwise forward only for a stride-1 layer of one map per channel whose "
+                         "padding gives the input's size back (depthwise_dx_padding); use general.conv2d_general_dx")
+    return conv2d_depthwise(dy, torch.flip(w, (2, 3)), dx, padding=pad, dilation=(s.dilation, s.dilation_w), groups=M)
+
+
+def depthwise_dx_applies(s: Workload) -> bool:
+    """Where conv2d_depthwise_dx takes a layer (its forward Workload)."""
+    return depthwise_dx_padding(s) is not None and depthwise_applies(s)
+
+
 def depthwise_dx_padding(s: Workload) -> tuple | None:
     """For a stride-1 depthwise layer with one map per channel, dx is itself a depthwise forward:
     dy convolved with the flipped mask, padded d*(k-1) - p before, which gives the input's size
@@ -205,12 +226,11 @@ def conv2d_depthwise_nhwc(x, w, y=None, *, stride=1, padding=0, dilation=1, grou
                           OY: int | None = None, OX: int | None = None, vec: int | None = None,
                           CB: int | None = None, PB: int | None = None):
     """y = conv2d(x, w, bias, groups=C) on channels-last x and y: OY x OX outputs of vec channels a
-    thread, the block's masks in shared memory. Compiled per mask size, stride, dilation, OY, OX, vec."""
+    thread, the block's masks in shared memory. Compiled per mask size, stride, dilation, OY, OX, vec.
+    An x in another layout is converted to channels_last inside the call (one copy, in its time)."""
     if not isinstance(x, torch.Tensor) or x.dim() != 4:
         raise ValueError(f"x must be a (B, C, H, W) tensor, got {getattr(x, 'shape', type(x).__name__)}")
-    if not x.is_contiguous(memory_format=torch.channels_last):
-        raise ValueError("x must be channels-last: pass x.to(memory_format=torch.channels_last), "
-                         "or use conv2d_depthwise for NCHW")
+    x = x.contiguous(memory_format=torch.channels_last)     # x itself when it is channels_last
     xh = x.permute(0, 2, 3, 1)                  # (B, H, W, C): contiguous, the memory the kernel reads
     args = (stride, padding, dilation, groups, OY, OX, vec, CB, PB)
     key = ("dw_nhwc", x.shape, w.shape, x.dtype, None if bias is None else bias.shape, x.data_ptr() % 16, *args)
@@ -260,15 +280,20 @@ def _nhwc_plan(x, xh, w, bias, stride, padding, dilation, groups, OY, OX, vec, C
 
 
 DEPTHWISE = Impl("depthwise (input tile in shared, column strips)", conv2d_depthwise, "conv2d", depthwise_applies,
-                 any_layer=True, key="depthwise")
+                 any_layer=True, key="depthwise", bias=True)
 DEPTHWISE_FP16 = Impl("depthwise fp16 (input tile in shared, column strips)", conv2d_depthwise, "conv2d_fp16",
-                      depthwise_applies, any_layer=True, key="depthwise_fp16")
-#: channels_last x only (measure.run(..., layout="channels_last")); the drop-in routes a
-#: channels_last x of a depthwise layer here.
+                      depthwise_applies, any_layer=True, key="depthwise_fp16", bias=True)
+#: x and y channels_last (an NCHW x converted in the call); the dispatcher routes a channels_last x
+#: of a depthwise layer here.
 DEPTHWISE_NHWC = Impl("depthwise NHWC (channels_last)", conv2d_depthwise_nhwc, "conv2d", nhwc_applies,
-                      any_layer=True, key="depthwise_nhwc", candidate=False)
+                      any_layer=True, key="depthwise_nhwc", layouts=("channels_last",), out_layout="channels_last",
+                      bias=True)
 DEPTHWISE_NHWC_FP16 = Impl("depthwise NHWC fp16 (channels_last)", conv2d_depthwise_nhwc, "conv2d_fp16", nhwc_applies,
-                           any_layer=True, key="depthwise_nhwc_fp16", candidate=False)
+                           any_layer=True, key="depthwise_nhwc_fp16", layouts=("channels_last",),
+                           out_layout="channels_last", bias=True)
+#: dE/dX of a stride-1 depthwise layer (MobileNet's, ConvNeXt's) as the depthwise forward of dy.
+DEPTHWISE_DX = Impl("depthwise dX (forward of the flipped mask)", conv2d_depthwise_dx, "conv2d_dx",
+                    depthwise_dx_applies, any_layer=True, key="depthwise_dx", dtypes=("fp32", "fp16"))
 #: Their tunables default to None and are resolved by the launchers (depthwise_config,
 #: nhwc_config), so config() is empty.
-IMPLEMENTATIONS: tuple[Impl, ...] = (DEPTHWISE, DEPTHWISE_FP16, DEPTHWISE_NHWC, DEPTHWISE_NHWC_FP16)
+IMPLEMENTATIONS: tuple[Impl, ...] = (DEPTHWISE, DEPTHWISE_FP16, DEPTHWISE_NHWC, DEPTHWISE_NHWC_FP16, DEPTHWISE_DX)

@@ -343,9 +343,11 @@ def _smallc_tunables(s: Workload) -> dict:
 
 
 HALF = Impl("half (direct, register-tiled)", conv2d_half, op="conv2d_fp16",
-            applies=lambda s: direct_fits(s.M, s.C, s.K), config=lambda s: direct_config(s.M, s.C, s.K, s.Ho), key="half")
+            applies=lambda s: direct_fits(s.M, s.C, s.K), config=lambda s: direct_config(s.M, s.C, s.K, s.Ho),
+            key="half", accumulation="half")
 HALF2 = Impl("half2 (direct, register-tiled)", conv2d_half2, op="conv2d_fp16",
-             applies=lambda s: direct_fits(s.M, s.C, s.K), config=lambda s: direct_config(s.M, s.C, s.K, s.Ho), key="half2")
+             applies=lambda s: direct_fits(s.M, s.C, s.K), config=lambda s: direct_config(s.M, s.C, s.K, s.Ho),
+             key="half2", accumulation="half")
 WMMA = Impl("WMMA implicit GEMM", conv2d_wmma, op="conv2d_fp16", config=lambda s: wmma_config(s.M, s.C, s.K), key="wmma")
 WMMA_SMALLC = Impl("WMMA, few channels (no im2col)", conv2d_wmma_smallc, op="conv2d_fp16",
                    applies=lambda s: smallc_fits(s.C, s.K, s.H, s.W, s.padding, s.stride), config=_smallc_tunables, key="wmma_smallc")
@@ -410,15 +412,15 @@ FP16_PATH = Impl("ours, float32 in and out: to_half + pick() + to_float", conv2d
 IMPLEMENTATIONS = (HALF, HALF2, WMMA, WMMA_SMALLC, FP16_PATH)
 
 
-def accumulation(impl, shape=None) -> str:
-    """'half' for the kernels that add in half (conv2d_half, conv2d_half2), else 'float' (tensor
-    cores add in float): what fp16_tolerance needs to know of an Impl or launcher. A launcher that
-    runs different kernels per shape (a dispatcher) says it by an `accumulation(shape)` attribute."""
-    launcher = getattr(impl, "launcher", impl)
-    per_shape = getattr(launcher, "accumulation", None)
-    if per_shape is not None and shape is not None:
-        return per_shape(shape)
-    return "half" if launcher in (conv2d_half, conv2d_half2) or per_shape is not None else "float"
+def accumulation(impl: Impl, shape=None) -> str:
+    """'half' or 'float', how an Impl's kernel keeps its sums (its record's accumulation): what
+    fp16_tolerance needs to know. A launcher that runs different kernels per shape (a dispatcher)
+    says it by an `accumulation(shape)` attribute; without a shape, such a one is taken to add in
+    half (the looser bound)."""
+    per_shape = getattr(impl.launcher, "accumulation", None)
+    if per_shape is not None:
+        return per_shape(shape) if shape is not None else "half"
+    return impl.accumulation
 
 
 # ---- accuracy ------------------------------------------------------------------------------------------

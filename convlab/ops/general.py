@@ -170,13 +170,13 @@ def _is_2d(shape) -> bool:
     return shape.D is None
 
 
-GENERAL = Impl("general direct (any layer)", conv2d_general, "conv2d", _is_2d, any_layer=True, key="general")
+GENERAL = Impl("general direct (any layer)", conv2d_general, "conv2d", _is_2d, any_layer=True, key="general", bias=True)
 GENERAL_FP16 = Impl("general direct fp16 (any layer)", conv2d_general, "conv2d_fp16", _is_2d, any_layer=True,
-                    key="general_fp16")
+                    key="general_fp16", bias=True)
 GENERAL_DX = Impl("general dX gather (any layer)", conv2d_general_dx, "conv2d_dx", _is_2d, any_layer=True,
-                  key="general_dx")
+                  key="general_dx", dtypes=("fp32", "fp16"))
 GENERAL_DW = Impl("general dW (blocks, second pass)", conv2d_general_dw, "conv2d_dw", _is_2d, any_layer=True,
-                  key="general_dw")
+                  key="general_dw", dtypes=("fp32", "fp16"))
 #: The chapter's general kernels. Their tunables default to None and are resolved by the
 #: launchers (dw_splits), so config() is empty.
 IMPLEMENTATIONS: tuple[Impl, ...] = (GENERAL, GENERAL_FP16, GENERAL_DX, GENERAL_DW)

@@ -596,7 +596,7 @@ def _takes(s: Workload) -> bool:
 
 
 IGEMM_F32 = Impl("implicit GEMM fp32, warp-tiled", conv2d_igemm_f32, applies=_takes, config=igemm_config,
-                 any_layer=True, key="igemm_f32")
+                 any_layer=True, key="igemm_f32", bias=True)
 IGEMM_F32_DX = Impl("implicit GEMM fp32 dX, flipped mask", conv2d_igemm_f32_dx, op="conv2d_dx", applies=_takes,
                     config=lambda s: igemm_config(dx_workload(s)), any_layer=True, key="igemm_f32_dx")
 IGEMM_F32_DW = Impl("implicit GEMM fp32 dW, over the batch", conv2d_igemm_f32_dw, op="conv2d_dw", applies=_takes,

@@ -11,6 +11,7 @@ tensors.
 - check_tensor(t, name, dtype=None): float32/float16, on the backend's device, contiguous.
 - plane_too_large(s) / check_plane_sizes(s): the kernels index inside a plane with int.
 - suffix(dtype): the entry point of a kernel file for a dtype (_f32, _f16).
+- DTYPE / DTYPE_NAME: the one dtype vocabulary ("fp32", "fp16", "bf16") and its torch dtypes.
 """
 from __future__ import annotations
 
@@ -24,7 +25,11 @@ from .. import runtime
 from .._limits import INT32_MAX
 from ..workloads import Workload
 
-DTYPES = (torch.float32, torch.float16)
+#: The one dtype vocabulary of convlab.ops: records (Impl.dtypes), rule tables and result rows name
+#: a dtype by one of these strings; the torch dtype of each.
+DTYPE = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+DTYPE_NAME = {t: name for name, t in DTYPE.items()}
+DTYPES = (torch.float32, torch.float16)      # what the chapters' launchers check for (check_tensor)
 
 
 def out_size(n: int, K: int, stride: int = 1, padding: int = 0) -> int:

@@ -544,9 +544,16 @@ def _run(gemm: _Gemm, xn, wn, bias, yn) -> None:
         gemm.reduce(ws, b, yn, int(bias is not None))
 
 
+_NO_WORKSPACE: dict = {}
+
+
 def _no_workspace(like: torch.Tensor) -> torch.Tensor:
-    """The kernel's ws argument without split-K: one float, never read or written."""
-    return torch.empty(1, dtype=torch.float32, device=like.device)
+    """The kernel's ws argument without split-K: one float, never read or written, made once per
+    device (an allocation per call would be work the route adds)."""
+    ws = _NO_WORKSPACE.get(like.device)
+    if ws is None:
+        ws = _NO_WORKSPACE[like.device] = torch.empty(1, dtype=torch.float32, device=like.device)
+    return ws
 
 
 def _tile(tunables: dict, cfg: dict, check=check_mma_tunables) -> dict:
@@ -686,12 +693,14 @@ def _takes(shape, op: str = "forward") -> bool:
 
 #: any_layer: stride, padding and dilation per axis, non-square masks and groups (not depthwise: _takes).
 MMA = Impl("mma.sync implicit GEMM (NHWC)", conv2d_mma, op="conv2d_fp16", applies=_takes, config=mma_config,
-           any_layer=True, key="mma")
+           any_layer=True, key="mma", layouts=("channels_last",), out_layout="channels_last", bias=True)
 #: dE/dX of the same layers by the same kernel (stride phases for a strided layer).
 MMA_DX = Impl("mma.sync implicit GEMM dX (NHWC)", conv2d_mma_dx, op="conv2d_dx_fp16",
-              applies=lambda s: _takes(s, "dx"), config=mma_dx_config, any_layer=True, key="mma_dx")
+              applies=lambda s: _takes(s, "dx"), config=mma_dx_config, any_layer=True, key="mma_dx",
+              layouts=("channels_last",), out_layout="channels_last")
 #: dE/dW of the same layers (fp32 sums split over the pixels).
 MMA_DW = Impl("mma.sync implicit GEMM dW (NHWC)", conv2d_mma_dw, op="conv2d_dw_fp16",
-              applies=lambda s: _takes(s, "dw"), config=mma_dw_config, any_layer=True, key="mma_dw")
+              applies=lambda s: _takes(s, "dw"), config=mma_dw_config, any_layer=True, key="mma_dw",
+              layouts=("channels_last",), out_layout="channels_last")
 #: The chapter's tensor-core implementations, by the names the figures use.
 IMPLEMENTATIONS: tuple[Impl, ...] = (MMA, MMA_DX, MMA_DW)

@@ -47,14 +47,15 @@ def static_shared(STAGES: int, RINGS: int = 1, **_) -> int:
     return 16 * RINGS * STAGES
 
 
-def box_shape(Ho: int, Wo: int, B: int, rows: int = ROWS) -> tuple:
+def box_shape(Ho: int, Wo: int, B: int, rows: int = ROWS, max_w: int = 256, max_h: int = 256) -> tuple:
     """(BW, BH, BI): the pixels a tile covers, BW columns x BH rows x BI images <= rows, chosen
     for the fewest tiles, then the most rows filled, then the wider box (longer contiguous runs in
     y). The same pixels of several images share a box: with 32 images, 8 x 1 x 16 on a 56x56 or a
-    7x7 map (14 tiles of 112 rows on 7x7), 14 x 3 x 3 on 14x14."""
+    7x7 map (14 tiles of 112 rows on 7x7), 14 x 3 x 3 on 14x14. max_w, max_h: the most columns and
+    rows a box may have (a strided layer's box spans stride times as many of the input)."""
     best = None
-    for BW in sorted({min(Wo, rows), *(b for b in (8, 16, 32, 64) if b <= rows)}):
-        for BH in range(1, rows // BW + 1):
+    for BW in sorted({min(Wo, rows, max_w), *(b for b in (8, 16, 32, 64) if b <= min(rows, max_w))}):
+        for BH in range(1, min(rows // BW, max_h) + 1):
             BI = min(B, rows // (BW * BH))
             tiles = ceil_div(Wo, BW) * ceil_div(Ho, BH) * ceil_div(B, BI)
             key = (tiles, -BW * BH * BI, -BW)
@@ -179,5 +180,6 @@ def runs_here() -> bool:
 
 
 WGMMA = Impl("wgmma + TMA implicit GEMM (NHWC)", conv2d_wgmma, op="conv2d_fp16",
-             applies=lambda s: refuses(s) is None and runs_here(), config=wgmma_config, any_layer=True, key="wgmma")
+             applies=lambda s: refuses(s) is None and runs_here(), config=wgmma_config, any_layer=True, key="wgmma",
+             layouts=("channels_last",), out_layout="channels_last", bias=True, activations=("relu",))
 IMPLEMENTATIONS: tuple[Impl, ...] = (WGMMA,)

@@ -121,7 +121,7 @@ __global__ void __launch_bounds__(NT) conv3d_coarse(const float* __restrict__ x,
 #if VEC_LOAD
         off[e] = gy * W + min(gx, W - 4);           // W % 4 == 0 and gx % 4 == 0: in or out as a whole
 #else
-        off[e] = gy * W + gx;                       // clamped element by element below
+        off[e] = gy * W + min(gx, W - 1);           // clamped element by element below
 #endif
     }
     float4 pre[LOADS];

@@ -196,4 +196,91 @@ template <int N> __device__ __forceinline__ void setmaxnreg_dec() {
     static_assert(N % 8 == 0 && N >= 24 && N <= 256, "setmaxnreg: a multiple of 8 from 24 to 256");
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(N));
 }
+// ---- more of wgmma: bf16, transposed operands, other shared-memory layouts (the layers' kernels) ----
+//   wgmma_k16<N, KIND>(d, desc_a, desc_b, accumulate)   wgmma.mma_async.sync.aligned.m64nNk16.f32.T.T
+//       with T = f16 (KIND & 3 == WG_F16) or bf16 (WG_BF16), N in {64, 128, 256}; imm-trans-a = 1 when
+//       KIND & WG_TRANS_A (A M-major: a row of the tile is one K index, its 64 M values consecutive),
+//       imm-trans-b = 1 when KIND & WG_TRANS_B (B N-major). d is laid out as wgmma_m64nNk16's.
+//   smem_desc_128b_mn(tile, lbo)   an M- or N-major tile in the 128-byte swizzle, 1024-byte aligned:
+//       rows of 64 M (or N) values (128 bytes), one row per K index, 8-row groups 1024 bytes apart
+//       (the layout a TMA box of 64 channels x pixels writes); the next 64 M/N values `lbo` bytes
+//       further. desc + 128 (2048 bytes on) starts at K + 16.
+//   smem_desc_plain(tile, lbo, sbo)   a K-major tile without swizzle, 16-byte aligned: core matrices
+//       of 8 rows x 8 values (16 bytes a row, rows consecutive); rows 8..15 `sbo` bytes on, K values
+//       8..15 `lbo` bytes on (the layout two TMA boxes of 8 channels each write, lbo apart).
+//   tma_store_4d(&map, src, c0, c1, c2, c3)   cp.async.bulk.tensor.4d.global.shared::cta.bulk_group:
+//       the copy engine writes the box at src (laid out as a load of that box would land, in the
+//       map's swizzle) to the tensor at (c0 innermost, ...), only the elements inside it. Reads src
+//       after it is issued: the writing threads' fence_proxy_async() and a barrier before it, and
+//       src is not overwritten before this thread's bulk_wait_read<N>() that covers its group.
+//   bulk_commit()          cp.async.bulk.commit_group: this thread's stores since the last commit form a group
+//   bulk_wait_read<N>()    cp.async.bulk.wait_group.read N: all but this thread's N most recent groups
+//                          have read their sources
+enum { WG_F16 = 0, WG_BF16 = 1, WG_TRANS_A = 4, WG_TRANS_B = 8 };
+
+__device__ __forceinline__ void tma_store_4d(const CUtensorMap* map, const void* src, int c0, int c1, int c2, int c3) {
+    asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n"
+                 :: "l"(map), "r"(hp_smem(src)), "r"(c0), "r"(c1), "r"(c2), "r"(c3) : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void bulk_wait_read() {
+    static_assert(N >= 0 && N <= 63, "bulk_wait_read<N>: N groups may still be reading");
+    asm volatile("cp.async.bulk.wait_group.read %0;\n" :: "n"(N) : "memory");
+}
+
+__device__ __forceinline__ uint64_t smem_desc_128b_mn(const void* tile, unsigned lbo) {
+    return ((hp_smem(tile) & 0x3FFFF) >> 4) | (uint64_t((lbo & 0x3FFFF) >> 4) << 16) | (uint64_t(1024 >> 4) << 32)
+           | (uint64_t(1) << 62);
+}
+__device__ __forceinline__ uint64_t smem_desc_plain(const void* tile, unsigned lbo, unsigned sbo) {
+    return ((hp_smem(tile) & 0x3FFFF) >> 4) | (uint64_t((lbo & 0x3FFFF) >> 4) << 16)
+           | (uint64_t((sbo & 0x3FFFF) >> 4) << 32);    // layout 0: no swizzle
+}
+
+#define HP_D8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
+                 "+f"(d[i + 6]), "+f"(d[i + 7])
+#define HP_D32(i) HP_D8(i), HP_D8(i + 8), HP_D8(i + 16), HP_D8(i + 24)
+#define HP_REGS32 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
+                  "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define HP_REGS64 HP_REGS32 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+                  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define HP_REGS128 HP_REGS64 ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
+                   "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, " \
+                   "%98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, " \
+                   "%113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+// one instruction: SHAPE and TYPE spelled out, REGS the accumulators, A/B/P/TA/TB the numbers of the
+// operands after them
+#define HP_WGMMA(SHAPE, TYPE, REGS, A, B, P, TA, TB, ...)                                                       \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" P ", 0;\n"                                               \
+                 "wgmma.mma_async.sync.aligned." SHAPE ".f32." TYPE "." TYPE " {" REGS "}, %" A ", %" B        \
+                 ", p, 1, 1, %" TA ", %" TB ";\n}\n"                                                              \
+                 : __VA_ARGS__ : "l"(desc_a), "l"(desc_b), "r"(int(accumulate)), "n"((KIND & WG_TRANS_A) ? 1 : 0),  \
+                   "n"((KIND & WG_TRANS_B) ? 1 : 0))
+
+template <int N, int KIND>
+__device__ __forceinline__ void wgmma_k16(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, bool accumulate = true) {
+    static_assert(N == 64 || N == 128 || N == 256, "wgmma_k16<N>: N is 64, 128 or 256");
+    static_assert((KIND & 3) == WG_F16 || (KIND & 3) == WG_BF16, "wgmma_k16<N, KIND>: KIND & 3 is WG_F16 or WG_BF16");
+    constexpr bool bf16 = (KIND & 3) == WG_BF16;
+    if constexpr (N == 64) {
+        if constexpr (bf16) HP_WGMMA("m64n64k16", "bf16", HP_REGS32, "32", "33", "34", "35", "36", HP_D32(0));
+        else HP_WGMMA("m64n64k16", "f16", HP_REGS32, "32", "33", "34", "35", "36", HP_D32(0));
+    } else if constexpr (N == 128) {
+        if constexpr (bf16) HP_WGMMA("m64n128k16", "bf16", HP_REGS64, "64", "65", "66", "67", "68", HP_D32(0), HP_D32(32));
+        else HP_WGMMA("m64n128k16", "f16", HP_REGS64, "64", "65", "66", "67", "68", HP_D32(0), HP_D32(32));
+    } else {
+        if constexpr (bf16)
+            HP_WGMMA("m64n256k16", "bf16", HP_REGS128, "128", "129", "130", "131", "132", HP_D32(0), HP_D32(32),
+                     HP_D32(64), HP_D32(96));
+        else
+            HP_WGMMA("m64n256k16", "f16", HP_REGS128, "128", "129", "130", "131", "132", HP_D32(0), HP_D32(32),
+                     HP_D32(64), HP_D32(96));
+    }
+}
+#undef HP_WGMMA
+#undef HP_REGS128
+#undef HP_REGS64
+#undef HP_REGS32
+#undef HP_D32
+#undef HP_D8
 #endif

@@ -43,7 +43,8 @@ struct alignas(64) clemu_tensor_map {
     long long strides[4];        // bytes between consecutive indices of dims[1..]
     unsigned box[5];             // the box one copy fetches, elements, innermost first
     unsigned elem_bytes;
-    unsigned char reserved[8];
+    unsigned char elem_strides[5];   // the traversal step of each dimension (1 to 8; 0 reads as 1), innermost first
+    unsigned char reserved[3];
 };
 static_assert(sizeof(clemu_tensor_map) == 128, "a CUtensorMap is 128 bytes");
 
@@ -99,6 +100,11 @@ void clemu_shared_region(const void* lo, long long bytes, long long elem_bytes, 
 // clemu_fault_shared_ptr (offset of the element from the array's start, in bytes).
 int clemu_shared_span(const void* p, const char** lo, long long* bytes, const char** name);
 [[noreturn]] void clemu_fault_shared_ptr(const char* name, long long offset, long long bytes, long long elem_bytes);
+// Memory a kernel header hands the kernel as its own (the guard, convlab/emu/guard.cpp, checks every
+// load and store of a kernel against what its launch owns).
+void clemu_own(const void* p, long long bytes);
+// A load or store of `bytes` at p, which is not `align`-aligned (a vector through a cast pointer).
+[[noreturn]] void clemu_fault_misaligned(const void* p, int align, int bytes);
 // A warp exchange of up to CLEMU_XCHG_REGS 32-bit registers per lane (mma's fragments): returns
 // the slots, lane j's registers at [j * CLEMU_XCHG_REGS].
 const unsigned* clemu_warp_exchange_regs(unsigned mask, const unsigned* regs, int n, const char* file, int line);
@@ -119,18 +125,33 @@ void clemu_cp_async_wait(int n);
 //   bits 0-13 the start's offset >> 4 inside its shared array, 16-29 LBO, 32-45 SBO, 52-61 which
 //   array, 62-63 the layout, so `desc + 2` is 32 bytes further, as on a GPU)
 unsigned long long clemu_smem_desc(const void* tile, const char* file, int line);
+//   the same for any layout the emulator models (layout 1: the 128-byte swizzle, 0: none), with
+//   its leading and stride byte offsets (which operand major-ness reads it: the wgmma's kind)
+unsigned long long clemu_smem_desc_any(const void* tile, int layout, unsigned lbo, unsigned sbo, const char* file,
+                                       int line);
 //   warpgroup instructions (.sync.aligned: all 128 threads of a warpgroup execute them together)
 enum { CLEMU_WG_FENCE = 0, CLEMU_WG_COMMIT = 1, CLEMU_WG_WAIT = 2, CLEMU_WG_SETMAXNREG = 3 };
 void clemu_wg_op(int op, int arg, const char* file, int line);
-void clemu_wgmma(float* d, int n, unsigned long long desc_a, unsigned long long desc_b, int accumulate,
+//   kind: the operands' type (CLEMU_WG_F16, CLEMU_WG_BF16) | CLEMU_WG_TRANS_A | CLEMU_WG_TRANS_B
+//   (imm-trans-a/b: A M-major, B N-major in shared memory)
+enum { CLEMU_WG_F16 = 0, CLEMU_WG_BF16 = 1, CLEMU_WG_TRANS_A = 4, CLEMU_WG_TRANS_B = 8 };
+void clemu_wgmma(float* d, int n, unsigned long long desc_a, unsigned long long desc_b, int accumulate, int kind,
                  const char* file, int line);
+void clemu_wgmma_tf32(float* d, int n, unsigned long long desc_a, unsigned long long desc_b, int accumulate,
+                      const char* file, int line);
 //   mbarriers and the copy engine
 void clemu_mbar_init(void* bar, unsigned count, const char* file, int line);
+void clemu_fence_mbar_init(const char* file, int line);
 void clemu_mbar_arrive(void* bar, unsigned tx_bytes, int expect_tx, const char* file, int line);
 void clemu_mbar_wait(void* bar, unsigned parity, const char* file, int line);
 void clemu_fence_proxy_async(const char* file, int line);
 void clemu_tma_load(void* dst, const clemu_tensor_map* map, void* bar, const int* coords, int rank, const char* file,
                     int line);
+//   TMA stores (read shared memory at issue, write the tensor at once) and their bulk groups:
+//   op 0 commit_group, op 1 wait_group.read n
+void clemu_tma_store(const void* src, const clemu_tensor_map* map, const int* coords, int rank, const char* file,
+                     int line);
+void clemu_bulk_op(int op, int n, const char* file, int line);
 //   bar.sync id, threads: a barrier of `threads` threads (whole warps), ids 1..15
 void clemu_named_barrier(int id, int threads, const char* file, int line);
 //   a float -> half conversion met a wgmma accumulator's poison (read before the wait that covers it)

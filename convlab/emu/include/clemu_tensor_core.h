@@ -1,5 +1,6 @@
 // clemu_tensor_core.h — the CPU emulator's model of the warp-level instructions that
-// kernels/09_general/tensor_core.cuh wraps in PTX: ldmatrix, mma.sync m16n8k16, cp.async.
+// kernels/09_general/tensor_core.cuh wraps in PTX: ldmatrix, mma.sync m16n8k16, cp.async; and the
+// TF32 ones of kernels/12_tf32/tf32.cuh: mma.sync m16n8k8 with .tf32 operands, cvt.rna.tf32.f32.
 // Each lane's registers hold exactly what the PTX ISA's fragment layouts put there. ldmatrix
 // reads through the rows the lanes pass (after checking each: 16-byte aligned, inside a shared
 // array, no cp.async in flight), so shared memory never loaded shows as NaN. A cp.async lands at
@@ -93,6 +94,25 @@ CLEMU_TC_INLINE void mma16816(float* d, const unsigned* a, const unsigned* b, co
         d[i] = mma_k16(d[i], A[i / 2], b);
     }
 }
+
+// mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32, d += A*B. Lane l (group g = l/4, t = l%4)
+// holds A's rows g (a[0], a[2]) and g+8 (a[1], a[3]), columns t (a[0], a[1]) and t+4 (a[2], a[3]);
+// B's rows (k) t (b[0]) and t+4 (b[1]) of column g; D as mma16816's. Each register is read as a
+// .tf32 operand (its top 19 bits) and the 8 products are added as the tensor cores add them
+// (clemu_mma_numerics.h: a hypothesis for TF32 until the probe's data confirms it).
+CLEMU_TC_INLINE void mma1688_tf32(float* d, const unsigned* a, const unsigned* b, const char* what, const char* file,
+                                  int line) {
+    full_warp(what, file, line);
+    unsigned mine[6] = {a[0], a[1], a[2], a[3], b[0], b[1]};
+    const unsigned* s = clemu_warp_exchange_regs(0xffffffffu, mine, 6, file, line);
+    int l = lane(), g = l / 4, t = l % 4;
+    float A[2][8], B[2][8];
+    for (int h = 0; h < 2; h++)             // this lane's rows of A: g and g + 8
+        for (int k = 0; k < 8; k++) A[h][k] = tf32_operand(s[(g * 4 + k % 4) * CLEMU_XCHG_REGS + h + 2 * (k / 4)]);
+    for (int j = 0; j < 2; j++)             // this lane's columns of B: 2t and 2t + 1
+        for (int k = 0; k < 8; k++) B[j][k] = tf32_operand(s[((2 * t + j) * 4 + k % 4) * CLEMU_XCHG_REGS + 4 + k / 4]);
+    for (int i = 0; i < 4; i++) d[i] = mma_k8(d[i], A[i / 2], B[i % 2]);
+}
 }  // namespace tc
 }  // namespace clemu
 
@@ -117,6 +137,10 @@ CLEMU_TC_INLINE void mma_16816(float (&d)[4], const unsigned (&a)[4], const unsi
     clemu::tc::mma16816<false>(d, a, b, "mma_16816", file, line); }
 CLEMU_TC_INLINE void mma_16816_bf16(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2], CLEMU_TC_SITE) {
     clemu::tc::mma16816<true>(d, a, b, "mma_16816_bf16", file, line); }
+
+CLEMU_TC_INLINE void mma_1688_tf32(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2], CLEMU_TC_SITE) {
+    clemu::tc::mma1688_tf32(d, a, b, "mma_1688_tf32", file, line); }
+CLEMU_TC_INLINE unsigned cvt_rna_tf32(float x) { return clemu::rna_tf32_bits(x); }
 
 template <class D, class S> CLEMU_TC_INLINE void cp_async_16(const D& smem_dst, const S& gmem_src, bool full = true) {
     clemu_cp_async((void*)clemu::tc::addr(smem_dst), clemu::tc::addr(gmem_src), 16, full); }

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <type_traits>
 #include "clemu_abi.h"
 
@@ -104,7 +105,8 @@ static inline unsigned __umul24(unsigned a, unsigned b) { return (a & 0xffffffu)
 static inline int __mulhi(int a, int b) { return (int)(((long long)a * b) >> 32); }
 static inline unsigned __umulhi(unsigned a, unsigned b) { return (unsigned)(((unsigned long long)a * b) >> 32); }
 static inline long long clock64() { return (long long)__builtin_ia32_rdtsc(); }
-static inline int clock() { return (int)__builtin_ia32_rdtsc(); }
+// the device's clock(): a macro, so that <ctime>'s (included above, and so never again) stays declared
+#define clock() ((int)__builtin_ia32_rdtsc())
 
 // ---- synchronisation ---------------------------------------------------------------------
 #define __syncthreads() clemu_syncthreads(__FILE__, __LINE__)
@@ -273,7 +275,8 @@ template <class T> struct ref : ref_fields<T, vec<typename std::remove_cv<T>::ty
             clemu_access(op | sp, p, sizeof(T), name, base); }
     CLEMU_INLINE operator V() const { hook(CLEMU_RD); return *p; }
     T* operator&() const { return p; }
-    CLEMU_INLINE ref& operator=(const V& v) { hook(CLEMU_WR); poisoned(v); *p = v; return *this; }
+    // by value: the right side is read here (a local array's a[i] is then bounds-checked as a read)
+    CLEMU_INLINE ref& operator=(V v) { hook(CLEMU_WR); poisoned(v); *p = v; return *this; }
     // a float store of a wgmma accumulator's poison: read before the wait that delivers it (clemu_hopper.h)
     template <class U> CLEMU_INLINE static void poisoned(const U&) {}
     CLEMU_INLINE static void poisoned(const float& v) {
@@ -282,7 +285,7 @@ template <class T> struct ref : ref_fields<T, vec<typename std::remove_cv<T>::ty
         if (__builtin_expect(u == CLEMU_WGMMA_POISON, 0)) clemu_poison_read();
     }
     CLEMU_INLINE ref& operator=(const ref& o) { V v = o; return *this = v; }
-#define CLEMU_REF_OP(OP) template <class U> CLEMU_INLINE ref& operator OP(const U& v) { \
+#define CLEMU_REF_OP(OP) template <class U> CLEMU_INLINE ref& operator OP(U v) { \
         hook(CLEMU_RD | CLEMU_WR); V t = *p; t OP v; *p = t; return *this; }
     CLEMU_REF_OP(+=) CLEMU_REF_OP(-=) CLEMU_REF_OP(*=) CLEMU_REF_OP(/=) CLEMU_REF_OP(%=)
     CLEMU_REF_OP(&=) CLEMU_REF_OP(|=) CLEMU_REF_OP(^=) CLEMU_REF_OP(<<=) CLEMU_REF_OP(>>=)
@@ -335,6 +338,10 @@ template <class E, size_t N> struct sview<E[N]> {
     E* p; const char* name; const void* base; int depth, rank; long long prefix[4];
     operator E*() const { return p; }
     template <class U> explicit operator U*() const { return (U*)p; }
+    // (uintptr_t)p, (size_t)p: the address as an integer, as CUDA allows a pointer
+    template <class I, class = typename std::enable_if<std::is_integral<I>::value && !std::is_same<I, bool>::value>::type>
+    explicit operator I() const { return (I)(uintptr_t)p; }
+
     // inlined, so that a fault's return address is the kernel's line
     template <class I, class = typename std::enable_if<is_index<I>::value>::type>
     CLEMU_INLINE typename std::conditional<std::is_array<E>::value, sview<E>, elem<E>>::type operator[](I i) const {
@@ -359,6 +366,7 @@ template <class E, size_t N> struct sview<E[N]> {
     }
     __attribute__((noinline)) static E* past_end() {
         static thread_local E slot;
+        clemu_own((const void*)&slot, sizeof(E));
         memset((void*)&slot, 0xFF, sizeof(E));
         return &slot;
     }
@@ -369,7 +377,9 @@ template <class E, size_t N> struct sview<E[N]> {
     }
     elem<E> sub(long long k, std::false_type) const { return at(p + k, CLEMU_SHARED, name, base); }
 };
-template <class A> static inline sview<A> shared_open(shared_store<A>& s, const char* name) {
+// Not checked by the guard: it fills the store before the runtime knows it is the block's shared memory.
+template <class A> __attribute__((noinline, no_sanitize_address)) static sview<A> shared_open(shared_store<A>& s,
+                                                                                               const char* name) {
     unsigned long long serial = clemu_cur->blk->serial;
     if (s.serial != serial) {
         memset((void*)&s.data, 0xFF, sizeof(A));
@@ -434,7 +444,8 @@ template <class T> struct ptr {
     ptr(std::nullptr_t) : ptr() {}
     template <class U, class = typename std::enable_if<std::is_convertible<U*, T*>::value>::type>
     ptr(const ptr<U>& o) : p(o.p), lo(o.lo), hi(o.hi), arg(o.arg) {}
-    static ptr make(void* slot, int arg) {
+    // inlined into the launcher, which the guard does not check (it reads Python's argument block)
+    __attribute__((always_inline)) static ptr make(void* slot, int arg) {
         clemu_buf* b = (clemu_buf*)slot;
         T* base = (T*)b->p;
         return ptr(base, base, base + b->nbytes / (long long)elem_size(), arg);
@@ -446,6 +457,9 @@ template <class T> struct ptr {
     }
     operator T*() const { return p; }
     template <class U> explicit operator U*() const { return (U*)p; }
+    // (uintptr_t)p, (size_t)p: the address as an integer, as CUDA allows a pointer
+    template <class I, class = typename std::enable_if<std::is_integral<I>::value && !std::is_same<I, bool>::value>::type>
+    explicit operator I() const { return (I)(uintptr_t)p; }
     template <class I, class U = T, class = typename std::enable_if<is_index<I>::value>::type>
     elem<U> operator[](I i) const { check(p + (long long)i); return at(p + (long long)i, 0u, nullptr, (const void*)lo); }
     template <class U = T> elem<U> operator*() const { check(p); return at(p, 0u, nullptr, (const void*)lo); }
@@ -493,10 +507,19 @@ template <class T> struct lptr {
         if (__builtin_expect(lo != nullptr, 0) &&
             ((const char*)q < lo || (const char*)q + elem_bytes() > lo + bytes))
             clemu_fault_shared_ptr(name, (long long)((const char*)q - lo), bytes, elem_bytes());
+        // a vector access through a cast pointer (`*(const float4*)&s[1]`) off its alignment: a GPU faults
+        if (__builtin_expect((uintptr_t)q % elem_align(), 0))
+            clemu_fault_misaligned((const void*)q, (int)elem_align(), (int)elem_bytes());
     }
+    static constexpr size_t elem_align() {
+        return alignof(typename std::conditional<std::is_void<T>::value, char, T>::type); }
     static constexpr long long elem_bytes() { return (long long)sizeof(typename std::conditional<std::is_void<T>::value, char, T>::type); }
     CLEMU_INLINE operator T*() const { return p; }
     template <class U> CLEMU_INLINE explicit operator U*() const { return (U*)p; }
+    // (uintptr_t)p, (size_t)p: the address as an integer, as CUDA allows a pointer
+    template <class I, class = typename std::enable_if<std::is_integral<I>::value && !std::is_same<I, bool>::value>::type>
+    explicit operator I() const { return (I)(uintptr_t)p; }
+
     template <class I, class U = T, class = typename std::enable_if<is_index<I>::value>::type>
     CLEMU_INLINE elem<U> operator[](I i) const { check(p + (long long)i); return at(p + (long long)i, CLEMU_ANY, nullptr, nullptr); }
     template <class U = T> CLEMU_INLINE elem<U> operator*() const { check(p); return at(p, CLEMU_ANY, nullptr, nullptr); }
@@ -575,10 +598,18 @@ CLEMU_ATOMIC_LPTR(atomicXor) CLEMU_ATOMIC_LPTR(atomicInc)
 #define CLEMU_RESTRICT
 #else
 #define CLEMU_P(...) __VA_ARGS__*
-#define CLEMU_RCAST(...) reinterpret_cast<__VA_ARGS__*>
-#define CLEMU_SCAST(...) static_cast<__VA_ARGS__*>
+#define CLEMU_RCAST(...) ::clemu::ptr_cast<__VA_ARGS__>
+#define CLEMU_SCAST(...) ::clemu::ptr_cast<__VA_ARGS__>
 #define CLEMU_RESTRICT __restrict
 #endif
+namespace clemu {
+// reinterpret_cast<T*>(p) and static_cast<T*>(p) of a plain pointer or of a checked one (a kernel's
+// parameter, a shared array): the address, as T*
+template <class T, class S> static CLEMU_INLINE T* ptr_cast(const S& s) { return (T*)s; }
+// reinterpret_cast<X>(v) to a non-pointer type (an integer, a reference): as the C cast does it,
+// which takes the checked pointers' conversions too (convlab/_source.py rewrites the name)
+template <class X, class S> static CLEMU_INLINE X rcast(S&& s) { return (X)s; }
+}
 
 // ---- loops (hooked build) -------------------------------------------------------------------
 // A warp runs a loop's i-th iteration for all its lanes that are in the loop at once, whatever

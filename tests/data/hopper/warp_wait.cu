@@ -9,7 +9,7 @@ __global__ void warp_wait(float* out, const __grid_constant__ CUtensorMap map, i
     __shared__ uint64_t bar[1];
     int l = threadIdx.x;
     if (l == 0) {
-        mbar_init(&bar[0], 1);
+        mbar_init(&bar[0], 1); fence_mbar_init();
         mbar_arrive_expect_tx(&bar[0], 32 * 4);
         tma_load_2d(box, &map, &bar[0], 0, 0);
         mbar_wait(&bar[0], 0);
