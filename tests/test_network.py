@@ -392,12 +392,14 @@ def test_full_size_grids_fit(record_launches, arch):
 
 
 def test_batch_one_forward_splits_and_spreads(record_launches):
-    """One image through the project's network: each fused stage's grid covers the SMs (or has
-    nothing left to split), and the 4,624-wide FC layer's product is split along K and reduced."""
+    """One image through the project's network, every stage fused: each fused stage's grid covers
+    the SMs (or has nothing left to split), and the 4,624-wide FC layer's product is split along K
+    and reduced."""
     launches = record_launches()
     arch = net.CLASS_PROJECT
     params = {k: torch.empty(v.shape, device="meta") for k, v in net.init(arch).items()}
-    net.forward(arch, params, torch.empty(1, 1, arch.image_size, arch.image_size, device="meta"))
+    net.forward(arch, params, torch.empty(1, 1, arch.image_size, arch.image_size, device="meta"),
+                fused=True)
     names = [name for name, *_ in launches]
     assert names[:4] == ["conv2d_bias_act_pool"] * 2 + ["gemm_bias_act", "gemm_splitk_reduce"]
     assert names[4:] in (["gemm_bias_act"], ["gemm_bias_act", "gemm_splitk_reduce"])   # 128 -> 10: 8 steps
