@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import importlib
 
-from . import runtime
+from . import results, runtime
 from .bench import strict_fp32
-from .profile import card_value
+from .profile import STALL_REASONS, _stall, card_value
 
 # the modules (cl.profile and cl.sass are the functions of the same names)
 _P = importlib.import_module("convlab.profile")
@@ -51,6 +51,65 @@ def torch_card(name: str, fn, *args, **kwargs):
     if _on_gpu():
         return _measured(_P.profile_torch, torch_strict, fn, *args, name=name, **kwargs)
     return _committed(name, torch=True)
+
+
+def torch_best_row(chapter: str, workload: str, pass_: str = "forward", dtype: str = "fp32"):
+    """The committed "torch best" row of a chapter's results for one layer (a pandas Series: its
+    layout, GPU time and the kernels it ran, `torch_kernels`), or None."""
+    df = results.load(chapter, quiet=True)
+    if df is None:
+        return None
+    rows = df[(df["workload"] == workload) & (df["kind"] == "torch best") & (df["pass"] == pass_)
+              & (df["dtype"] == dtype)]
+    return None if rows.empty else rows.iloc[0]
+
+
+def torch_best_card(name: str, chapter: str, workload: str, x, w, **kwargs):
+    """The card of the call "torch best" timed on one layer: torch.nn.functional.conv2d as the book
+    times torch (strict fp32, cudnn.benchmark on, so cuDNN chooses the algorithm it chose when it was
+    timed) on x and w in the layout of the chapter's committed torch best row. Without a GPU, the
+    committed card. Compare what it ran with what was timed with timed_kernel()."""
+    import torch
+
+    row = torch_best_row(chapter, workload)
+    if row is not None and row["layout"] == "channels_last" and x is not None:
+        x, w = (t.contiguous(memory_format=torch.channels_last) for t in (x, w))
+    return torch_card(name, torch.nn.functional.conv2d, x, w, **kwargs)
+
+
+def _short(kernel_name: str) -> str:
+    """A kernel's name without its template arguments and parameters: 'DSE::regular_fft_pad'."""
+    name = kernel_name.split("(")[0].split("<")[0].strip()
+    return name.split()[-1] if name else kernel_name
+
+
+def timed_kernel(card, row) -> dict | None:
+    """What torch best's committed row ran (`row`: torch_best_row) against what the card profiled:
+    {"timed": the row's kernels, "profiled": the card's kernels (short names), "same": whether the card
+    profiled the kernels that were timed, "card_us": the card's longest kernel's duration, "timed_ms":
+    the row's GPU time}; None without a card or a row."""
+    if card is None or row is None or not card.kernels:
+        return None
+    timed = [_short(k) for k in str(row["torch_kernels"]).split(" | ") if k.strip()]
+    profiled = [_short(k.name) for k in card.kernels]
+    longest = kernel(card)
+    return {"timed": list(dict.fromkeys(timed)), "profiled": list(dict.fromkeys(profiled)),
+            "same": bool(timed) and set(profiled) <= set(timed),
+            "card_us": longest.value("gpu__time_duration.sum") if longest else None, "timed_ms": float(row["ms"])}
+
+
+def describe_timed_kernel(match: dict | None) -> str | None:
+    """timed_kernel() in words, for the prose."""
+    if match is None:
+        return None
+    brief = lambda k: k if len(k) <= 40 else k[:38] + "…"  # noqa: E731 - cuDNN's names run to 100 characters
+    ran = ", ".join(f"`{brief(k)}`" for k in match["profiled"])
+    if match["same"]:
+        return (f"the kernels torch best ran when it was timed: {ran}, whose longest took "
+                f"{match['card_us']:,.0f} µs under the profiler against {match['timed_ms']:.2f} ms timed")
+    timed = ", ".join(f"`{brief(k)}`" for k in match["timed"])
+    return (f"{ran}, which is not what torch best ran when it was timed ({timed}, "
+            f"{match['timed_ms']:.2f} ms): this card is of another algorithm than the timed call's")
 
 
 def _measured(how, *args, **kwargs):
@@ -155,3 +214,45 @@ def table(columns: dict, rows=SUMMARY):
     keep = [i for i in range(len(rows)) if any(v[i] is not None for v in cols.values())]
     index = pd.MultiIndex.from_tuples([rows[i] for i in keep], names=["what", "ncu metric"])
     return pd.DataFrame({k: [card_value(v[i]) for i in keep] for k, v in cols.items()}, index=index)
+
+
+def describe_issue(card, part: str | None = None, what: str = "Its card") -> str:
+    """One sentence from a kernel's card on what its time went to: issue slots, DRAM, and per
+    warp-wide FFMA (or HMMA) the instructions and shared loads it issued; "" without a card (a
+    page that quotes it says nothing until a GPU run has measured it)."""
+    k = kernel(card, part)
+    if k is None:
+        return ""
+    issue = k.value("smsp__issue_active.avg.pct_of_peak_sustained_active")
+    dram = k.value("dram__throughput.avg.pct_of_peak_sustained_elapsed")
+    inst = k.value("smsp__inst_executed.sum")
+    ffma = k.value("smsp__sass_thread_inst_executed_op_ffma_pred_on.sum")
+    lds = k.value("smsp__inst_executed_op_shared_ld.sum")
+    parts = []
+    if issue is not None and dram is not None:
+        parts.append(f"the schedulers issued an instruction in {issue:.0f}% of the cycles and DRAM ran at "
+                     f"{dram:.0f}% of its peak")
+    if inst and ffma:
+        per = inst / (ffma / 32)
+        lds_part = f", {lds / (ffma / 32):.2f} of them shared-memory loads" if lds is not None else ""
+        parts.append(f"for each warp-wide FFMA it issued {per:.1f} instructions{lds_part}")
+    if not parts:
+        return ""
+    return f"{what} ({card.source.split(':')[0]}): " + "; ".join(parts) + "."
+
+
+def stalls(card, part: str | None = None, n: int = 3) -> list:
+    """The kernel's n largest warp stalls as (reason, warps stalled per issued instruction), largest
+    first; [] without a card."""
+    k = kernel(card, part)
+    if k is None:
+        return []
+    vals = [(r, k.value(_stall(r))) for r in STALL_REASONS if r != "selected"]
+    return sorted(((r, v) for r, v in vals if isinstance(v, (int, float)) and v > 0), key=lambda rv: -rv[1])[:n]
+
+
+def stall(card, part: str | None, reason: str):
+    """Warps stalled for one reason per issued instruction, or None."""
+    k = kernel(card, part)
+    v = None if k is None else k.value(_stall(reason))
+    return v if isinstance(v, (int, float)) else None

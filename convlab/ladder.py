@@ -76,6 +76,8 @@ RUNGS = (
     Rung("08_backprop", "ours: autograd (Conv2dFunction)", pass_="forward+dX+dW", short="autograd"),
     Rung("09_general", "implicit GEMM fp32, warp-tiled", short="impl. GEMM, warp-tiled"),
     Rung("09_general", "best: pick()", short="pick()"),
+    # from an NCHW input, its conversion to NHWC included (9b's timing from chapter 9a's run)
+    Rung("09b_tensor_cores", "mma.sync implicit GEMM (NHWC)", dtype="fp16", source="09_general", short="mma.sync"),
     # the fused stage does a convolution's work and its epilogue: compared with torch's stage
     Rung("10_network", _STAGE, source="details/10_network_stages", torch_impl=_TORCH_STAGE,
          aliases=(("project_conv1", "lenet_c1"), ("project_conv2", "lenet_c3")), what="+ bias, act, pool",
@@ -86,11 +88,12 @@ COLUMNS = ["chapter", "step", "impl", "short", "dtype", "pass", "workload", "GPU
            "× torch best", "% of floor", "new", "gpu", "date"]
 
 
-def _number(chapter: str) -> int:
-    try:
-        return int(chapter.split("_", 1)[0])
-    except ValueError:
-        raise ValueError(f"a chapter is named like '05_fused', not {chapter!r}") from None
+def _number(chapter: str) -> float:
+    """The chapter's place in the course: '05_fused' is 5, '09b_tensor_cores' 9.5 (after 9a)."""
+    head = chapter.split("_", 1)[0]
+    if not (head[:2].isdigit() and head[2:] in ("", "b")):
+        raise ValueError(f"a chapter is named like '05_fused' or '09b_tensor_cores', not {chapter!r}")
+    return int(head[:2]) + (0.5 if head[2:] == "b" else 0)
 
 
 def rungs(upto: str, pass_: str | None = "forward") -> list:
@@ -99,16 +102,20 @@ def rungs(upto: str, pass_: str | None = "forward") -> list:
     return [r for r in RUNGS if _number(r.chapter) <= n and (pass_ is None or r.pass_ == pass_)]
 
 
-_loaded: dict = {}
+_loaded: dict = {}   # name -> (the file's mtime and size when read, its rows)
 
 
 def _data(name: str):
-    if name not in _loaded:
+    """The results file's rows, read again whenever the file changed: a chapter that re-measures and
+    saves its results mid-notebook must see them in the ladder it draws afterwards."""
+    path = results.data_path(name)
+    stamp = (path.stat().st_mtime_ns, path.stat().st_size) if path.is_file() else None
+    if name not in _loaded or _loaded[name][0] != stamp:
         df = results.load(name, quiet=True)
         if df is None:
             raise LadderError(f"no committed results book/data/{name}.csv (of the current harness)")
-        _loaded[name] = df
-    return _loaded[name]
+        _loaded[name] = (stamp, df)
+    return _loaded[name][1]
 
 
 def _rows(rung: Rung):
@@ -179,7 +186,8 @@ def _label(row) -> str:
 
 
 def _ch(chapter: str) -> str:
-    return f"ch{_number(chapter)}"
+    n = _number(chapter)
+    return f"ch{int(n)}" + ("b" if n % 1 else "")
 
 
 def _fmt(v, suffix: str = "") -> str:
@@ -287,7 +295,7 @@ def figure(upto: str, pass_: str = "forward"):
     ax.tick_params(axis="y", labelsize=9)
     ax.set_ylabel("× torch best (log; above 1: faster)", fontsize=10)
     what = "" if pass_ == "forward" else f", {pass_}"
-    ax.set_title(f"The ladder up to chapter {_number(upto)}{what} (shaded: this chapter)", fontsize=10, pad=16)
+    ax.set_title(f"The ladder up to chapter {_ch(upto)[2:]}{what} (shaded: this chapter)", fontsize=10, pad=16)
     ax.grid(axis="y", which="major", alpha=0.3)
     # the legend to the right of the axes and a strip kept free at the bottom for the provenance line
     # (a legend below the axes and that line overlapped)

@@ -17,7 +17,8 @@ The networks:
   tanh, pool (5x5), then 400 -> 120 -> 84 -> 10 with tanh.
 
 Each conv stage runs as one kernel (conv + bias + activation + pooling, ops.layers' fused kernel)
-or, with fused=False, as chapter 5's pick() convolution then the epilogue kernels. The backward
+where that measured faster (fuses()), else as chapter 5's pick() convolution then the epilogue
+kernels; fused=True or False runs every stage one way. The backward
 pass uses chapter 8's dX and dW kernels for the convolutions and this chapter's kernels for the
 rest; the optimiser's update is a kernel too.
 """
@@ -178,14 +179,31 @@ def load_into(model: torch.nn.Module, params: dict) -> torch.nn.Module:
 
 # ---- forward and backward with the course's kernels ----------------------------------------------------
 
-def forward(arch: Architecture, params: dict, x, *, keep: bool = False, fused: bool = True, logits=None):
+#: The fused kernel reads the mask from __constant__ memory, as chapter 5's coarsened direct kernel
+#: does; the constant cache that serves a warp's broadcasts holds 8 KB per SM (chapter 3).
+CONSTANT_CACHE_BYTES = 8 * 1024
+
+
+def fuses(stage: ConvStage) -> bool:
+    """Whether forward() runs a conv stage as the one fused kernel: where its mask fits the constant
+    cache. That is where fusing measured faster than pick()'s convolution and a separate epilogue
+    (book/data/details/10_network_stages.csv: the 1-channel stages of 4 and 6 maps, masks of 0.8
+    and 0.6 KiB); the fused stage lost on both 16-map stages (masks of 12.3 and 9.4 KiB), as
+    chapter 5's constant-mask kernel lost to its shared-mask one on lenet_c3."""
+    return 4 * stage.M * stage.C * stage.K * stage.K <= CONSTANT_CACHE_BYTES
+
+
+def forward(arch: Architecture, params: dict, x, *, keep: bool = False, fused: bool | None = None,
+            logits=None):
     """The logits (N, classes) of images x (N, 1, S, S), every op a course kernel. keep=True also
     returns the tape the backward pass needs (each layer's input and activations). logits: an
-    output tensor to write into (the stream pipeline's slice of its result)."""
-    stage = ops.conv2d_bias_act_pool if fused else ops.conv2d_separate_epilogue
+    output tensor to write into (the stream pipeline's slice of its result). fused: None fuses a
+    stage's epilogue into its convolution where fuses() says it pays; True or False, every stage."""
     tape = {"x": x} if keep else None
     h = x
     for i, (s, (conv, _)) in enumerate(zip(arch.convs, arch.sizes())):
+        one_kernel = fuses(s) if fused is None else fused
+        stage = ops.conv2d_bias_act_pool if one_kernel else ops.conv2d_separate_epilogue
         a = new_output((h.shape[0], s.M, conv, conv), h) if keep else None
         h = stage(h, params[f"conv{i + 1}.weight"], padding=s.padding, bias=params[f"conv{i + 1}.bias"],
                   act=s.act, pool=s.pool, act_out=a)
@@ -612,7 +630,7 @@ def measure_networks(arch: Architecture, batches, *, reps: int = 10, torch_too: 
             ref = model64(x[idx].double())
         wl = arch.conv_workloads(B)[0]
         label = {"workload": arch.key, "shape": f"B={B}, whole network forward"}
-        contenders = [("ours: fused stages", lambda: forward(arch, params, x)),
+        contenders = [("ours: fused stages", lambda: forward(arch, params, x, fused=True)),
                       ("ours: separate epilogue", lambda: forward(arch, params, x, fused=False))]
         for name, fn in contenders:
             cl.check(fn()[idx], ref, name=f"{name}, {arch.name}, B={B}")

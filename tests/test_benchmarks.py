@@ -136,3 +136,34 @@ def test_backward_launches_on_the_emulator(capsys):
     assert B.main([]) == 0
     out = capsys.readouterr().out
     assert f"{2 * len(B.CHANNELS) * 4} routes checked against fp64" in out
+
+
+# ---- the GPU measurements the pages wait for: each script's --emu-smoke run, end to end ----------
+# (script, the columns the page that reads its CSV uses)
+SMOKE = {
+    "fft_5x5": {"pass", "choice", "ms", "algorithm", "gpu"},                      # book/08_backprop
+    "conv3d_blocks": {"block", "ms", "sectors per load request", "gpu"},           # book/07_conv3d
+    "torch_cards": {"card", "same", "timed kernels", "profiled kernels", "gpu"},
+    "network_trace": {"phase", "who", "kind", "name", "stream", "start_us", "dur_us", "gpu"},  # book/10_network
+    "igemm_ablation": {"variant", "workload", "ms", "gpu"},                        # book/09_general
+    "mma_ablation": {"variant", "workload", "ms", "shared load bank conflicts", "gpu"},  # book/09b_tensor_cores
+    "wgmma_ablation": {"variant", "workload", "ms", "gpu"},                        # book/11_hopper
+    "network_fusion": {"network", "workload", "impl", "ms", "gpu"},               # book/10_network
+}
+
+
+@pytest.mark.parametrize("name", SMOKE)
+def test_gpu_scripts_run_in_their_small_form_on_the_emulator(name, tmp_path, capsys):
+    """Each script's --emu-smoke: the same code path on the emulator's small twins (every output
+    checked against fp64 where the script checks one), writing the CSV the page reads, with the
+    columns the page uses."""
+    import importlib
+
+    script = importlib.import_module(f"benchmarks.{name}")
+    assert script.main(["--emu-smoke", "--out", str(tmp_path)]) == 0
+    (csv,) = tmp_path.glob(f"{name}_*.csv")
+    df = pd.read_csv(csv)
+    assert len(df) and SMOKE[name] <= set(df.columns), f"{name}: columns {sorted(df.columns)}"
+    assert (df["gpu"] == "CPU emulator").all()
+    # without --emu-smoke the emulator refuses: these measure a GPU
+    assert script.main(["--out", str(tmp_path)]) == 1

@@ -73,3 +73,24 @@ def test_refloor_gives_an_fp32_floored_fp16_row_the_tensor_core_floor():
     assert new["floor_ms"].iloc[0] == pytest.approx(roofline.REFERENCE_H200_FP16.floor_ms(flops, nbytes))
     assert new["floor_frac"].iloc[0] == pytest.approx(new["floor_ms"].iloc[0] / 0.05)
     assert results.refloor_fp16(new)[1] == 0
+
+
+def _reference_gpu_benchmarks():
+    """The benchmarks' committed results measured on the reference GPU (the H200), as frames."""
+    from convlab import roofline
+
+    gpu = roofline.REFERENCE_H200_FP16.gpu.replace(" ", "_")
+    for path in sorted((book.repo_root() / "benchmarks" / "results").glob(f"*_{gpu}.csv")):
+        df = pd.read_csv(path, keep_default_na=False, na_values=[""])
+        if {"dtype", "floor_ms", "gflops", "shape", "kind"} <= set(df.columns):
+            yield path.name, df
+
+
+@pytest.mark.parametrize("name,df", list(_reference_gpu_benchmarks()), ids=lambda v: v if isinstance(v, str) else "")
+def test_benchmark_results_carry_the_fp16_floor_on_fp16_rows(name, df):
+    """A benchmark's fp16 rows once carried the fp32 GEMM floor (tensor_core_layers: rows at 13 times
+    their floor): scripts/refloor_fp16.py gives them the fp16 one, and no row of ours then beats it."""
+    _, changed = results.refloor_fp16(df)
+    assert changed == 0, f"benchmarks/results/{name}: {changed} fp16 rows with the fp32 floor: run scripts/refloor_fp16.py"
+    ours = df[(df["kind"] == "ours") & (df["dtype"] == "fp16")]
+    assert not (ours["floor_frac"] > 1).any(), f"benchmarks/results/{name}: fp16 rows of ours above their floor"

@@ -282,7 +282,7 @@ SMALL_NETS = [net.LENET5, net.CLASS_PROJECT.at_size(30)]
 
 
 @pytest.mark.parametrize("arch", SMALL_NETS, ids=lambda a: a.key)
-@pytest.mark.parametrize("fused", [True, False], ids=["fused", "separate"])
+@pytest.mark.parametrize("fused", [True, False, None], ids=["fused", "separate", "fused-where-it-pays"])
 def test_network_layer_by_layer_against_torch(arch, fused):
     params = net.init(arch, seed=1)
     x = cl.randn(3, 1, arch.image_size, arch.image_size)
@@ -392,12 +392,14 @@ def test_full_size_grids_fit(record_launches, arch):
 
 
 def test_batch_one_forward_splits_and_spreads(record_launches):
-    """One image through the project's network: each fused stage's grid covers the SMs (or has
-    nothing left to split), and the 4,624-wide FC layer's product is split along K and reduced."""
+    """One image through the project's network, every stage fused: each fused stage's grid covers
+    the SMs (or has nothing left to split), and the 4,624-wide FC layer's product is split along K
+    and reduced."""
     launches = record_launches()
     arch = net.CLASS_PROJECT
     params = {k: torch.empty(v.shape, device="meta") for k, v in net.init(arch).items()}
-    net.forward(arch, params, torch.empty(1, 1, arch.image_size, arch.image_size, device="meta"))
+    net.forward(arch, params, torch.empty(1, 1, arch.image_size, arch.image_size, device="meta"),
+                fused=True)
     names = [name for name, *_ in launches]
     assert names[:4] == ["conv2d_bias_act_pool"] * 2 + ["gemm_bias_act", "gemm_splitk_reduce"]
     assert names[4:] in (["gemm_bias_act"], ["gemm_bias_act", "gemm_splitk_reduce"])   # 128 -> 10: 8 steps
@@ -467,3 +469,17 @@ def test_tapered_chunks():
         assert sizes[0] == sizes[-1] == min(sizes) and max(sizes) == sizes[k - 1]
     with pytest.raises(ValueError, match="at least"):
         net.tapered_chunks(3, 2)
+
+
+def test_forward_fuses_only_the_stages_whose_mask_fits_the_constant_cache():
+    """The fused stage won where its mask fits the 8 KB constant cache and lost where it does not
+    (book/data/details/10_network_stages.csv): network.forward fuses by that rule."""
+    assert [net.fuses(s) for s in net.CLASS_PROJECT.convs] == [True, False]
+    assert [net.fuses(s) for s in net.LENET5.convs] == [True, False]
+    from convlab import results
+    stages = results.load("details/10_network_stages")
+    ms = stages.pivot_table(index="workload", columns="key", values="ms")
+    won = (ms["stage_fused"] < ms["stage_separate"]).to_dict()
+    convs = dict(zip(("project_conv1", "project_conv2"), net.CLASS_PROJECT.convs))
+    convs.update(zip(("lenet5_conv1", "lenet5_conv2"), net.LENET5.convs))
+    assert {name: net.fuses(s) for name, s in convs.items()} == {name: won[name] for name in convs}

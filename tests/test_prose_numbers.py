@@ -1,8 +1,15 @@
 """Every measured number in the chapters' prose comes from the data: a time, a rate or a speedup in a
 markdown cell is written as a {glue:text} role filled by a code cell from book/data, never typed in.
 A typed-in time would go stale at the next GPU run (it did: chapter 7 once quoted a cuDNN time no
-file held)."""
+file held).
+
+And the glued numbers are the data's: each page, run again on the emulator (which reads the committed
+results in book/data and measures nothing), glues the very text the committed page shows, and draws
+the same ladder. A page whose numbers were computed from another run's files (a ladder read before
+the chapter saved its new results, a chapter re-measured after the page that quotes it) fails here
+until it is executed again."""
 import json
+import os
 import re
 from pathlib import Path
 
@@ -10,6 +17,16 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 CHAPTERS = sorted((ROOT / "book").glob("[0-9]*.ipynb"))
+PAGES = CHAPTERS + [ROOT / "book" / "gpu_numbers.ipynb"]
+GLUE_MIME = "application/papermill.record/"
+
+# Glued numbers measured on the machine that runs the page, by design, with no GPU involved: chapter
+# 1 times its loop nest, numpy and torch on this machine's CPU ("on the CPU that ran it"). A GPU run
+# saves them to book/data/01_sequential.csv; any other machine shows its own.
+MEASURED_HERE = {"01_sequential": {"ch1_loop_gflops", "ch1_loop_full_s", "ch1_loop_gflops_min",
+                                   "ch1_loop_gflops_max", "ch1_torch_over_loop_min",
+                                   "ch1_torch_over_loop_max", "ch1_numpy_over_loop_resnet",
+                                   "ch1_numpy_over_loop_c1", "ch1_floor_below_loops"}}
 
 # a number followed by a unit of time or rate, or a speedup "2.5×" / "12x faster" (not a size: 8×8)
 MEASURED = re.compile(r"(?<![\w.$^_{])(\d[\d,]*(?:\.\d+)?)\s*(ms\b|µs|us\b|s\b|TFLOP/s|GFLOP/s|TB/s|GB/s|"
@@ -61,3 +78,47 @@ def test_every_glued_number_is_defined_in_its_notebook(path):
     prefixes = [p.split("{")[0] for p in re.findall(r"glue\(\s*f[\"']([^\"']+)[\"']", sources)]
     missing = sorted(k for k in used if k not in defined and not any(k.startswith(p) for p in prefixes if p))
     assert not missing, f"{path.name} uses glue keys no cell defines: {missing}"
+
+
+def _data_outputs(nb) -> dict:
+    """What a page shows from book/data alone: each glue record's text (and HTML), by key, and the
+    HTML of each cell that draws the ladder table, by its cell's position among those cells."""
+    out = {}
+    ladders = 0
+    for cell in nb["cells"]:
+        if cell["cell_type"] != "code":
+            continue
+        source = "".join(cell["source"])
+        for o in cell.get("outputs", []):
+            name = o.get("metadata", {}).get("scrapbook", {}).get("name")
+            if name:
+                data = o.get("data", {})
+                for mime in ("text/plain", "text/html"):
+                    if GLUE_MIME + mime in data:
+                        out[f"{name} ({mime})"] = "".join(data[GLUE_MIME + mime])
+        if "ladder.show(" in source:
+            ladders += 1
+            html = ["".join(o["data"]["text/html"]) for o in cell.get("outputs", []) if "text/html" in o.get("data", {})]
+            out[f"ladder table #{ladders}"] = "\n".join(html)
+    return out
+
+
+@pytest.mark.parametrize("path", PAGES, ids=lambda p: p.stem)
+def test_the_page_glues_what_book_data_holds(path, monkeypatch):
+    import nbformat
+    from nbclient import NotebookClient
+
+    committed = nbformat.read(path, as_version=4)
+    ran = nbformat.read(path, as_version=4)
+    # the emulator: it reads the committed results and saves nothing (results.save refuses there)
+    monkeypatch.setenv("CONVLAB_BACKEND", "emu")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    NotebookClient(ran, timeout=3600, kernel_name="python3",
+                   resources={"metadata": {"path": str(path.parent)}}).execute()
+    want, got = _data_outputs(committed), _data_outputs(ran)
+    here = MEASURED_HERE.get(path.stem, set())
+    stale = [f"  {k}: the page shows {want.get(k, '(nothing)')!r}, book/data gives {got.get(k, '(nothing)')!r}"
+             for k in sorted(set(want) | set(got)) if k.split(" (")[0] not in here and want.get(k) != got.get(k)]
+    assert not stale, (f"{path.name} shows numbers that are not those of the committed data (execute it again "
+                       "on a GPU: scripts/execute_notebooks.py; or glue them from book/data):\n"
+                       + "\n".join(s if len(s) < 400 else s[:400] + " ..." for s in stale))

@@ -107,3 +107,42 @@ def test_tidy_rules_catch_what_they_name():
     assert harness.metadata["tags"] == ["hide-input"]
     assert max(len(ln) for ln in harness.source.splitlines()) <= tidy_notebooks.MAX_WIDTH
     assert harness.source != original and ast.dump(ast.parse(harness.source)) == ast.dump(ast.parse(original))
+
+
+# ---- one reading order: the intro's, the menu's, prev/next's -------------------------------------
+
+def _toc_chapters() -> list[tuple[str, list[str]]]:
+    """(chapter, its sections) in _toc.yml's order, for the part that holds the chapters."""
+    out = []
+    for line in (ROOT / "_toc.yml").read_text().splitlines():
+        m = re.match(r"^(\s*)- file:\s*(\S+)", line)
+        if not m:
+            continue
+        if len(m.group(1)) == 6:
+            out.append((m.group(2), []))
+        elif out:
+            out[-1][1].append(m.group(2))
+    return out
+
+
+def test_the_menu_follows_the_intros_order():
+    """prev/next walks _toc.yml: its chapters come in the order book/intro.md lists them (chapter 1,
+    page 0, chapter 2, ...), with nothing before chapter 1."""
+    intro = (ROOT / "book" / "intro.md").read_text()
+    listed = intro.split("## The chapters", 1)[1].split("\n## ", 1)[0]
+    order = list(dict.fromkeys(re.findall(r"\]\(([\w]+)\.(?:ipynb|md)\)", listed)))
+    chapters = [c.removeprefix("book/") for c, _ in _toc_chapters() if c.startswith("book/")
+                and not c.startswith(("book/appendix", "book/hosted"))]
+    assert chapters[:len(order)] == order, f"_toc.yml's chapters {chapters} are not in the intro's order {order}"
+    assert _toc_chapters()[0][0] == "book/01_sequential", "the first page after the intro must be chapter 1"
+
+
+def test_each_puzzle_page_sits_under_the_chapter_that_links_it():
+    """A puzzle page is a section of one chapter in the menu, and that chapter (only that one) links
+    it: a reader meets the puzzles where the chapter uses what they practise."""
+    for chapter, sections in _toc_chapters():
+        for page in (s for s in sections if s.startswith("puzzles/")):
+            name = page.split("/")[-1]
+            linking = sorted(p.stem for p in (ROOT / "book").glob("*.ipynb") if f"puzzles/{name}.ipynb" in p.read_text())
+            assert linking == [chapter.split("/")[-1]], (
+                f"{page} sits under {chapter} in _toc.yml but is linked from {linking}")

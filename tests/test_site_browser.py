@@ -8,9 +8,13 @@ marker or progress bar shows in the text. Screenshots of the intro, chapter 3 an
 written to _build/screenshots/ (docs/screenshots/ keeps a copy to look at).
 
 On a phone (390x844) every page fits the screen's width, and the buttons for the chapter list and
-the page's contents open their panels (at 800 px too). At 1280 px every table fits its column or
-scrolls inside its own box, and every image of a chapter is a numbered, captioned figure whose alt
-text is words, not a file name. Screenshots of the intro and of each chapter at both widths, and
+the page's contents open their panels (at 800 px too). At 1280 and 1400 px, with every dropdown
+open, every table shows all its columns (it fits its column: none scrolls sideways or hides a
+column), every code listing fits or wraps, and every image of a chapter is a numbered, captioned
+figure whose alt text is words, not a file name. Printed (the print stylesheet, at the width of an
+A4 page), every dropdown is open and nothing is wider than the page: no value is cut or folded
+away. No page shows a path of the machine that ran it or a setup line (the device a notebook
+found). Screenshots of the intro and of each chapter at both widths, and
 each chapter's length in 900 px screens at 1400 px (screens.txt), go to _build/screenshots/.
 
 `make test` builds the site and installs Chromium when missing (as root, with apt-get); without
@@ -54,6 +58,10 @@ PAGES_WITH_WIDE_TABLES_YET = frozenset()
 # What must never reach a reader: test markers, solution markers, progress bars, save notes.
 DEBRIS = re.compile(r"NBVAL_|nbval-|BEGIN SOLUTION|END SOLUTION|\d+%\|[^\n]*\|\s*\d+/\d+|^saved \d+ rows? to ",
                     re.MULTILINE)
+# Nor what says where a notebook ran: a path of that machine, the device line of a setup cell.
+MACHINE = re.compile(r"PosixPath\(|(?<![\w.])/(?:work|home|root|tmp|Users|mnt)/[\w.-]+/|"
+                     r"^(?:cuda|emu): .*(?:compute capability|CPU emulator)", re.MULTILINE)
+PRINT = {"width": 794, "height": 1123}        # an A4 page at 96 px per inch
 
 NO_CHROMIUM = "no chromium on this machine: apt-get install chromium (make test installs it as root)"
 if not (HTML / "index.html").is_file():
@@ -179,6 +187,8 @@ def test_page_reads_right_in_a_browser(page, site, browser):
     assert not seen["brokenImages"], f"{page}: images that did not load: {seen['brokenImages']}"
     debris = DEBRIS.findall(seen["text"])
     assert not debris, f"{page}: markers or progress output in the text: {debris[:3]} (scripts/tidy_notebooks.py)"
+    machine = [m.group(0) for m in MACHINE.finditer(seen["text"])]
+    assert not machine, f"{page}: an output says where it ran (a path or a setup line): {machine[:3]}"
     assert seen["sidebarLinks"], f"{page}: no sidebar links found"
     links = seen["sidebarLinks"] + (seen["articleLinks"] if page == "book/intro" else [])
     broken = {url: why for url in dict.fromkeys(links)
@@ -313,13 +323,22 @@ DESKTOP_INSPECT = r"""() => {
     const box = scrollBox(t);
     return !(box && fits(box));
   }).map(t => `${Math.round(t.getBoundingClientRect().width)} px in a ${Math.round(col.width)} px column: "${snippet(t)}"`);
+  // a table in a box that scrolls sideways: its right-hand columns are out of sight
+  const hidingTables = [...art.querySelectorAll("table")].filter(t => {
+    if (t.getBoundingClientRect().width === 0) return false;
+    const box = scrollBox(t);
+    return !fits(t) || (box && box.scrollWidth > box.clientWidth + 1);
+  }).map(t => `${Math.round(t.getBoundingClientRect().width)} px, ${t.rows[0] ? t.rows[0].cells.length : 0} columns: "${snippet(t)}"`);
+  const scrollingListings = [...art.querySelectorAll("div.highlight pre")].filter(pre =>
+    pre.getBoundingClientRect().width > 0 && pre.scrollWidth > pre.clientWidth + 1
+  ).map(pre => `${pre.scrollWidth} px of code in ${pre.clientWidth} px: "${snippet(pre)}"`);
   const images = [...art.querySelectorAll("img")].map(img => {
     const figure = img.closest("figure");
     const caption = figure && figure.querySelector("figcaption");
     return {src: img.getAttribute("src"), alt: img.getAttribute("alt") || "",
             caption: caption ? caption.innerText.trim().replace(/\s+/g, " ") : null};
   });
-  return {wideTables, images};
+  return {wideTables, hidingTables, scrollingListings, images};
 }"""
 FILE_NAME = re.compile(r"^\S*\.(png|jpe?g|svg|gif|webp)$|^\S*/\S*$", re.IGNORECASE)
 _desktop_views: dict[str, dict] = {}
@@ -347,19 +366,79 @@ def test_tables_fit_or_scroll_in_their_box(page, site, browser):
     assert not wide, f"{page} at {DESKTOP['width']} px: tables wider than the column, outside a scroll box: {wide}"
 
 
-def test_table_check_catches_a_table_wider_than_the_column(site, browser):
-    tab = _open(browser, site, "book/intro", DESKTOP)
+@pytest.mark.parametrize("viewport", [DESKTOP, LONG_READ], ids=lambda v: f"{v['width']}px")
+@pytest.mark.parametrize("page", toc_pages())
+def test_no_table_hides_a_column_and_no_listing_scrolls(page, viewport, site, browser):
+    """With every dropdown open, at 1280 and 1400 px: each table shows all its columns (none sits in a
+    box that scrolls sideways) and each code listing fits its column or wraps."""
+    tab = _open(browser, site, page, viewport)
     try:
-        wide = tab.evaluate("""inspect => {
-            const cell = "<td>" + "a_long_unbreakable_name_".repeat(20) + "</td>";
-            const article = document.querySelector("article.bd-article");
-            article.insertAdjacentHTML("beforeend", `<table id="bare"><tr>${cell}</tr></table>` +
-                `<div class="table-wrap"><table id="wrapped"><tr>${cell}</tr></table></div>`);
-            return (0, eval)("(" + inspect + ")")().wideTables; }""", DESKTOP_INSPECT)
+        seen = tab.evaluate(DESKTOP_INSPECT)
     finally:
         tab.close()
-    assert len(wide) == 1 and "a_long_unbreakable_name_" in wide[0], (
-        f"the bare wide table should be caught and the one in div.table-wrap pass: {wide}")
+    assert not seen["hidingTables"], (f"{page} at {viewport['width']} px: tables whose columns do not all show "
+                                      f"(restructure or split them): {seen['hidingTables'][:4]}")
+    assert not seen["scrollingListings"], (f"{page} at {viewport['width']} px: code that scrolls sideways: "
+                                           f"{seen['scrollingListings'][:3]}")
+
+
+# Printed: every dropdown open, nothing wider than the page, nothing clipped by a box that scrolls.
+PRINT_INSPECT = r"""() => {
+  const closed = [...document.querySelectorAll("article.bd-article details")].filter(d => !d.open).length;
+  const art = document.querySelector("article.bd-article");
+  const page = document.documentElement.clientWidth;
+  const snippet = el => (el.textContent || "").trim().replace(/\s+/g, " ").slice(0, 60);
+  // a few pixels are a glyph's overhang (an italic math letter in its box), not a lost value
+  const SLACK = 4;
+  const cut = [...art.querySelectorAll("table, pre, img, mjx-container[display='true']")].filter(el => {
+    const r = el.getBoundingClientRect();
+    if (r.width === 0) return false;
+    if (r.right > page + SLACK) return true;
+    for (let a = el.parentElement; a && a !== art; a = a.parentElement)
+      if (getComputedStyle(a).overflowX !== "visible" && a.scrollWidth > a.clientWidth + SLACK) return true;
+    return el.scrollWidth > el.clientWidth + SLACK && getComputedStyle(el).overflowX !== "visible";
+  }).map(el => `<${el.tagName.toLowerCase()}> ${Math.round(el.getBoundingClientRect().width)} px: "${snippet(el)}"`);
+  const wide = document.documentElement.scrollWidth > page + SLACK;
+  return {closed, cut, wide, width: document.documentElement.scrollWidth, page};
+}"""
+
+
+@pytest.mark.parametrize("page", toc_pages())
+def test_printed_page_opens_its_folds_and_keeps_every_value(page, site, browser):
+    tab = browser.new_page()
+    tab.set_viewport_size(PRINT)
+    tab.emulate_media(media="print")
+    try:
+        tab.goto(urllib.parse.urljoin(site, f"{page}.html"), wait_until="load")
+        tab.evaluate("async () => { if (window.MathJax && MathJax.startup && MathJax.startup.promise) "
+                     "await MathJax.startup.promise; }")
+        seen = tab.evaluate(PRINT_INSPECT)
+        if page in SHOTS:
+            _shot(tab, page, "print", full_page=False)
+    finally:
+        tab.close()
+    assert seen["closed"] == 0, f"{page} printed: {seen['closed']} dropdowns stay folded (their values are lost)"
+    assert not seen["cut"], f"{page} printed: cut at the page's edge or inside a scrolling box: {seen['cut'][:4]}"
+    assert not seen["wide"], f"{page} printed is {seen['width']} px wide on a {seen['page']} px page"
+
+
+def test_table_checks_catch_a_table_wider_than_the_column(site, browser):
+    """A table that cannot shrink to the column (a cell 2,000 px wide): bare, it sticks out of the
+    column; in a scroll box, it hides columns. A long name, which the site's cells wrap, fits."""
+    tab = _open(browser, site, "book/intro", DESKTOP)
+    try:
+        seen = tab.evaluate("""inspect => {
+            const cell = '<td><div style="width: 2000px">a_long_unbreakable_name_</div></td>';
+            const article = document.querySelector("article.bd-article");
+            article.insertAdjacentHTML("beforeend", `<table id="bare"><tr>${cell}</tr></table>` +
+                `<div class="table-wrap"><table id="wrapped"><tr>${cell}</tr></table></div>` +
+                `<table id="names"><tr><td>${"a_long_unbreakable_name_".repeat(20)}</td></tr></table>`);
+            return (0, eval)("(" + inspect + ")")(); }""", DESKTOP_INSPECT)
+    finally:
+        tab.close()
+    assert len(seen["wideTables"]) == 1 and "a_long_unbreakable_name_" in seen["wideTables"][0], (
+        f"the bare wide table should be caught and the one in div.table-wrap pass: {seen['wideTables']}")
+    assert len(seen["hidingTables"]) == 2, f"both tables that do not fit hide columns: {seen['hidingTables']}"
 
 
 def _figure_problems(images: list[dict]) -> list[str]:

@@ -7,7 +7,10 @@
       opens the panel as a dialog below 992 px and folds the chapter list away above it.
    2. A table or output wider than its column scrolls inside its container; the container gets
       the class "scrolls" (and "at-end" once scrolled to the right) so the stylesheet can show a
-      cue that there is more to the right. */
+      cue that there is more to the right.
+   3. Printed, a page keeps every value: each folded dropdown opens (before printing, and whenever
+      the page is shown as print, as a print preview or an emulated print does), a display formula
+      wider than the paper is scaled to fit, and both go back after. */
 (function () {
   "use strict";
 
@@ -40,9 +43,50 @@
     });
   }
 
+  function openForPrint() {
+    var closed = [];
+    // a display formula wider than the paper cannot scroll there: it is scaled down to fit
+    function fitMath() {
+      document.querySelectorAll('mjx-container[display="true"]').forEach(function (m) {
+        m.style.zoom = "";
+        var room = m.parentElement.clientWidth;     // the formula's box, which would clip it
+        if (m.scrollWidth > room + 1) m.style.zoom = (0.98 * room / m.scrollWidth).toFixed(3);
+      });
+    }
+    function open() {
+      document.querySelectorAll("details:not([open])").forEach(function (d) {
+        d.open = true;
+        closed.push(d);
+      });
+      afterTypeset(fitMath);
+    }
+    // MathJax typesets after the page has loaded: measure the formulas once it has
+    function afterTypeset(f) {
+      var go = function () {
+        if (window.MathJax && MathJax.startup && MathJax.startup.promise) MathJax.startup.promise.then(f);
+        else f();
+      };
+      if (document.readyState === "complete") go();
+      else window.addEventListener("load", go);
+    }
+    function restore() {
+      closed.forEach(function (d) { d.open = false; });
+      closed = [];
+      document.querySelectorAll('mjx-container[display="true"]').forEach(function (m) { m.style.zoom = ""; });
+    }
+    window.addEventListener("beforeprint", open);
+    window.addEventListener("afterprint", restore);
+    var print = window.matchMedia("print");
+    var onChange = function (e) { if (e.matches) open(); else restore(); };
+    if (print.addEventListener) print.addEventListener("change", onChange);
+    else if (print.addListener) print.addListener(onChange);
+    if (print.matches) open();
+  }
+
   function init() {
     forwardToggles();
     markScrollers();
+    openForPrint();
   }
 
   if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", init);

@@ -321,7 +321,7 @@ def _layer(x_shape, w_shape, stride, padding, dilation, groups) -> Workload:
     return shape
 
 
-def _forward_plan(x, w_shape, stride, padding, dilation, groups, aligned, tunables):
+def _forward_plan(x, w_shape, stride, padding, dilation, groups, aligned, tunables, natural_order=False):
     def build():
         shape = _layer(tuple(x.shape), w_shape, stride, padding, dilation, groups)
         B, C, M, H, W, Ho, Wo, G = shape.B, shape.C, shape.M, shape.H, shape.W, shape.Ho, shape.Wo, groups
@@ -329,7 +329,7 @@ def _forward_plan(x, w_shape, stride, padding, dilation, groups, aligned, tunabl
         _check_size(x=B * C * H * W, y=B * M * P)
         t = _tiles(igemm_config(shape), tunables)
         t.update(KH=shape.K, KW=shape.Kw)
-        mode = igemm_mode(shape, t["BK"])
+        mode = 0 if natural_order else igemm_mode(shape, t["BK"])
         split = _split(t, ceil_div(shape.reduction, t["BK"]), B * M * P, tunables["SPLIT"] is not None)
         vec = int(P % 4 == 0)                            # 4 pixels of a group in one image
         gemm = _gemm(t, mode, G=G, B=B, C=Cg, M=Mg, H=H, W=W, Ho=Ho, Wo=Wo, pad=(shape.padding, shape.padding_w),
@@ -340,21 +340,25 @@ def _forward_plan(x, w_shape, stride, padding, dilation, groups, aligned, tunabl
         return (B, M, Ho, Wo), mode, split, vec, gemm, reduce
 
     key = (x.shape, w_shape, _hashable(stride), _hashable(padding), _hashable(dilation), groups, aligned,
-           tuple(tunables[k] for k in TUNABLES))
+           tuple(tunables[k] for k in TUNABLES), natural_order)
     return remember(_plans, key, build)
 
 
 def conv2d_igemm_f32(x, w, y=None, *, stride=1, padding=0, dilation=1, groups: int = 1, bias=None,
                      BM: int | None = None, BN: int | None = None, BK: int | None = None, WM: int | None = None,
-                     WN: int | None = None, SPLIT: int | None = None, MIN_BLOCKS: int | None = None):
+                     WN: int | None = None, SPLIT: int | None = None, MIN_BLOCKS: int | None = None,
+                     natural_order: bool = False):
     """y = conv2d(x, w, bias, stride, padding, dilation, groups): float32, NCHW. Tunables left out
-    come from igemm_config(shape)."""
+    come from igemm_config(shape). natural_order=True switches the kernel's loaders off (MODE 0:
+    each element's (c, ky, kx) by divisions, on any layer) where igemm_mode would give the
+    tap-per-step loader or the plain GEMM: what those loaders buy, measured on their own
+    (benchmarks/igemm_ablation.py)."""
     _check_f32(x=x, w=w, bias=bias)
     if bias is not None and tuple(bias.shape) != (int(w.shape[0]),):
         raise ValueError(f"bias has shape {tuple(bias.shape)}, expected ({int(w.shape[0])},)")
     tunables = dict(BM=BM, BN=BN, BK=BK, WM=WM, WN=WN, SPLIT=SPLIT, MIN_BLOCKS=MIN_BLOCKS)
     shape, mode, split, vec, gemm, reduce = _forward_plan(x, tuple(w.shape), stride, padding, dilation, groups,
-                                                          x.data_ptr() % 16 == 0, tunables)
+                                                          x.data_ptr() % 16 == 0, tunables, natural_order)
     y = output(y, shape, x)
     wt = kmajor(w, 1 if mode == 1 else 0, groups=groups)
     has_bias = int(bias is not None)

@@ -381,7 +381,8 @@ def channels_last_out(y, shape, like, name: str):
     return y
 
 
-def conv2d_mma(x, w, y=None, *, stride=1, padding=0, dilation=1, groups=1, bias=None, **tunables):
+def conv2d_mma(x, w, y=None, *, stride=1, padding=0, dilation=1, groups=1, bias=None, swizzle: bool = True,
+               **tunables):
     """y = conv2d(x, w, bias, groups=groups) in fp16 on tensor cores (mma.sync), float sums rounded
     once.
 
@@ -396,7 +397,9 @@ def conv2d_mma(x, w, y=None, *, stride=1, padding=0, dilation=1, groups=1, bias=
     Returns y of logical shape (B, M, Ho, Wo) in channels_last memory format. A given y must be
     that (y.permute(0, 2, 3, 1) contiguous). Tunables (TUNABLES) left out come from mma_config;
     SPLIT_K left out is mma_config's when the tile is left out too, else 1. SPLIT_K > 1 adds an fp32
-    workspace (SPLIT_K, P, M) and a second, reducing kernel to the call."""
+    workspace (SPLIT_K, P, M) and a second, reducing kernel to the call. swizzle=False builds the
+    kernel without its XOR swizzle (SWIZZLE=0): what the swizzle buys, measured on its own
+    (benchmarks/mma_ablation.py)."""
     check_halves(x=x, w=w, bias=bias)
     if x.dim() != 4 or w.dim() != 4:
         raise ValueError(f"expected x (B, C, H, W) and w (M, C/groups, Kh, Kw), got {tuple(x.shape)} and {tuple(w.shape)}")
@@ -405,9 +408,10 @@ def conv2d_mma(x, w, y=None, *, stride=1, padding=0, dilation=1, groups=1, bias=
         raise ValueError(f"bias has shape {tuple(bias.shape)}, expected ({w.shape[0]},)")
     _check_tunables(tunables, "conv2d_mma")
     (sh, sw), (ph, pw), (dh, dw) = _pair(stride, "stride"), _pair(padding, "padding"), _pair(dilation, "dilation")
-    key = (tuple(x.shape), tuple(w.shape), sh, sw, ph, pw, dh, dw, groups, tuple(tunables.get(k) for k in TUNABLES))
+    key = (tuple(x.shape), tuple(w.shape), sh, sw, ph, pw, dh, dw, groups, tuple(tunables.get(k) for k in TUNABLES),
+           swizzle)
     out_shape, Cg8, gemm = remember(_plans, key, lambda: _plan(x.shape, w.shape, (sh, sw), (ph, pw), (dh, dw),
-                                                               groups, tunables))
+                                                               groups, tunables, swizzle))
     y = channels_last_out(y, out_shape, x, "y")
     _run(gemm, _nhwc(x, Cg8, groups), _nhwc(w, Cg8), None if bias is None else bias.contiguous(), y.permute(0, 2, 3, 1))
     return y
@@ -588,7 +592,7 @@ def _check_sizes(**numels) -> None:
             raise ValueError(f"{name} has {n:,} elements: too many for the kernel's int indices; split the batch")
 
 
-def _gemm(B, H, W, C8, G, M, Kh, Kw, Ho, Wo, stride, padding, dilation, t, place=None) -> _Gemm:
+def _gemm(B, H, W, C8, G, M, Kh, Kw, Ho, Wo, stride, padding, dilation, t, place=None, swizzle=True) -> _Gemm:
     """The launches of `G` GEMMs of (B*Ho*Wo) x M x (Kh*Kw*C8), input (B, H, W, G*C8), output pixels
     placed by place = (y0, y_img, y_row, y_col) (None: dense, (B, Ho, Wo, G*M))."""
     P, MY = B * Ho * Wo, G * M
@@ -602,6 +606,8 @@ def _gemm(B, H, W, C8, G, M, Kh, Kw, Ho, Wo, stride, padding, dilation, t, place
     place = place or (0, Ho * Wo, Wo, 1)
     smem = shared_bytes(**t)
     tile = {k: t[k] for k in TILE}
+    if not swizzle:
+        tile["SWIZZLE"] = 0
     launch = Launch(MMA_FILE, "conv2d_mma", tile, (B, H, W, C8, G * C8, M, MY, Kh, Kw, Ho, Wo, *stride, *padding,
                                                    *dilation, *place),
                     grid=(blocks, splits), block=(32 * t["WARPS_M"] * t["WARPS_N"],), shared=smem,
@@ -611,7 +617,7 @@ def _gemm(B, H, W, C8, G, M, Kh, Kw, Ho, Wo, stride, padding, dilation, t, place
     return _Gemm(launch, reduce, (splits, P, MY))
 
 
-def _plan(x_shape, w_shape, stride, padding, dilation, groups, tunables) -> _Plan:
+def _plan(x_shape, w_shape, stride, padding, dilation, groups, tunables, swizzle=True) -> _Plan:
     B, C, H, W = (int(s) for s in x_shape)
     M, Cg, Kh, Kw = (int(s) for s in w_shape)
     (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
@@ -628,7 +634,7 @@ def _plan(x_shape, w_shape, stride, padding, dilation, groups, tunables) -> _Pla
                      groups=groups)
     _check_sizes(**_numels(shape, "forward"))
     t = _tile(tunables, mma_config(shape))
-    gemm = _gemm(B, H, W, Cg8, groups, M // groups, Kh, Kw, Ho, Wo, stride, padding, dilation, t)
+    gemm = _gemm(B, H, W, Cg8, groups, M // groups, Kh, Kw, Ho, Wo, stride, padding, dilation, t, swizzle=swizzle)
     return _Plan((B, M, Ho, Wo), Cg8, gemm)
 
 

@@ -59,7 +59,7 @@
 // when splits > 1.
 // Grid: (ceil(P/BM) * groups * ceil(M/BN), splits), block 32*WARPS_M*WARPS_N threads, dynamic
 // shared memory max(STAGES*(BM+BN)*BK, BM*(BN+8)) * 2 bytes. Tunables: BM, BN, BK (16, 32 or 64),
-// WARPS_M, WARPS_N, STAGES.
+// WARPS_M, WARPS_N, STAGES; SWIZZLE=0 turns the swizzle off (measurements only).
 
 #include <cuda_fp16.h>
 #include "tensor_core.cuh"
@@ -81,6 +81,11 @@
 #endif
 #ifndef STAGES
 #define STAGES 4
+#endif
+// SWIZZLE=0 switches the XOR swizzle off (chunk c of every row at slot c), for the measurement of
+// what it buys: the 8 rows an ldmatrix phase reads then share one group of 4 banks.
+#ifndef SWIZZLE
+#define SWIZZLE 1
 #endif
 
 constexpr int THREADS = 32 * WARPS_M * WARPS_N;
@@ -106,7 +111,12 @@ static_assert(ROWS_PER_PASS % 8 == 0, "the swizzle repeats every 8 rows: a threa
 // the 8 rows an ldmatrix phase reads over all 8 chunk positions of a line.
 __device__ __forceinline__ int swz(int row, int chunk)
 {
+#if SWIZZLE
     return CHUNKS == 8 ? chunk ^ (row & 7) : CHUNKS == 4 ? chunk ^ ((row >> 1) & 3) : chunk ^ ((row >> 2) & 1);
+#else
+    (void)row;
+    return chunk;
+#endif
 }
 
 __device__ __forceinline__ int at(int row, int chunk) { return row * BK + swz(row, chunk) * 8; }
