@@ -146,3 +146,35 @@ def test_each_puzzle_page_sits_under_the_chapter_that_links_it():
             linking = sorted(p.stem for p in (ROOT / "book").glob("*.ipynb") if f"puzzles/{name}.ipynb" in p.read_text())
             assert linking == [chapter.split("/")[-1]], (
                 f"{page} sits under {chapter} in _toc.yml but is linked from {linking}")
+
+
+def _ends_in_a_glue(source: str) -> bool:
+    """Whether a cell's last statement is a bare book.glue(...) call, whose value Jupyter would
+    show a second time, below the cell, besides storing it for the prose."""
+    if source.rstrip().endswith(";"):
+        return False
+    try:
+        body = ast.parse(source).body
+    except SyntaxError:
+        return False
+    last = body[-1] if body else None
+    return (isinstance(last, ast.Expr) and isinstance(last.value, ast.Call)
+            and isinstance(last.value.func, ast.Attribute) and last.value.func.attr == "glue")
+
+
+@pytest.mark.parametrize("name", SITE_NOTEBOOKS)
+def test_a_glued_value_is_not_shown_again(name):
+    """book.glue returns its value; as a cell's last line that value is the cell's result and the
+    page shows it (a whole glued table did once, in the main line). End such a line with ';'."""
+    nb = nbformat.read(ROOT / name, as_version=4)
+    shown = [i for i, cell in enumerate(nb.cells) if cell.cell_type == "code"
+             and any(o.output_type == "execute_result" for o in cell.get("outputs", []))
+             and _ends_in_a_glue(cell.source)]
+    assert not shown, (f"{name}, cells {shown}: the glued value is shown again as the cell's "
+                       "result; end the book.glue(...) line with ';'")
+
+
+def test_the_glue_check_sees_a_trailing_glue():
+    assert _ends_in_a_glue('x = 1\nbook.glue("k", x)')
+    assert not _ends_in_a_glue('book.glue("k", 1);')
+    assert not _ends_in_a_glue('_ = book.glue("k", 1)')
