@@ -1,6 +1,6 @@
 """The emulator's checker against realistic mistakes from edited exercise solutions: each mistake
 fails with its named fault and advice that is true, and the correct alternative passes. Small .cu
-strings compiled with cl.load_source, run through kernels and convlab.exercise's checks."""
+strings compiled with cl.load_source, run through kernels and the exercise checks (convlab.teach, convlab.chapters)."""
 import sys
 import time
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import convlab as cl
-import convlab.exercise as ex
+import convlab.teach.checks as ex
 from convlab import emu
 
 pytestmark = pytest.mark.emu_only

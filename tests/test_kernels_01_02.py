@@ -8,7 +8,7 @@ import torch
 
 import convlab as cl
 from convlab import _limits, workloads
-from convlab.exercise import AWKWARD_SHAPES, VALID_SHAPES
+from convlab.teach.checks import AWKWARD_SHAPES, VALID_SHAPES
 from convlab.ops import naive
 
 MORE_SHAPES = [
