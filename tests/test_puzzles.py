@@ -1,6 +1,6 @@
 """The warm-up puzzles (convlab/teach/puzzle_set.py, checked by convlab/teach/puzzles.py;
-puzzles/solutions/*.ipynb): every solution passes its check, the untouched stub of every puzzle says "not done yet", and a realistic mistake in each
-puzzle fails with the mistake named (the emulator's fault, or the puzzle's own diagnosis)."""
+puzzles/solutions/*.ipynb): every solution passes its check, the untouched stub of every puzzle
+says "not done yet", and a realistic mistake in each puzzle fails with the mistake named (the emulator's fault, or the puzzle's own diagnosis)."""
 import importlib.util
 import re
 from pathlib import Path
