@@ -138,7 +138,7 @@ def main(argv=None) -> int:
     print(f"# {results.provenance(df)}")
     for line in report(df):
         print(line)
-    print(f"# wrote {results.save_benchmark(df, 'depthwise_layers', args.out)}")
+    results.save_benchmark(df, "depthwise_layers", args.out)
     return 0
 
 

@@ -57,6 +57,7 @@ import torch.nn.functional as F  # noqa: E402
 
 import convlab as cl  # noqa: E402
 from convlab import network_layers  # noqa: E402
+from convlab.network_layers import summary  # noqa: E402
 from convlab.bench import time_alternating  # noqa: E402
 from convlab.ops import FORMATS, Impl, dispatch, dropin  # noqa: E402
 from convlab.ops.shapes import DTYPE  # noqa: E402
@@ -178,7 +179,7 @@ def torch_kernel(fn) -> str:
 
     fn()
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as p:
+    with profile(activities=[ProfilerActivity.CUDA], acc_events=True) as p:
         fn()
         torch.cuda.synchronize()
     times: dict = {}
@@ -349,29 +350,6 @@ def _drain(conn, writer, f, process) -> int:
 
 
 # ---- the summary and the figure ------------------------------------------------------------------
-
-def summary(df) -> "pandas.DataFrame":  # noqa: F821
-    """Per network, dtype, pass, batch and layout of ours: the geometric mean over its layers (each
-    as often as the network has it) of torch best / ours, caller and GPU time (above 1: ours
-    faster), the layers measured and the lowest per-layer ratio."""
-    import numpy as np
-    import pandas as pd
-
-    keys = ["network", "layer", "dtype", "pass", "B"]
-    torch_best = (df[df["who"] == "torch"].groupby(keys)[["caller_ms", "gpu_ms"]].min()
-                  .rename(columns={"caller_ms": "torch_caller_ms", "gpu_ms": "torch_gpu_ms"}))
-    ours = df[(df["who"] == "ours") & (df["check"] == "pass")].join(torch_best, on=keys).dropna(subset=["caller_ms"])
-    ours = ours.assign(caller=ours["torch_caller_ms"] / ours["caller_ms"], gpu=ours["torch_gpu_ms"] / ours["gpu_ms"])
-    rows = []
-    for (net, dtype, pass_, B, layout), g in ours.groupby(["network", "dtype", "pass", "B", "layout"], sort=False):
-        wgt = g["count"].to_numpy(float)
-        rows.append(dict(network=net, dtype=dtype, pass_=pass_, B=B, layout=layout, layers=len(g),
-                         caller=float(np.exp((wgt * np.log(g["caller"])).sum() / wgt.sum())),
-                         gpu=float(np.exp((wgt * np.log(g["gpu"])).sum() / wgt.sum())),
-                         worst=float(g["caller"].min()),
-                         fallback=int(g["kernel"].str.startswith("torch:").sum())))
-    return pd.DataFrame(rows).rename(columns={"pass_": "pass"})
-
 
 def report(df) -> list:
     s = summary(df)

@@ -208,7 +208,7 @@ def main(argv=None) -> int:
     print(f"# {results.provenance(df)}")
     for line in report(df, shapes):
         print(line)
-    print(f"# wrote {results.save_benchmark(df, 'f32_layers', args.out)}")
+    results.save_benchmark(df, "f32_layers", args.out)
     return 0
 
 

@@ -70,7 +70,7 @@ def _kernels(fn) -> list:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CUDA], acc_events=True) as prof:
         fn()
         torch.cuda.synchronize()
     return list(dict.fromkeys(e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA

@@ -108,7 +108,7 @@ def kernels(fn) -> str:
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CUDA], acc_events=True) as prof:
         fn()
         torch.cuda.synchronize()
     names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
@@ -226,7 +226,7 @@ def main(argv=None) -> int:
         print(f"# {wl.name}: done at {time.perf_counter() - t0:.0f} s (float64 reference {rows[-1]['ref_s']:.1f} s)",
               flush=True)
         if cl.backend() == "cuda":      # the rows so far: a run stopped at its time limit keeps them
-            results.save_benchmark(pd.DataFrame(rows), "fp32_tensor_cores", args.out)
+            results.save_benchmark(pd.DataFrame(rows), "fp32_tensor_cores", args.out, say=False)
     df = pd.DataFrame(rows)
     if cl.backend() != "cuda":
         for _, r in df.iterrows():
@@ -236,7 +236,7 @@ def main(argv=None) -> int:
         return 0
     for line in report(df):
         print(line)
-    print(f"# wrote {results.save_benchmark(df, 'fp32_tensor_cores', args.out)}")
+    results.save_benchmark(df, "fp32_tensor_cores", args.out)
     return 0
 
 

@@ -115,7 +115,7 @@ def main(argv=None) -> int:
     print()
     for line in summary(df):
         print(line)
-    print(f"# wrote {results.save_benchmark(df, 'general_layers')}")
+    results.save_benchmark(df, "general_layers")
     return 0
 
 

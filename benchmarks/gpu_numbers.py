@@ -349,7 +349,7 @@ def main(argv=None) -> int:
     print(f"# {facts['sms']} SMs, L2 {facts['l2_bytes'] / 2**20:.0f} MiB; every kernel checked before it was timed")
     for n in p.numbers:
         print(f"{n.what:40s} {n.value:12.4g} {n.unit:8s} {n.how}")
-    print(f"# wrote {write_csv(p.numbers, facts)}")
+    print(f"# wrote {write_csv(p.numbers, facts).name}")
     return 0
 
 

@@ -564,7 +564,7 @@ def chapter_main(args) -> int:
     print(f"# {results.provenance(df)}")
     for line in chapter_report(df):
         print(line)
-    print(f"# wrote {results.save_benchmark(df, 'hopper_layers', args.out)}")
+    results.save_benchmark(df, "hopper_layers", args.out)
     return 0
 
 

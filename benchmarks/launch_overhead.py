@@ -136,7 +136,7 @@ def torch_kernels(fn) -> int:
 
     fn()
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as p:
+    with profile(activities=[ProfilerActivity.CUDA], acc_events=True) as p:
         fn()
         torch.cuda.synchronize()
     return sum(1 for e in p.events() if e.device_type == torch.autograd.DeviceType.CUDA)

@@ -64,7 +64,7 @@ def main() -> int:
         return 0
     print(f"# {results.provenance(df)}")
     print(results.report(df).to_string())
-    print(f"# wrote {results.save_benchmark(df, 'layers')}")
+    results.save_benchmark(df, "layers")
     return 0
 
 

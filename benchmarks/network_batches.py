@@ -166,10 +166,10 @@ def main(argv=None) -> int:
         print("# emulator: every contender checked against fp64; the times above say nothing about a GPU")
         return 0
     print(f"# {results.provenance(fwd)}")
-    print(f"# wrote {results.save_benchmark(fwd, 'network_batches', args.out)}")
-    print(f"# wrote {results.save_benchmark(train, 'network_train_step', args.out)}")
-    print(f"# wrote {results.save_benchmark(fc, 'network_fc_layers', args.out)}")
-    print(f"# wrote {results.save_benchmark(splits, 'network_fc_splits', args.out)}")
+    results.save_benchmark(fwd, "network_batches", args.out)
+    results.save_benchmark(train, "network_train_step", args.out)
+    results.save_benchmark(fc, "network_fc_layers", args.out)
+    results.save_benchmark(splits, "network_fc_splits", args.out)
     return 0
 
 

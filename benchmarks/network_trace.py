@@ -107,7 +107,7 @@ def record(images: int, batch: int, warmup: int = 2):
         for _ in range(warmup):
             fn()
         cl.sync()
-        with profile(activities=acts) as prof:
+        with profile(activities=acts, acc_events=True) as prof:
             fn()
             cl.sync()
         rows += _events(prof, phase, who, gpu_name)

@@ -135,7 +135,7 @@ def main() -> int:
         wr = csv.DictWriter(f, fieldnames=["case", "kernel", "metric", "emulator", "ncu", "emulator/ncu", "why"])
         wr.writeheader()
         wr.writerows(rows)
-    print(f"# wrote {OUT} ({len(rows)} rows)")
+    print(f"# wrote {OUT.relative_to(ROOT)} ({len(rows)} rows)")
     off = [r for r in rows if r["case"].startswith("pattern_") and r["emulator"] != r["ncu"]]
     for r in off:
         if _predicated(r, rows):

@@ -209,8 +209,7 @@ def main(argv=None) -> int:
         names = {tile_name(dict(st.tunables(r, tc.TILE), SPLIT_K=1)) for _, r in st.ours(df).iterrows()}
         for line in sass_lines({n: tc.CANDIDATES[n] for n in tc.CANDIDATES if n in names}):
             print(line)
-    path = results.save_benchmark(df, "tensor_core_layers" + (f"_b{args.batch}" if args.batch else ""), args.out)
-    print(f"# wrote {path}")
+    results.save_benchmark(df, "tensor_core_layers" + (f"_b{args.batch}" if args.batch else ""), args.out)
     return 0
 
 

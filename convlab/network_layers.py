@@ -22,6 +22,9 @@ it (count); all_layers(net, B) every layer in order. macs(net) is what the paper
 """
 from __future__ import annotations
 
+import numpy as np
+import pandas as pd
+
 from .workloads import Workload
 
 NETWORKS = ("resnet50", "vgg16", "mobilenetv3", "efficientnet_b0", "unet_resblocks")
@@ -158,3 +161,31 @@ def layers(net: str, B: int) -> list:
 def macs(net: str) -> int:
     """Multiply-adds of all the network's convolutions for one image."""
     return sum(wl.macs for wl in all_layers(net, 1))
+
+
+def per_layer(df):
+    """The drop-in's rows of a benchmarks/dropin_networks.py results file (its check passed),
+    each with torch best's caller and GPU time on the same layer, dtype, pass and batch (the
+    faster of torch's layouts, in the same run) and the ratios torch best / ours (above 1: ours
+    faster): columns caller and gpu."""
+    keys = ["network", "layer", "dtype", "pass", "B"]
+    torch_best = (df[df["who"] == "torch"].groupby(keys)[["caller_ms", "gpu_ms"]].min()
+                  .rename(columns={"caller_ms": "torch_caller_ms", "gpu_ms": "torch_gpu_ms"}))
+    ours = df[(df["who"] == "ours") & (df["check"] == "pass")].join(torch_best, on=keys).dropna(subset=["caller_ms"])
+    return ours.assign(caller=ours["torch_caller_ms"] / ours["caller_ms"], gpu=ours["torch_gpu_ms"] / ours["gpu_ms"])
+
+
+def summary(df):
+    """Per network, dtype, pass, batch and layout of ours: the geometric mean over its layers (each
+    as often as the network has it) of torch best / ours, caller and GPU time (above 1: ours
+    faster), the layers measured, the lowest per-layer caller ratio and the layers handed to torch."""
+    rows = []
+    for (net, dtype, pass_, B, layout), g in per_layer(df).groupby(["network", "dtype", "pass", "B", "layout"],
+                                                                   sort=False):
+        wgt = g["count"].to_numpy(float)
+        rows.append(dict(network=net, dtype=dtype, pass_=pass_, B=B, layout=layout, layers=len(g),
+                         caller=float(np.exp((wgt * np.log(g["caller"])).sum() / wgt.sum())),
+                         gpu=float(np.exp((wgt * np.log(g["gpu"])).sum() / wgt.sum())),
+                         worst=float(g["caller"].min()),
+                         fallback=int(g["kernel"].str.startswith("torch:").sum())))
+    return pd.DataFrame(rows).rename(columns={"pass_": "pass"})

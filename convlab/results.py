@@ -166,15 +166,18 @@ def save(df_or_rows, chapter: str, *, force: bool = False, quiet: bool = False) 
     return target
 
 
-def save_benchmark(df, name: str, folder=None) -> Path | None:
+def save_benchmark(df, name: str, folder=None, say: bool = True) -> Path | None:
     """Write a benchmark script's rows to <folder>/<name>_<GPU>.csv (folder: benchmarks/results by
-    default), on a GPU run only, as save(); the path written, or None."""
+    default), on a GPU run only, as save(), and say so (say=True) by the file's name: a report names
+    no path of the machine. The path written, or None."""
     if not may_save():
         return None
     folder = Path(folder) if folder else repo_root() / "benchmarks" / "results"
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / f"{name}_{str(df['gpu'].iloc[0]).replace(' ', '_')}.csv"
     df.to_csv(target, index=False, float_format="%.6g")
+    if say:
+        print(f"# wrote {target.name}")
     return target
 
 
@@ -278,3 +281,17 @@ def speedup(df, impl: str, over: str = "torch best") -> "pandas.Series":  # noqa
     """GPU time of `over` divided by that of `impl`, per workload: above 1, `impl` is faster."""
     ms = summary(df)
     return (ms[over] / ms[impl]).dropna()
+
+
+_COMPARISON = re.compile(r"^# (?P<what>.+?): (?P<ratio>[\d.]+)x torch's[^(]*\((?P<ours>[\d.]+) against "
+                         r"(?P<torch>[\d.]+) us")
+
+
+def launch_comparisons(path) -> "pandas.DataFrame":  # noqa: F821
+    """The comparisons benchmarks/launch_overhead.py writes under its table ("# <what>: <r>x
+    torch's ... (<ours> against <torch> us ..."): columns what, ratio, ours_us, torch_us."""
+    import pandas as pd
+
+    rows = [dict(what=m["what"], ratio=float(m["ratio"]), ours_us=float(m["ours"]), torch_us=float(m["torch"]))
+            for m in map(_COMPARISON.match, Path(path).read_text().splitlines()) if m]
+    return pd.DataFrame(rows, columns=["what", "ratio", "ours_us", "torch_us"])

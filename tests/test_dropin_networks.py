@@ -4,6 +4,7 @@ smoke layers against fp64 (--emu-smoke), and its summary from rows alone."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -73,8 +74,21 @@ def test_the_summary_weighs_each_layer_as_often_as_the_network_has_it():
                  dict(base, who="torch", layout="nchw", kernel="k", check="", caller_ms=theirs, gpu_ms=theirs),
                  dict(base, who="torch", layout="channels_last", kernel="k", check="", caller_ms=2 * theirs,
                       gpu_ms=theirs)]
-    s = D.summary(pd.DataFrame(rows))
+    s = network_layers.summary(pd.DataFrame(rows))
     (r,) = s.to_dict("records")
     assert r["caller"] == pytest.approx(math.exp((math.log(0.5) + 3 * math.log(2.0)) / 4))
     assert (r["layers"], r["worst"], r["fallback"]) == (2, 0.5, 0)
     assert "1 of" not in "\n".join(D.report(pd.DataFrame(rows)))
+
+
+def test_the_committed_summary_is_the_summary_of_the_committed_rows():
+    """The chapters glue numbers from the results file through network_layers.summary: it gives
+    back the summary the benchmark wrote beside it."""
+    results = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
+    for csv_path in sorted(results.glob("dropin_networks_*.csv")):
+        s = network_layers.summary(pd.read_csv(csv_path, keep_default_na=False, na_values=[""]))
+        written = csv_path.with_suffix(".txt").read_text().splitlines()
+        for r in s.to_dict("records"):
+            line = (f"{r['network']} {r['dtype']} {r['pass']} {r['B']} {r['layout']} {r['layers']} "
+                    f"{r['caller']:.3f} {r['gpu']:.3f} {r['worst']:.3f} {r['fallback']}")
+            assert line in {" ".join(w.split()) for w in written}, line
