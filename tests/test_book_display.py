@@ -1,4 +1,4 @@
-"""convlab.book's page outputs: diffs and listings of kernels (MyST code-blocks with the files' own
+"""convlab.display.book's page outputs: diffs and listings of kernels (MyST code-blocks with the files' own
 line numbers), tables without an index column at three significant figures, compact profile cards,
 and the tidy rule that removes the input bar of cells that show nothing."""
 import importlib
@@ -10,10 +10,11 @@ import nbformat
 import pandas as pd
 import pytest
 
-from convlab import book, results
+from convlab.display import book
+from convlab.measuring import results
 
 ROOT = Path(__file__).resolve().parent.parent
-P = importlib.import_module("convlab.profile")   # the module (convlab.profile the attribute is cl.profile)
+P = importlib.import_module("convlab.measuring.profile")   # the module (convlab.measuring.profile the attribute is cl.profile)
 
 
 def blocks(markdown, folded=False):

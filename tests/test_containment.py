@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import convlab as cl
-from convlab import _source
+from convlab.gpu import _source
 
 pytestmark = pytest.mark.emu_only
 
@@ -536,7 +536,7 @@ __global__ void k(const float* x, float* y) {
 
 
 def test_a_missing_compiler_is_one_line_that_says_what_to_install(monkeypatch):
-    from convlab import emu
+    from convlab.gpu import emu
     monkeypatch.setattr(emu, "CXX", "g++-that-is-not-installed")
     with pytest.raises(cl.CompileError) as e:
         cl.load_source(f"__global__ void k(float* y) {{ y[0] = {time.time_ns()}; }}\n", name="no_compiler")

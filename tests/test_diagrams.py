@@ -1,4 +1,4 @@
-"""The chapters' mapping diagrams (convlab.chapters, drawn with convlab.diagrams): every figure draws, and the data each draws is the code's own: the grid maps
+"""The chapters' mapping diagrams (convlab.chapters, drawn with convlab.display.diagrams): every figure draws, and the data each draws is the code's own: the grid maps
 read back from the naive kernels match the launchers' grids and the kernel's index formulas, the
 mma.sync fragments match the PTX ISA's documented layout, the im2col numbers come from the
 launcher, the grouped-weight pattern matches torch's grouped convolution."""
@@ -9,7 +9,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from convlab import diagrams, workloads
 from convlab.chapters import ch02_naive as ch2
 from convlab.chapters import ch04_im2col as ch4
 from convlab.chapters import ch05_fused as ch5
@@ -19,7 +18,9 @@ from convlab.chapters import ch08_backprop as ch8
 from convlab.chapters import ch09_general as ch9
 from convlab.chapters import ch09b_tensor_cores as ch9b
 from convlab.chapters import ch10_network as ch10
-from convlab._limits import GRID_YZ_MAX
+from convlab.display import diagrams
+from convlab.gpu._limits import GRID_YZ_MAX
+from convlab.measuring import workloads
 from convlab.ops import backprop, conv3d, fused, im2col
 
 FIGURES = [ch2.grid_maps, ch4.im2col_matrix, ch4.im2col_gemm_tiles, ch5.implicit_gemm_tiles, ch5.direct_regtile_outputs,

@@ -211,7 +211,7 @@ def shell():
     from IPython.core.interactiveshell import InteractiveShell
 
     ip = InteractiveShell.instance()
-    ip.run_line_magic("load_ext", "convlab.magic")
+    ip.run_line_magic("load_ext", "convlab.gpu.magic")
     return ip
 
 

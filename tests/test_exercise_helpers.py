@@ -8,10 +8,11 @@ import torch
 import convlab as cl
 import convlab.teach.checks as ex
 import convlab.teach.verdict as vd
-from convlab import plots, results, workloads
 from convlab.chapters import ch02_naive as ch2
 from convlab.chapters import ch05_fused as ch5
 from convlab.chapters import ch09_general as ch9
+from convlab.display import plots
+from convlab.measuring import results, workloads
 
 GOOD_KERNEL = r"""
 __global__ void conv2d_flat(const float* x, const float* k, float* y,
@@ -195,7 +196,7 @@ def shell():
     from IPython.core.interactiveshell import InteractiveShell
 
     ip = InteractiveShell.instance()
-    ip.run_line_magic("load_ext", "convlab.magic")
+    ip.run_line_magic("load_ext", "convlab.gpu.magic")
     return ip
 
 
@@ -213,7 +214,7 @@ def test_magic_prints_compile_errors_at_the_cell_line(shell, capsys):
     out = capsys.readouterr().out
     assert "did not compile" in out and "cell bad, line 4" in out   # Jupyter counts the %%cuda line
     bad = shell.user_ns["bad"]
-    from convlab.magic import CellNotCompiled
+    from convlab.gpu.magic import CellNotCompiled
     with pytest.raises(CellNotCompiled, match="did not compile"):
         bad.kernel("k")(cl.empty(1), grid=1, block=1)
     # the checks report it like any other fault
@@ -233,7 +234,7 @@ def _rows(gpu="NVIDIA H200"):
         def __init__(self, ms):
             self.ms, self.p25, self.p75 = ms, ms * 0.9, ms * 1.1
 
-    from convlab import roofline
+    from convlab.measuring import roofline
     return [results.row(wl, impl, T(ms), roof=roofline.REFERENCE_H200, device=gpu)
             for wl in workloads.WORKLOADS_2D for impl, ms in (("naive", 5.0), ("torch default", 0.5))]
 
@@ -368,7 +369,7 @@ def test_counters_on_the_emulator_say_the_gpu_comparison_needs_a_gpu(capsys):
 
 
 def test_the_gpu_comparison_shows_three_times_side_by_side():
-    from convlab.bench import Timing
+    from convlab.measuring.bench import Timing
 
     name, impl = ch2.check_targets("02").compare
     wl = workloads.get(name)

@@ -29,7 +29,7 @@ from convlab.chapters import ch09b_tensor_cores as ch9b
 from convlab.chapters import ch10_network as ch10
 from convlab.chapters import ch11_hopper as ch11
 from convlab.chapters import ch12_tf32 as ch12
-from convlab import magic
+from convlab.gpu import magic
 
 pytestmark = pytest.mark.emu_only
 
@@ -946,7 +946,7 @@ def test_02_timing_untouched_is_not_done_yet_and_the_quartiles_answer(capsys):
 
 
 def test_simulated_gpu_models_what_the_harness_must_handle():
-    from convlab import simgpu
+    from convlab.measuring import simgpu
     gpu = simgpu.SimGPU(ms=1.0, seed=0)
     k = gpu.kernel()
     t0 = gpu.now(); k(); first = gpu.now() - t0
@@ -1142,7 +1142,7 @@ def test_10_streams_correct_alternatives_pass(alternative, capsys):
 
 
 def test_10_streams_solution_passes_and_the_target_is_the_chapters(capsys):
-    from convlab import streams
+    from convlab.programs import streams
 
     out = _passes(ch10.check_streams(_streamed()), capsys)
     assert "target ≤ 1.2" in out
@@ -1156,7 +1156,7 @@ def test_10_streams_solution_passes_and_the_target_is_the_chapters(capsys):
 def test_10_streams_model_orders_and_overlaps_as_a_gpu_does():
     """The model on hand-made records: one stream serialises, a stream per chunk overlaps the next
     copy with the compute, a pageable copy makes the host wait."""
-    from convlab import streams
+    from convlab.programs import streams
 
     def record(per_chunk_stream, pinned=True, chunks=4, n=8):
         g = streams.Recorder(lambda xb, out: out.copy_(xb.view(len(xb), -1)[:, :2]), classes=2)
@@ -1188,7 +1188,7 @@ def test_10_streams_model_orders_and_overlaps_as_a_gpu_does():
 
 
 def test_10_streams_recorder_knows_what_each_synchronize_covers():
-    from convlab import streams
+    from convlab.programs import streams
 
     g = streams.Recorder(lambda xb, out: out.copy_(xb.view(len(xb), -1)[:, :2]), classes=2)
     x = torch.randn(4, 1, 2, 1)
@@ -1568,7 +1568,7 @@ def test_11_ring_diagnosis_names_nothing_it_does_not_know():
 
 
 def test_11_ring_on_a_gpu_without_wgmma_says_so_in_one_line(monkeypatch, capsys):
-    from convlab.runtime import DeviceInfo
+    from convlab.gpu.runtime import DeviceInfo
 
     monkeypatch.setattr(cl, "backend", lambda: "cuda")
     monkeypatch.setattr(cl, "device", lambda: DeviceInfo("cuda", "NVIDIA A100", (8, 0), 108, "cuda"))

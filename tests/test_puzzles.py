@@ -165,7 +165,7 @@ def test_an_unknown_puzzle_and_a_wrong_kernel_name_are_said():
 
 
 def test_a_cell_that_did_not_compile_is_said():
-    from convlab.magic import FailedModule
+    from convlab.gpu.magic import FailedModule
 
     verdict = pz.check("map", FailedModule("add_ten", "error: expected ';'"), draw=False)
     assert not verdict and "did not compile" in verdict.text

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from functools import partial
 
-from .. import workloads
+from ..measuring import workloads
 from ..teach import checks
 
 #: The exercises' answers, kept out of the exercise pages: key -> (what the verdict calls it, answer(*args)).

@@ -22,18 +22,18 @@ import numpy as np
 
 import convlab as cl
 
-from .. import simgpu, workloads
-from .._limits import GRID_YZ_MAX
-from .._paths import path
-from ..baselines import torch_algorithm
-from ..diagrams import FONT, by_index, draw_grid, new_figure
-from ..measure import call, inputs
+from ..display.diagrams import FONT, by_index, draw_grid, new_figure
+from ..gpu._limits import GRID_YZ_MAX
+from ..gpu._paths import path
+from ..measuring import simgpu, workloads
+from ..measuring.baselines import torch_algorithm
+from ..measuring.cards import ATOMICS, EMU_CONSTANT_ADDRESSES, EMU_CONSTANT_REQUESTS
+from ..measuring.workloads import Workload
 from ..ops import naive
-from ..profile import ATOMICS, EMU_CONSTANT_ADDRESSES, EMU_CONSTANT_REQUESTS
+from ..programs.measure import call, inputs
 from ..teach import checks
 from ..teach.checks import Shape, describe_error, fault_text, nothing_text, say, unfinished
 from ..teach.verdict import NOTHING, Verdict, verdict
-from ..workloads import Workload
 
 ANSWERS = {
     "02.too_big_for_z": ("the z map's failures", lambda: ["lenet_c3", "fa17"]),
@@ -486,7 +486,7 @@ def _timed(log) -> tuple[list, list]:
 
 def check_timing(time_it, *, seed: int | None = None) -> Verdict:
     """time_it(fn, gpu) -> (median ms, 25th, 75th percentile): a timing harness, graded on a
-    simulated GPU (convlab.simgpu.SimGPU) whose kernel's cold-cache time is known, and named by its
+    simulated GPU (convlab.measuring.simgpu.SimGPU) whose kernel's cold-cache time is known, and named by its
     mistake: a host clock read without synchronize, events read before they completed, the first
     (compiling) call timed, too few runs, the flush timed with the kernel, a hot L2, the mean, a
     "median" that is no middle run (named: the fastest, the slowest, the first or last, a
@@ -623,4 +623,4 @@ def _timing_on_gpu(time_it) -> Verdict:
         f"  on {cl.device().name}, chapter 2's flat naive kernel on lenet_c1: time_it {ms:.4g} ms "
         f"(IQR {p25:.4g}–{p75:.4g}), cl.bench {ref.ms:.4g} ms (IQR {ref.p25:.4g}–{ref.p75:.4g})"
         + ("" if agree else ": they disagree by more than their spreads; what does cl.bench do that time_it "
-                            "does not (convlab/bench.py)?")))
+                            "does not (convlab/measuring/bench.py)?")))

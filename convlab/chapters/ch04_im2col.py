@@ -15,8 +15,8 @@ from matplotlib.patches import Rectangle
 
 import convlab as cl
 
-from .. import workloads
-from ..diagrams import FONT, GREY, PALETTE, draw_grid, new_figure, outline
+from ..display.diagrams import FONT, GREY, PALETTE, draw_grid, new_figure, outline
+from ..measuring import workloads
 from ..ops import ceil_div, im2col
 from ..teach import checks
 from ..teach.checks import AWKWARD_SHAPES, checked_launch, describe_error, fault_text, nothing_text, say

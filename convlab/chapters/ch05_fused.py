@@ -14,13 +14,13 @@ from functools import partial
 
 import numpy as np
 
-from .. import workloads
-from ..diagrams import FONT, PALETTE, by_index, draw_grid, light, new_figure, outline
+from ..display.diagrams import FONT, PALETTE, by_index, draw_grid, light, new_figure, outline
+from ..measuring import workloads
+from ..measuring.workloads import Workload
 from ..ops import ceil_div, fused, igemm
 from ..teach import checks
 from ..teach.checks import Shape, describe_error, say, todo_left
 from ..teach.verdict import Verdict
-from ..workloads import Workload
 from .ch02_naive import COUNTER_SHAPE, Targets, conv_counters, measured_targets, multiply_adds, round_up
 
 

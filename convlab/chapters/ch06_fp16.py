@@ -11,8 +11,8 @@ from functools import partial
 import matplotlib.pyplot as plt
 import numpy as np
 
-from .. import workloads
-from ..diagrams import FONT, GREY, PALETTE, WIDTH, draw_grid
+from ..display.diagrams import FONT, GREY, PALETTE, WIDTH, draw_grid
+from ..measuring import workloads
 from ..ops import ceil_div, fp16
 from ..teach import checks
 

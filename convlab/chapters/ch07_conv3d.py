@@ -16,8 +16,8 @@ from matplotlib.patches import Rectangle
 
 import convlab as cl
 
-from .. import workloads
-from ..diagrams import FONT, PALETTE, draw_grid, light, new_figure
+from ..display.diagrams import FONT, PALETTE, draw_grid, light, new_figure
+from ..measuring import workloads
 from ..ops import conv3d
 from ..teach import checks
 from ..teach.checks import Case, run_cases

@@ -16,10 +16,10 @@ import numpy as np
 
 import convlab as cl
 
-from .. import workloads
-from ..diagrams import FONT, GREY, PALETTE, draw_grid, light, new_figure
+from ..display.diagrams import FONT, GREY, PALETTE, draw_grid, light, new_figure
+from ..measuring import workloads
+from ..measuring.cards import ATOMICS
 from ..ops import backprop, ceil_div
-from ..profile import ATOMICS
 from ..teach import checks
 from ..teach.checks import AWKWARD_SHAPES, Case, Shape, describe_error, run_cases
 from ..teach.verdict import Verdict

@@ -14,12 +14,12 @@ import numpy as np
 
 import convlab as cl
 
-from .. import workloads
-from ..diagrams import FONT, GREY, PALETTE, draw_grid, light, new_figure
+from ..display.diagrams import FONT, GREY, PALETTE, draw_grid, light, new_figure
+from ..measuring import workloads
+from ..measuring.workloads import Workload
 from ..teach import checks
 from ..teach.checks import Case, Shape, run_cases
 from ..teach.verdict import Verdict
-from ..workloads import Workload
 
 ANSWERS = {
     "09a_groups_dilation.macs": ("multiply-adds of {0}", lambda name: workloads.get(name).flops // 2),

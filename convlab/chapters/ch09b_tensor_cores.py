@@ -26,10 +26,10 @@ import torch
 
 import convlab as cl
 
-from .. import workloads
-from .._paths import path
-from ..book import Source
-from ..diagrams import FONT, PALETTE, by_index, draw_grid, light, new_figure
+from ..display.book import Source
+from ..display.diagrams import FONT, PALETTE, by_index, draw_grid, light, new_figure
+from ..gpu._paths import path
+from ..measuring import workloads
 from ..ops import tensor_core as tc
 from ..teach.checks import check_value, describe_error, say, unfinished
 from ..teach.verdict import Verdict, as_numpy

@@ -17,11 +17,13 @@ from matplotlib.patches import Rectangle
 
 import convlab as cl
 
-from .. import network, streams, workloads
-from ..diagrams import FONT, GREY, PALETTE, light, new_figure
+from ..display.diagrams import FONT, GREY, PALETTE, light, new_figure
+from ..measuring import workloads
 from ..ops import layers
+from ..programs import network, streams
 from ..teach import checks
-from ..teach.checks import Case, attempt, checked_launch, describe_error, fault_text, nothing_text, run_cases, say, todo_left
+from ..teach.checks import (Case, attempt, checked_launch, describe_error, fault_text, nothing_text, run_cases, say,
+                            todo_left)
 from ..teach.verdict import NOTHING, Verdict, verdict
 
 ANSWERS = {
@@ -31,7 +33,7 @@ ANSWERS = {
 
 check_answer = partial(checks.check_answer, ANSWERS)
 
-#: Exercise 10.2's target, the model time of its 8-chunk schedule (convlab.streams.Model): chapter
+#: Exercise 10.2's target, the model time of its 8-chunk schedule (convlab.programs.streams.Model): chapter
 #: 10's own 8 chunks on streams took 6.39 ms, 1.19x the longer of copy and compute (5.39 ms).
 TARGETS = {"10_streams": {"time over the longer of copy and compute": 1.2}}
 
@@ -250,7 +252,7 @@ def _stream_mistakes(g, chunks: int) -> list:
 
 def check_streams(run, *, name: str = "your schedule") -> Verdict:
     """run(g, images, chunks) -> the logits (host memory) of images (B, 1, S, S, pageable host
-    memory) through chapter 10's network, issued through g, a convlab.streams.Recorder, in
+    memory) through chapter 10's network, issued through g, a convlab.programs.streams.Recorder, in
     `chunks` chunks. Checked on STREAM_CASES: the same logits as the whole batch at once, no races
     (an operation reading memory another stream writes with nothing ordering them, the logits
     read before their copy back is known to be done), then the model time of the 8-chunk

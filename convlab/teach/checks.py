@@ -31,9 +31,9 @@ from dataclasses import dataclass
 
 import convlab as cl
 
-from .. import emu
+from ..gpu import emu
+from ..measuring.workloads import Workload
 from ..ops.fp16 import fp16_tolerance
-from ..workloads import Workload
 from .verdict import NOTHING, Verdict, as_numpy, poison_mask, verdict
 
 
