@@ -189,3 +189,15 @@ def test_glue_stores_a_tables_html(monkeypatch):
     assert kw["metadata"]["scrapbook"]["name"] == "t"
     assert "<table" in table[book.GLUE_PREFIX + "text/html"] and "1.23" in table[book.GLUE_PREFIX + "text/plain"]
     assert number == {book.GLUE_PREFIX + "text/plain": "1.5"}
+
+
+def test_a_figure_made_in_a_fresh_process_imports_a_chapters_function():
+    """figure_on_emulator on a GPU runs `make` in a process of its own: a chapter's figure by its
+    module's import, a notebook's function by its source."""
+    from convlab.chapters import ch12_tf32
+
+    assert book.defining_source(ch12_tf32.error_sweep) == "from convlab.chapters.ch12_tf32 import error_sweep\n"
+
+    def made_here():
+        return 1
+    assert book.defining_source(made_here).startswith("def made_here():")

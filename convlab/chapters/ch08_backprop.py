@@ -7,17 +7,21 @@ atomics and without, dX as a gather and its counters) and answers.
     ch8.check_dw(launch)        # launch(x, dy, dw, stride, pad): the weight gradient into dw
     ch8.check_dx(launch)        # launch(dy, w, dx, stride, pad): the input gradient into dx
     ch8.count_atomics(fn, *args)    # global atomic warp instructions of the kernels fn(*args) launches
+    ch8.dw_bound(n)             # the harness's bound on a dW element, a sum of n products (x its RMS)
 """
 from __future__ import annotations
 
 from functools import partial
 
 import numpy as np
+import torch
+import torch.nn.functional as F
 
 import convlab as cl
 
 from ..display.diagrams import FONT, GREY, PALETTE, draw_grid, light, new_figure
 from ..measuring import workloads
+from ..measuring.baselines import strict_fp32
 from ..measuring.cards import ATOMICS
 from ..ops import backprop, ceil_div
 from ..teach import checks
@@ -139,11 +143,34 @@ def dw_reduction(workload: str = "lenet_c1", sms: int = 132):
     return fig
 
 
+def dw_bound(n: int) -> float:
+    """The bound the measuring harness holds a dW element to, a sum of n products (B·Ho·Wo), as a
+    multiple of the output's RMS: cl.check's share (1e-4), widened to 8·u·sqrt(n) for long sums
+    (u = 2^-24, fp32's unit roundoff; convlab.programs.measure.ROUNDING)."""
+    return max(1e-4, 8 * 2.0 ** -24 * n ** 0.5)
+
+
+def dw_errors(name: str) -> list[dict]:
+    """Our dW (backprop.conv2d_weight_grad_best) and cuDNN's (strict fp32, cudnn.benchmark) of
+    workload `name` at full size against fp64: the largest |error| in units of the output's RMS,
+    beside dw_bound. One row per contender, on a GPU (it names the GPU)."""
+    wl = workloads.get(name)
+    x, dy = cl.randn(*wl.x_shape), cl.randn(*wl.y_shape)
+    kw = {"stride": wl.stride, "padding": wl.padding}
+    ref = torch.nn.grad.conv2d_weight(x.double(), wl.w_shape, dy.double(), **kw)
+    rms = float(ref.pow(2).mean().sqrt())
+    with strict_fp32(benchmark=True):
+        torch.nn.grad.conv2d_weight(x, wl.w_shape, dy, **kw)      # lets cuDNN choose
+        theirs = torch.nn.grad.conv2d_weight(x, wl.w_shape, dy, **kw)
+    ours = backprop.conv2d_weight_grad_best(x, dy, kernel_size=wl.K, **kw)
+    n = wl.B * wl.Ho * wl.Wo
+    return [{"workload": name, "dW": who, "n": n,
+             "max error / RMS": float((out.double() - ref).abs().max()) / rms,
+             "bound / RMS": dw_bound(n), "GPU": torch.cuda.get_device_name()}
+            for who, out in (("ours (pick)", ours), ("cuDNN", theirs))]
+
+
 def _weight_grad_mistakes(x, dy, w_shape, stride: int, pad: int):
-    import torch
-    import torch.nn.functional as F
-
-
     x, dy = x.double().cpu(), dy.double().cpu()
     grad = lambda xx, gy, s=stride, p=pad: cl.ref.conv2d_weight_grad(xx, w_shape, gy, stride=s, padding=p)  # noqa: E731
     yield ("dw[m][c][ky][kx] is flipped: the product for tap (ky, kx) goes to dw[...][K-1-ky][K-1-kx]",
@@ -209,8 +236,6 @@ def _gathered(dy, w, H: int, W: int, stride: int, pad: int, *, sign: int = 1, ks
     oy >= Ho; flip: the mask's tap (K-1-ky, K-1-kx) instead of (ky, kx); last: each element keeps
     its last product (`=` for `+=`). The same for columns. (A kernel that reads outside dy faults:
     check_dx adds a hint to that fault, no output to compare.)"""
-    import torch
-
     dy, w = dy.detach().cpu().double(), w.detach().cpu().double()
     B, M, Ho, Wo = dy.shape
     C, K = w.shape[1], w.shape[-1]

@@ -5,6 +5,7 @@ model fitted to the chapter's measurements) and answer.
 
     from convlab.chapters import ch10_network as ch10
     fig = ch10.fused_epilogue()
+    fig = ch10.stream_timeline(timeline, "ours", ["pinned", "streams, 8 chunks"])   # the streams, op by op
     ch10.check_stage(launch)      # launch(x, w, bias, y): conv, bias, ReLU, 2x2 max pool into y
     ch10.check_streams(run)       # run(g, images, chunks): the network on streams, recorded
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 from functools import partial
 
+import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.patches import Rectangle
 
@@ -162,6 +164,38 @@ def network_timeline(lanes: dict | None = None, *, title: str = ""):
         fig.suptitle(title, fontsize=FONT)
     fig.convlab_data = {"spans": spans, "end_ms": end}
     return fig
+
+
+def stream_timeline(timeline, who: str, modes):
+    """Figure: one panel per mode (of the end-to-end runs' `timeline` rows: who, mode, stream,
+    chunk, start ms, end ms), its copies in, computes and copies out as bars on three rows, from
+    the first copy's start. What to see: pinned copies one after another, then the chunks of the
+    streamed modes overlapping copy and compute."""
+    colors = {"copy in": "tab:blue", "compute": "tab:orange", "copy out": "tab:green"}
+    fig, axes = plt.subplots(len(modes), 1, figsize=(7.5, 0.6 + 1.0 * len(modes)),
+                             sharex=True,
+                             layout="constrained")
+    for ax, mode in zip(axes, modes):
+        sub = timeline[(timeline["who"] == who) & (timeline["mode"] == mode)]
+        for y, stream in enumerate(("copy in", "compute", "copy out")):
+            spans = sub[sub["stream"] == stream]
+            ax.broken_barh(list(zip(spans["start ms"],
+                                    spans["end ms"] - spans["start ms"])),
+                                    (y - 0.4, 0.8),
+                           facecolors=colors[stream], edgecolors="white")
+        ax.set_yticks(range(3), ["copy in", "compute", "copy out"])
+        ax.invert_yaxis()
+        ax.set_title(mode, fontsize=9, loc="left")
+    axes[-1].set_xlabel("ms from the first copy's start (CUDA events per stream)")
+    return fig
+
+
+def both_layers(df, impl: str, dtype: str = "fp32") -> tuple[float, float]:
+    """The forward ms of implementation `impl` on lenet_c1 and on lenet_c3 in result rows df (NaN
+    where it has none): the class project's two convolutions."""
+    sub = df[(df["impl"] == impl) & (df["dtype"] == dtype) & (df["pass"] == "forward")]
+    ms = sub.set_index("workload")["ms"]
+    return ms.get("lenet_c1", float("nan")), ms.get("lenet_c3", float("nan"))
 
 
 #: Shapes (B, C, M, H, W, K) of a conv + bias + ReLU + 2x2 max pool stage: odd conv outputs (the

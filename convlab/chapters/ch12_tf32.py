@@ -1,19 +1,111 @@
 """Chapter 12, fp32 on the tensor cores (book/12_tf32.ipynb, kernels/12_tf32/, convlab.ops.tf32):
-exercise 12.1's check of the 3xTF32 split (part 1) and its three products (part 2).
+its figures (the split's bits, the error of each way of adding a sum against n) and exercise 12.1's
+check of the 3xTF32 split (part 1) and its three products (part 2).
 
     from convlab.chapters import ch12_tf32 as ch12
+    fig = ch12.bit_figure()           # x, hi and lo bit by bit
+    fig = book.figure_on_emulator(ch12.error_sweep)   # fp32, TF32 and 3xTF32 errors against n
     ch12.check_tf32_split(mod, 1)     # split_values: hi and lo, bit for bit
     ch12.check_tf32_split(mod, 2)     # product3: within 3xTF32's bound of the float64 product
 """
 from __future__ import annotations
 
+import math
+
+import matplotlib.pyplot as plt
 import numpy as np
+import seaborn as sns
+import torch
 
 import convlab as cl
 
+from ..display import plots
 from ..ops.tf32 import round_tf32, split_tf32, tf32_tolerance
 from ..teach.checks import checked_launch, describe_error, fault_text, say, unfinished
 from ..teach.verdict import Verdict
+
+
+def bits(v) -> int:
+    """The 32 bits of v as a float32, as an int."""
+    return int(np.array([v], np.float32).view(np.uint32)[0])
+
+
+def bit_figure(x=np.float32(1 / 3)):
+    """Figure: x's 32 bits, hi = tf32(x)'s and lo = tf32(x - hi)'s, the bits TF32 keeps coloured by
+    field (sign, exponent, 10 bits of mantissa) and the 13 it drops grey. convlab_data: x, hi, lo,
+    what the split leaves out (rest) and how many binades lo sits below hi (shift)."""
+    hi, lo = (float(t) for t in split_tf32(torch.tensor([x])))
+    rows = [("x (fp32)", float(x), 32), ("hi = tf32(x)", hi, 19),
+            ("lo = tf32(x - hi)", lo, 19)]
+    pal = sns.color_palette("colorblind", 4)
+    fig, ax = plt.subplots(figsize=(plots.PAGE_WIDTH_IN, 2.6), layout="constrained")
+    for r, (name, v, kept) in enumerate(rows):
+        b = bits(v)
+        for i in range(32):
+            bit = (b >> (31 - i)) & 1
+            field = 0 if i == 0 else 1 if i < 9 else 2
+            color = pal[field] if i < kept else (0.88, 0.88, 0.88)
+            ax.add_patch(plt.Rectangle((i, r), 0.92, 0.8, color=color, alpha=0.9))
+            ax.text(i + 0.46, r + 0.42, str(bit), ha="center", va="center", fontsize=8,
+                    color="white" if i < kept and field != 2 else "black")
+        ax.text(-0.6, r + 0.42, name, ha="right", va="center", fontsize=9)
+        ax.text(32.4, r + 0.42, f"{v:.10g}", ha="left", va="center", fontsize=9)
+    for x0, x1, label in ((0, 1, "sign"), (1, 9, "exponent (8)"),
+                          (9, 19, "mantissa: 10 kept"),
+                          (19, 32, "13 dropped")):
+        ax.text((x0 + x1) / 2 - 0.04, -0.25, label, fontsize=8, va="bottom",
+                ha="center")
+    ax.set_xlim(-9, 38)
+    ax.set_ylim(3, -0.6)
+    ax.axis("off")
+    fig.convlab_data = {"x": float(x), "hi": hi, "lo": lo, "rest": float(x) - hi - lo,
+                        "shift": math.frexp(hi)[1] - math.frexp(lo)[1]}
+    return fig
+
+
+#: error_sweep's reductions: n products in each output's sum.
+SWEEP_KS = (64, 256, 1024, 4096, 16384)
+#: error_sweep's ways of adding them: (products per multiply: 0 CUDA cores' FMA, 1 TF32, 3 the
+#: 3xTF32 split; 1: each tensor-core step's sum added to an fp32 accumulator, 0: chained in the
+#: tensor core), as kernels/12_tf32/tf32_dot.cu takes them.
+SWEEP_WAYS = {"fp32 (CUDA cores)": (0, 0), "TF32": (1, 1), "3xTF32": (3, 1),
+              "3xTF32, chained in the tensor core": (3, 0)}
+
+
+def error_sweep(ks=SWEEP_KS):
+    """Figure: on the emulator (its tensor cores add as the GPU's), the RMS error over RMS(ref) of
+    one warp's 16 x 8 outputs, each a sum of n products (n in ks), for each way of adding them
+    (SWEEP_WAYS), beside the derived errors of TF32 and fp32. convlab_data: n (ks) and errors
+    {way: [error per n]}."""
+    KS = list(ks)
+    dot = cl.load("kernels/12_tf32/tf32_dot.cu")
+    errors = {name: [] for name in SWEEP_WAYS}
+    for K in KS:
+        cl.seed(K)
+        A, B = cl.randn(16, K), cl.randn(8, K)
+        ref = A.double() @ B.double().T
+        rms = float(ref.pow(2).mean().sqrt())
+        for name, (products, promote) in SWEEP_WAYS.items():
+            D = cl.empty(16, 8)
+            dot.kernel("tf32_dot")(A, B, D, K, products, promote, grid=1, block=32)
+            errors[name].append(float((D.double() - ref).pow(2).mean().sqrt()) / rms)
+    fig, ax = plt.subplots(figsize=(plots.PAGE_WIDTH_IN, 3.8), layout="constrained")
+    pal = sns.color_palette("colorblind", 5)
+    for (name, e), c, m in zip(errors.items(), pal, "osD^"):
+        ax.plot(KS, e, marker=m, color=c, label=f"{name}, measured")
+    n = np.array(KS, float)
+    ax.plot(n, np.full_like(n, 2.0 ** -11 * math.sqrt(2 / 3)), "--", color=pal[1], lw=1,
+            label=r"TF32, derived: $2^{-11}\sqrt{2/3}$")
+    ax.plot(n, 2.0 ** -24 * np.sqrt(n / 6), "--", color=pal[0], lw=1,
+            label=r"fp32, derived: $2^{-24}\sqrt{n/6}$")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("n, the products in each output's sum")
+    ax.set_ylabel("RMS error / RMS of the output")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8, frameon=False)
+    ax.set_title("one warp's sums on the emulator, against float64", fontsize=10)
+    fig.convlab_data = {"n": KS, "errors": errors}
+    return fig
 
 
 #: Exercise 12.1, part 1's values: ties (low 13 bits 0x1000), just below and above them, a carry into

@@ -71,13 +71,23 @@ def on_emulator(demo: Callable[[], object] | str, timeout: float = 600) -> None:
         print(done.stderr, end="", file=sys.stderr)
 
 
+def defining_source(fn: Callable) -> str:
+    """Python source that defines `fn` in a fresh process: the import of a function of convlab's
+    own modules (a chapter's figure), else fn's own source (a notebook's function)."""
+    module = getattr(fn, "__module__", "") or ""
+    if module.split(".")[0] == "convlab" and fn.__qualname__ == fn.__name__:
+        return f"from {module} import {fn.__name__}\n"
+    return textwrap.dedent(inspect.getsource(fn))
+
+
 def figure_on_emulator(make: Callable[[], object], timeout: float = 600):
     """The matplotlib Figure that `make()` returns, made on the CPU emulator.
 
     For pictures of a launch (cl.draw, cl.trace): the emulator records every access, a GPU does
     not. On the emulator `make` simply runs here; elsewhere it runs in a fresh Python process with
     CONVLAB_BACKEND=emu (as on_emulator: `make` is a function that takes no arguments and imports
-    what it uses), and the figure comes back pickled, its `convlab_data` included.
+    what it uses, or a function of a module there, such as a chapter's, which is imported), and the
+    figure comes back pickled, its `convlab_data` included.
     """
     if runtime.device().backend == "emu":
         return make()
@@ -88,7 +98,7 @@ def figure_on_emulator(make: Callable[[], object], timeout: float = 600):
 
     with tempfile.TemporaryDirectory(prefix="convlab-figure-") as folder:
         out = Path(folder) / "figure.pickle"
-        body = textwrap.dedent(inspect.getsource(make))
+        body = defining_source(make)
         on_emulator(f"{body}\nimport pickle\nwith open({str(out)!r}, 'wb') as f:\n"
                     f"    pickle.dump({make.__name__}(), f)\n", timeout=timeout)
         with out.open("rb") as f:
