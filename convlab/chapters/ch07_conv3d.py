@@ -4,6 +4,7 @@ kernel against fp64, then its counters) and answer.
 
     from convlab.chapters import ch07_conv3d as ch7
     fig = ch7.conv3d_window()
+    fig = book.figure_on_emulator(ch7.tiled_load_lanes)   # conv3d_tiled's lanes per load trip, traced
     ch7.check_conv3d(launch, K)                                    # launch(x, w, y), single channel
     ch7.check_conv3d_counters(launch, K, ch7.check_targets("07"))
 """
@@ -11,11 +12,14 @@ from __future__ import annotations
 
 from functools import partial
 
+import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.colors import ListedColormap
 from matplotlib.patches import Rectangle
 
 import convlab as cl
 
+from ..display import plots
 from ..display.diagrams import FONT, PALETTE, draw_grid, light, new_figure
 from ..measuring import workloads
 from ..ops import conv3d
@@ -75,6 +79,47 @@ def conv3d_window(workload: str = "conv3d"):
     fig.convlab_data = {"workload": workload, "config": cfg, "held": held, "planes_read": planes,
                         "planes_per_output": per_output, "naive_planes_per_output": KZ,
                         "window": int(held.sum(axis=0).max()), "accumulators": KZ * cfg["TX"] * cfg["TY"]}
+    return fig
+
+
+def tiled_load_lanes():
+    """Figure: conv3d_tiled on a volume as wide as the challenge's (W = 128: four blocks along x,
+    the last at the edge), one block high and deep, traced on the emulator (every access of two
+    blocks): for each warp, the lanes active in each trip of the tile's load loop and in the
+    output's store. What to see: inside the volume every trip's warps load with all 32 lanes; at
+    the edge along x part of them are off. convlab_data: lanes {blockIdx.x: (16 warps, 5 trips +
+    the store)}, columns."""
+    x, w = cl.randn(8, 8, 128), cl.randn(5, 5, 5)
+    acc = cl.trace(conv3d.conv3d_tiled, x, w, blocks=[(0, 0, 0), (3, 0, 0)]).accesses
+    glob = acc[acc["space"] == "global"]
+    fig, axes = plt.subplots(1, 2, figsize=(plots.PAGE_WIDTH_IN, 3.9), sharey=True,
+                             layout="constrained")
+    # no request, lanes off, 32 lanes
+    colours = ListedColormap(["white", "#f4a259", "#b8d8be"])
+    data = {}
+    for ax, bx in zip(axes, (0, 3)):
+        blk = glob[glob["bx"] == bx]
+        lanes = np.zeros((16, 6), int)
+        reads = blk[blk["access"] == "read"].groupby(["warp", "request"])["lane"].nunique()
+        for warp, per_trip in reads.groupby(level=0):
+            lanes[warp, :len(per_trip)] = per_trip.to_numpy()
+        stores = blk[blk["access"] == "write"].groupby("warp")["lane"].nunique()
+        lanes[:, 5] = stores.reindex(range(16), fill_value=0).to_numpy()
+        kind = np.where(lanes == 0, 0, np.where(lanes < 32, 1, 2))
+        ax.imshow(kind, cmap=colours, vmin=0, vmax=2, aspect="auto")
+        for (r, c), v in np.ndenumerate(lanes):
+            if v:
+                ax.text(c, r, str(v), ha="center", va="center", fontsize=8)
+        ax.axvline(4.5, color="black", lw=1.5)
+        ax.set_xticks(range(6), ["1", "2", "3", "4", "5", "store"], fontsize=9)
+        ax.set_xlabel("load loop trip (global loads)  |  output store", fontsize=9)
+        ax.set_title(f"blockIdx.x = {bx}" + (" (inside the volume)" if bx == 0 else " (the edge along x)"),
+                     fontsize=10)
+        data[bx] = lanes
+    axes[0].set_yticks(range(16), [f"warp {w}" for w in range(16)], fontsize=8)
+    fig.convlab_data = {
+        "lanes": data,
+        "columns": ["trip 1", "trip 2", "trip 3", "trip 4", "trip 5", "store"]}
     return fig
 
 

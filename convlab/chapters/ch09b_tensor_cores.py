@@ -5,6 +5,7 @@ fragments lane by lane, 9b.2's swizzle graded on the emulator's bank conflicts a
 
     from convlab.chapters import ch09b_tensor_cores as ch9b
     fig = ch9b.mma_fragments()
+    fig = ch9b.pipeline_figure(stages=3, steps=6)     # what each shared buffer holds, step by step
     ch9b.check_fragment("A fragment", regs, a_element, "A")   # a warp's registers against a layout
     ch9b.check_placement("D", D, d_element)                   # where each lane's d[i] went
     ch9b.check_swizzle(module)          # exercise 9b.2: swz() of a %%cuda module (BK=64 and BK=32 builds)
@@ -19,13 +20,16 @@ the tile's (a swizzle that sends two chunks of a row to one slot loses one of th
 from __future__ import annotations
 
 import functools
+import json
 
+import matplotlib.pyplot as plt
 import numpy as np
 import seaborn as sns
 import torch
 
 import convlab as cl
 
+from ..display import plots
 from ..display.book import Source
 from ..display.diagrams import FONT, PALETTE, by_index, draw_grid, light, new_figure
 from ..gpu._paths import path
@@ -199,6 +203,71 @@ def check_placement(name: str, out, element, *, todo=None) -> Verdict:
     belongs = int(want[r, c])
     return say(False, f"✗ {name}[{r}][{c}] holds {has}; the layout puts lane {belongs // 4}'s d[{belongs % 4}] "
                        f"there ({len(bad)} of {got.size} wrong)")
+
+
+def pipeline_figure(stages: int, steps: int):
+    """Figure: which tile each of the `stages` shared buffers holds at each step of
+    conv2d_mma.cu's main loop (after its prologue), and whether it is being copied (cp.async in
+    flight), multiplied (ldmatrix + mma.sync) or waits, landing or landed. What to see: while one
+    buffer is multiplied, stages - 1 tiles are already on their way. convlab_data: cells
+    {(buffer, column): (tile, "copy" | "mma" | "wait")}."""
+    fig, ax = plt.subplots(figsize=(plots.PAGE_WIDTH_IN, 0.55 * stages + 1.6),
+                           layout="constrained")
+    copy_c, mma_c = sns.color_palette("colorblind", 2)
+    cols = ["prologue"] + [f"step {t}" for t in range(steps)]
+    cells = {}
+    for b in range(stages):
+        for j, _ in enumerate(cols):
+            # the step; the prologue copies tiles 0..stages-2
+            t = j - 1
+            if t < 0:
+                tile, what = (b, "copy") if b < stages - 1 else (None, None)
+            elif b == t % stages:
+                tile, what = t, "mma"
+            elif b == (t + stages - 1) % stages:
+                tile, what = t + stages - 1, "copy"
+            else:                           # a tile copied earlier, landing or landed
+                tile = next(k for k in range(t + 1, t + stages) if k % stages == b)
+                what = "wait"
+            if tile is None:
+                continue
+            cells[b, cols[j]] = (tile, what)
+            color = {"copy": copy_c, "mma": mma_c, "wait": (0.85, 0.85, 0.85)}[what]
+            ax.add_patch(plt.Rectangle((j + 0.04, b + 0.08), 0.92, 0.84, color=color))
+            label = {"copy": f"copy {tile}", "mma": f"mma {tile}",
+                     "wait": f"tile {tile}"}[what]
+            ax.text(j + 0.5, b + 0.5, label, ha="center", va="center", fontsize=9,
+                    color="white" if what == "mma" else "black")
+    ax.set_xlim(0, len(cols))
+    ax.set_ylim(stages, 0)
+    ax.set_xticks([j + 0.5 for j in range(len(cols))], cols)
+    ax.set_yticks([b + 0.5 for b in range(stages)],
+                  [f"buffer {b}" for b in range(stages)])
+    ax.tick_params(length=0)
+    for s in ax.spines.values():
+        s.set_visible(False)
+    ax.set_title(f"{stages}-stage cp.async pipeline: copies issued (blue), tiles multiplied (orange)")
+    fig.convlab_data = {"cells": cells}
+    return fig
+
+
+def swizzle_counts() -> None:
+    """Prints, as JSON {"True": [...], "False": [...]}, the shared-load bank conflicts and shared-load
+    instructions of conv2d_mma on resnet's small twin with the swizzle on and off (SWIZZLE=0), on
+    the emulator's counters (run it there: book.on_emulator(swizzle_counts))."""
+    s = workloads.get("resnet").small()
+    x = cl.randn(*s.x_shape,
+                 dtype=torch.float16).contiguous(memory_format=torch.channels_last)
+    w = cl.randn(*s.w_shape,
+                 dtype=torch.float16).contiguous(memory_format=torch.channels_last)
+    out = {}
+    for on in (True, False):
+        card = cl.profile(tc.MMA.launcher, x, w, **s.conv_kwargs(), swizzle=on)
+        k = card.kernel("conv2d_mma")
+        out[str(on)] = [
+            k.value("l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum"),
+            k.value("smsp__inst_executed_op_shared_ld.sum")]
+    print(json.dumps(out))
 
 
 #: The tile the harness stores and reads back: ROWS rows of BK halves, each read by ldmatrix.x4

@@ -46,13 +46,14 @@ def on_emulator(demo: Callable[[], object] | str, timeout: float = 600) -> None:
     the fault, a GPU may not, so these run on the emulator wherever the notebook runs, and the
     page a GPU run leaves shows the emulator's real message. `demo` is a function that takes no
     arguments and imports what it uses (only its source travels: the notebook's variables stay
-    behind), or Python source. The process runs in the notebook's folder with
+    behind), a function of convlab's own modules (imported there: defining_source), or Python
+    source. The process runs in the notebook's folder with
     CONVLAB_BACKEND=emu and no GPU visible. If the demonstration itself fails, RuntimeError
     carries its output.
     """
     if callable(demo):
         try:
-            code = textwrap.dedent(inspect.getsource(demo)) + f"\n{demo.__name__}()\n"
+            code = defining_source(demo) + f"\n{demo.__name__}()\n"
         except (OSError, TypeError):
             raise TypeError(f"on_emulator({demo!r}): its source cannot be found; define it with `def` "
                             "in a notebook cell or a file, or pass the code as a string") from None
