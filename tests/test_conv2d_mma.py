@@ -144,7 +144,7 @@ def test_default_split_k_runs():
     _check(tc.conv2d_mma(x, w, bias=b, padding=1, **t), _reference(x, w, b, padding=1), 64, 3, 3)
     tc.conv2d_mma(x, w, padding=1, **SMALL)
     small = tuple(SMALL.get(n) for n in tc.TUNABLES)             # SMALL's tile, SPLIT_K left out
-    (plan,) = [v for k, v in tc._plans.items() if k[:2] == ((1, 64, 4, 4), (16, 64, 3, 3)) and k[-1] == small]
+    (plan,) = [v for k, v in tc._plans.items() if k[:2] == ((1, 64, 4, 4), (16, 64, 3, 3)) and k[-2] == small]
     assert plan.gemm.reduce is None and plan.gemm.launch.grid[1] == 1     # SPLIT_K 1: no reducing pass
 
 
