@@ -13,7 +13,7 @@ Routes, each checked against an fp64 reference first:
   (chunks=1 for the direct reduction, splits=1 for the GEMM), its sums written straight into dW.
 Per route: launches, gpu_us (events with the GPU held: the kernels' own time), caller_us (events
 around one call with nothing held: what a caller waits, launches included), host_us
-(convlab.bench.time_host: wall time per call in a loop of calls while the GPU sleeps, the Python
+(convlab.measuring.bench.time_host: wall time per call in a loop of calls while the GPU sleeps, the Python
 and the driver's enqueue). The L2 is not flushed: a training step's small layer finds its tensors
 there. On a GPU the rows go to
 benchmarks/results/backward_launches_<GPU>.csv.
@@ -33,9 +33,9 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import convlab as cl  # noqa: E402
-from convlab.bench import count_launches, time_caller, time_gpu, time_host  # noqa: E402
+from convlab.measuring.bench import count_launches, time_caller, time_gpu, time_host  # noqa: E402
+from convlab.measuring.workloads import Workload  # noqa: E402
 from convlab.ops import backprop, igemm  # noqa: E402
-from convlab.workloads import Workload  # noqa: E402
 
 CHANNELS = ((4, 8), (8, 16), (16, 32), (32, 64))
 BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)

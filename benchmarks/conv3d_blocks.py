@@ -2,7 +2,7 @@
 """The conv3d article's 8x8x8 blocks against chapter 7's 32-wide rows: chapter 7's shared-tile kernel
 (conv3d.TILED, kernels/07_conv3d/conv3d_tiled.cu) on the LeetGPU challenge with blocks of
 TX x TY x TZ = 32x4x4 (the chapter's) and 8x8x8 (the article's), each checked against the fp64
-reference, then timed through the book's harness (convlab.measure.sweep). Beside each time, the
+reference, then timed through the book's harness (convlab.programs.measure.sweep). Beside each time, the
 global load sectors per request of one call, from ncu on a GPU (cl.profile) and from the emulator's
 counters with --emu-smoke. Chapter 7 glues the result (book/07_conv3d.ipynb, step 2b).
 
@@ -28,8 +28,8 @@ def measure(reps: int):
     import pandas as pd
 
     import convlab as cl
-    from convlab import measure as M
-    from convlab import workloads
+    from convlab.programs import measure as M
+    from convlab.measuring import workloads
     from convlab.ops import conv3d
 
     wl = workloads.get("conv3d")

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Depthwise layers (convlab.workloads.DEPTHWISE_LAYERS: MobileNetV2 3x3, ConvNeXt 7x7): every
+"""Depthwise layers (convlab.measuring.workloads.DEPTHWISE_LAYERS: MobileNetV2 3x3, ConvNeXt 7x7): every
 config of our two depthwise kernels checked, then timed, against torch at its best and the memory
-floor, through the book's harness (convlab.measure).
+floor, through the book's harness (convlab.programs.measure).
 
     python benchmarks/depthwise_layers.py                        # every layer, fp32 and fp16
     python benchmarks/depthwise_layers.py --layers convnext_dw7_56 --dtypes fp16 --reps 50
@@ -14,17 +14,17 @@ Per layer and dtype (edit CONFIGS below to try others):
   of CONFIGS["nchw"] by measure.sweep;
 - ours NHWC: depthwise.conv2d_depthwise_nhwc (conv2d_depthwise_nhwc.cu, depthwise.DEPTHWISE_NHWC)
   on channels_last inputs, its default and CONFIGS["nhwc"] likewise;
-- torch from convlab.baselines: NCHW and channels_last, cudnn.benchmark on, TF32 off, each timed in
+- torch from convlab.measuring.baselines: NCHW and channels_last, cudnn.benchmark on, TF32 off, each timed in
   a fresh process, "torch best" the faster.
 Every output is first checked against an fp64 reference (written into NaN-filled outputs on the
 emulator, so an element never written fails): a wrong one stops the script.
 
-These layers are memory-bound: the floor (convlab.roofline: the bytes of x, w and y at the copy
+These layers are memory-bound: the floor (convlab.measuring.roofline: the bytes of x, w and y at the copy
 bandwidth measured on this GPU) bounds every kernel; each row prints its GB/s and its fraction of
 the floor. Per layer and dtype: torch best beside our two defaults and our fastest config;
 geometric means of torch best / ours (above 1: ours faster).
 
-On a GPU the rows (convlab.results' columns and the tunables) go to
+On a GPU the rows (convlab.measuring.results' columns and the tunables) go to
 benchmarks/results/depthwise_layers_<GPU>.csv (--out: another folder).
 """
 from __future__ import annotations
@@ -39,8 +39,9 @@ if str(ROOT) not in sys.path:
 
 import convlab as cl  # noqa: E402
 from benchmarks import sweep_tables as st  # noqa: E402
-from convlab import measure, results, workloads  # noqa: E402
+from convlab.measuring import results, workloads  # noqa: E402
 from convlab.ops import depthwise  # noqa: E402
+from convlab.programs import measure
 
 # Tunables tried besides each launcher's default. Keys: the launchers' keywords.
 CONFIGS = {
@@ -121,7 +122,7 @@ def main(argv=None) -> int:
     layers = [w for w in workloads.DEPTHWISE_LAYERS if not names or w.name in names]
     roof = None
     if gpu:
-        from convlab import roofline
+        from convlab.measuring import roofline
 
         roof = roofline.current()
 

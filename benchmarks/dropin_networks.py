@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The drop-in as users call it (convlab.ops.dropin.conv2d, the arguments of F.conv2d) on every
 convolution of ResNet-50, VGG-16, MobileNetV3-Large, EfficientNet-B0 and Stable Diffusion v1.5's
-UNet res-blocks (convlab.network_layers: each distinct layer once, with how often the network has
+UNet res-blocks (convlab.measuring.network_layers: each distinct layer once, with how often the network has
 it), beside torch at its best.
 
     source .gpu/setup.sh && python benchmarks/dropin_networks.py            # on a GPU; writes to $OUT
@@ -11,7 +11,7 @@ it), beside torch at its best.
 
 Per layer, network, dtype (fp16, bf16, fp32), pass (forward; forward+backward: autograd.grad of
 x, w and the bias) and batch (32, then 1 and 256), four contenders timed in turns, call by call
-(convlab.bench.time_alternating): ours from NCHW x and from channels_last x (w in x's layout, as a
+(convlab.measuring.bench.time_alternating): ours from NCHW x and from channels_last x (w in x's layout, as a
 model moved to channels_last holds it; what the call does beside our kernels, inside its time, is
 the `adds` column: "x" converted to the layout the kernel reads and "y" back, "bias" added by
 torch, and for the gradients "dy" (and "x" for dW) converted), torch from NCHW and from
@@ -56,9 +56,9 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import convlab as cl  # noqa: E402
-from convlab import network_layers  # noqa: E402
-from convlab.network_layers import summary  # noqa: E402
-from convlab.bench import time_alternating  # noqa: E402
+from convlab.measuring import network_layers  # noqa: E402
+from convlab.measuring.bench import time_alternating  # noqa: E402
+from convlab.measuring.network_layers import summary  # noqa: E402
 from convlab.ops import FORMATS, Impl, dispatch, dropin  # noqa: E402
 from convlab.ops.shapes import DTYPE  # noqa: E402
 

@@ -1,7 +1,7 @@
 """How fast is the CPU emulator? Prints the figures the course promises students on a 2-core
 machine: one launch of a teaching-size tiled conv2d (B=4, C=3, M=8, 64x64, K=5, 16x16 tiles with
 halo and __syncthreads), the same launch without a barrier, an exercise-size check (the six
-awkward shapes of convlab.exercise through chapter 3's tiled kernel) with and without the race
+awkward shapes of convlab.teach.checks through chapter 3's tiled kernel) with and without the race
 detector, a cached module load and a cold compile. Emulator times say nothing about a GPU.
 
     python benchmarks/emulator.py
@@ -17,7 +17,8 @@ os.environ["CONVLAB_BACKEND"] = "emu"
 os.environ["CONVLAB_CACHE"] = tempfile.mkdtemp(prefix="convlab-bench-")   # so the first load is cold
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import convlab as cl  # noqa: E402
-import convlab.exercise as ex  # noqa: E402
+import convlab.teach.checks as ex  # noqa: E402
+import convlab.teach.verdict as vd  # noqa: E402
 from convlab.ops import tiled  # noqa: E402
 
 KERNEL = Path(__file__).with_name("emulator_tiled.cu")
@@ -41,8 +42,8 @@ def exercise_check(detect: bool):
         x, w = cl.randn(shape.B, shape.C, shape.H, shape.W), cl.randn(shape.M, shape.C, shape.K, shape.K)
         y = cl.empty(shape.B, shape.M, shape.Ho, shape.Wo)
         with cl.detect_races(detect):
-            tiled.conv2d_tiled_input_block(x, w, y, stride=shape.stride, padding=shape.pad, IN_TILE=16)
-        ok, text = ex.verdict(y, cl.ref.conv2d(x, w, stride=shape.stride, padding=shape.pad))
+            tiled.conv2d_tiled_input_block(x, w, y, stride=shape.stride, padding=shape.padding, IN_TILE=16)
+        ok, text = vd.verdict(y, cl.ref.conv2d(x, w, stride=shape.stride, padding=shape.padding))
         assert ok, text
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Chapter 9's fp32 implicit GEMM (convlab.ops.igemm) on the standard ResNet/VGG layers
-(convlab.workloads.GEMM_LAYERS): every tile and split-K candidate checked, then timed, against
-torch at its best and chapter 5's best, through the book's harness (convlab.measure).
+(convlab.measuring.workloads.GEMM_LAYERS): every tile and split-K candidate checked, then timed, against
+torch at its best and chapter 5's best, through the book's harness (convlab.programs.measure).
 
     python benchmarks/f32_layers.py                         # every layer, every candidate
     python benchmarks/f32_layers.py --layers resnet_3x3_7,resnet_stem_7x7_s2
@@ -12,7 +12,7 @@ torch at its best and chapter 5's best, through the book's harness (convlab.meas
 
 Per layer: ours (igemm.IGEMM_F32) swept (measure.sweep) over igemm_config's choice and every
 tile x split of TILES and SPLITS below; chapter 5's pick (fused.conv2d_best) and torch from
-convlab.baselines (cudnn.benchmark on, TF32 off, NCHW and channels_last, each timed in a fresh
+convlab.measuring.baselines (cudnn.benchmark on, TF32 off, NCHW and channels_last, each timed in a fresh
 process, "torch best" the faster), through measure.run. Every output is first checked against an
 fp64 reference: a wrong one stops the script. Each call of ours makes the K-major mask first (a
 copy kept per weight tensor would miss changes made through w.data); the time to make it is also
@@ -24,7 +24,7 @@ and chapter 5's best; geometric means of torch best / ours (above 1: ours faster
 each layer's fastest candidate: paste it into convlab/ops/igemm.py (TUNED) to make igemm_config
 choose those, or adjust the rule in igemm_config where the winners show a pattern.
 
-On a GPU the rows (convlab.results' columns and the tunables BM ... SPLIT) go to
+On a GPU the rows (convlab.measuring.results' columns and the tunables BM ... SPLIT) go to
 benchmarks/results/f32_layers_<GPU>.csv (--out: another folder).
 """
 from __future__ import annotations
@@ -39,8 +39,9 @@ if str(ROOT) not in sys.path:
 
 import convlab as cl  # noqa: E402
 from benchmarks import sweep_tables as st  # noqa: E402
-from convlab import measure, results, workloads  # noqa: E402
+from convlab.measuring import results, workloads  # noqa: E402
 from convlab.ops import Impl, ceil_div, fused, igemm  # noqa: E402
+from convlab.programs import measure
 
 # Tile candidates (BM, BN, BK, WM, WN, MIN_BLOCKS); each is tried with every split in SPLITS that
 # leaves at least 4 steps per split (splits > 1 only where the tile grid is under 4 blocks per SM).
@@ -193,7 +194,7 @@ def main(argv=None) -> int:
     sms = cl.device().threads if gpu else igemm.SMS            # as igemm_config counts them
     roof = None
     if gpu:
-        from convlab import roofline
+        from convlab.measuring import roofline
 
         roof = roofline.current()
 

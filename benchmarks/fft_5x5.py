@@ -9,7 +9,7 @@ fp32 (TF32 off), NCHW:
 - "heuristic": cudnn.benchmark off, cuDNN takes its heuristics' first choice without timing.
 
 Each row names the kernels the timed call ran (torch.profiler) and the algorithm they show
-(convlab.baselines.torch_algorithm). Chapter 8 glues the dX rows (book/08_backprop.ipynb, "What
+(convlab.measuring.baselines.torch_algorithm). Chapter 8 glues the dX rows (book/08_backprop.ipynb, "What
 torch runs").
 
     python benchmarks/fft_5x5.py                     # on a GPU: benchmarks/results/fft_5x5_<GPU>.csv
@@ -39,9 +39,9 @@ def worker(choice: str, workload: str, reps: int) -> dict:
     import torch
 
     import convlab as cl
-    from convlab import workloads
-    from convlab.baselines import torch_algorithm
-    from convlab.bench import bench, strict_fp32, time_gpu
+    from convlab.measuring import workloads
+    from convlab.measuring.baselines import torch_algorithm
+    from convlab.measuring.bench import bench, strict_fp32, time_gpu
 
     wl = workloads.get(workload)
     if cl.backend() != "cuda":

@@ -43,11 +43,11 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import convlab as cl  # noqa: E402
-from convlab import results, workloads  # noqa: E402
-from convlab.bench import time_caller, time_gpu  # noqa: E402  (convlab.bench, the name, is cl.bench)
+from convlab.measuring import results, workloads  # noqa: E402
+from convlab.measuring.bench import (time_caller, time_gpu)  # noqa: E402  (convlab.measuring.bench, the name, is cl.bench)
+from convlab.measuring.workloads import Workload  # noqa: E402
 from convlab.ops import dispatch, dropin  # noqa: E402
 from convlab.ops.tf32 import check_tf32  # noqa: E402
-from convlab.workloads import Workload  # noqa: E402
 
 #: conv2d_v2's benchmarks, in its order (size, kernel size, channels, batch, seed); the last one ranked
 BOARD_SPECS = [(128, 8, 64, 4, 54352), (128, 16, 64, 4, 93246), (256, 16, 128, 2, 6256), (256, 16, 128, 2, 8841),

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The drop-in conv2d (convlab.ops.dispatch.pick()'s kernel) on the layers modern networks use
-(convlab.workloads.LAYERS: depthwise 3x3 and 7x7, grouped, dilated, non-square and standard layers),
-against torch at its best: the book's own harness (convlab.measure), printed as a table.
+(convlab.measuring.workloads.LAYERS: depthwise 3x3 and 7x7, grouped, dilated, non-square and standard layers),
+against torch at its best: the book's own harness (convlab.programs.measure), printed as a table.
 
     python benchmarks/general_layers.py                         # every layer, fp32 and fp16, forward
     python benchmarks/general_layers.py --all                   # + every kernel that takes each layer
@@ -12,7 +12,7 @@ against torch at its best: the book's own harness (convlab.measure), printed as 
     CONVLAB_BACKEND=emu python benchmarks/general_layers.py     # emulator: small twins, checks only
 
 Every output is checked against an fp64 reference before it is timed (fp16: chapter 6's derived
-bound). torch's rows come from convlab.baselines: cudnn.benchmark on, TF32 off, NCHW and
+bound). torch's rows come from convlab.measuring.baselines: cudnn.benchmark on, TF32 off, NCHW and
 channels_last, each timed in a fresh process, "torch best" the faster. speedup = torch best / ours
 (GPU time). On a GPU the rows also go to benchmarks/results/general_layers_<GPU>.csv.
 """
@@ -30,9 +30,10 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 
 import convlab as cl  # noqa: E402
-from convlab import measure, results, workloads  # noqa: E402
-from convlab.baselines import TORCH_BEST  # noqa: E402
+from convlab.measuring import results, workloads  # noqa: E402
+from convlab.measuring.baselines import TORCH_BEST  # noqa: E402
 from convlab.ops import Impl, dispatch, dropin  # noqa: E402
+from convlab.programs import measure
 
 TRAIN = "ours: autograd (dropin.conv2d)"
 

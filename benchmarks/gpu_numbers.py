@@ -9,7 +9,7 @@ from each; fp32 FFMA and fp16 HFMA2 throughput; what a launch costs.
 Sizes come from the device (its SM count and L2 size, read from the driver). Every kernel's result
 is checked against the host's prediction before it is timed (a copy copies, a chase ends where the
 permutation says, an FMA chain gives the host's value). Times: CUDA events, warm-up calls first,
-the median of the repeats (convlab.bench). Latencies: the difference between a chase of 2S steps
+the median of the repeats (convlab.measuring.bench). Latencies: the difference between a chase of 2S steps
 and one of S steps, over S, so the launch cancels; and clock64 cycles inside the kernel.
 On the emulator nothing is timed and nothing is written.
 """
@@ -31,8 +31,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import convlab as cl  # noqa: E402
-from convlab import book  # noqa: E402
-from convlab.bench import l2_flush, time_caller, time_gpu  # noqa: E402
+from convlab.display import book  # noqa: E402
+from convlab.measuring.bench import l2_flush, time_caller, time_gpu  # noqa: E402
 
 KERNELS = "kernels/00_numbers/numbers.cu"
 CSV = "gpu_numbers"                 # book/data/gpu_numbers.csv

@@ -21,7 +21,7 @@ first, so that what is left of --budget goes to the sweeps. --mma adds chapter 9
 Every output of ours is checked against torch's float32 on the same half/bf16 inputs (TF32 off),
 to the bound of fp16.fp16_tolerance for float sums (bf16's unit roundoff for its final rounding).
 
-GPU times are convlab.bench.time_gpu's (CUDA events, L2 flushed, the median of --reps). Printed: per
+GPU times are convlab.measuring.bench.time_gpu's (CUDA events, L2 flushed, the median of --reps). Printed: per
 layer and pass, torch best, ours with the config, ours best and its tunables; per network, dtype
 and pass the geometric mean of torch best / ours (above 1: ours faster), for the config and for
 the best swept tile; the config's misses (a swept tile 10% faster) by layer class, what
@@ -46,12 +46,13 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import convlab as cl  # noqa: E402
-from convlab import baselines, measure, results, workloads  # noqa: E402
-from convlab.bench import strict_fp32, time_gpu  # noqa: E402
+from convlab.measuring import baselines, results, workloads  # noqa: E402
+from convlab.measuring.bench import strict_fp32, time_gpu  # noqa: E402
+from convlab.measuring.workloads import Workload  # noqa: E402
 from convlab.ops import hopper  # noqa: E402
 from convlab.ops import tensor_core as tc  # noqa: E402
 from convlab.ops import wgmma  # noqa: E402
-from convlab.workloads import Workload  # noqa: E402
+from convlab.programs import measure
 
 DTYPES = ("fp16", "bf16")
 PASSES = ("forward", "dX", "dW")
@@ -260,7 +261,7 @@ def torch_worker(spec_path: str) -> int:
     """Time torch on each (layer, pass, layout) of the spec file, one JSON line each."""
     import torch
 
-    from convlab.torch_baseline import _kernels
+    from convlab.measuring.torch_baseline import _kernels
 
     torch.backends.cudnn.benchmark = True
     torch.backends.cudnn.allow_tf32 = False

@@ -2,7 +2,7 @@
 """Chapter 9a's step 4, one idea at a time: the fp32 implicit GEMM (conv2d_igemm_f32.cu,
 convlab.ops.igemm) with igemm_config's tile, then with each of its techniques switched off alone,
 on the same layers, each output checked against the fp64 reference before it is timed
-(convlab.measure.sweep):
+(convlab.programs.measure.sweep):
 
 - "split-K off": SPLIT=1 where igemm_config splits the reduction (few-pixel layers);
 - "tap per step off": natural_order=True, the loader's MODE 0 (each element's (c, ky, kx) worked out
@@ -45,8 +45,8 @@ def measure(layers, reps: int):
     import pandas as pd
 
     import convlab as cl
-    from convlab import measure as M
-    from convlab import workloads
+    from convlab.programs import measure as M
+    from convlab.measuring import workloads
     from convlab.ops import fused, igemm
 
     frames = []

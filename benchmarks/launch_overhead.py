@@ -16,7 +16,7 @@ The tiny layer, per launcher:
 - the row "autograd Function, empty Python backward": an autograd Function that allocates what a
   convolution's forward and backward return and computes nothing, the cost of a Python backward
   itself (torch's own convolution runs its backward in C++);
-- python_us: convlab.bench.time_host: wall time per call of CALLS calls made while the GPU
+- python_us: convlab.measuring.bench.time_host: wall time per call of CALLS calls made while the GPU
   sleeps, so every kernel only queues: the Python (and the driver's enqueue) a call costs, the
   best of 5 such loops; per_launch_us is that over the launches. A loop's kernels, ours and
   torch's, stay under the driver's queue (time_host's note), else it would time the GPU;
@@ -28,10 +28,10 @@ alternates with a call of the other (paired()), forward and forward+backward, an
 backward against torch's forward+backward; on a GPU the last two again with autograd's
 multithreading off (the backward then runs on the caller's thread, with no hand-over to autograd's
 device thread), then each pair in a loop of back-to-back calls (wall time, synchronised at the
-end: what a training loop sees), and the drop-in's python_us with its routes kept as convlab.native
+end: what a training loop sees), and the drop-in's python_us with its routes kept as convlab.gpu.native
 Routes (its repeated call one C call: convlab.ops._kernels.Kept) against every route through
 Python (_kernels.NATIVE off).
-The course's layers: gpu_us and caller_us (convlab.bench.time_gpu / time_caller, the L2 flushed)
+The course's layers: gpu_us and caller_us (convlab.measuring.bench.time_gpu / time_caller, the L2 flushed)
 and their ratio, for each chapter's best on each layer it takes.
 
 On the emulator the backend's own launch (running nothing) is replaced by a no-op and outputs are
@@ -57,12 +57,12 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import convlab as cl  # noqa: E402
-from convlab.bench import (HOST_CALLS, HOST_HOLD_CYCLES, count_launches, time_caller, time_gpu,  # noqa: E402
-                           time_host, wall_per_call)
+from convlab.measuring.bench import (HOST_CALLS, HOST_HOLD_CYCLES, count_launches, time_caller, time_gpu, time_host,
+                                     wall_per_call)
+from convlab.measuring.workloads import Workload  # noqa: E402
 from convlab.ops import _kernels, backprop, conv3d, dropin, fp16, fused, im2col, naive, tiled  # noqa: E402
-from convlab.workloads import Workload  # noqa: E402
 
-CALLS = HOST_CALLS           # calls per timed loop (convlab.bench.time_host's: under the driver's queue)
+CALLS = HOST_CALLS           # calls per timed loop (convlab.measuring.bench.time_host's: under the driver's queue)
 LAYERS = ("fa17", "lenet_c3", "resnet", "days100")   # the course's 2D layers the best launchers are timed on
 DROPIN_FWD, DROPIN_TRAIN = "ch9 dropin.conv2d forward", "ch9 dropin.conv2d forward+backward"
 #: channels_last fp16, 16 -> 16 maps: the layer that runs chapter 11's wgmma kernel on an H100/H200
@@ -199,7 +199,7 @@ def paired(ours, theirs, on_gpu: bool, rounds: int = 9) -> tuple:
 def stub_emulator_launch():
     """Replace the emulator's launch (ctypes packing and running every thread) by a no-op, and
     allocate outputs with torch.empty as on a GPU."""
-    from convlab.emu import EmuModule
+    from convlab.gpu.emu import EmuModule
 
     EmuModule.launch = lambda self, *args, **kwargs: None
     cl.runtime.poisoning = lambda: False
@@ -207,7 +207,7 @@ def stub_emulator_launch():
 
 def routes_through_python(fns: dict, names) -> list:
     """(name, python_us) of the drop-in's cases with every route run through Python (no
-    convlab.native Route: _kernels.NATIVE off, the routes made afresh), on a GPU: what the kept
+    convlab.gpu.native Route: _kernels.NATIVE off, the routes made afresh), on a GPU: what the kept
     Routes save."""
     _kernels.NATIVE = False
     dropin._routes.clear()
@@ -222,14 +222,14 @@ def host_on_cpu(fns: dict, names) -> list:
     """(name, us of the route through Python, us of the kept Route) per call on the CPU, the GPU's
     work replaced by no-ops: the Python route with the emulator's launch stubbed; the kept Route
     recorded from a stand-in GPU backend (each launch recorded as the GPU backend records it, its
-    pointers in 8-byte slots) and replayed by convlab.native with a C function that returns at once
+    pointers in 8-byte slots) and replayed by convlab.gpu.native with a C function that returns at once
     in place of the driver's. Neither counts the driver's own work per launch (the same for both)."""
     import ctypes
     import subprocess
     import tempfile
 
-    from convlab import backend_cuda, native, runtime
-    from convlab._tensor_map import TensorMap
+    from convlab.gpu import backend_cuda, native, runtime
+    from convlab.gpu._tensor_map import TensorMap
 
     if native.route_type() is None:
         return []
@@ -291,7 +291,8 @@ def stat_us() -> float:
 
 def layer_rows():
     """(launcher, layer, gpu_us, caller_us) for each chapter's best on the course's 2D layers."""
-    from convlab import measure, workloads
+    from convlab.measuring import workloads
+    from convlab.programs import measure
 
     best = [("ch5 conv2d_best", fused.pick, "fp32"), ("ch6 conv2d_fp16_best", fp16.pick, "fp16"),
             ("ch8 dX best", backprop.pick_input_grad, "fp32"), ("ch8 dW best", backprop.pick_weight_grad, "fp32")]
@@ -310,7 +311,7 @@ def layer_rows():
 
 def lenet_epoch_ms(epochs: int = 3) -> dict:
     """ms of the last of a few epochs of chapter 8's LeNet-5 on the digits, ours and torch's twin."""
-    from convlab import lenet
+    from convlab.programs import lenet
 
     data = lenet.load_digits()
     ours, theirs = lenet.twins(data.image_size, seed=0)
@@ -352,7 +353,7 @@ def breakdown():
     if b.name == "cuda":
         launcher, slots = bound.launcher, bound.slots
         steps += [("    torch's current stream (b.raw_stream())", b.raw_stream),
-                  ("    cuLaunchKernel alone (convlab.native's call + driver)",
+                  ("    cuLaunchKernel alone (convlab.gpu.native's call + driver)",
                    lambda: b.cu.launch(launcher.func_id, *bound.dims, b.raw_stream(), slots.address)),
                   ("    three tensor checks + data_ptr", lambda: [(t.is_cuda, t.dtype, t.is_contiguous(), t.data_ptr())
                                                               for t in (x, w, y)])]
@@ -407,11 +408,11 @@ def main(argv=None) -> int:
         names = (DROPIN_FWD, DROPIN_TRAIN, HALF_FWD, HALF_TRAIN)
         kept = {r[0]: r[3] for r in rows}
         for name, us in routes_through_python(fns, names):
-            print(f"# {name}: python_us {kept[name]:.1f} with its kept convlab.native Route, {us:.1f} through "
+            print(f"# {name}: python_us {kept[name]:.1f} with its kept convlab.gpu.native Route, {us:.1f} through "
                   "Python (_kernels.NATIVE off)")
     else:
         print("\n# the drop-in's host time per call on this CPU, the GPU's work replaced by no-ops (us): its route "
-              "through Python, and its kept convlab.native Route (recorded from a stand-in GPU backend)")
+              "through Python, and its kept convlab.gpu.native Route (recorded from a stand-in GPU backend)")
         for name, a, b in host_on_cpu(fns, (DROPIN_FWD, DROPIN_TRAIN, HALF_FWD, HALF_TRAIN)):
             print(f"{name:44s} python {a:6.2f}   kept Route {b:6.2f}")
     if on_gpu:

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Every kernel of the chosen chapters on the course's layers, beside torch at its best: the book's
-own harness (convlab.measure), printed as a table.
+own harness (convlab.programs.measure), printed as a table.
 
     python benchmarks/layers.py                          # chapters 2-5, fp32 forward, 2D workloads
     python benchmarks/layers.py --chapters fp16 --workloads lenet_c3,resnet
@@ -10,7 +10,7 @@ own harness (convlab.measure), printed as a table.
 
 Each output is checked against an fp64 reference before it is timed; torch's rows (NCHW and
 channels_last, each timed in a fresh process, "torch best" the faster) come from
-convlab.baselines. On a GPU the rows also go to benchmarks/results/layers_<GPU>.csv.
+convlab.measuring.baselines. On a GPU the rows also go to benchmarks/results/layers_<GPU>.csv.
 """
 from __future__ import annotations
 
@@ -23,8 +23,9 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import convlab as cl  # noqa: E402
-from convlab import measure, results, workloads  # noqa: E402
+from convlab.measuring import results, workloads  # noqa: E402
 from convlab.ops import backprop, conv3d, fp16, fused, im2col, naive, tiled  # noqa: E402
+from convlab.programs import measure
 
 CHAPTERS = {"naive": naive, "tiled": tiled, "im2col": im2col, "fused": fused, "fp16": fp16, "conv3d": conv3d,
             "backprop": backprop}

@@ -9,7 +9,7 @@ already in channels_last (the kernel alone), then
   it fits in shared memory; the tile's own depth is the "mma_config" row);
 
 each output checked against the fp64 reference in fp16's bound before it is timed
-(convlab.measure.sweep), with the shared-memory bank conflicts of one call beside it (ncu on a GPU,
+(convlab.programs.measure.sweep), with the shared-memory bank conflicts of one call beside it (ncu on a GPU,
 the emulator's counters with --emu-smoke).
 
     python benchmarks/mma_ablation.py                  # on a GPU: benchmarks/results/mma_ablation_<GPU>.csv
@@ -51,8 +51,8 @@ def measure(layers, reps: int):
     import pandas as pd
 
     import convlab as cl
-    from convlab import measure as M
-    from convlab import workloads
+    from convlab.programs import measure as M
+    from convlab.measuring import workloads
     from convlab.ops import tensor_core as tc
 
     frames = []

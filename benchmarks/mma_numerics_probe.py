@@ -2,7 +2,7 @@
 """What the tensor cores compute, bit for bit, in fp16 and bf16: wgmma m64n64k16 (operands K-major,
 and transposed: M-/N-major tiles) and mma.sync m16n8k16, chained over KS k16 steps onto an fp32
 accumulator C, on random and adversarial inputs (tests/data/hopper/wgmma_kinds.cu). On an H100/H200
-it records the GPU's outputs; the emulator's model (convlab/emu/include/clemu_mma_numerics.h, measured
+it records the GPU's outputs; the emulator's model (convlab/gpu/emu/include/clemu_mma_numerics.h, measured
 for fp16 in tests/data/hopper_mma_numerics.npz) is then checked against them by
 tests/test_hopper_emulator.py.
 

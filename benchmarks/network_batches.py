@@ -20,7 +20,7 @@
   leaving out the first epoch (TrainResult.step_ms: it compiles the kernels of the epoch's smaller
   last batch, and cudnn.benchmark tries its algorithms on it).
 
-Writes benchmarks/results/network_batches_<GPU>.csv (the forward rows of convlab.results' schema)
+Writes benchmarks/results/network_batches_<GPU>.csv (the forward rows of convlab.measuring.results' schema)
 and network_train_step_<GPU>.csv. On the emulator: the project's network at 30x30 and B = 1, 2,
 checked, two training steps of batch 4; nothing timed for a figure, nothing written.
 """
@@ -37,8 +37,9 @@ if str(ROOT) not in sys.path:
 import pandas as pd  # noqa: E402
 
 import convlab as cl  # noqa: E402
-from convlab import network, results  # noqa: E402
+from convlab.measuring import results  # noqa: E402
 from convlab.ops import layers as ops  # noqa: E402
+from convlab.programs import network
 
 BATCHES = (1, 10, 100, 1000, 10_000)
 STEPS = 100             # LeNet-5 training steps timed (batch 64: about 4 epochs of the digits' training set)
@@ -77,7 +78,7 @@ FC_BATCHES = (1, 64, 625, 1250, 2500, 10_000)   # the stream pipeline's chunks l
 def fc_rows(gpu: bool, reps: int):
     """Each fully-connected layer of both networks at FC_BATCHES, with each of ops.linear's GEMMs
     (checked against fp64 first): GPU ms, and the one linear_gemm picks."""
-    from convlab import measure
+    from convlab.programs import measure
 
     rows = []
     for arch in (network.CLASS_PROJECT, network.LENET5):
@@ -111,9 +112,9 @@ FC_SPLIT_BATCHES = (625, 1250, 2500)      # the stream pipeline's chunk sizes
 def fc_split_rows(gpu: bool, reps: int):
     """The project's deep FC layer as the implicit GEMM runs it (a 1x1 convolution, igemm_config's
     tile) at the pipeline's chunk sizes, with each split of its reduction: checked, then GPU ms."""
-    from convlab import measure
+    from convlab.programs import measure
     from convlab.ops import igemm
-    from convlab.workloads import Workload
+    from convlab.measuring.workloads import Workload
 
     fin, fout = network.CLASS_PROJECT.widths[0]
     frames = []

@@ -31,8 +31,9 @@ def measure(images: int, reps: int):
     import torch
 
     import convlab as cl
-    from convlab import measure as M
-    from convlab import network, results
+    from convlab.programs import measure as M
+    from convlab.measuring import results
+    from convlab.programs import network
     from convlab.ops import layers as ops
 
     frames = []

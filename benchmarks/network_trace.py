@@ -59,7 +59,7 @@ def record(images: int, batch: int, warmup: int = 2):
     from torch.profiler import ProfilerActivity, profile
 
     import convlab as cl
-    from convlab import network
+    from convlab.programs import network
 
     gpu_name = cl.device().name if cl.backend() == "cuda" else "CPU emulator"
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cl.backend() == "cuda" else [])

@@ -35,8 +35,9 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 import convlab as cl  # noqa: E402
-from convlab.profile import EMU_COUNTERS, committed  # noqa: E402
-from convlab.sass import SassUnavailable  # noqa: E402
+from convlab.measuring.cards import EMU_COUNTERS  # noqa: E402
+from convlab.measuring.profile import committed  # noqa: E402
+from convlab.measuring.sass import SassUnavailable  # noqa: E402
 
 PATTERNS = ROOT / "tests" / "features" / "profile_patterns.cu"
 OUT = ROOT / "book" / "data" / "profiles" / "emu_vs_ncu.csv"

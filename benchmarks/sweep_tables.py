@@ -1,11 +1,11 @@
 """The tables the tile-sweep benchmarks (f32_layers.py, tensor_core_layers.py, depthwise_layers.py)
-print, computed from their result rows: convlab.results' columns, plus the tunables measure.sweep
+print, computed from their result rows: convlab.measuring.results' columns, plus the tunables measure.sweep
 adds as columns (empty where a row ran with the launcher's defaults)."""
 from __future__ import annotations
 
 import math
 
-from convlab.baselines import TORCH_BEST
+from convlab.measuring.baselines import TORCH_BEST
 
 
 def geomean(values) -> float:

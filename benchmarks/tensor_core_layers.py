@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Chapter 9's tensor-core convolution (convlab.ops.tensor_core.conv2d_mma, fp16, NHWC) on the
-standard ResNet/VGG layers (convlab.workloads.GEMM_LAYERS; the grouped ResNeXt layers on request):
+standard ResNet/VGG layers (convlab.measuring.workloads.GEMM_LAYERS; the grouped ResNeXt layers on request):
 every candidate tile checked, then timed, against torch at its best, through the book's harness
-(convlab.measure).
+(convlab.programs.measure).
 
     python benchmarks/tensor_core_layers.py                         # every layer, every candidate tile
     python benchmarks/tensor_core_layers.py --layers resnet_3x3_28,resnet_stem_7x7_s2 --configs default
@@ -19,7 +19,7 @@ tensor_core.CANDIDATES (--configs) on channels_last inputs, x and w (what torch'
 gets); each tile whose grid is under two waves (SMs x 2 blocks) also split along K into each of
 --splits (the fp32 partials and their reducing pass in the time). mma_config's choice once more on
 NCHW inputs (measure.run): x and the mask converted to NHWC inside the call, in its time. torch
-from convlab.baselines: NCHW and channels_last, each timed in a fresh process, "torch best" the
+from convlab.measuring.baselines: NCHW and channels_last, each timed in a fresh process, "torch best" the
 faster. With --backward, the dX and dW passes too (tensor_core.MMA_DX and MMA_DW with their default
 tiles, channels_last tensors, beside torch's). Every output is first checked against an fp64
 reference (chapter 6's derived fp16 bound; dW the generic one): a wrong one stops the script.
@@ -30,7 +30,7 @@ each timed tile's main loop (--no-sass to skip). To change the choice: PREFERENC
 BLOCKS_PER_SM / MIN_STEPS_PER_SPLIT in convlab/ops/tensor_core.py (mma_config). With --backward, a
 table of the gradients: torch best / ours per pass, and its geometric means.
 
-On a GPU the rows (convlab.results' columns and the tunables BM ... SPLIT_K) go to
+On a GPU the rows (convlab.measuring.results' columns and the tunables BM ... SPLIT_K) go to
 benchmarks/results/tensor_core_layers_<GPU>.csv (--out: another folder).
 """
 from __future__ import annotations
@@ -46,9 +46,10 @@ if str(ROOT) not in sys.path:
 
 import convlab as cl  # noqa: E402
 from benchmarks import sweep_tables as st  # noqa: E402
-from convlab import measure, results, workloads  # noqa: E402
+from convlab.measuring import results, workloads  # noqa: E402
 from convlab.ops import ceil_div  # noqa: E402
 from convlab.ops import tensor_core as tc  # noqa: E402
+from convlab.programs import measure
 
 DEFAULT = "default"     # the --configs name of mma_config's choice
 #: chapter 9's grouped layers (ResNeXt): timed only when --layers names them

@@ -2,7 +2,7 @@
 """torch's profile cards of the call that "torch best" timed: for each fp32 torch card the chapters
 show, torch.nn.functional.conv2d profiled under ncu as the book times torch (cudnn.benchmark on, so
 cuDNN picks the algorithm it picked when it was timed; TF32 off in the profiled process; the
-layout of the chapter's committed torch best row), by convlab.evidence.torch_best_card. Each card is
+layout of the chapter's committed torch best row), by convlab.display.evidence.torch_best_card. Each card is
 stored where the chapters read it (book/data/profiles/<name>.csv, as a GPU run of the chapter
 stores it); a summary says, per card, the kernels torch best ran when it was timed (its row's
 torch_kernels) against the kernels the card profiled, and whether they are the same.
@@ -36,7 +36,8 @@ def measure(names):
     import pandas as pd
 
     import convlab as cl
-    from convlab import evidence, workloads
+    from convlab.display import evidence
+    from convlab.measuring import workloads
 
     rows = []
     for name in names:

@@ -10,7 +10,7 @@ layers, input in channels_last, launched
   change for it (its stride is gridDim.x); only the launch differs, by telling the launcher the
   GPU has as many SMs as there are tiles (convlab.ops.wgmma.sm_count, patched in this process);
 
-each output checked against the fp64 reference in fp16's bound before it is timed (convlab.measure).
+each output checked against the fp64 reference in fp16's bound before it is timed (convlab.programs.measure).
 No define of the kernel is changed. On an H100 or H200 only (sm_90a); --emu-smoke runs the code path
 on the emulator's small twins.
 
@@ -38,8 +38,8 @@ PERSISTENT, PER_TILE = "wgmma_config, persistent", "a block per tile"
 def measure(layers, reps: int):
     import pandas as pd
 
-    from convlab import measure as M
-    from convlab import workloads
+    from convlab.programs import measure as M
+    from convlab.measuring import workloads
     from convlab.ops import wgmma
 
     frames = []

@@ -9,26 +9,27 @@ no GPU, on a CPU emulator that runs the very same .cu files.
     conv(x, w, y, 2, 3, 8, 32, 32, 5, 0, 1, grid=25, block=256)   # ..., K, padding, stride
     cl.check(y, cl.ref.conv2d(x, w))
 
-This file only hands names on: the runtime (backend, modules, kernels, launch settings) is
-convlab.runtime, the tensor helpers convlab.tensors. docs/convlab-api.md lists everything.
+This file only hands names on, from the packages below it: convlab.gpu (the runtime: backend,
+modules, kernels, launch settings; tensors; references and checks), convlab.measuring (cl.bench,
+cl.profile, cl.sass, cl.trace) and convlab.display (cl.draw, book). docs/convlab-api.md lists everything.
 """
 from __future__ import annotations
 
-from . import book, ref, runtime
-from ._errors import (ArgumentError, BackendUnavailable, BarrierError, CheckError, CompileError, ConvlabError,
-                      KernelFault, KernelInterrupted, KernelTimeout, LaunchError, OutOfBoundsError,
-                      ProfileUnavailable, RaceDetectorOff, RaceError, WarpMaskError)
-from .bench import Timing, bench
-from .check import CheckResult, check
-from .draw import draw
-# cl.profile, cl.sass and cl.trace are functions; their modules stay reachable as sys.modules["convlab.profile"]
-from .profile import ProfileCard, profile, profile_torch
-from .runtime import (CpuFunction, CpuModule, DeviceInfo, Kernel, Module, backend, debug, default_timeout,
-                      detect_races, device, find_race, launch_timeout, load, load_cpu, load_source, poisoning,
-                      set_heap_size, set_timeout, sync, tensor_map, thread_order, time_limit)
-from .sass import SassUnavailable, sass
-from .tensors import empty, out_size, randn, seed, to_device, zeros
-from .trace import Trace, trace
+from .display import book
+from .display.draw import draw
+from .gpu import ref, runtime
+from .gpu._errors import (ArgumentError, BackendUnavailable, BarrierError, CheckError, CompileError, ConvlabError,
+                          KernelFault, KernelInterrupted, KernelTimeout, LaunchError, OutOfBoundsError,
+                          ProfileUnavailable, RaceDetectorOff, RaceError, WarpMaskError)
+from .gpu.check import CheckResult, check
+from .gpu.runtime import (CpuFunction, CpuModule, DeviceInfo, Kernel, Module, backend, debug, default_timeout,
+                          detect_races, device, find_race, launch_timeout, load, load_cpu, load_source, poisoning,
+                          set_heap_size, set_timeout, sync, tensor_map, thread_order, time_limit)
+from .gpu.tensors import empty, out_size, randn, seed, to_device, zeros
+from .measuring.bench import Timing, bench
+from .measuring.profile import ProfileCard, profile, profile_torch
+from .measuring.sass import SassUnavailable, sass
+from .measuring.trace import Trace, trace
 
 __all__ = ["device", "backend", "load", "load_source", "load_cpu", "randn", "empty", "zeros", "to_device",
            "seed", "out_size", "tensor_map", "check", "bench", "sync", "ref", "thread_order", "set_timeout", "set_heap_size", "find_race", "debug",

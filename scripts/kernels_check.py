@@ -3,7 +3,7 @@
 (what `make kernels-check` runs; needs nvcc, no GPU, no venv).
 
 Each file is compiled to a cubin (nvcc and ptxas, so an architecture's own limits count) for every
-architecture in convlab/arch.py's ARCHS that its header allows: a file whose header says
+architecture in convlab/gpu/arch.py's ARCHS that its header allows: a file whose header says
 "// Requires sm_80 or newer: ..." is skipped for the older ones, and that is reported.
 
     python3 scripts/kernels_check.py [--nvcc PATH] [--jobs N] [FILES...]
@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location("convlab_arch", ROOT / "convlab" / "arch.py")
+_spec = importlib.util.spec_from_file_location("convlab_arch", ROOT / "convlab" / "gpu" / "arch.py")
 arch = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(arch)
 

@@ -23,7 +23,7 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from convlab import results, roofline  # noqa: E402
+from convlab.measuring import results, roofline  # noqa: E402
 
 
 def files() -> list[Path]:

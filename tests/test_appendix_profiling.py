@@ -3,7 +3,7 @@ method heading that chapters link to."""
 import json
 from pathlib import Path
 
-from convlab.profile import ROWS, STALL_MEANING, STALL_REASONS
+from convlab.measuring.cards import ROWS, STALL_MEANING, STALL_REASONS
 
 PAGE = Path(__file__).resolve().parent.parent / "book" / "appendix_profiling.ipynb"
 

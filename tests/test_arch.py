@@ -1,4 +1,4 @@
-"""Which GPUs a kernel runs on (convlab/arch.py): the header line `// Requires sm_XY or newer: why`,
+"""Which GPUs a kernel runs on (convlab/gpu/arch.py): the header line `// Requires sm_XY or newer: why`,
 what make kernels-check skips because of it, and cl.load's error on an older GPU."""
 import importlib.util
 import types
@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from convlab import arch
-from convlab._errors import CompileError
-from convlab._source import parse
-from convlab.backend_cuda import CudaBackend
+from convlab.gpu import arch
+from convlab.gpu.backend_cuda import CudaBackend
+from convlab.gpu._errors import CompileError
+from convlab.gpu._source import parse
 
 ROOT = Path(__file__).resolve().parent.parent
 NEEDS_86 = """// A kernel for a test.

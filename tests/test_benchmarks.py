@@ -1,11 +1,11 @@
 """The tile-sweep benchmarks (benchmarks/f32_layers.py, tensor_core_layers.py, depthwise_layers.py)
-run end to end on the emulator: each layer's small twin, every output checked by convlab.measure,
+run end to end on the emulator: each layer's small twin, every output checked by convlab.programs.measure,
 nothing timed for a figure. Their GPU reports are computed from result rows alone: here from the
 emulator's rows and a stand-in "torch best" row, so a report that breaks shows before a GPU run."""
 import pandas as pd
 import pytest
 
-from convlab import baselines, results, workloads
+from convlab.measuring import baselines, results, workloads
 from convlab.ops import igemm
 from convlab.ops import tensor_core as tc
 

@@ -1,4 +1,4 @@
-"""convlab.book's page outputs: diffs and listings of kernels (MyST code-blocks with the files' own
+"""convlab.display.book's page outputs: diffs and listings of kernels (MyST code-blocks with the files' own
 line numbers), tables without an index column at three significant figures, compact profile cards,
 and the tidy rule that removes the input bar of cells that show nothing."""
 import importlib
@@ -10,10 +10,11 @@ import nbformat
 import pandas as pd
 import pytest
 
-from convlab import book, results
+from convlab.display import book
+from convlab.measuring import results
 
 ROOT = Path(__file__).resolve().parent.parent
-P = importlib.import_module("convlab.profile")   # the module (convlab.profile the attribute is cl.profile)
+P = importlib.import_module("convlab.measuring.profile")   # the module (convlab.measuring.profile the attribute is cl.profile)
 
 
 def blocks(markdown, folded=False):
@@ -188,3 +189,15 @@ def test_glue_stores_a_tables_html(monkeypatch):
     assert kw["metadata"]["scrapbook"]["name"] == "t"
     assert "<table" in table[book.GLUE_PREFIX + "text/html"] and "1.23" in table[book.GLUE_PREFIX + "text/plain"]
     assert number == {book.GLUE_PREFIX + "text/plain": "1.5"}
+
+
+def test_a_figure_made_in_a_fresh_process_imports_a_chapters_function():
+    """figure_on_emulator on a GPU runs `make` in a process of its own: a chapter's figure by its
+    module's import, a notebook's function by its source."""
+    from convlab.chapters import ch12_tf32
+
+    assert book.defining_source(ch12_tf32.error_sweep) == "from convlab.chapters.ch12_tf32 import error_sweep\n"
+
+    def made_here():
+        return 1
+    assert book.defining_source(made_here).startswith("def made_here():")

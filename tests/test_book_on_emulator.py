@@ -1,8 +1,8 @@
-"""convlab.book.on_emulator: a chapter's fault demonstration runs on the CPU emulator in its own
+"""convlab.display.book.on_emulator: a chapter's fault demonstration runs on the CPU emulator in its own
 process, whatever backend the notebook has, and its output lands in the notebook."""
 import pytest
 
-from convlab import book
+from convlab.display import book
 
 
 def test_a_demonstration_runs_on_the_emulator_even_when_the_notebook_has_a_gpu(monkeypatch, capsys):
@@ -42,7 +42,7 @@ def test_a_failing_demonstration_raises_with_its_output():
 
 def test_a_figure_made_on_the_emulator_comes_back_with_its_data(monkeypatch):
     monkeypatch.setenv("CONVLAB_BACKEND", "cuda")
-    monkeypatch.setattr("convlab.runtime.device", lambda: type("D", (), {"backend": "cuda"})())
+    monkeypatch.setattr("convlab.gpu.runtime.device", lambda: type("D", (), {"backend": "cuda"})())
 
     def make():
         import convlab as cl

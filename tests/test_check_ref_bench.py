@@ -50,7 +50,8 @@ def test_check_names_a_weight_gradients_axes_and_gives_no_edge_hint():
 
 
 def test_the_harness_checks_dw_with_its_own_axes():
-    from convlab import measure, workloads
+    from convlab.measuring import workloads
+    from convlab.programs import measure
     from convlab.ops import Impl
     wl = workloads.Workload("t", B=2, C=3, M=4, H=9, W=9, K=3)
     t = measure.inputs(wl, "dW")

@@ -1,6 +1,6 @@
 """The emulator's checker against realistic mistakes from edited exercise solutions: each mistake
 fails with its named fault and advice that is true, and the correct alternative passes. Small .cu
-strings compiled with cl.load_source, run through kernels and convlab.exercise's checks."""
+strings compiled with cl.load_source, run through kernels and the exercise checks (convlab.teach, convlab.chapters)."""
 import sys
 import time
 
@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import convlab as cl
-import convlab.exercise as ex
-from convlab import emu
+import convlab.teach.checks as ex
+from convlab.gpu import emu
 
 pytestmark = pytest.mark.emu_only
 
@@ -402,7 +402,7 @@ def test_a_hung_kernel_in_an_exercise_check_stops_after_a_few_seconds(capsys):
 
 
 def test_set_timeout_overrides_the_checks_limit():
-    from convlab import runtime
+    from convlab.gpu import runtime
     assert cl.launch_timeout() == cl.DEFAULT_TIMEOUT and runtime.total_limit() is None
     with cl.time_limit(ex.CHECK_TIMEOUT_S):
         assert runtime.total_limit() == ex.CHECK_TIMEOUT_S
@@ -538,7 +538,7 @@ def test_a_file_that_loses_its_race_checks_warns_and_still_runs():
 
 
 def test_the_course_kernels_all_build_with_the_race_detector():
-    from convlab import book
+    from convlab.display import book
 
     lost = [f.name for f in sorted(book.path("kernels").rglob("*.cu")) if not cl.load(f).race_checked]
     assert not lost, f"kernel files that run without race checks on the emulator: {lost}"

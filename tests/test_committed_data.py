@@ -5,8 +5,9 @@ cheaper algorithm cuDNN ran."""
 import pandas as pd
 import pytest
 
-from convlab import book, results
-from convlab.profile import PROFILES_DIR, stored_precision
+from convlab.display import book
+from convlab.measuring import results
+from convlab.measuring.profile import PROFILES_DIR, stored_precision
 
 DATA = book.repo_root() / "book" / "data"
 CARDS = sorted(p for p in (DATA / "profiles").glob("*.csv") if p.read_text().startswith("# ncu"))
@@ -62,7 +63,7 @@ def test_fp16_floors_are_recomputed():
 
 
 def test_refloor_gives_an_fp32_floored_fp16_row_the_tensor_core_floor():
-    from convlab import roofline, workloads
+    from convlab.measuring import roofline, workloads
     wl = workloads.get("resnet")
     flops, nbytes = results.cost(wl, "forward", "fp16")
     row = {"workload": "resnet", "shape": wl.shape_text, "pass": "forward", "dtype": "fp16", "ms": 0.05,
@@ -77,7 +78,7 @@ def test_refloor_gives_an_fp32_floored_fp16_row_the_tensor_core_floor():
 
 def _reference_gpu_benchmarks():
     """The benchmarks' committed results measured on the reference GPU (the H200), as frames."""
-    from convlab import roofline
+    from convlab.measuring import roofline
 
     gpu = roofline.REFERENCE_H200_FP16.gpu.replace(" ", "_")
     for path in sorted((book.repo_root() / "benchmarks" / "results").glob(f"*_{gpu}.csv")):

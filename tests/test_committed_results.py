@@ -26,7 +26,7 @@ def test_no_path_of_the_machine(path):
 
 
 def test_the_launch_comparisons_read_back():
-    from convlab import results
+    from convlab.measuring import results
 
     for path in sorted((ROOT / "benchmarks" / "results").glob("launch_overhead_*.txt")):
         df = results.launch_comparisons(path)

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import convlab as cl
-from convlab import _source
+from convlab.gpu import _source
 
 pytestmark = pytest.mark.emu_only
 
@@ -468,7 +468,7 @@ def test_a_total_limit_says_the_launch_was_not_stuck(long_kernels):
 def test_exercise_2_1_off_by_one_through_a_pointer_is_out_of_bounds_at_its_line(capsys):
     """`i <= total` with the store through a local pointer: a false pass, then a dead process,
     before the guard; now the check names the store's line."""
-    import convlab.exercise as ex
+    import convlab.teach.checks as ex
     from test_exercise_mutants import _exercise
     ns = _exercise("02_naive_kernel", "my_conv", [("i < total; i +=", "i <= total; i +="),
                                                   ("        y[i] = acc;", "        float* yp = y + i; *yp = acc;")])
@@ -490,12 +490,12 @@ def test_exercise_2_1_off_by_one_through_a_pointer_is_out_of_bounds_at_its_line(
     ("    __syncthreads();\n\n    if (wg == 0) {", "no __syncthreads() between"),
 ], ids=["fence", "barrier"])
 def test_exercise_11_1_without_publishing_the_inits_is_a_race(delete, capsys):
-    import convlab.exercise as ex
+    from convlab.chapters import ch11_hopper as ch11
     from test_exercise_mutants import _exercise
     old, words = delete
     new = "" if "fence" in old else "\n    if (wg == 0) {"
     ns = _exercise("11_mbarrier_ring", "my_ring", [(old, new)])
-    assert not ex.check_ring(ns["my_ring"])
+    assert not ch11.check_ring(ns["my_ring"])
     assert words in capsys.readouterr().out
 
 
@@ -536,7 +536,7 @@ __global__ void k(const float* x, float* y) {
 
 
 def test_a_missing_compiler_is_one_line_that_says_what_to_install(monkeypatch):
-    from convlab import emu
+    from convlab.gpu import emu
     monkeypatch.setattr(emu, "CXX", "g++-that-is-not-installed")
     with pytest.raises(cl.CompileError) as e:
         cl.load_source(f"__global__ void k(float* y) {{ y[0] = {time.time_ns()}; }}\n", name="no_compiler")

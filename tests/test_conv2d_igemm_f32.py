@@ -10,10 +10,10 @@ import pytest
 import torch
 
 import convlab as cl
-from convlab import _limits
-from convlab._args import check_launch
+from convlab.gpu import _limits
+from convlab.gpu._args import check_launch
+from convlab.measuring.workloads import Workload
 from convlab.ops import igemm
-from convlab.workloads import Workload
 
 SMALL = {"BM": 32, "BN": 128}       # 64 threads: the cheapest tile on the emulator
 
@@ -362,7 +362,7 @@ def test_phases():
 
 def test_applies_and_any_layer():
     """Every non-depthwise 2D layer of LAYERS is taken by all three routes; depthwise ones are not."""
-    from convlab.workloads import LAYERS
+    from convlab.measuring.workloads import LAYERS
     for impl in igemm.IMPLEMENTATIONS:
         assert impl.any_layer
         for wl in LAYERS:
@@ -372,7 +372,7 @@ def test_applies_and_any_layer():
     assert not igemm.IGEMM_F32.applies(huge)
 
 
-@pytest.mark.parametrize("wl", [w for w in __import__("convlab.workloads", fromlist=["LAYERS"]).LAYERS
+@pytest.mark.parametrize("wl", [w for w in __import__("convlab.measuring.workloads", fromlist=["LAYERS"]).LAYERS
                                 if w.family != "depthwise"], ids=lambda w: w.name)
 def test_any_layer_launch_limits_at_full_size(record_launches, wl):
     """The routes' launches on LAYERS at full size (meta tensors: nothing runs), and their configs."""

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 import convlab as cl
-from convlab import workloads
+from convlab.measuring import workloads
 from convlab.ops import tensor_core as tc
 from convlab.ops.fp16 import check_fp16
 
@@ -361,7 +361,7 @@ def test_dw_given_output_config_and_errors():
 def test_backward_impls_run_through_the_harness():
     """measure.run times MMA_DX and MMA_DW as the dX and dW passes (op conv2d_dx_fp16 / conv2d_dw_fp16),
     each output checked against the fp64 reference first."""
-    from convlab import measure
+    from convlab.programs import measure
 
     wl = workloads.Workload("g", B=1, C=16, M=16, H=6, W=5, K=3, stride=2, padding=1, groups=2)
     df = measure.run([tc.MMA_DX, tc.MMA_DW], [wl], dtype="fp16", layout="channels_last", torch_baseline=False, reps=1)

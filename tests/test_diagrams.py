@@ -1,4 +1,4 @@
-"""convlab.diagrams: every figure draws, and the data each draws is the code's own: the grid maps
+"""The chapters' mapping diagrams (convlab.chapters, drawn with convlab.display.diagrams): every figure draws, and the data each draws is the code's own: the grid maps
 read back from the naive kernels match the launchers' grids and the kernel's index formulas, the
 mma.sync fragments match the PTX ISA's documented layout, the im2col numbers come from the
 launcher, the grouped-weight pattern matches torch's grouped convolution."""
@@ -9,30 +9,39 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from convlab import diagrams as D
-from convlab import workloads
-from convlab._limits import GRID_YZ_MAX
+from convlab.chapters import ch02_naive as ch2
+from convlab.chapters import ch04_im2col as ch4
+from convlab.chapters import ch05_fused as ch5
+from convlab.chapters import ch06_fp16 as ch6
+from convlab.chapters import ch07_conv3d as ch7
+from convlab.chapters import ch08_backprop as ch8
+from convlab.chapters import ch09_general as ch9
+from convlab.chapters import ch09b_tensor_cores as ch9b
+from convlab.chapters import ch10_network as ch10
+from convlab.display import diagrams
+from convlab.gpu._limits import GRID_YZ_MAX
+from convlab.measuring import workloads
 from convlab.ops import backprop, conv3d, fused, im2col
 
-FIGURES = ["grid_maps", "im2col_matrix", "im2col_gemm_tiles", "implicit_gemm_tiles", "direct_regtile_outputs",
-           "wmma_tiles", "mma_fragments", "ldmatrix_lanes", "conv3d_window", "dx_gather_scatter", "dw_reduction", "groups_dilation", "fused_epilogue",
-           "network_timeline"]
+FIGURES = [ch2.grid_maps, ch4.im2col_matrix, ch4.im2col_gemm_tiles, ch5.implicit_gemm_tiles, ch5.direct_regtile_outputs,
+           ch6.wmma_tiles, ch9b.mma_fragments, ch9b.ldmatrix_lanes, ch7.conv3d_window, ch8.dx_gather_scatter,
+           ch8.dw_reduction, ch9.groups_dilation, ch10.fused_epilogue, ch10.network_timeline]
 
 
-@pytest.mark.parametrize("name", FIGURES)
-def test_each_diagram_is_a_figure_with_its_data(name):
-    fig = getattr(D, name)()
+@pytest.mark.parametrize("draw", FIGURES, ids=lambda f: f.__name__)
+def test_each_diagram_is_a_figure_with_its_data(draw):
+    fig = draw()
     try:
         assert isinstance(fig, matplotlib.figure.Figure)
         assert fig.convlab_data
-        assert fig.get_size_inches()[0] == pytest.approx(D.WIDTH)
+        assert fig.get_size_inches()[0] == pytest.approx(diagrams.WIDTH)
     finally:
         plt.close(fig)
 
 
 def test_grid_maps_are_what_the_naive_kernels_write():
     B, M, Ho, Wo, (bw, bh), fb = 2, 3, 5, 7, (4, 2), 16
-    data = D.grid_map_data(B, M, Ho, Wo, (bw, bh), fb)
+    data = ch2.grid_map_data(B, M, Ho, Wo, (bw, bh), fb)
     b, m, h, w = np.meshgrid(range(B), range(M), range(Ho), range(Wo), indexing="ij")
     gz = data["z"]["grid"]
     assert gz == (2, 3, B * M)
@@ -48,14 +57,14 @@ def test_grid_maps_are_what_the_naive_kernels_write():
 
 
 def test_grid_maps_note_the_z_limit_on_fa17():
-    fig = D.grid_maps(limit_workload="fa17")
+    fig = ch2.grid_maps(limit_workload="fa17")
     plt.close(fig)
     limit = fig.convlab_data["limit"]
     assert limit["z_blocks"] == 10_000 * 50 > limit["max"] == GRID_YZ_MAX
 
 
 def test_im2col_matrix_is_the_unfold_of_the_input():
-    fig = D.im2col_matrix(H=5, W=6, K=3, column=5)
+    fig = ch4.im2col_matrix(H=5, W=6, K=3, column=5)
     plt.close(fig)
     d = fig.convlab_data
     x = torch.tensor(d["x"], dtype=torch.float64).reshape(1, 1, 5, 6)
@@ -64,7 +73,7 @@ def test_im2col_matrix_is_the_unfold_of_the_input():
 
 
 def test_im2col_gemm_waste_on_lenet_c1():
-    g = D.im2col_gemm_geometry("lenet_c1")
+    g = ch4.im2col_gemm_geometry("lenet_c1")
     assert g["tile"] == im2col.IM2COL_GEMM.config(workloads.get("lenet_c1"))["TILE"] == 16
     assert (g["M"], g["KD"], g["padded"], g["steps"]) == (4, 49, (16, 64), 4)
     assert g["useful_fraction"] == pytest.approx(4 * 49 / (16 * 64))
@@ -72,7 +81,7 @@ def test_im2col_gemm_waste_on_lenet_c1():
 
 
 def test_implicit_gemm_owner_follows_the_config_and_float4_groups():
-    fig = D.implicit_gemm_tiles("resnet")
+    fig = ch5.implicit_gemm_tiles("resnet")
     plt.close(fig)
     d = fig.convlab_data
     cfg = fused.gemm_config(64)
@@ -88,7 +97,7 @@ def test_implicit_gemm_owner_follows_the_config_and_float4_groups():
 
 def test_direct_regtile_threads_cover_image_0_once():
     s = workloads.get("lenet_c1")
-    d = D.direct_regtile_thread("lenet_c1")
+    d = ch5.direct_regtile_thread("lenet_c1")
     cfg = fused.regtile_config(s.M, s.C, s.K)
     assert d["config"] == cfg and d["accumulators"] == cfg["MT"] * cfg["ROWS"]
     t = d["thread"]
@@ -109,7 +118,7 @@ def _ptx(lane, i, which):
 
 
 def test_mma_fragments_match_the_ptx_isa():
-    maps = D.mma_fragment_maps()
+    maps = ch9b.mma_fragment_maps()
     for which, n in (("A", 8), ("B", 4), ("D", 4)):
         got = maps[which]
         assert got.shape == (32, n, 2)
@@ -120,7 +129,7 @@ def test_mma_fragments_match_the_ptx_isa():
 
 def test_conv3d_window_from_coarse_config():
     s = workloads.get("conv3d")
-    fig = D.conv3d_window("conv3d")
+    fig = ch7.conv3d_window("conv3d")
     plt.close(fig)
     d = fig.convlab_data
     ZC = conv3d.coarse_config(s.D, s.H, s.W, s.K, s.K, s.K)["ZC"]
@@ -132,7 +141,7 @@ def test_conv3d_window_from_coarse_config():
 
 @pytest.mark.parametrize("stride,padding", [(1, 0), (2, 1)])
 def test_dx_gather_and_scatter_are_inverse(stride, padding):
-    g = D.dx_geometry(H=7, W=7, K=3, stride=stride, padding=padding)
+    g = ch8.dx_geometry(H=7, W=7, K=3, stride=stride, padding=padding)
     pairs_g = {(iy, ix, oy, ox, ky, kx) for (iy, ix), l in g["gather"].items() for oy, ox, ky, kx in l}
     pairs_s = {(iy, ix, oy, ox, ky, kx) for (oy, ox), l in g["scatter"].items() for iy, ix, ky, kx in l}
     assert pairs_g == pairs_s
@@ -152,7 +161,7 @@ def test_dx_gather_and_scatter_are_inverse(stride, padding):
 
 def test_dw_levels_use_the_launchers_chunks():
     s = workloads.get("lenet_c1")
-    d = D.dw_levels("lenet_c1", sms=132)
+    d = ch8.dw_levels("lenet_c1", sms=132)
     cfg = backprop.direct_dw_config(s.C, s.M, s.K, s.stride, s.Ho)
     tasks = s.B * -(-s.Ho // cfg["ROWS"]) * s.Wo
     pairs = -(-s.M // cfg["MT"]) * s.C
@@ -164,7 +173,7 @@ def test_dw_levels_use_the_launchers_chunks():
 
 
 def test_groups_match_torch_and_dilated_taps():
-    fig = D.groups_dilation("resnext_g32_56", "deeplab_d2_28")
+    fig = ch9.groups_dilation("resnext_g32_56", "deeplab_d2_28")
     plt.close(fig)
     d = fig.convlab_data
     s = workloads.get("resnext_g32_56")
@@ -177,7 +186,7 @@ def test_groups_match_torch_and_dilated_taps():
 
 
 def test_epilogue_bytes_of_lenet_c1():
-    d = D.epilogue_bytes("lenet_c1")
+    d = ch10.epilogue_bytes("lenet_c1")
     x, y, p = 4 * 10_000 * 86 * 86, 4 * 10_000 * 4 * 80 * 80, 4 * 10_000 * 4 * 40 * 40
     assert d["fused_total"] == x + p
     assert d["unfused_total"] == (x + y) + 2 * y + (y + p)
@@ -185,7 +194,7 @@ def test_epilogue_bytes_of_lenet_c1():
 
 def test_igemm_f32_warp_tiles():
     s = workloads.get("resnet")
-    fig = D.implicit_gemm_tiles("resnet", kernel="f32")
+    fig = ch5.implicit_gemm_tiles("resnet", kernel="f32")
     plt.close(fig)
     d = fig.convlab_data
     from convlab.ops import igemm
@@ -202,14 +211,14 @@ def test_igemm_f32_warp_tiles():
 
 
 def test_wmma_tiles_count_the_fragments_waste():
-    c1 = D.wmma_geometry("lenet_c1")
+    c1 = ch6.wmma_geometry("lenet_c1")
     # smallc on lenet_c1: C=1 so CP=1, 7 of 16 columns; 4 of 16 maps; 7 bands of 12 rows at a
     # 96-position pitch, whole tiles of 128 positions: 8,064 positions for 6,400 outputs
     assert c1["kernel"] == "WMMA, few channels (no im2col)"
     assert c1["A"].sum() == 16 * 7 and c1["B"].sum() == 7 * 4 and c1["C"].sum() == 16 * 4
     assert c1["positions_per_image"] == 8064
     assert c1["useful_fraction"] == pytest.approx(6400 * 4 * 49 / (8064 * 16 * 7 * 16))
-    resnet = D.wmma_geometry("resnet")
+    resnet = ch6.wmma_geometry("resnet")
     assert resnet["kernel"] == "WMMA implicit GEMM" and resnet["useful_fraction"] == 1.0
     assert resnet["A"].all() and resnet["B"].all() and resnet["C"].all()
 
@@ -217,11 +226,11 @@ def test_wmma_tiles_count_the_fragments_waste():
 def test_network_timeline_puts_each_lanes_ops_back_to_back():
     lanes = {"ours": [("copy in", "copy", 5.0), ("conv1", "conv stage", 1.0), ("fc1", "fully-connected", 0.25)],
              "torch": [("conv1", "conv stage", 9.0)]}
-    fig = D.network_timeline(lanes, title="test")
+    fig = ch10.network_timeline(lanes, title="test")
     plt.close(fig)
     spans = fig.convlab_data["spans"]
     assert [(s["op"], s["start"], s["end"]) for s in spans if s["lane"] == "ours"] == [
         ("copy in", 0.0, 5.0), ("conv1", 5.0, 6.0), ("fc1", 6.0, 6.25)]
     assert fig.convlab_data["end_ms"] == 9.0
     with pytest.raises(ValueError, match="fc1 has no time"):
-        D.timeline_spans({"ours": [("fc1", "fully-connected", float("nan"))]})
+        ch10.timeline_spans({"ours": [("fc1", "fully-connected", float("nan"))]})

@@ -11,9 +11,9 @@ import torch
 import torch.nn.functional as F
 
 import convlab as cl
-from convlab import workloads
+from convlab.measuring import workloads
+from convlab.measuring.workloads import Workload
 from convlab.ops import depthwise, dispatch, dropin, fp16, igemm, wgmma
-from convlab.workloads import Workload
 
 
 @pytest.mark.parametrize("direction", list(dispatch.TABLES))

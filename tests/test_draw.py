@@ -9,7 +9,7 @@ import pytest
 import convlab as cl
 import convlab.ops.naive
 import convlab.ops.tiled
-from convlab.trace import request_sectors, request_wavefronts
+from convlab.measuring.trace import request_sectors, request_wavefronts
 
 matplotlib.use("Agg")
 pytestmark = pytest.mark.emu_only

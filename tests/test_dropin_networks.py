@@ -1,4 +1,4 @@
-"""The networks' layer lists (convlab.network_layers) against what their papers and torchvision
+"""The networks' layer lists (convlab.measuring.network_layers) against what their papers and torchvision
 quote, and benchmarks/dropin_networks.py as far as no GPU is needed: every route of its three
 smoke layers against fp64 (--emu-smoke), and its summary from rows alone."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from convlab import network_layers
+from convlab.measuring import network_layers
 
 
 #: Multiply-adds per 224x224 image, in millions, as torchvision's model cards give them (its GFLOPS

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 import convlab as cl
-import convlab.exercise as ex
+import convlab.teach.checks as ex
+import convlab.teach.verdict as vd
 
 pytestmark = pytest.mark.emu_only
 
@@ -94,7 +95,7 @@ def test_tile_rows_never_loaded_is_named(faults):
     def run():
         x, y = cl.randn(12, 12), cl.empty(8, 8)
         mod.halo_rows_missing(x, y, 12, 12, grid=1, block=(8, 8))
-        return ex.verdict(y, cl.randn(8, 8))[1]
+        return vd.verdict(y, cl.randn(8, 8))[1]
     msg = same_every_time(run)
     assert "computed from __shared__ memory that no thread wrote" in msg and "stay inside what was written" in msg
 
@@ -210,7 +211,7 @@ def shell():
     from IPython.core.interactiveshell import InteractiveShell
 
     ip = InteractiveShell.instance()
-    ip.run_line_magic("load_ext", "convlab.magic")
+    ip.run_line_magic("load_ext", "convlab.gpu.magic")
     return ip
 
 

@@ -1,12 +1,12 @@
-"""convlab.evidence: the chapters' profile cards and SASS, measured on a GPU and committed, shown
+"""convlab.display.evidence: the chapters' profile cards and SASS, measured on a GPU and committed, shown
 from the committed files elsewhere; and the mask's code generation read from SASS."""
 import importlib
 from pathlib import Path
 
-from convlab import evidence
-from convlab.sass import parse_sass
+from convlab.display import evidence
+from convlab.measuring.sass import parse_sass
 
-P = importlib.import_module("convlab.profile")
+P = importlib.import_module("convlab.measuring.profile")
 
 SASS = """
         Function : _Z4convPKfPf
@@ -56,7 +56,7 @@ def test_without_a_gpu_the_committed_card_or_one_line(tmp_path, monkeypatch, cap
 
 
 def test_committed_sass_is_compact_and_reads_the_same():
-    from convlab.sass import compact
+    from convlab.measuring.sass import compact
     text = (Path(__file__).parent / "data" / "sass" / "conv3d_coarse.sass").read_text()
     small = compact(text)
     assert "/* 0x" not in small and len(small) < len(text)
@@ -67,7 +67,7 @@ def test_committed_sass_is_compact_and_reads_the_same():
 
 def test_on_a_gpu_without_ncu_and_nothing_committed_one_line(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(P, "_profiles_dir", lambda: tmp_path)
-    from convlab import runtime
+    from convlab.gpu import runtime
     monkeypatch.setattr(runtime, "backend", lambda: "cuda")     # as on a GPU machine
     monkeypatch.setattr(P, "run_ncu", lambda job, metrics, **kw: ("", "ncu is not installed here"))
     monkeypatch.setattr(P, "_job", lambda fn, args, kwargs: {})

@@ -1,8 +1,8 @@
 """Chapter 9's new exercises against realistic mistakes, as tests/test_exercise_mutants.py does for
 the others: each mutant of a solution fails with its mistake named, the solution passes. The kernels
 come from solutions/09a_groups_dilation.ipynb and solutions/09b_swizzle_stages.ipynb (their %%cuda
-cells, compiled after a textual mutation); the checks are convlab.exercise's and
-convlab.exercise_ch9's, run directly (no notebook is executed)."""
+cells, compiled after a textual mutation); the checks are convlab.chapters.ch09_general's and
+ch09b_tensor_cores's, run directly (no notebook is executed)."""
 import re
 from pathlib import Path
 
@@ -10,8 +10,8 @@ import nbformat
 import pytest
 
 import convlab as cl
-import convlab.exercise as ex
-import convlab.exercise_ch9 as ch9
+from convlab.chapters import ch09_general as ch9
+from convlab.chapters import ch09b_tensor_cores as ch9b
 
 pytestmark = pytest.mark.emu_only
 
@@ -48,22 +48,22 @@ IGEMM_MUTANTS = {
 
 
 def test_the_grouped_implicit_gemm_passes(capsys):
-    assert ex.check_general_kernel(_igemm_launch(_cuda("09a_groups_dilation", "my_igemm")), name="igemm")
+    assert ch9.check_general_kernel(_igemm_launch(_cuda("09a_groups_dilation", "my_igemm")), name="igemm")
     assert "✓ correct" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("mistake", IGEMM_MUTANTS)
 def test_the_grouped_implicit_gemm_mistakes_fail(mistake, capsys):
     launch = _igemm_launch(_cuda("09a_groups_dilation", "my_igemm", IGEMM_MUTANTS[mistake]))
-    assert not ex.check_general_kernel(launch, name="igemm")
+    assert not ch9.check_general_kernel(launch, name="igemm")
     out = capsys.readouterr().out
     assert "✗" in out or "wrong" in out, out
 
 
 def test_the_swizzle_passes_and_its_targets_are_the_chapters(capsys):
-    assert ch9.check_swizzle(_cuda("09b_swizzle_stages", "my_swizzle"), name="swz")
+    assert ch9b.check_swizzle(_cuda("09b_swizzle_stages", "my_swizzle"), name="swz")
     assert "✓ correct" in capsys.readouterr().out
-    assert all(most == 0 for _, most in ch9.swizzle_targets().values())
+    assert all(most == 0 for _, most in ch9b.swizzle_targets().values())
 
 
 SWIZZLE_MUTANTS = {   # mistake -> (change, what the verdict says)
@@ -79,13 +79,13 @@ SWIZZLE_MUTANTS = {   # mistake -> (change, what the verdict says)
 @pytest.mark.parametrize("mistake", SWIZZLE_MUTANTS)
 def test_the_swizzle_mistakes_fail_with_the_reason(mistake, capsys):
     changes, said = SWIZZLE_MUTANTS[mistake]
-    assert not ch9.check_swizzle(_cuda("09b_swizzle_stages", "my_swizzle", changes), name="swz")
+    assert not ch9b.check_swizzle(_cuda("09b_swizzle_stages", "my_swizzle", changes), name="swz")
     assert said in capsys.readouterr().out
 
 
 def test_the_stage_budget(capsys):
-    want = ch9.stage_budget()
-    assert ch9.check_stage_budget(want["stage bytes"], want["stages that fit"], want["blocks per SM"])
-    assert not ch9.check_stage_budget(want["stage bytes"] // 2, want["stages that fit"], want["blocks per SM"])
-    assert not ch9.check_stage_budget(None, None, None)
+    want = ch9b.stage_budget()
+    assert ch9b.check_stage_budget(want["stage bytes"], want["stages that fit"], want["blocks per SM"])
+    assert not ch9b.check_stage_budget(want["stage bytes"] // 2, want["stages that fit"], want["blocks per SM"])
+    assert not ch9b.check_stage_budget(None, None, None)
     assert "not done yet" in capsys.readouterr().out

@@ -6,8 +6,13 @@ import pytest
 import torch
 
 import convlab as cl
-import convlab.exercise as ex
-from convlab import plots, results, workloads
+import convlab.teach.checks as ex
+import convlab.teach.verdict as vd
+from convlab.chapters import ch02_naive as ch2
+from convlab.chapters import ch05_fused as ch5
+from convlab.chapters import ch09_general as ch9
+from convlab.display import plots
+from convlab.measuring import results, workloads
 
 GOOD_KERNEL = r"""
 __global__ void conv2d_flat(const float* x, const float* k, float* y,
@@ -117,7 +122,7 @@ def test_check_function_and_values(capsys):
 
 
 def test_verdict_wrong_shape():
-    ok, text = ex.verdict(np.zeros((1, 1, 2, 2)), np.zeros((1, 1, 3, 3)))
+    ok, text = vd.verdict(np.zeros((1, 1, 2, 2)), np.zeros((1, 1, 3, 3)))
     assert not ok and text.startswith("wrong shape")
 
 
@@ -167,20 +172,20 @@ def test_check_pick_says_where_a_rule_loses_and_by_how_much(capsys):
     small, big = workloads.get("fa17"), workloads.get("resnet")
     times = {"fa17": {"gemm": 1.0, "direct": 0.5}, "resnet": {"gemm": 0.5}}
     layers = {"fa17": small, "resnet": big}
-    assert ex.check_pick(lambda s: "direct" if s.M <= 50 else "gemm", times, layers, device="GPU X")
+    assert ch5.check_pick(lambda s: "direct" if s.M <= 50 else "gemm", times, layers, device="GPU X")
     assert "fastest kernel measured on GPU X on all 2 layers" in capsys.readouterr().out
-    assert not ex.check_pick(lambda s: "gemm", times, layers, device="GPU X")
+    assert not ch5.check_pick(lambda s: "gemm", times, layers, device="GPU X")
     out = capsys.readouterr().out
     assert "on 1 of 2 layers" in out and "fa17 (C=1, K=5, M=50" in out and "2.00×" in out
-    assert not ex.check_pick(lambda s: "direct", times, layers, device="GPU X")
+    assert not ch5.check_pick(lambda s: "direct", times, layers, device="GPU X")
     assert "'direct', which does not take this layer" in capsys.readouterr().out
-    assert not ex.check_pick(lambda s: "fft", times, layers, device="GPU X")
+    assert not ch5.check_pick(lambda s: "fft", times, layers, device="GPU X")
     assert "none of the kernels" in capsys.readouterr().out
-    assert not ex.check_pick(lambda s: None, times, layers, device="GPU X")
+    assert not ch5.check_pick(lambda s: None, times, layers, device="GPU X")
     assert "your rule returned None for fa17" in capsys.readouterr().out
-    assert not ex.check_pick(_untouched_rule, times, layers, device="GPU X")
+    assert not ch5.check_pick(_untouched_rule, times, layers, device="GPU X")
     assert capsys.readouterr().out.startswith("not done yet: the TODO in _untouched_rule")
-    assert not ex.check_pick(lambda s: s.nothing, times, layers, device="GPU X")
+    assert not ch5.check_pick(lambda s: s.nothing, times, layers, device="GPU X")
     assert "your code raised AttributeError" in capsys.readouterr().out
 
 
@@ -191,7 +196,7 @@ def shell():
     from IPython.core.interactiveshell import InteractiveShell
 
     ip = InteractiveShell.instance()
-    ip.run_line_magic("load_ext", "convlab.magic")
+    ip.run_line_magic("load_ext", "convlab.gpu.magic")
     return ip
 
 
@@ -209,7 +214,7 @@ def test_magic_prints_compile_errors_at_the_cell_line(shell, capsys):
     out = capsys.readouterr().out
     assert "did not compile" in out and "cell bad, line 4" in out   # Jupyter counts the %%cuda line
     bad = shell.user_ns["bad"]
-    from convlab.magic import CellNotCompiled
+    from convlab.gpu.magic import CellNotCompiled
     with pytest.raises(CellNotCompiled, match="did not compile"):
         bad.kernel("k")(cl.empty(1), grid=1, block=1)
     # the checks report it like any other fault
@@ -229,7 +234,7 @@ def _rows(gpu="NVIDIA H200"):
         def __init__(self, ms):
             self.ms, self.p25, self.p75 = ms, ms * 0.9, ms * 1.1
 
-    from convlab import roofline
+    from convlab.measuring import roofline
     return [results.row(wl, impl, T(ms), roof=roofline.REFERENCE_H200, device=gpu)
             for wl in workloads.WORKLOADS_2D for impl, ms in (("naive", 5.0), ("torch default", 0.5))]
 
@@ -303,7 +308,7 @@ def _general(mistake=None):
 
 
 def test_check_general_kernel_passes_a_right_kernel(capsys):
-    assert ex.check_general_kernel(_general())
+    assert ch9.check_general_kernel(_general())
     assert "correct" in capsys.readouterr().out
 
 
@@ -311,12 +316,12 @@ def test_check_general_kernel_passes_a_right_kernel(capsys):
                                            ("first group", "every map reads the first group's channels"),
                                            ("nothing", "none of the 288 outputs was written")])
 def test_check_general_kernel_names_the_mistake(mistake, said, capsys):
-    assert not ex.check_general_kernel(_general(mistake))
+    assert not ch9.check_general_kernel(_general(mistake))
     assert said in capsys.readouterr().out
 
 
 def test_general_shapes_cover_groups_dilation_and_stride():
-    shapes = ex.GENERAL_SHAPES
+    shapes = ch9.GENERAL_SHAPES
     assert any(s.groups == s.C for s in shapes) and any(1 < s.groups < s.C for s in shapes)
     assert any(s.dilation > 1 and s.stride > 1 for s in shapes) and any(s.K % 2 == 0 for s in shapes)
     assert all(s.C % s.groups == 0 and s.M % s.groups == 0 for s in shapes)
@@ -355,24 +360,25 @@ def test_values_in_other_places_by_a_row_length_name_the_leading_dimension(capsy
 @pytest.mark.emu_only
 def test_counters_on_the_emulator_say_the_gpu_comparison_needs_a_gpu(capsys):
     launch = _launcher(GOOD_KERNEL.replace("BUG", ""))
-    assert ex.check_counters(launch, ex.check_targets("02"), shape=ex.COUNTER_SHAPE)
+    assert ch2.check_counters(launch, ch2.check_targets("02"), shape=ch2.COUNTER_SHAPE)
     lines = capsys.readouterr().out.splitlines()
     assert lines[-1] == "  (timing your kernel against the chapter's kernel and torch best on lenet_c1 needs a GPU)"
     # targets without an exercise's key (a dict of one's own) compare with nothing
-    ex.check_counters(launch, {"sectors per load request": 99}, shape=ex.COUNTER_SHAPE)
+    ch2.check_counters(launch, {"sectors per load request": 99}, shape=ch2.COUNTER_SHAPE)
     assert "needs a GPU" not in capsys.readouterr().out
 
 
 def test_the_gpu_comparison_shows_three_times_side_by_side():
-    from convlab.bench import Timing
+    from convlab.measuring.bench import Timing
 
-    wl, impl = ex._comparison("02")
+    name, impl = ch2.check_targets("02").compare
+    wl = workloads.get(name)
     assert (wl.name, impl.name) == ("lenet_c1", "naive flat (1D grid)")
     yours = Timing(30.0, 29.5, 30.4, 29.0, 31.0, [], True, "NVIDIA H100")     # faked: no GPU here
     theirs = Timing(20.0, 19.9, 20.2, 19.8, 20.5, [], True, "NVIDIA H100")
-    row = ex.torch_best_row("lenet_c1")
+    row = ch2.torch_best_row("lenet_c1")
     assert row is not None and row["gpu"] == "NVIDIA H200"
-    text = ex.side_by_side(wl, "NVIDIA H100", impl.name, yours, theirs, row)
+    text = ch2.side_by_side(wl, "NVIDIA H100", impl.name, yours, theirs, row)
     lines = text.splitlines()
     assert lines[0].startswith("  on NVIDIA H100, lenet_c1 (B=10000") and len(lines) == 4
     assert lines[1] == "    your kernel                  30 ms (29.5–30.4), 1.50× the chapter's"
@@ -380,7 +386,7 @@ def test_the_gpu_comparison_shows_three_times_side_by_side():
     # torch.csv's best row of lenet_c1, its kernel named, and the GPU it was measured on said
     assert lines[3].startswith(f"    {'torch best':<22}{float(row['ms']):>9.4g} ms") and "FFT (DSE::" in lines[3]
     assert lines[3].endswith("measured on NVIDIA H200, not this GPU")
-    same_gpu = ex.side_by_side(wl, "NVIDIA H200", impl.name, yours, theirs, row)
+    same_gpu = ch2.side_by_side(wl, "NVIDIA H200", impl.name, yours, theirs, row)
     assert "not this GPU" not in same_gpu
 
 
@@ -397,7 +403,7 @@ def _edge_verdict(shape, wrong):
         for c in range(shape.Wo):
             if wrong(h, c, shape.Ho, shape.Wo):
                 y[..., h, c] += 100.0 + 10 * h + c
-    return ex.verdict(y, ref, inputs=(x, w, shape.stride, shape.padding))
+    return vd.verdict(y, ref, inputs=(x, w, shape.stride, shape.padding))
 
 
 def test_edge_advice_only_where_the_wrong_outputs_are_those_whose_windows_reach_outside():
@@ -420,7 +426,7 @@ def test_edge_advice_only_where_the_wrong_outputs_are_those_whose_windows_reach_
 def test_a_sum_that_starts_off_zero_is_named_by_its_offset():
     x, w = cl.randn(1, 2, 9, 9).cpu(), cl.randn(3, 2, 3, 3).cpu()
     ref = cl.ref.conv2d(x, w)
-    ok, text = ex.verdict(ref + 0.5, ref, inputs=(x, w, 1, 0))
+    ok, text = vd.verdict(ref + 0.5, ref, inputs=(x, w, 1, 0))
     assert not ok and text.startswith("every output is +0.5 off the reference") and "start at 0" in text, text
-    ok, text = ex.verdict(ref + torch.rand_like(ref) + 0.5, ref, inputs=(x, w, 1, 0))
+    ok, text = vd.verdict(ref + torch.rand_like(ref) + 0.5, ref, inputs=(x, w, 1, 0))
     assert not ok and "off the reference" not in text, text

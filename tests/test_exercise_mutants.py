@@ -1,8 +1,8 @@
 """Each exercise's check against realistic mistakes: every mutant of a solution fails WITH the
 mistake named in the verdict, every correct alternative passes. The kernels and launch helpers
 come from solutions/*.ipynb (the %%cuda cells compiled with cl.load_source after a textual
-mutation, the launch cells executed with the module bound), and go through convlab.exercise's
-checks directly: no notebook is executed."""
+mutation, the launch cells executed with the module bound), and go through the exercise checks
+(convlab.teach.checks and the chapters' modules) directly: no notebook is executed."""
 import linecache
 import math
 import re
@@ -16,10 +16,26 @@ import pytest
 import torch
 
 import convlab as cl
-import convlab.exercise as ex
-from convlab import magic
+import convlab.teach.checks as ex
+from convlab.chapters import ch02_naive as ch2
+from convlab.chapters import ch03_tiled as ch3
+from convlab.chapters import ch03b_tiling_loses as ch3b
+from convlab.chapters import ch04_im2col as ch4
+from convlab.chapters import ch05_fused as ch5
+from convlab.chapters import ch07_conv3d as ch7
+from convlab.chapters import ch08_backprop as ch8
+from convlab.chapters import ch09_general as ch9
+from convlab.chapters import ch09b_tensor_cores as ch9b
+from convlab.chapters import ch10_network as ch10
+from convlab.chapters import ch11_hopper as ch11
+from convlab.chapters import ch12_tf32 as ch12
+from convlab.gpu import magic
 
 pytestmark = pytest.mark.emu_only
+
+#: The names an exercise notebook's first cell binds, which its other cells use.
+NAMES = {"cl": cl, "ex": ex, "ch2": ch2, "ch3": ch3, "ch3b": ch3b, "ch4": ch4, "ch5": ch5, "ch7": ch7, "ch8": ch8,
+         "ch9": ch9, "ch9b": ch9b, "ch10": ch10, "ch11": ch11, "ch12": ch12}
 
 ROOT = Path(__file__).resolve().parent.parent
 _counter = iter(range(10 ** 6))
@@ -60,7 +76,7 @@ def _run_cells(nb, ns, prefixes, changes=()):
             src = _mutate(src, here)
             unused = [c for c in unused if c not in here]
             # the cell's own check (02's launch_4_blocks) is the test's to run: it ends the cell
-            src = re.sub(r"^ex\.check\w*\(.*", "", src, flags=re.M | re.S)
+            src = re.sub(r"^(?:ex|ch\d+b?)\.check\w*\(.*", "", src, flags=re.M | re.S)
             # as IPython does, the cell's source goes to linecache (the checks read a function's source)
             filename = f"<exercise cell {next(_counter)}>"
             linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
@@ -72,7 +88,7 @@ def _exercise(name, module, cuda=(), python=(), launch_cell="def launch", setup=
     """The namespace of exercise `name` after its setup cells, its %%cuda cell `module` (mutated by
     `cuda`) and the cells that define its launch helpers (mutated by `python`): (old, new) pairs."""
     nb = _nb(name)
-    ns = {"cl": cl, "ex": ex, "torch": torch, "np": __import__("numpy")}
+    ns = {**NAMES, "torch": torch, "np": __import__("numpy")}
     if setup:
         _run_cells(nb, ns, tuple(setup))
     defines, body = _cuda_cell(nb, module, ns)
@@ -182,7 +198,7 @@ UNCOALESCED_02 = {
 @pytest.mark.parametrize("variant", COALESCED_02)
 def test_02_counters_pass_coalesced_kernels(variant, capsys):
     ns = _exercise("02_naive_kernel", "my_conv", COALESCED_02[variant])
-    out = _passes(ex.check_counters(ns["launch"], ex.check_targets("02"), shape=ex.counter_shape("02")), capsys)
+    out = _passes(ch2.check_counters(ns["launch"], ch2.check_targets("02"), shape=ch2.FLAT_SHAPE), capsys)
     assert "sectors per load request (target ≤ 5.77)" in out and "the line that moves the most" in out, out
     assert "halfway between chapter 2's conv2d_naive_flat" in out, out
 
@@ -190,7 +206,7 @@ def test_02_counters_pass_coalesced_kernels(variant, capsys):
 @pytest.mark.parametrize("variant", UNCOALESCED_02)
 def test_02_counters_fail_uncoalesced_kernels(variant, capsys):
     ns = _exercise("02_naive_kernel", "my_conv", UNCOALESCED_02[variant])
-    verdict = ex.check_counters(ns["launch"], ex.check_targets("02"), shape=ex.counter_shape("02"))
+    verdict = ch2.check_counters(ns["launch"], ch2.check_targets("02"), shape=ch2.FLAT_SHAPE)
     out = _fails_with(verdict, capsys, "correct, but not within the targets", "sectors per load request")
     assert "(global load:" in out.split("the line that moves the most: ")[1], out
 
@@ -199,8 +215,8 @@ def test_02_targets_separate_coalesced_from_uncoalesced_with_margin():
     """The targets lie between the two kinds with a factor of at least 1.5 on either side, and come from
     the chapter's kernel and the uncoalesced reference measured on the same shape (2.8 and 11.9
     sectors per load request on it)."""
-    s = ex.counter_shape("02")
-    targets = ex.check_targets("02")
+    s = ch2.FLAT_SHAPE
+    targets = ch2.check_targets("02")
     assert targets.key == "02" and "conv2d_naive_z in blocks of 1 × 32: 11.9, 24.0" in targets.source
     measured = {}
     for kind, variants in (("coalesced", COALESCED_02), ("uncoalesced", UNCOALESCED_02)):
@@ -209,14 +225,14 @@ def test_02_targets_separate_coalesced_from_uncoalesced_with_margin():
             x, w = cl.randn(s.B, s.C, s.H, s.W), cl.randn(s.M, s.C, s.K, s.K)
             y = cl.empty(s.B, s.M, s.Ho, s.Wo)
             k = cl.profile(lambda: ns["launch"](x, w, y, s.stride, s.padding)).kernels[-1]
-            measured[kind, name] = ex._quantity("sectors per load request", k, None)
+            measured[kind, name] = ch2.quantity("sectors per load request", k, None)
     most = targets["sectors per load request"]
     assert all(v * 1.5 <= most for (kind, _), v in measured.items() if kind == "coalesced"), measured
     assert all(v >= 1.5 * most for (kind, _), v in measured.items() if kind == "uncoalesced"), measured
     # on another shape the targets are measured again on it
-    again = targets.derive(ex.COUNTER_SHAPE)
-    assert again.shape == ex.COUNTER_SHAPE and set(again) == set(targets) and again.key == "02"
-    assert ex.check_counters(_exercise("02_naive_kernel", "my_conv")["launch"], targets, shape=ex.COUNTER_SHAPE)
+    again = targets.derive(ch2.COUNTER_SHAPE)
+    assert again.shape == ch2.COUNTER_SHAPE and set(again) == set(targets) and again.key == "02"
+    assert ch2.check_counters(_exercise("02_naive_kernel", "my_conv")["launch"], targets, shape=ch2.COUNTER_SHAPE)
 
 
 # ---- advice only where its premise holds: wrong everywhere is not "check the bounds test" -------
@@ -291,7 +307,7 @@ def test_03_a_two_dimensional_load_passes(capsys):
 
 def test_03_counters_pass_the_solution(capsys):
     ns = _exercise("03a_tiled_halo", "my_tiled")
-    out = _passes(ex.check_counters(ns["launch"], ex.check_targets("03a"), shape=ex.COUNTER_SHAPE), capsys)
+    out = _passes(ch2.check_counters(ns["launch"], ch3.check_targets("03a"), shape=ch2.COUNTER_SHAPE), capsys)
     assert "global load bytes per multiply-add (target ≤ 0.61)" in out
 
 
@@ -302,7 +318,7 @@ def test_03_counters_fail_a_load_per_multiply_add(capsys):
         "acc += ((iy0 + threadIdx.y * stride + p) >= 0 && (iy0 + threadIdx.y * stride + p) < H && "
         "(ix0 + threadIdx.x * stride + q) >= 0 && (ix0 + threadIdx.x * stride + q) < W ? "
         "x[xbase + (iy0 + threadIdx.y * stride + p) * W + ix0 + threadIdx.x * stride + q] : 0.0f)")])
-    verdict = ex.check_counters(ns["launch"], ex.check_targets("03a"), shape=ex.COUNTER_SHAPE)
+    verdict = ch2.check_counters(ns["launch"], ch3.check_targets("03a"), shape=ch2.COUNTER_SHAPE)
     out = capsys.readouterr().out
     assert not verdict and "not within the targets" in out and "global load bytes per multiply-add" in out
 
@@ -358,7 +374,7 @@ MUTANTS_07 = {
 def test_07_mistakes_are_named(mistake, capsys):
     cuda, python, words = MUTANTS_07[mistake]
     ns = _exercise("07_conv3d_coarse", "my_coarse", cuda, python, launch_cell="KS, ZC, BY")
-    _fails_with(ex.check_conv3d(ns["launch"], 3), capsys, words)
+    _fails_with(ch7.check_conv3d(ns["launch"], 3), capsys, words)
 
 
 def test_07_a_tile_loaded_by_rows_passes(capsys):
@@ -368,7 +384,7 @@ def test_07_a_tile_loaded_by_rows_passes(capsys):
         """        for (int r = row; r < TR; r += BY)
         for (int c = lane; c < TC; c += 32) {
             const int gy = y0 + r, gx = x0 + c;""")], launch_cell="KS, ZC, BY")
-    _passes(ex.check_conv3d(ns["launch"], 3), capsys)
+    _passes(ch7.check_conv3d(ns["launch"], 3), capsys)
 
 
 # ---- 08: dW with atomics, then a reduction ----------------------------------------------------
@@ -392,7 +408,7 @@ MUTANTS_08 = {
 def test_08_atomic_mistakes_are_named(mistake, capsys):
     cuda, python, words = MUTANTS_08[mistake]
     ns = _exercise("08_dw_atomics", "my_dw_atomic", cuda, python, launch_cell="def launch_atomic")
-    _fails_with(ex.check_dw(ns["launch_atomic"]), capsys, words)
+    _fails_with(ch8.check_dw(ns["launch_atomic"]), capsys, words)
 
 
 @pytest.mark.parametrize("mistake, cuda, words", [
@@ -403,13 +419,13 @@ def test_08_atomic_mistakes_are_named(mistake, capsys):
 ])
 def test_08_reduction_mistakes_are_named(mistake, cuda, words, capsys):
     ns = _exercise("08_dw_atomics", "my_dw_reduce", cuda, launch_cell="def launch_reduce")
-    _fails_with(ex.check_dw(ns["launch_reduce"]), capsys, words)
+    _fails_with(ch8.check_dw(ns["launch_reduce"]), capsys, words)
 
 
 def test_08_both_solutions_pass(capsys):
-    _passes(ex.check_dw(_exercise("08_dw_atomics", "my_dw_atomic", launch_cell="def launch_atomic")["launch_atomic"]),
+    _passes(ch8.check_dw(_exercise("08_dw_atomics", "my_dw_atomic", launch_cell="def launch_atomic")["launch_atomic"]),
             capsys)
-    _passes(ex.check_dw(_exercise("08_dw_atomics", "my_dw_reduce", launch_cell="def launch_reduce")["launch_reduce"]),
+    _passes(ch8.check_dw(_exercise("08_dw_atomics", "my_dw_reduce", launch_cell="def launch_reduce")["launch_reduce"]),
             capsys)
 
 
@@ -436,7 +452,7 @@ MUTANTS_10 = {
 def test_10_mistakes_are_named(mistake, capsys):
     cuda, words = MUTANTS_10[mistake]
     ns = _exercise("10_fused_epilogue", "my_epilogue", cuda, launch_cell="def launch_epilogue")
-    _fails_with(ex.check_stage(ns["launch_epilogue"]), capsys, words)
+    _fails_with(ch10.check_stage(ns["launch_epilogue"]), capsys, words)
 
 
 def test_10_rebinding_y_is_told(capsys):
@@ -445,14 +461,14 @@ def test_10_rebinding_y_is_told(capsys):
     def launch(x, w, bias, y):
         y = torch.empty_like(y)
         ns["launch_epilogue"](x, w, bias, y)
-    _fails_with(ex.check_stage(launch), capsys, "assigns to `y`")
+    _fails_with(ch10.check_stage(launch), capsys, "assigns to `y`")
 
 
 def test_10_relu_on_each_of_the_four_passes(capsys):
     ns = _exercise("10_fused_epilogue", "my_epilogue", [(
         BEST_10, "for (int i = 0; i < 4; ++i) best = fmaxf(best, fmaxf(acc[i / 2][i % 2] + bias[m], 0.0f));")],
         launch_cell="def launch_epilogue")
-    _passes(ex.check_stage(ns["launch_epilogue"]), capsys)
+    _passes(ch10.check_stage(ns["launch_epilogue"]), capsys)
 
 
 # ---- 01: padding and stride in numpy ----------------------------------------------------------
@@ -532,7 +548,7 @@ def _regtile(cuda=(), python=(), **tunables):
     notebook's own for those left out)."""
     if not tunables:
         return _exercise("05_register_tiles", "my_regtile", cuda, python, setup=("BM, BN",))
-    ns = {"cl": cl, "ex": ex, "torch": torch, "np": __import__("numpy")}
+    ns = {**NAMES, "torch": torch, "np": __import__("numpy")}
     nb = _nb("05_register_tiles")
     _run_cells(nb, ns, ("BM, BN",))
     ns.update(tunables)
@@ -545,7 +561,7 @@ def _regtile(cuda=(), python=(), **tunables):
 
 
 def _regtile_targets(ns):
-    return ex.check_targets("05_register_tiles", **{k: ns[k] for k in ("BM", "BN", "BK", "TM", "TN")})
+    return ch5.check_targets("05_register_tiles", **{k: ns[k] for k in ("BM", "BN", "BK", "TM", "TN")})
 
 
 @pytest.mark.parametrize("cuda, python, words", [
@@ -568,18 +584,18 @@ def test_05_register_tiles_solution_passes(capsys):
 
 def _dispatch(change=()):
     ns = {}
-    _run_cells(_nb("05_dispatch_rule"), ns, ("import convlab", "def pick"), change)
+    _run_cells(_nb("05_dispatch_rule"), ns, ("from convlab", "def pick"), change)
     return ns
 
 
 def test_05_dispatch_rules(capsys):
     ns = _dispatch()
-    _passes(ex.check_pick(ns["pick"], ns["times"], ns["layers"], device=ns["gpu"]), capsys)
+    _passes(ch5.check_pick(ns["pick"], ns["times"], ns["layers"], device=ns["gpu"]), capsys)
     always = _dispatch([("choice = fused.DIRECT_REGTILE.name if small else fused.IMPLICIT_GEMM_REG.name",
                          "choice = fused.IMPLICIT_GEMM_REG.name")])
-    _fails_with(ex.check_pick(always["pick"], ns["times"], ns["layers"], device=ns["gpu"]), capsys, "slower kernel")
+    _fails_with(ch5.check_pick(always["pick"], ns["times"], ns["layers"], device=ns["gpu"]), capsys, "slower kernel")
     typo = _dispatch([("choice = fused.DIRECT_REGTILE.name if small", "choice = 'direct' if small")])
-    _fails_with(ex.check_pick(typo["pick"], ns["times"], ns["layers"], device=ns["gpu"]), capsys, "none of the kernels")
+    _fails_with(ch5.check_pick(typo["pick"], ns["times"], ns["layers"], device=ns["gpu"]), capsys, "none of the kernels")
 
 
 # ---- 06: the WMMA loop ------------------------------------------------------------------------
@@ -613,8 +629,8 @@ def test_06_wmma_solution_passes(capsys):
 def _scale_check(changes=()):
     ns = _exercise("03b_profiling", "scale", changes, launch_cell="H = W")
     x, y, H, W = ns["x"], ns["y"], ns["H"], ns["W"]
-    return ex.check_counters(lambda: ns["scale"].kernel("scale")(x, y, H, W, 2.0, grid=(1, H), block=W),
-                             ex.check_targets("03b.scale"), result=lambda: (y, 2 * x), name="scale")
+    return ch2.check_counters(lambda: ns["scale"].kernel("scale")(x, y, H, W, 2.0, grid=(1, H), block=W),
+                             ch3b.check_targets("03b.scale"), result=lambda: (y, 2 * x), name="scale")
 
 
 def test_09_scale(capsys):
@@ -630,8 +646,8 @@ def test_09_scale(capsys):
 def _colsum_check(changes=()):
     ns = _exercise("03b_profiling", "colsum", changes, launch_cell="x, sums")
     x, sums = ns["x"], ns["sums"]
-    return ex.check_counters(lambda: ns["colsum"].kernel("column_sums")(x, sums, grid=1, block=32),
-                             ex.check_targets("03b.colsum"), result=lambda: (sums, x.sum(0)), name="column_sums")
+    return ch2.check_counters(lambda: ns["colsum"].kernel("column_sums")(x, sums, grid=1, block=32),
+                             ch3b.check_targets("03b.colsum"), result=lambda: (sums, x.sum(0)), name="column_sums")
 
 
 def test_09_column_sums(capsys):
@@ -655,11 +671,11 @@ def test_11_fragment_mistakes_name_the_lane(cuda, check, words, capsys):
     ns = _fragments(cuda)
     if check == "a":
         regs = ns["load"]("load_a", 16, 16, 4)
-        verdict = ex.check_fragment("ldmatrix_x4 -> A fragment", regs, ns["a_element"], "A")
+        verdict = ch9b.check_fragment("ldmatrix_x4 -> A fragment", regs, ns["a_element"], "A")
     else:
         D = cl.empty(16, 8)
         ns["frag"].kernel("store_d")(D, grid=1, block=32)
-        verdict = ex.check_placement("D", D.cpu(), ns["d_element"])
+        verdict = ch9b.check_placement("D", D.cpu(), ns["d_element"])
     _fails_with(verdict, capsys, words)
 
 
@@ -694,7 +710,7 @@ REGTILE_SAME_LOADS = {
 def test_05_register_tile_counters_pass_correct_tiles(cuda, tunables, capsys):
     ns = _regtile(cuda, **tunables)
     assert _passes(ex.check_kernel(ns["launch"], ns["SHAPES"], locate=ns["where"]), capsys)
-    out = _passes(ex.check_counters(ns["launch"], _regtile_targets(ns), shape=ex.counter_shape("05_register_tiles")),
+    out = _passes(ch2.check_counters(ns["launch"], _regtile_targets(ns), shape=ch5.counter_shape("05_register_tiles")),
                   capsys)
     if not tunables:
         assert "0.375 shared loads per multiply-add (target ≤ 0.375)" in out, out
@@ -702,7 +718,7 @@ def test_05_register_tile_counters_pass_correct_tiles(cuda, tunables, capsys):
 
 
 def test_05_register_tile_shared_loads_agree_with_nvcc():
-    """The rule the counters grade by (ex.shared_values) against nvcc itself: the variants it counts
+    """The rule the counters grade by (ch2.shared_values) against nvcc itself: the variants it counts
     as the solution compile to as many shared loads per multiply-add, counted in 4-byte values
     (ld.shared.v4 and LDS.128 are 4): in PTX wherever nvcc is (no GPU needed), and in SASS too
     where cuobjdump is."""
@@ -764,7 +780,7 @@ def _exercise_cells(name, module, launch_cell="def launch", setup=()):
     make = __import__("importlib.util").util.module_from_spec(spec)
     spec.loader.exec_module(make)
     nb = make.make_exercise(_nb(name), f"{name}.ipynb")
-    ns = {"cl": cl, "ex": ex, "torch": torch, "np": __import__("numpy")}
+    ns = {**NAMES, "torch": torch, "np": __import__("numpy")}
     _run_cells(nb, ns, tuple(setup)) if setup else None
     defines, body = _cuda_cell(nb, module, ns)
     ns[module] = cl.load_source(body, name=f"{module}_x{next(_counter)}", defines=defines or None)
@@ -777,9 +793,9 @@ def _exercise_cells(name, module, launch_cell="def launch", setup=()):
     ("02_naive_kernel", "my_conv", "def launch", lambda ns: ex.check_kernel(ns["launch"])),
     ("03a_tiled_halo", "my_tiled", "def launch", lambda ns: ex.check_kernel(ns["launch"], thread_orders=True)),
     ("06_half2", "my_half2", "def pack_pairs", lambda ns: ex.check_kernel(ns["launch"], fp16="half")),
-    ("07_conv3d_coarse", "my_coarse", "KS, ZC, BY", lambda ns: ex.check_conv3d(ns["launch"], 3)),
-    ("08_dw_atomics", "my_dw_atomic", "def launch_atomic", lambda ns: ex.check_dw(ns["launch_atomic"])),
-    ("10_fused_epilogue", "my_epilogue", "def launch_epilogue", lambda ns: ex.check_stage(ns["launch_epilogue"])),
+    ("07_conv3d_coarse", "my_coarse", "KS, ZC, BY", lambda ns: ch7.check_conv3d(ns["launch"], 3)),
+    ("08_dw_atomics", "my_dw_atomic", "def launch_atomic", lambda ns: ch8.check_dw(ns["launch_atomic"])),
+    ("10_fused_epilogue", "my_epilogue", "def launch_epilogue", lambda ns: ch10.check_stage(ns["launch_epilogue"])),
 ])
 def test_untouched_exercises_are_not_done_yet(name, module, launch_cell, check, capsys):
     assert not check(_exercise_cells(name, module, launch_cell))
@@ -795,9 +811,9 @@ def test_untouched_functions_unroll_and_fragments_are_not_done_yet(capsys):
     spec.loader.exec_module(make)
     _run_cells(make.make_exercise(_nb("01_conv2d_padding"), "01.ipynb"), ns, ("def conv2d_padded",))
     assert not ex.check_function(ns["conv2d_padded"])
-    assert not ex.check_unroll(_exercise_cells("04_im2col_unroll", "my_unroll", "def unroll")["unroll"])
+    assert not ch4.check_unroll(_exercise_cells("04_im2col_unroll", "my_unroll", "def unroll")["unroll"])
     frag = _exercise_cells("09b_mma_fragments", "frag", ("def a_element", "def labelled"))
-    assert not ex.check_fragment("A", frag["load"]("load_a", 16, 16, 4), frag["a_element"], "A", todo=frag["frag"])
+    assert not ch9b.check_fragment("A", frag["load"]("load_a", 16, 16, 4), frag["a_element"], "A", todo=frag["frag"])
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 3 and all(line.startswith("not done yet: the TODO in ") for line in lines), lines
 
@@ -808,28 +824,28 @@ def test_untouched_functions_unroll_and_fragments_are_not_done_yet(capsys):
 ])
 def test_04_unroll_mistakes_name_the_entry(cuda, words, capsys):
     ns = _exercise("04_im2col_unroll", "my_unroll", cuda, launch_cell="def unroll")
-    _fails_with(ex.check_unroll(ns["unroll"]), capsys, words)
+    _fails_with(ch4.check_unroll(ns["unroll"]), capsys, words)
 
 
 @pytest.mark.parametrize("cuda", [(), [("    col = 8 * (l / 16);", "    col = l < 16 ? 0 : 8;")]])
 def test_11_solution_and_an_alternative_pass(cuda, capsys):
     ns = _fragments(cuda)
-    assert ex.check_fragment("A", ns["load"]("load_a", 16, 16, 4), ns["a_element"], "A", todo=ns["frag"])
-    assert ex.check_fragment("B", ns["load"]("load_b", 16, 8, 2), ns["b_element"], "B", todo=ns["frag"])
+    assert ch9b.check_fragment("A", ns["load"]("load_a", 16, 16, 4), ns["a_element"], "A", todo=ns["frag"])
+    assert ch9b.check_fragment("B", ns["load"]("load_b", 16, 8, 2), ns["b_element"], "B", todo=ns["frag"])
     D = cl.empty(16, 8)
     ns["frag"].kernel("store_d")(D, grid=1, block=32)
-    assert ex.check_placement("D", D.cpu(), ns["d_element"], todo=ns["frag"])
+    assert ch9b.check_placement("D", D.cpu(), ns["d_element"], todo=ns["frag"])
     _passes(True, capsys)
 
 
 def test_07_counters_grade_the_tile_loads(capsys):
     ns = _exercise("07_conv3d_coarse", "my_coarse", launch_cell="KS, ZC, BY")
-    out = _passes(ex.check_conv3d_counters(ns["launch"], 3, ex.check_targets("07")), capsys)
+    out = _passes(ch7.check_conv3d_counters(ns["launch"], 3, ch7.check_targets("07")), capsys)
     assert "0 shared bank conflicts (target 0)" in out
     # the tile loaded down its columns: right, but a warp's loads are rows apart
     ns = _exercise("07_conv3d_coarse", "my_coarse", [("const int r = i / TC, c = i % TC,", "const int r = i % TR, c = i / TR,")],
                    launch_cell="KS, ZC, BY")
-    verdict = ex.check_conv3d_counters(ns["launch"], 3, ex.check_targets("07"))
+    verdict = ch7.check_conv3d_counters(ns["launch"], 3, ch7.check_targets("07"))
     out = capsys.readouterr().out
     assert not verdict and "not within the targets" in out and "sectors per load request" in out, out
 
@@ -838,9 +854,9 @@ def test_08_tree_with_assignment_is_named(capsys):
     ns = _exercise("08_dw_atomics", "my_dw_reduce", [("partial[threadIdx.x] += partial[threadIdx.x + s];",
                                                       "partial[threadIdx.x] = partial[threadIdx.x + s];")],
                    launch_cell="def launch_reduce")
-    _fails_with(ex.check_dw(ns["launch_reduce"]), capsys, "with `=` partial[0] holds one thread's sum")
+    _fails_with(ch8.check_dw(ns["launch_reduce"]), capsys, "with `=` partial[0] holds one thread's sum")
     # on a shape where that thread has pixels, the mistake is named by its output
-    _fails_with(ex.check_dw(ns["launch_reduce"], ex.AWKWARD_SHAPES[1:]), capsys, "`=` where `+=` belongs in the tree")
+    _fails_with(ch8.check_dw(ns["launch_reduce"], ex.AWKWARD_SHAPES[1:]), capsys, "`=` where `+=` belongs in the tree")
 
 
 # ---- 02: an honest timing (graded on the simulated GPU) ----------------------------------------
@@ -888,7 +904,7 @@ MUTANTS_02T = {
 @pytest.mark.parametrize("mistake", MUTANTS_02T)
 def test_02_timing_mistakes_are_named(mistake, capsys):
     changes, words = MUTANTS_02T[mistake]
-    out = _fails_with(ex.check_timing(_time_it(changes), seed=7), capsys, *words)
+    out = _fails_with(ch2.check_timing(_time_it(changes), seed=7), capsys, *words)
     if "median" in mistake:
         assert "the quartiles" not in out and "the mean" not in out, out
 
@@ -910,7 +926,7 @@ def test_02_timing_mistakes_are_named(mistake, capsys):
       "    p25, _, p75 = statistics.quantiles(times, n=4)\n    median = sorted(times)[len(times) // 2]")],
 ])
 def test_02_timing_correct_alternatives_pass(alternative, capsys):
-    out = _passes(ex.check_timing(_time_it(alternative), seed=7), capsys)
+    out = _passes(ch2.check_timing(_time_it(alternative), seed=7), capsys)
     assert "on the emulator: comparing time_it with cl.bench on the chapter's kernel needs a GPU" in out
 
 
@@ -921,16 +937,16 @@ def test_02_timing_untouched_is_not_done_yet_and_the_quartiles_answer(capsys):
     spec.loader.exec_module(make)
     ns = {}
     _run_cells(make.make_exercise(_nb("02_timing"), "02_timing.ipynb"), ns, ("import statistics", "def time_it"))
-    assert not ex.check_timing(ns["time_it"])
+    assert not ch2.check_timing(ns["time_it"])
     out = capsys.readouterr().out
     assert "not done yet: the TODO in time_it" in out and "✗" not in out, out
-    assert ex.check_answer("02_timing.quartiles", ["a", "c", "d"])
-    assert not ex.check_answer("02_timing.quartiles", ["a", "b", "c", "d"])
+    assert ch2.check_answer("02_timing.quartiles", ["a", "c", "d"])
+    assert not ch2.check_answer("02_timing.quartiles", ["a", "b", "c", "d"])
     assert "1 that should not be there" in capsys.readouterr().out
 
 
 def test_simulated_gpu_models_what_the_harness_must_handle():
-    from convlab import simgpu
+    from convlab.measuring import simgpu
     gpu = simgpu.SimGPU(ms=1.0, seed=0)
     k = gpu.kernel()
     t0 = gpu.now(); k(); first = gpu.now() - t0
@@ -987,7 +1003,7 @@ MUTANTS_08_DX = {
 @pytest.mark.parametrize("mistake", MUTANTS_08_DX)
 def test_08_dx_gather_mistakes_are_named(mistake, capsys):
     cuda, python, words = MUTANTS_08_DX[mistake]
-    _fails_with(ex.check_dx(_dx_gather(cuda, python)["launch"]), capsys, words)
+    _fails_with(ch8.check_dx(_dx_gather(cuda, python)["launch"]), capsys, words)
 
 
 @pytest.mark.parametrize("alternative", [
@@ -1002,24 +1018,24 @@ def test_08_dx_gather_mistakes_are_named(mistake, capsys):
 ])
 def test_08_dx_gather_correct_alternatives_pass(alternative, capsys):
     ns = _dx_gather(alternative)
-    _passes(ex.check_dx(ns["launch"]), capsys)
-    _passes(ex.check_dx_counters(ns["launch"], ex.check_targets("08_dx_gather")), capsys)
+    _passes(ch8.check_dx(ns["launch"]), capsys)
+    _passes(ch8.check_dx_counters(ns["launch"], ch8.check_targets("08_dx_gather")), capsys)
 
 
 def test_08_dx_gather_counters_grade_atomics_and_coalescing(capsys):
-    out = _passes(ex.check_dx_counters(_dx_gather()["launch"], ex.check_targets("08_dx_gather")), capsys)
+    out = _passes(ch8.check_dx_counters(_dx_gather()["launch"], ch8.check_targets("08_dx_gather")), capsys)
     assert "0 global atomics (target 0)" in out and "sectors per load request (target ≤ 4.33)" in out
     # atomics where none are needed: right once dx is zeroed, but one atomic per element
     ns = _dx_gather([("    dx[i] = acc;", "    atomicAdd(&dx[i], acc);")],
                     [("    n = dx.numel()", "    n = dx.numel()\n    dx.zero_()")])
-    _passes(ex.check_dx(ns["launch"]), capsys)
-    verdict = ex.check_dx_counters(ns["launch"], ex.check_targets("08_dx_gather"))
+    _passes(ch8.check_dx(ns["launch"]), capsys)
+    verdict = ch8.check_dx_counters(ns["launch"], ch8.check_targets("08_dx_gather"))
     out = capsys.readouterr().out
     assert not verdict and "not within the targets" in out and "global atomics (target 0) ✗" in out, out
     # lanes down a column: right, but a warp's loads of dy are rows apart
     ns = _dx_gather([("const int ix = i % W, iy = (i / W) % H;", "const int iy = i % H, ix = (i / H) % W;"),
                      ("    dx[i] = acc;", "    dx[((b * C + c) * H + iy) * W + ix] = acc;")])
-    verdict = ex.check_dx_counters(ns["launch"], ex.check_targets("08_dx_gather"))
+    verdict = ch8.check_dx_counters(ns["launch"], ch8.check_targets("08_dx_gather"))
     out = capsys.readouterr().out
     assert not verdict and "sectors per load request (target ≤ 4.33) ✗" in out, out
 
@@ -1029,12 +1045,12 @@ def test_08_dx_gather_targets_come_from_the_chapters_kernel(capsys):
 
     chapter = lambda dy, w, dx, stride, pad: bp.conv2d_input_grad_gather(  # noqa: E731
         dy, w, dx, stride=stride, padding=pad, input_size=dx.shape[-2:])
-    out = _passes(ex.check_dx_counters(chapter, ex.check_targets("08_dx_gather")), capsys)
+    out = _passes(ch8.check_dx_counters(chapter, ch8.check_targets("08_dx_gather")), capsys)
     assert "0 global atomics" in out and "4.33 sectors per load request" in out, out
     # the scatter needs its atomics
     scatter = lambda dy, w, dx, stride, pad: bp.conv2d_input_grad_scatter(  # noqa: E731
         dy, w, dx, stride=stride, padding=pad, input_size=dx.shape[-2:])
-    assert not ex.check_dx_counters(scatter, ex.check_targets("08_dx_gather"))
+    assert not ch8.check_dx_counters(scatter, ch8.check_targets("08_dx_gather"))
     capsys.readouterr()
 
 
@@ -1043,14 +1059,14 @@ def test_08_dx_gather_prediction_is_checked_against_the_counters(capsys):
     dy, w, dx = cl.randn(1, 4, 8, 8), cl.randn(4, 2, 3, 3), cl.empty(1, 2, 10, 10)
     from convlab.ops import backprop as bp
 
-    measured = {"scatter": ex.count_atomics(bp.conv2d_input_grad_scatter, dy, w, dx),
-                "gather": ex.count_atomics(ns["launch"], dy, w, dx, 1, 0)}
+    measured = {"scatter": ch8.count_atomics(bp.conv2d_input_grad_scatter, dy, w, dx),
+                "gather": ch8.count_atomics(ns["launch"], dy, w, dx, 1, 0)}
     assert measured == {"scatter": 8 * 18, "gather": 0}
     # the notebook's call: the kernel itself, as cl.profile takes it on a GPU too
-    assert ex.count_atomics(ns["my_dx_gather"].kernel("dx_gather"), dy, w, dx, 1, 2, 4, 10, 10, 3, 0, 1,
+    assert ch8.count_atomics(ns["my_dx_gather"].kernel("dx_gather"), dy, w, dx, 1, 2, 4, 10, 10, 3, 0, 1,
                             grid=(2, 1, 1), block=(128, 1, 1)) == 0
     # a fault is printed, not raised
-    assert math.isnan(ex.count_atomics(ns["launch"], dy, w, cl.empty(1, 2, 12, 10), 1, 0))   # reads past dy
+    assert math.isnan(ch8.count_atomics(ns["launch"], dy, w, cl.empty(1, 2, 12, 10), 1, 0))   # reads past dy
     assert "OutOfBoundsError" in capsys.readouterr().out
     # one atomic per product, not per warp instruction
     _fails_with(ex.check_prediction("atomics", {"scatter": 256 * 18, "gather": 0}, measured), capsys, "scatter")
@@ -1060,7 +1076,7 @@ def test_08_dx_gather_prediction_is_checked_against_the_counters(capsys):
 
 def _streamed(changes=()):
     """Exercise 10.2's run_streamed, mutated by (old, new) pairs."""
-    ns = {"cl": cl, "ex": ex, "torch": torch}
+    ns = {**NAMES, "torch": torch}
     _run_cells(_nb("10_streams"), ns, ("def run_streamed",), changes)
     return ns["run_streamed"]
 
@@ -1101,7 +1117,7 @@ MUTANTS_10_STREAMS = {
 @pytest.mark.parametrize("mistake", MUTANTS_10_STREAMS)
 def test_10_streams_mistakes_are_named(mistake, capsys):
     changes, words = MUTANTS_10_STREAMS[mistake]
-    _fails_with(ex.check_streams(_streamed(changes)), capsys, *words)
+    _fails_with(ch10.check_streams(_streamed(changes)), capsys, *words)
 
 
 @pytest.mark.parametrize("alternative", [
@@ -1121,26 +1137,26 @@ def test_10_streams_mistakes_are_named(mistake, capsys):
       "        b0, b1 = int(idx[0]), int(idx[-1]) + 1\n        s = pair[i % 2]\n")],
 ])
 def test_10_streams_correct_alternatives_pass(alternative, capsys):
-    out = _passes(ex.check_streams(_streamed(alternative)), capsys)
+    out = _passes(ch10.check_streams(_streamed(alternative)), capsys)
     assert "no races" in out
 
 
 def test_10_streams_solution_passes_and_the_target_is_the_chapters(capsys):
-    from convlab import streams
+    from convlab.programs import streams
 
-    out = _passes(ex.check_streams(_streamed()), capsys)
+    out = _passes(ch10.check_streams(_streamed()), capsys)
     assert "target ≤ 1.2" in out
     # the target: the chapter's own 8 chunks on streams, measured, rounded up
     model = streams.Model.from_chapter()
     chapter = model.against_chapter().set_index("plan")
     measured = chapter.loc["streams, 8 chunks", "measured / longer"]
-    assert measured <= ex.check_targets("10_streams")["time over the longer of copy and compute"] < measured + 0.05
+    assert measured <= ch10.TARGETS["10_streams"]["time over the longer of copy and compute"] < measured + 0.05
 
 
 def test_10_streams_model_orders_and_overlaps_as_a_gpu_does():
     """The model on hand-made records: one stream serialises, a stream per chunk overlaps the next
     copy with the compute, a pageable copy makes the host wait."""
-    from convlab import streams
+    from convlab.programs import streams
 
     def record(per_chunk_stream, pinned=True, chunks=4, n=8):
         g = streams.Recorder(lambda xb, out: out.copy_(xb.view(len(xb), -1)[:, :2]), classes=2)
@@ -1172,7 +1188,7 @@ def test_10_streams_model_orders_and_overlaps_as_a_gpu_does():
 
 
 def test_10_streams_recorder_knows_what_each_synchronize_covers():
-    from convlab import streams
+    from convlab.programs import streams
 
     g = streams.Recorder(lambda xb, out: out.copy_(xb.view(len(xb), -1)[:, :2]), classes=2)
     x = torch.randn(4, 1, 2, 1)
@@ -1198,7 +1214,7 @@ def test_10_streams_recorder_knows_what_each_synchronize_covers():
 
 def _check_03a_constant(cuda=(), python=()):
     ns = _exercise("03a_constant_mask", "my_const", cuda, python)
-    return ex.check_constant_mask(ns["launch"], ns["my_const"], ex.check_targets("03a_constant_mask"),
+    return ch3.check_constant_mask(ns["launch"], ns["my_const"], ch3.check_targets("03a_constant_mask"),
                                   name="conv2d_tiled")
 
 
@@ -1259,23 +1275,22 @@ def test_03a_constant_mask_solution_and_alternatives_pass(cuda, python, capsys):
 def test_03a_constant_mask_target_and_answer_come_from_the_chapters_kernel():
     # chapter 3's multi-pass kernel (TILE=8), the mask in constant and in global memory, on the
     # counters' shape: the target is the first, and the answer of part 3 the difference
-    from convlab.exercise_answers import ANSWERS
     from convlab.ops import tiled
 
-    s = ex.COUNTER_SHAPE
+    s = ch2.COUNTER_SHAPE
     x, w = cl.randn(s.B, s.C, s.H, s.W), cl.randn(s.M, s.C, s.K, s.K)
     per_mac = {}
     for mask in ("constant", "global"):
         card = cl.profile(lambda: tiled.conv2d_tiled_halo_multi_pass(x, w, padding=s.padding, mask=mask, TILE=8))
-        per_mac[mask] = ex._quantity("global load bytes per multiply-add", card.kernels[-1], ex._macs(s))
-    target = ex.check_targets("03a_constant_mask")["global load bytes per multiply-add"]
+        per_mac[mask] = ch2.quantity("global load bytes per multiply-add", card.kernels[-1], ch2.multiply_adds(s))
+    target = ch3.check_targets("03a_constant_mask")["global load bytes per multiply-add"]
     assert per_mac["constant"] <= target < per_mac["constant"] + 0.01
     assert per_mac["global"] > target
-    assert per_mac["global"] - per_mac["constant"] == pytest.approx(ANSWERS["03a_constant_mask.saved"][1]())
-    assert ex._quantity("constant addresses per request", card.kernels[-1], None) is None   # the global build
+    assert per_mac["global"] - per_mac["constant"] == pytest.approx(ch3.ANSWERS["03a_constant_mask.saved"][1]())
+    assert ch2.quantity("constant addresses per request", card.kernels[-1], None) is None   # the global build
     card = cl.profile(lambda: tiled.conv2d_tiled_halo_multi_pass(x, w, padding=s.padding, mask="constant", TILE=8))
-    assert ex._quantity("constant addresses per request", card.kernels[-1], None) == \
-        ex.check_targets("03a_constant_mask")["constant addresses per request"]
+    assert ch2.quantity("constant addresses per request", card.kernels[-1], None) == \
+        ch3.check_targets("03a_constant_mask")["constant addresses per request"]
 
 
 # ---- 5.3: direct register tiles ------------------------------------------------------------------
@@ -1283,7 +1298,7 @@ def test_03a_constant_mask_target_and_answer_come_from_the_chapters_kernel():
 def _direct(cuda=(), **tunables):
     """Exercise 5.3 with its %%cuda cell mutated by `cuda`, at the tunables given (MT, ROWS, BLOCK:
     the notebook's own for those left out), as a student who edits the tunables' cell runs it."""
-    ns = {"cl": cl, "ex": ex, "torch": torch, "np": __import__("numpy")}
+    ns = {**NAMES, "torch": torch, "np": __import__("numpy")}
     nb = _nb("05_direct_regtile")
     _run_cells(nb, ns, ("MT, ROWS",))
     ns.update(tunables)
@@ -1297,8 +1312,8 @@ def _direct(cuda=(), **tunables):
 def _check_direct(ns, counters=True):
     ok = ex.check_kernel(ns["launch"], name="direct register-tiled kernel", locate=ns["where"])
     if ok and counters:
-        targets = ex.check_targets("05_direct_regtile", MT=ns["MT"], ROWS=ns["ROWS"], BLOCK=ns["BLOCK"])
-        return ex.check_counters(ns["launch"], targets, shape=ex.counter_shape("05_direct_regtile"),
+        targets = ch5.check_targets("05_direct_regtile", MT=ns["MT"], ROWS=ns["ROWS"], BLOCK=ns["BLOCK"])
+        return ch2.check_counters(ns["launch"], targets, shape=ch5.counter_shape("05_direct_regtile"),
                                  name="direct register tiles")
     return ok
 
@@ -1358,8 +1373,8 @@ def test_05_direct_regtile_mistakes_are_named(mistake, capsys):
 def test_05_direct_regtile_a_missed_shared_target_names_the_shared_load(capsys):
     # a target no kernel meets: the line named under it is the mask's shared load, not the input's global one
     ns = _direct()
-    verdict = ex.check_counters(ns["launch"], {"shared loads per multiply-add": 0.01},
-                                shape=ex.counter_shape("05_direct_regtile"))
+    verdict = ch2.check_counters(ns["launch"], {"shared loads per multiply-add": 0.01},
+                                shape=ch5.counter_shape("05_direct_regtile"))
     out = _fails_with(verdict, capsys, "the line that loads the most from shared memory: my_direct_m")
     line = int(re.search(r"loads the most from shared memory: my_direct_m\d+\.cu:(\d+)", out)[1])
     assert "wrow[4 * q]" in ns["my_direct"].src.text.splitlines()[line - 1], out
@@ -1430,27 +1445,27 @@ def test_05_direct_regtile_float4_at_q_not_4q_shows_with_two_groups_of_maps(caps
 def test_05_direct_regtile_targets_come_from_the_chapters_kernel():
     from convlab.ops import fused
 
-    s = ex.counter_shape("05_direct_regtile")
+    s = ch5.counter_shape("05_direct_regtile")
     x, w = cl.randn(s.B, s.C, s.H, s.W), cl.randn(s.M, s.C, s.K, s.K)
     for tunables in ({"MT": 4, "ROWS": 3, "BLOCK": 64}, {"MT": 8, "ROWS": 2, "BLOCK": 128}):
         call = lambda: fused.conv2d_direct_regtile(x, w, padding=s.padding, **tunables)  # noqa: E731
         card = cl.profile(call)
         k = {"global load bytes per multiply-add": card.kernels[-1],
-             "shared loads per multiply-add": ex._traced(call, card)}
-        targets = ex.check_targets("05_direct_regtile", **tunables)
+             "shared loads per multiply-add": ch2.traced_profile(call, card)}
+        targets = ch5.check_targets("05_direct_regtile", **tunables)
         assert set(targets) == set(k) and targets.key == "05_direct_regtile"
         for what, most in targets.items():
-            got = ex._quantity(what, k[what], ex._macs(s))
+            got = ch2.quantity(what, k[what], ch2.multiply_adds(s))
             assert got <= most < got * 1.01, (tunables, what, got, most)
     # the shared values: each thread's MT mask values once per (c, ky, kx) for MT × ROWS multiply-adds
-    assert ex.check_targets("05_direct_regtile")["shared loads per multiply-add"] == pytest.approx(1 / 3, rel=0.01)
+    assert ch5.check_targets("05_direct_regtile")["shared loads per multiply-add"] == pytest.approx(1 / 3, rel=0.01)
     with pytest.raises(TypeError, match="MT, ROWS, BLOCK"):
-        ex.check_targets("05_direct_regtile", TM=4)
+        ch5.check_targets("05_direct_regtile", TM=4)
 
 
 def test_untouched_constant_mask_and_direct_regtile_are_not_done_yet(capsys):
     ns = _exercise_cells("03a_constant_mask", "my_const")
-    assert not ex.check_constant_mask(ns["launch"], ns["my_const"], ex.check_targets("03a_constant_mask"))
+    assert not ch3.check_constant_mask(ns["launch"], ns["my_const"], ch3.check_targets("03a_constant_mask"))
     ns = _exercise_cells("05_direct_regtile", "my_direct", "def build", setup=("MT, ROWS",))
     assert not ex.check_kernel(ns["launch"], locate=ns["where"])
     lines = capsys.readouterr().out.splitlines()
@@ -1520,7 +1535,7 @@ def _ring(cuda=()):
 @pytest.mark.parametrize("mistake", MUTANTS_11)
 def test_11_ring_mistakes_are_named(mistake, capsys):
     cuda, words = MUTANTS_11[mistake]
-    _fails_with(ex.check_ring(_ring(cuda)["my_ring"]), capsys, *words)
+    _fails_with(ch11.check_ring(_ring(cuda)["my_ring"]), capsys, *words)
 
 
 @pytest.mark.parametrize("cuda", [
@@ -1538,26 +1553,26 @@ def test_11_ring_mistakes_are_named(mistake, capsys):
             if (t == 0) mbar_arrive(&empty[s]);"""), (LAST_11, "")],
 ])
 def test_11_ring_solution_and_alternatives_pass(cuda, capsys):
-    out = _passes(ex.check_ring(_ring(cuda)["my_ring"]), capsys)
+    out = _passes(ch11.check_ring(_ring(cuda)["my_ring"]), capsys)
     assert "K of 1, 2, 5 rounds" in out, out
 
 
 def test_11_untouched_ring_is_not_done_yet(capsys):
-    assert not ex.check_ring(_exercise_cells("11_mbarrier_ring", "my_ring")["my_ring"])
+    assert not ch11.check_ring(_exercise_cells("11_mbarrier_ring", "my_ring")["my_ring"])
     out = capsys.readouterr().out
     assert out.startswith("not done yet: the TODO in ") and out.count("\n") == 1, out
 
 
 def test_11_ring_diagnosis_names_nothing_it_does_not_know():
-    assert ex.ring_diagnosis(cl.KernelFault("ring_gemm: something else at my_ring.cu:3"), 4) == ""
+    assert ch11.ring_diagnosis(cl.KernelFault("ring_gemm: something else at my_ring.cu:3"), 4) == ""
 
 
 def test_11_ring_on_a_gpu_without_wgmma_says_so_in_one_line(monkeypatch, capsys):
-    from convlab.runtime import DeviceInfo
+    from convlab.gpu.runtime import DeviceInfo
 
     monkeypatch.setattr(cl, "backend", lambda: "cuda")
     monkeypatch.setattr(cl, "device", lambda: DeviceInfo("cuda", "NVIDIA A100", (8, 0), 108, "cuda"))
-    assert not ex.check_ring(_ring()["my_ring"])
+    assert not ch11.check_ring(_ring()["my_ring"])
     out = capsys.readouterr().out
     assert out.count("\n") == 1 and "H100 or H200 (sm_90a)" in out and "CONVLAB_BACKEND=emu" in out, out
 
@@ -1570,14 +1585,14 @@ def test_11_ring_release_before_the_wait_is_caught_whichever_thread_releases(rel
     cuda = [(RELEASE_11, f"""            if (k > 0 && {releaser}) mbar_arrive(&empty[(k - 1) % STAGES]);
             wgmma_wait<1>();""")]
     with cl.thread_order("reverse"):
-        _fails_with(ex.check_ring(_ring(cuda)["my_ring"]), capsys, "still reads", "before the wgmma_wait")
+        _fails_with(ch11.check_ring(_ring(cuda)["my_ring"]), capsys, "still reads", "before the wgmma_wait")
 
 
 # ---- one more mistake and one more correct variant for every exercise, as a student writes them --
 
 def _coarse(cuda=(), python=(), defines=None):
     """Exercise 7.1 mutated by `cuda` and `python`, its %%cuda cell's defines overridden by `defines`."""
-    ns = {"cl": cl, "ex": ex, "torch": torch, "np": __import__("numpy")}
+    ns = {**NAMES, "torch": torch, "np": __import__("numpy")}
     nb = _nb("07_conv3d_coarse")
     line_defines, body = _cuda_cell(nb, "my_coarse", ns)
     ns["my_coarse"] = cl.load_source(_mutate(_strip_markers(body), cuda), name=f"my_coarse_m{next(_counter)}",
@@ -1592,14 +1607,14 @@ def _im2col(cuda=(), python=()):
 
 def _pick(change):
     ns, measured = _dispatch(change), _dispatch()
-    return ex.check_pick(ns["pick"], measured["times"], measured["layers"], device=measured["gpu"])
+    return ch5.check_pick(ns["pick"], measured["times"], measured["layers"], device=measured["gpu"])
 
 
 def _fragment(kernel, cuda):
     ns = _fragments(cuda)
     element, rows, cols, n = {"load_a": ("a_element", 16, 16, 4), "load_b": ("b_element", 16, 8, 2)}[kernel]
     regs = ex.attempt(ns["load"], kernel, rows, cols, n)
-    return ex.check_fragment(kernel, regs, ns[element], element[0].upper(), todo=ns["frag"])
+    return ch9b.check_fragment(kernel, regs, ns[element], element[0].upper(), todo=ns["frag"])
 
 
 MORE_MISTAKES = {
@@ -1618,7 +1633,7 @@ MORE_MISTAKES = {
         lambda: _colsum_check([("#define ROW 33", "#define ROW 34")]),
         ("shared bank conflicts (target 0) ✗", "bank conflicts)")),
     "4.1 the image's index inside the row's": (
-        lambda: ex.check_unroll(_im2col([("u[((size_t)b * C * K * K + row) * P + p]", "u[((size_t)row * C + b) * P + p]")])
+        lambda: ch4.check_unroll(_im2col([("u[((size_t)b * C * K * K + row) * P + p]", "u[((size_t)row * C + b) * P + p]")])
                                 ["unroll"]),
         ("out-of-range", "u[")),
     "5.1 the pixel unpicked with Ho": (
@@ -1641,24 +1656,24 @@ MORE_MISTAKES = {
             "acc, LDC, wmma::mem_row_major);", "acc, LDC, wmma::mem_col_major);")])),
         ("wrong at",)),
     "7.1 the output plane one too low": (
-        lambda: ex.check_conv3d(_coarse([("        const int oz = iz - (KS - 1);\n", "        const int oz = iz - KS;\n")])
+        lambda: ch7.check_conv3d(_coarse([("        const int oz = iz - (KS - 1);\n", "        const int oz = iz - KS;\n")])
                                 ["launch"], 3),
         ("nothing was written, though on 9×13×37 some outputs are", "z n holds the value of z n+1")),
     "8.1 x read without stride and padding": (
-        lambda: ex.check_dw(_exercise("08_dw_atomics", "my_dw_atomic", [(
+        lambda: ch8.check_dw(_exercise("08_dw_atomics", "my_dw_atomic", [(
             "g * x[((b * C + c) * H + iy) * W + ix]", "g * x[((b * C + c) * H + oy + ky) * W + ox + kx]")],
             launch_cell="def launch_atomic")["launch_atomic"]),
         ("the stride is ignored",)),
     "8.1 the reduction launched with fewer threads than THREADS": (
-        lambda: ex.check_dw(_exercise("08_dw_atomics", "my_dw_reduce", (), [(
+        lambda: ch8.check_dw(_exercise("08_dw_atomics", "my_dw_reduce", (), [(
             "block=(threads, 1, 1))", "block=(64, 1, 1))")], launch_cell="def launch_reduce")["launch_reduce"]),
         ("no thread wrote", "a block of fewer threads than the array leaves the rest unwritten")),
     "8.2 dy's upper bounds off by one": (
-        lambda: ex.check_dx(_dx_gather([(" || ty / stride >= Ho", " || ty / stride > Ho"),
+        lambda: ch8.check_dx(_dx_gather([(" || ty / stride >= Ho", " || ty / stride > Ho"),
                                         (" || tx / stride >= Wo", " || tx / stride > Wo")])["launch"]),
         ("out-of-range", "dy's bounds")),
     "9a.1 the group's first channel without C/groups": (
-        lambda: ex.check_general_kernel(_exercise("09a_groups_dilation", "my_igemm", [(
+        lambda: ch9.check_general_kernel(_exercise("09a_groups_dilation", "my_igemm", [(
             "xg += ((size_t)b * C + (size_t)g * Cg) * H * W;", "xg += ((size_t)b * C + (size_t)g) * H * W;")])["launch"]),
         ("wrong at",)),
     "9b.1 the A rows of lanes 8-15 and 16-23 swapped": (
@@ -1666,17 +1681,17 @@ MORE_MISTAKES = {
                                       "    row = l % 8 + 8 * (l / 16);\n    col = 8 * (l / 8 % 2);")]),
         ("lane 0, register 1 holds A[0][8], A[0][9]; the layout needs A[8][0], A[8][1]",)),
     "10.1 the windows overlapping": (
-        lambda: ex.check_stage(_exercise("10_fused_epilogue", "my_epilogue", [(
+        lambda: ch10.check_stage(_exercise("10_fused_epilogue", "my_epilogue", [(
             "const float* xr = x + ((b * C + c) * H + 2 * py + ky) * W + 2 * px + kx;",
             "const float* xr = x + ((b * C + c) * H + py + ky) * W + px + kx;")],
             launch_cell="def launch_epilogue")["launch_epilogue"]),
         ("the windows overlap",)),
     "10.2 the whole batch copied in first": (
-        lambda: ex.check_streams(_streamed([("    step = -(-n // chunks)\n", "    g.copy(x_dev, x_host)\n    step = -(-n // chunks)\n"),
+        lambda: ch10.check_streams(_streamed([("    step = -(-n // chunks)\n", "    g.copy(x_dev, x_host)\n    step = -(-n // chunks)\n"),
                                             ("            g.copy(x_dev[b0:b1], x_host[b0:b1])\n", "")])),
         ("reads what the copy in of images 0..15 (the default stream) writes", "nothing ordering the two")),
     "11.1 the warpgroup's rows of A left out": (
-        lambda: ex.check_ring(_ring([("uint64_t da = smem_desc_128b(a + row0 * 128);",
+        lambda: ch11.check_ring(_ring([("uint64_t da = smem_desc_128b(a + row0 * 128);",
                                       "uint64_t da = smem_desc_128b(a);")])["my_ring"]),
         ("warpgroup 2 holds what warpgroup 1 computes",)),
 }
@@ -1706,7 +1721,7 @@ MORE_CORRECT = {
         "    w = blockIdx.x * blockDim.x + threadIdx.x;\n    h = blockIdx.y;\n",
         "    h = blockIdx.y;\n    w = threadIdx.x + blockDim.x * blockIdx.x;\n")]),
     "3b.1 rows 35 floats long (any odd length)": lambda: _colsum_check([("#define ROW 33", "#define ROW 35")]),
-    "4.1 one loop over the taps, the product by copy_": lambda: (lambda ns: ex.check_unroll(ns["unroll"])
+    "4.1 one loop over the taps, the product by copy_": lambda: (lambda ns: ch4.check_unroll(ns["unroll"])
                                                              and ex.check_kernel(ns["conv2d_im2col"]))(_im2col([(
         "    for (int ky = 0; ky < K; ++ky)\n        for (int kx = 0; kx < K; ++kx) {\n",
         "    for (int r = 0; r < K * K; ++r) {\n            const int ky = r / K, kx = r % K;\n")], [(
@@ -1726,35 +1741,35 @@ MORE_CORRECT = {
     "6.2 B's columns by pointer arithmetic": lambda: (lambda ns: ex.check_kernel(
         ns["launch"], ns["SHAPES"], fp16="float", locate=ns["where"]))(_wmma([(
             "wmma::load_matrix_sync(b, &Bs[0][warp * 16], LDB);", "wmma::load_matrix_sync(b, Bs[0] + 16 * warp, LDB);")])),
-    "7.1 the window shifted and cleared in one loop": lambda: ex.check_conv3d(_coarse([(
+    "7.1 the window shifted and cleared in one loop": lambda: ch7.check_conv3d(_coarse([(
         "        for (int j = 0; j < KS - 1; ++j) acc[j] = acc[j + 1];\n        acc[KS - 1] = 0.0f;",
         "        for (int j = 0; j < KS; ++j) acc[j] = j + 1 < KS ? acc[j + 1] : 0.0f;")])["launch"], 3),
-    "7.1 ZC=2, BY=8, counters too": lambda: (lambda ns: ex.check_conv3d(ns["launch"], 3) and ex.check_conv3d_counters(
-        ns["launch"], 3, ex.check_targets("07")))(_coarse((), [("KS, ZC, BY = 3, 4, 4", "KS, ZC, BY = 3, 2, 8")],
+    "7.1 ZC=2, BY=8, counters too": lambda: (lambda ns: ch7.check_conv3d(ns["launch"], 3) and ch7.check_conv3d_counters(
+        ns["launch"], 3, ch7.check_targets("07")))(_coarse((), [("KS, ZC, BY = 3, 4, 4", "KS, ZC, BY = 3, 2, 8")],
                                                           {"ZC": 2, "BY": 8})),
-    "8.1 the atomic's address by pointer arithmetic": lambda: ex.check_dw(_exercise("08_dw_atomics", "my_dw_atomic", [(
+    "8.1 the atomic's address by pointer arithmetic": lambda: ch8.check_dw(_exercise("08_dw_atomics", "my_dw_atomic", [(
         "atomicAdd(&dw[((m * C + c) * K + ky) * K + kx],", "atomicAdd(dw + ((m * C + c) * K + ky) * K + kx,")],
         launch_cell="def launch_atomic")["launch_atomic"]),
-    "8.1 the tree halved by a shift": lambda: ex.check_dw(_exercise("08_dw_atomics", "my_dw_reduce", [(
+    "8.1 the tree halved by a shift": lambda: ch8.check_dw(_exercise("08_dw_atomics", "my_dw_reduce", [(
         "    for (int s = THREADS / 2; s > 0; s /= 2) {", "    for (int s = THREADS / 2; s >= 1; s >>= 1) {")],
         launch_cell="def launch_reduce")["launch_reduce"]),
-    "8.2 fmaf": lambda: ex.check_dx(_dx_gather([(
+    "8.2 fmaf": lambda: ch8.check_dx(_dx_gather([(
         "acc += dy[((b * M + m) * Ho + oy) * Wo + ox]\n                     * w[((m * C + c) * K + ky) * K + kx];",
         "acc = fmaf(dy[((b * M + m) * Ho + oy) * Wo + ox], w[((m * C + c) * K + ky) * K + kx], acc);")])["launch"]),
-    "9a.1 the channel counted from 0 of the image": lambda: ex.check_general_kernel(_exercise(
+    "9a.1 the channel counted from 0 of the image": lambda: ch9.check_general_kernel(_exercise(
         "09a_groups_dilation", "my_igemm", [
             ("xg += ((size_t)b * C + (size_t)g * Cg) * H * W;", "xg += (size_t)b * C * H * W;"),
             ("v = xg[(c * H + iy) * W + ix];", "v = xg[((g * Cg + c) * H + iy) * W + ix];")])["launch"]),
     "9b.1 B's row by a mask": lambda: _fragment("load_b", [("    row = l % 16;\n    return row;",
                                                             "    row = l & 15;\n    return row;")]),
-    "10.1 the four in another order, the bias first": lambda: ex.check_stage(_exercise(
+    "10.1 the four in another order, the bias first": lambda: ch10.check_stage(_exercise(
         "10_fused_epilogue", "my_epilogue", [(BEST_10, "best = bias[m] + fmaxf(fmaxf(acc[0][0], acc[1][1]), "
                                                        "fmaxf(acc[1][0], acc[0][1]));")],
         launch_cell="def launch_epilogue")["launch_epilogue"]),
-    "10.2 the streams made before the loop": lambda: ex.check_streams(_streamed([(
+    "10.2 the streams made before the loop": lambda: ch10.check_streams(_streamed([(
         LOOP_10 + "        s = g.stream()\n",
         "    made = [g.stream() for _ in range(chunks)]\n" + LOOP_10 + "        s = made[b0 // step]\n")])),
-    "11.1 three stages": lambda: ex.check_ring(_ring([("#define STAGES 2", "#define STAGES 3")])["my_ring"]),
+    "11.1 three stages": lambda: ch11.check_ring(_ring([("#define STAGES 2", "#define STAGES 3")])["my_ring"]),
 }
 
 

@@ -10,7 +10,8 @@ import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
 import convlab as cl  # noqa: E402
-from convlab import plots, results, roofline, workloads  # noqa: E402
+from convlab.display import plots  # noqa: E402
+from convlab.measuring import results, roofline, workloads
 
 
 def _row(wl, impl, ms, kind="ours", **extra):

@@ -107,7 +107,7 @@ def test_depthwise_kernel(shape, dtype):
 
 def test_implementation_records():
     """Each Impl runs through its record, and says which of the course's workloads it takes."""
-    from convlab import workloads
+    from convlab.measuring import workloads
 
     records = general.IMPLEMENTATIONS + depthwise.IMPLEMENTATIONS
     ops = {impl.op for impl in records}
@@ -288,7 +288,7 @@ FULL = [   # (B, C, H, W, M, Kh, Kw, stride, padding, dilation, groups)
 
 @pytest.mark.parametrize("shape", FULL, ids=_ids)
 def test_launchers_respect_the_launch_limits(record_launches, shape):
-    from convlab._args import check_launch
+    from convlab.gpu._args import check_launch
 
     B, C, H, W, M, Kh, Kw, st, pad, dil, g = shape
     kw = dict(stride=st, padding=pad, dilation=dil, groups=g)

@@ -1,4 +1,4 @@
-"""Hopper's asynchronous path on the CPU emulator (convlab/emu/include/clemu_hopper.h and runtime.cpp):
+"""Hopper's asynchronous path on the CPU emulator (convlab/gpu/emu/include/clemu_hopper.h and runtime.cpp):
 wgmma from shared-memory descriptors, mbarriers, TMA tiled loads, named barriers. The tests of
 results run on an H100/H200 too (the same kernels, checked against the same expectations); the
 sanitizer's are the emulator's alone (emu_only).

@@ -15,9 +15,9 @@ import torch
 import torch.nn.functional as F
 
 import convlab as cl
+from convlab.measuring.workloads import Workload
 from convlab.ops import hopper
 from convlab.ops.fp16 import U16, fp16_tolerance
-from convlab.workloads import Workload
 
 U_BF16 = 2.0 ** -8      # bf16's unit roundoff: 8 significant bits
 
@@ -250,7 +250,7 @@ def test_other_dtypes_are_refused_with_what_to_pass():
 
 @pytest.mark.gpu_only
 def test_one_launch_from_channels_last_and_two_with_a_split():
-    from convlab.bench import count_launches
+    from convlab.measuring.bench import count_launches
 
     x, w, _ = _inputs(2, 64, 64, 14, 14, 3, BF16)
     hopper.conv2d_hopper(x, w, padding=1, SPLIT_K=1)
@@ -274,7 +274,8 @@ def test_the_impl_records_name_their_ops():
 def test_the_measuring_harness_runs_the_forward_record():
     """measure.run (chapter 9's every-kernel tables, benchmarks/general_layers.py --all) checks the
     fp16 record like any other kernel on a layer's small twin."""
-    from convlab import measure, workloads
+    from convlab.measuring import workloads
+    from convlab.programs import measure
 
     df = measure.run([hopper.HOPPER], [workloads.get("resnet_stem_7x7_s2"), workloads.get("deeplab_d2_28")],
                      dtype="fp16", layout="channels_last", torch_baseline=False)

@@ -7,9 +7,10 @@ import pytest
 import torch
 
 import convlab as cl
-from convlab import _limits, workloads
-from convlab.exercise import AWKWARD_SHAPES, VALID_SHAPES
+from convlab.gpu import _limits
+from convlab.measuring import workloads
 from convlab.ops import naive
+from convlab.teach.checks import AWKWARD_SHAPES, VALID_SHAPES
 
 MORE_SHAPES = [
     # a block's worth plus one, wide masks, more channels
@@ -116,7 +117,7 @@ def test_launchers_refuse_shapes_that_do_not_fit():
 
 
 def test_pick_and_implementations():
-    from convlab.workloads import Workload
+    from convlab.measuring.workloads import Workload
     assert naive.pick(workloads.get("fa17")) is naive.NAIVE_FLAT
     assert not naive.NAIVE_Z.applies(workloads.get("fa17")) and naive.NAIVE_Z.applies(workloads.get("lenet_c1"))
     assert [i.name for i in naive.IMPLEMENTATIONS] == ["naive z (B·M on grid z)", "naive flat (1D grid)",

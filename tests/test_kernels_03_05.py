@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import convlab as cl
-from convlab import _limits
-from convlab._args import check_launch
+from convlab.gpu import _limits
+from convlab.gpu._args import check_launch
 from convlab.ops import fused, im2col, tiled
 
 # (B, C, M, H, W, K, stride, padding)
@@ -234,8 +234,8 @@ def test_direct_refusals():
 
 
 def test_pick_rules_for_the_course_layers():
-    from convlab import workloads
-    from convlab.workloads import Workload
+    from convlab.measuring import workloads
+    from convlab.measuring.workloads import Workload
     picks = {wl.name: fused.pick(wl) for wl in workloads.WORKLOADS_2D}
     for name in ("lenet_c1", "lenet_c3", "fa17"):
         assert picks[name] is fused.DIRECT_REGTILE, name
@@ -257,7 +257,7 @@ def test_pick_rules_for_the_course_layers():
 def test_implementations_and_pick(module):
     """Each implementation under its one name, called as pick() returns it: best(x, w) with the
     tunables of best.config(shape), on an awkward shape."""
-    from convlab.workloads import Workload
+    from convlab.measuring.workloads import Workload
     x, w = cl.randn(2, 3, 13, 11), cl.randn(5, 3, 3, 3)
     shape = Workload.of(x, w, padding=1)
     names = [impl.name for impl in module.IMPLEMENTATIONS]
@@ -271,7 +271,7 @@ def test_implementations_and_pick(module):
 
 @pytest.mark.parametrize("name", ["lenet_c1", "lenet_c3", "fa17", "days100", "resnet"])
 def test_best_at_the_small_twins(name):
-    from convlab import workloads
+    from convlab.measuring import workloads
     wl = workloads.get(name).small()
     shape = dict(B=wl.B, C=wl.C, M=wl.M, H=wl.H, W=wl.W, K=wl.K, stride=wl.stride, padding=wl.padding)
     _run(fused.conv2d_best, shape)

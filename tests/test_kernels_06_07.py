@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import convlab as cl
-from convlab._args import check_launch
+from convlab.gpu._args import check_launch
 from convlab.ops import conv3d, fp16
 
 # ==== chapter 6 ======================================================================================
@@ -252,7 +252,7 @@ def test_conv2d_fp16_float32_in_and_out(impl):
 
 
 def test_pick_rules_for_the_course_layers():
-    from convlab import workloads
+    from convlab.measuring import workloads
     picks = {wl.name: fp16.pick(wl) for wl in workloads.WORKLOADS_2D}
     for name in ("lenet_c1", "lenet_c3", "fa17"):
         assert picks[name] is fp16.WMMA_SMALLC, name
@@ -270,7 +270,7 @@ def test_pick_rules_for_the_course_layers():
 @pytest.mark.parametrize("name", ["lenet_c1", "lenet_c3", "fa17", "days100", "resnet"])
 @pytest.mark.parametrize("best", ["pick", "half2"])
 def test_best_at_the_small_twins(name, best):
-    from convlab import workloads
+    from convlab.measuring import workloads
     wl = workloads.get(name).small()
     shape = dict(B=wl.B, C=wl.C, M=wl.M, H=wl.H, W=wl.W, K=wl.K, stride=wl.stride, padding=wl.padding)
     x, w, xh, wh, y, s, p = _case(shape)
@@ -391,7 +391,7 @@ def test_conv3d_refusals():
 
 
 def test_conv3d_pick_and_small_twin():
-    from convlab import workloads
+    from convlab.measuring import workloads
     wl = workloads.get("conv3d")
     best = conv3d.pick(wl)
     assert best is conv3d.COARSE and best.config(wl) == {"TX": 4, "TY": 1, "BY": 8, "ZC": 32, "MASK_REGS": 1}
@@ -436,7 +436,7 @@ def test_fp16_launchers_respect_the_launch_limits(recorded, name):
 
 
 def test_conv3d_launchers_respect_the_launch_limits(recorded):
-    from convlab import workloads
+    from convlab.measuring import workloads
     wl = workloads.get("conv3d")
     x = torch.empty(wl.D, wl.H, wl.W, device="meta")
     w = torch.empty(wl.K, wl.K, wl.K, device="meta")

@@ -16,9 +16,9 @@ import torch
 import torch.nn.functional as F
 
 import convlab as cl
-from convlab import lenet
 from convlab.ops import backprop as bp
 from convlab.ops import dropin
+from convlab.programs import lenet
 
 # (B, C, M, H, W, K, stride, padding)
 SHAPES = [
@@ -148,7 +148,7 @@ def test_reduce_partials():
 
 @pytest.mark.parametrize("name", ["lenet_c1", "lenet_c3", "fa17", "days100", "resnet"])
 def test_best_at_the_small_twins(name):
-    from convlab import workloads
+    from convlab.measuring import workloads
     wl = workloads.get(name).small()
     shape = dict(B=wl.B, C=wl.C, M=wl.M, H=wl.H, W=wl.W, K=wl.K, stride=wl.stride, padding=wl.padding)
     _dx(bp.conv2d_input_grad_best, shape)
@@ -156,8 +156,8 @@ def test_best_at_the_small_twins(name):
 
 
 def test_pick_rules_for_the_course_layers():
-    from convlab import workloads
-    from convlab.workloads import Workload
+    from convlab.measuring import workloads
+    from convlab.measuring.workloads import Workload
     dx = {wl.name: bp.pick_input_grad(wl) for wl in workloads.WORKLOADS_2D}
     dw = {wl.name: bp.pick_weight_grad(wl) for wl in workloads.WORKLOADS_2D}
     for name in ("lenet_c1", "lenet_c3", "fa17"):
@@ -176,7 +176,7 @@ def test_pick_rules_for_the_course_layers():
 @pytest.mark.parametrize("impl", bp.IMPLEMENTATIONS, ids=lambda i: i.name)
 def test_implementations_with_their_config(impl):
     """Each implementation by its one name, with the tunables its config gives, stride 2 included."""
-    from convlab.workloads import Workload
+    from convlab.measuring.workloads import Workload
     shape = dict(B=2, C=3, M=5, H=13, W=12, K=3, stride=1 if impl is bp.DX_FORWARD else 2, padding=1)
     x, w, dy, s, p = _case(shape)
     tunables = impl.config(Workload("", **shape))
@@ -225,7 +225,7 @@ FULL = {"lenet_c1": (10000, 1, 4, 86, 86, 7, 1, 0), "lenet_c3": (10000, 4, 16, 4
 
 @pytest.mark.parametrize("name", list(FULL))
 def test_launchers_respect_the_launch_limits(record_launches, name):
-    from convlab._args import check_launch
+    from convlab.gpu._args import check_launch
 
     launches = record_launches()
     B, C, M, H, W, K, s, p = FULL[name]
@@ -379,7 +379,7 @@ def test_lenet_twins_agree_on_a_forward_pass(digits):
 
 def test_lenet_twins_agree_on_the_gradients_of_one_batch(digits):
     """The course network's convolution gradients (dX and dW kernels) match torch's on one batch."""
-    from convlab import baselines
+    from convlab.measuring import baselines
 
     ours, theirs = lenet.twins(digits.image_size, seed=0)
     dev = ours.fc1.weight.device

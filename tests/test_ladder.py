@@ -1,4 +1,4 @@
-"""convlab.ladder: every rung is in the committed results, its numbers are the CSV's, a chapter's
+"""convlab.display.ladder: every rung is in the committed results, its numbers are the CSV's, a chapter's
 ladder holds its own and earlier chapters' rungs only, fp16 rungs say so."""
 import math
 
@@ -6,7 +6,8 @@ import matplotlib
 import pandas as pd
 import pytest
 
-from convlab import ladder, results
+from convlab.display import ladder
+from convlab.measuring import results
 
 matplotlib.use("Agg")
 ALL_PASSES = [p for p in ladder.PASSES if ladder.rungs("10_network", p)]

@@ -84,7 +84,7 @@ def test_device_and_backend_forcing(monkeypatch):
 
 
 def test_forcing_cuda_without_gpu_says_why(monkeypatch):
-    from convlab import backend_cuda
+    from convlab.gpu import backend_cuda
     if backend_cuda.why_not() is None:
         pytest.skip("a GPU is here")
     with pytest.raises(cl.BackendUnavailable) as e:
@@ -205,8 +205,8 @@ def _stand_in_cuda_module(source, kernel, launches, attributes, streams):
     back from the void** array, by the parameter's type, as the driver would."""
     import ctypes
     import threading
-    from convlab import _source
-    from convlab.backend_cuda import CudaBackend, CudaModule
+    from convlab.gpu import _source
+    from convlab.gpu.backend_cuda import CudaBackend, CudaModule
 
     src = _source.parse(source, "k.cu", [])
     params = src.kernels[kernel].params
@@ -244,7 +244,7 @@ def test_the_gpu_launch_passes_every_kind_of_argument():
     """The cuda backend's launch with a stand-in driver (no GPU needed): pointers as addresses,
     each scalar type in its own size (an int for a float parameter as a float, a half as its 16
     bits), torch's current stream of the launching thread, the shared-memory opt-in set once."""
-    from convlab import _args
+    from convlab.gpu import _args
 
     source = ("__global__ void k(const float* x, half* y, int n, float a, half h, double d, unsigned int u, "
               "long long q, bool b, short s, char c, size_t z) {}")
@@ -270,7 +270,7 @@ def test_a_bound_gpu_launch_packs_its_scalars_once_and_checks_each_tensor():
     each call's tensors written in, another thread with its own buffer and its own current stream,
     and a tensor the kernel cannot take sent to the full checks."""
     import threading
-    from convlab import _args
+    from convlab.gpu import _args
 
     source = "__global__ void k(const float* x, float* y, int n, float a, half h) {}"
     launches, attributes, streams = [], [], {}

@@ -1,4 +1,5 @@
-"""convlab's modules import one another one way: no import cycle among them.
+"""convlab's modules import one another one way: no import cycle among them, and its packages stand on
+floors (FLOORS): a package imports only packages below it.
 
 Read from the source (ast), not by importing: every `import` / `from ... import` of a convlab
 module counts, at module level or inside a function, except a function-local one whose line says
@@ -31,12 +32,13 @@ def _is_waived(node, lines, in_function: bool) -> bool:
     return "#" in text and ("optional" in text or "heavy" in text)
 
 
-def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
-    """The convlab modules `name` imports (counted as the module docstring says)."""
+def imports_of(name: str, path: Path, known: set[str]) -> dict[str, int]:
+    """The convlab modules `name` imports (counted as the module docstring says), each with the line
+    of its first import."""
     text = path.read_text()
     lines = text.splitlines()
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    out = set()
+    out: dict[str, int] = {}
 
     def target(base: str, item: str | None) -> str:
         if item and f"{base}.{item}" in known:
@@ -49,7 +51,9 @@ def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
         for child in ast.iter_child_nodes(node):
             inner = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
             if isinstance(child, ast.Import) and not _is_waived(child, lines, in_function):
-                out.update(target(a.name, None) for a in child.names if a.name.split(".")[0] == "convlab")
+                for a in child.names:
+                    if a.name.split(".")[0] == "convlab":
+                        out.setdefault(target(a.name, None), child.lineno)
             elif isinstance(child, ast.ImportFrom) and not _is_waived(child, lines, in_function):
                 if child.level:
                     base = ".".join(package.split(".")[:len(package.split(".")) - child.level + 1])
@@ -57,15 +61,16 @@ def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
                 else:
                     base = child.module or ""
                 if base.split(".")[0] == "convlab":
-                    out.update(target(base, a.name) for a in child.names)
+                    for a in child.names:
+                        out.setdefault(target(base, a.name), child.lineno)
             visit(child, inner)
 
     visit(ast.parse(text), False)
-    out.discard(name)
+    out.pop(name, None)
     return out
 
 
-def graph() -> dict[str, set[str]]:
+def graph() -> dict[str, dict[str, int]]:
     mods = modules()
     known = set(mods)
     return {m: imports_of(m, p, known) for m, p in mods.items()}
@@ -108,13 +113,51 @@ def test_no_import_cycle_among_convlab_modules():
     g = graph()
     found = cycles(g)
     detail = "\n".join(
-        "  " + ", ".join(c) + "\n" + "\n".join(f"    {a} -> {b}" for a in c for b in sorted(g[a] & set(c)))
+        "  " + ", ".join(c) + "\n" + "\n".join(f"    {a} -> {b}" for a in c for b in sorted(set(g[a]) & set(c)))
         for c in found)
     assert not found, f"import cycles among convlab's modules:\n{detail}"
 
 
+#: convlab's packages from the ground up. A package imports only itself and the packages below it;
+#: the package front (convlab/__init__.py, "convlab" here) hands on names from the floors below it,
+#: and the floors above it use it (import convlab as cl).
+FLOORS = ["gpu", "measuring", "ops", "display", "convlab", "programs", "teach", "chapters"]
+
+
+def floor(module: str) -> str:
+    """The package a convlab module is in (convlab.ops.fused: "ops"; the front: "convlab")."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "convlab"
+
+
+def imports_up(g: dict[str, dict[str, int]], paths: dict[str, Path]) -> list[str]:
+    """'path:line: module imports module (its package stands above)' for each import up the floors."""
+    return sorted(f"{paths[a].relative_to(ROOT)}:{line}: {a} imports {b} ({floor(b)} stands above {floor(a)})"
+                  for a, targets in g.items() for b, line in targets.items()
+                  if b in g and FLOORS.index(floor(b)) > FLOORS.index(floor(a)))
+
+
+def test_every_module_is_in_a_package_on_a_floor():
+    loose = [m for m in modules() if m != "convlab" and floor(m) not in FLOORS]
+    stray = [m for m in modules() if len(m.split(".")) == 2 and m.split(".")[1] not in FLOORS]
+    assert not loose and not stray, f"convlab modules on no floor of FLOORS: {sorted(set(loose + stray))}"
+
+
+def test_packages_import_only_the_floors_below():
+    found = imports_up(graph(), modules())
+    assert not found, "imports up convlab's floors:\n" + "\n".join(found)
+
+
+def test_the_floor_check_sees_an_import_up():
+    """The reader itself: a launcher importing a chapter is named, with its line."""
+    g = {"convlab.ops.fused": {"convlab.chapters.ch05_fused": 7}, "convlab.chapters.ch05_fused": {"convlab.ops.fused": 3}}
+    paths = {m: ROOT / (m.replace(".", "/") + ".py") for m in g}
+    assert imports_up(g, paths) == ["convlab/ops/fused.py:7: convlab.ops.fused imports convlab.chapters.ch05_fused "
+                                    "(chapters stands above ops)"]
+
+
 def test_the_package_front_only_hands_names_on():
-    """convlab/__init__.py defines no function or class of its own (the runtime is convlab.runtime),
+    """convlab/__init__.py defines no function or class of its own (the runtime is convlab.gpu.runtime),
     and no module the front imports imports the front back."""
     tree = ast.parse((PACKAGE / "__init__.py").read_text())
     own = [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name != "__getattr__"]

@@ -8,9 +8,11 @@ import torch
 import torch.nn.functional as F
 
 import convlab as cl
-from convlab import baselines, book, measure, results
+from convlab.display import book
+from convlab.measuring import baselines, results
+from convlab.measuring.workloads import Workload
 from convlab.ops import Impl
-from convlab.workloads import Workload
+from convlab.programs import measure
 
 LAYER = Workload("t", B=5, C=3, M=4, H=11, W=9, K=3, stride=2, padding=1)
 
@@ -157,7 +159,7 @@ def test_the_torch_worker_spec_round_trips():
 
 def test_the_torch_baseline_gets_every_field_of_a_general_layer():
     """The fresh process's tensors and arguments (torch_baseline) give the workload's output shape."""
-    from convlab import torch_baseline, workloads
+    from convlab.measuring import torch_baseline, workloads
 
     for wl in (LAYER, *workloads.LAYERS):
         spec = baselines._spec(wl, "conv2d", "fp32", "nchw", 20)
@@ -172,7 +174,7 @@ def test_the_torch_baseline_gets_every_field_of_a_general_layer():
 def test_general_layers_go_through_the_harness():
     """groups, dilation, a non-square mask and per-axis stride reach the launcher and the reference;
     a kernel that is not any_layer is never offered such a layer."""
-    from convlab.workloads import Workload
+    from convlab.measuring.workloads import Workload
 
     wl = Workload("g", B=3, C=6, M=4, H=12, W=11, K=(3, 2), stride=(2, 1), padding=(1, 0), dilation=(1, 2), groups=2)
     seen = []
@@ -240,7 +242,7 @@ def test_torch_algorithm_names_what_the_kernels_show():
 
 
 def test_a_kernel_in_an_anonymous_namespace_keeps_its_name():
-    from convlab.profile import KernelProfile
+    from convlab.measuring.cards import KernelProfile
     name = "void at::native::(anonymous namespace)::conv_depthwise2d_forward_kernel<3, float>(float*, int)"
     assert baselines.kernel_base_name(name) == "at::native::conv_depthwise2d_forward_kernel"
     assert KernelProfile(name).short_name == "conv_depthwise2d_forward_kernel"

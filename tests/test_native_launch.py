@@ -1,11 +1,11 @@
-"""convlab.native: the C extension that calls cuLaunchKernel in one C call. No GPU needed: it is
+"""convlab.gpu.native: the C extension that calls cuLaunchKernel in one C call. No GPU needed: it is
 handed the address of a C-callable stand-in with cuLaunchKernel's signature, which records what
 arrives."""
 import ctypes
 
 import pytest
 
-from convlab import native
+from convlab.gpu import native
 
 LAUNCH = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, *[ctypes.c_uint] * 7, ctypes.c_void_p,
                           ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_void_p))
@@ -14,7 +14,7 @@ LAUNCH = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, *[ctypes.c_uint] * 7, c
 def test_the_extension_passes_every_argument_and_returns_the_drivers_code():
     launch = native.fast_launch()
     if launch is None:
-        pytest.skip(f"convlab.native cannot be built here: {native.why_not()}")
+        pytest.skip(f"convlab.gpu.native cannot be built here: {native.why_not()}")
     seen = []
 
     def stand_in(func, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
@@ -34,7 +34,7 @@ def test_the_extension_passes_every_argument_and_returns_the_drivers_code():
 def test_the_extension_refuses_what_is_not_eleven_ints():
     launch = native.fast_launch()
     if launch is None:
-        pytest.skip(f"convlab.native cannot be built here: {native.why_not()}")
+        pytest.skip(f"convlab.gpu.native cannot be built here: {native.why_not()}")
     with pytest.raises(TypeError, match="11 integer arguments"):
         launch(1, 2, 3)
     with pytest.raises(TypeError):
@@ -44,9 +44,9 @@ def test_the_extension_refuses_what_is_not_eleven_ints():
 
 
 def test_the_ctypes_fallback_passes_the_same_arguments():
-    """Where convlab.native cannot be built the driver launches through ctypes: the same eleven
+    """Where convlab.gpu.native cannot be built the driver launches through ctypes: the same eleven
     values must reach cuLaunchKernel (a stand-in with its C signature records them)."""
-    from convlab.backend_cuda import Driver
+    from convlab.gpu.backend_cuda import Driver
 
     seen = []
 
@@ -134,7 +134,7 @@ def _aligned(*shapes):
 
 def test_a_route_writes_the_calls_addresses_and_launches_in_one_call():
     if native.route_type() is None:
-        pytest.skip(f"convlab.native cannot be built here: {native.why_not()}")
+        pytest.skip(f"convlab.gpu.native cannot be built here: {native.why_not()}")
     d = Driver(5)
     r = _route(d)
     x, w = _aligned((3, 4), (8,))
@@ -158,7 +158,7 @@ def test_a_route_answers_notimplemented_where_a_call_is_not_as_recorded():
     import torch
 
     if native.route_type() is None:
-        pytest.skip(f"convlab.native cannot be built here: {native.why_not()}")
+        pytest.skip(f"convlab.gpu.native cannot be built here: {native.why_not()}")
     d = Driver(5)
     r = _route(d)
     x, w = _aligned((3, 4), (8,))
@@ -176,7 +176,7 @@ def test_a_route_answers_notimplemented_where_a_call_is_not_as_recorded():
 
 def test_a_route_raises_the_drivers_error():
     if native.route_type() is None:
-        pytest.skip(f"convlab.native cannot be built here: {native.why_not()}")
+        pytest.skip(f"convlab.gpu.native cannot be built here: {native.why_not()}")
     r = _route(Driver(5, err=700))
     x, w = _aligned((3, 4), (8,))
     with pytest.raises(RuntimeError, match="CUDA error 700"):
@@ -185,7 +185,7 @@ def test_a_route_raises_the_drivers_error():
 
 def test_a_route_refuses_a_malformed_recording():
     if native.route_type() is None:
-        pytest.skip(f"convlab.native cannot be built here: {native.why_not()}")
+        pytest.skip(f"convlab.gpu.native cannot be built here: {native.why_not()}")
     Route, d = native.route_type(), Driver(1)
     with pytest.raises(ValueError):      # a step reads argument 1, which must be None
         Route(*d.addresses, lambda: 0, lambda: True, ((0, (1,)), None), (lambda: None,),
@@ -211,7 +211,7 @@ def test_the_gpu_backend_records_a_calls_launches_as_the_driver_gets_them():
     import torch
     from test_launch_and_arguments import _OnGpu, _stand_in_cuda_module
 
-    from convlab import _args, backend_cuda
+    from convlab.gpu import _args, backend_cuda
 
     source = "__global__ void k(const float* x, float* y, int n, float a) {}"
     launches, attributes, streams = [], [], {}

@@ -11,10 +11,10 @@ import torch
 import torch.nn.functional as F
 
 import convlab as cl
-from convlab import network as net
-from convlab._args import check_launch
+from convlab.gpu._args import check_launch
+from convlab.measuring.workloads import Workload
 from convlab.ops import layers as ops
-from convlab.workloads import Workload
+from convlab.programs import network as net
 
 ACT = {"none": lambda t: t, "relu": torch.relu, "tanh": torch.tanh}
 POOL = {"none": lambda t: t, "max": lambda t: F.max_pool2d(t, 2), "avg": lambda t: F.avg_pool2d(t, 2)}
@@ -476,7 +476,7 @@ def test_forward_fuses_only_the_stages_whose_mask_fits_the_constant_cache():
     (book/data/details/10_network_stages.csv): network.forward fuses by that rule."""
     assert [net.fuses(s) for s in net.CLASS_PROJECT.convs] == [True, False]
     assert [net.fuses(s) for s in net.LENET5.convs] == [True, False]
-    from convlab import results
+    from convlab.measuring import results
     stages = results.load("details/10_network_stages")
     ms = stages.pivot_table(index="workload", columns="key", values="ms")
     won = (ms["stage_fused"] < ms["stage_separate"]).to_dict()

@@ -10,10 +10,14 @@ import pytest
 import torch
 
 import convlab as cl
-from convlab import book
-from convlab.profile import (ATOMICS, NCU_METRICS, SHARED_ATOMICS, ProfileCard, ProfileUnavailable, committed, count_trace,
-                             parse_ncu_csv, refusal, run_ncu, unknown_metric)
-from convlab.sass import SassUnavailable, compile_cubin, parse_sass
+from convlab.display import book
+from convlab.gpu._errors import ProfileUnavailable
+from convlab.measuring import ncu
+from convlab.measuring.cards import ATOMICS, NCU_METRICS, SHARED_ATOMICS, KernelProfile, ProfileCard
+from convlab.measuring.emu_counters import count_trace
+from convlab.measuring.ncu import parse_ncu_csv, refusal, run_ncu, unknown_metric
+from convlab.measuring.profile import committed
+from convlab.measuring.sass import SassUnavailable, compile_cubin, parse_sass
 
 DATA = Path(__file__).resolve().parent / "data"
 NCU = DATA / "ncu"
@@ -74,7 +78,6 @@ def test_card_table_rows_and_values():
 
 
 def test_top_stalls_and_atomics_sum():
-    from convlab.profile import KernelProfile
     k = KernelProfile("k(float*)", {"smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio": 7.5,
                                     "smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio": 1.25,
                                     "smsp__average_warps_issue_stalled_selected_per_issue_active.ratio": 1.0,
@@ -132,8 +135,7 @@ def _fake_ncu(tmp_path, script: str) -> str:
 
 
 def test_run_ncu_without_ncu(monkeypatch):
-    # (cl.profile is the function; its module is convlab.profile in sys.modules)
-    monkeypatch.setattr(sys.modules["convlab.profile"], "ncu_path", lambda: None)
+    monkeypatch.setattr(ncu, "ncu_path", lambda: None)
     csv_text, why = run_ncu({"kind": "call"}, ["gpu__time_duration.sum"])
     assert csv_text == "" and "ncu (Nsight Compute) is not installed" in why
 
@@ -165,14 +167,14 @@ def test_committed_result_when_profiling_is_impossible(tmp_path, monkeypatch, ca
         out = capsys.readouterr().out.strip().splitlines()
         assert len(out) == 1 and out[0].startswith("cl.profile: no GPU here") and "committed result" in out[0]
     with pytest.raises(ProfileUnavailable, match="no committed result book/data/profiles/other.csv"):
-        from convlab.profile import _fallback
+        from convlab.measuring.profile import _fallback
         _fallback("other", "ncu is not installed here")
 
 
 def test_a_stored_card_names_its_precision(tmp_path, monkeypatch):
-    P = sys.modules["convlab.profile"]
+    P = sys.modules["convlab.measuring.profile"]
     monkeypatch.setenv("CONVLAB_ROOT", str(tmp_path))
-    monkeypatch.setattr(sys.modules["convlab.profile"], "_device_name", lambda: "NVIDIA H200")
+    monkeypatch.setattr(ncu, "device_name", lambda: "NVIDIA H200")
     raw = (NCU / "ncu_tiny_raw.csv").read_text()
     prec = P.call_precision((torch.ones(2, dtype=torch.float16), 2.0), {})
     P._store("tiny16", raw, "tiny.py", prec)
@@ -184,7 +186,7 @@ def test_a_stored_card_names_its_precision(tmp_path, monkeypatch):
 
 
 def test_a_card_without_a_precision_line_says_none():
-    from convlab.profile import stored_precision
+    from convlab.measuring.profile import stored_precision
     assert stored_precision("# ncu on NVIDIA H200: x\n" + (NCU / "ncu_tiny_raw.csv").read_text()) == ""
     assert stored_precision("# ncu on X: y\n# precision: fp16\n\"ID\",") == "fp16"
 
@@ -196,7 +198,7 @@ def test_the_worker_turns_tf32_off():
     import sys
 
     code = ("import torch\n"
-            "from convlab._profile_worker import configure\n"
+            "from convlab.measuring._profile_worker import configure\n"
             "torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True\n"
             "configure({'cudnn_benchmark': True})\n"
             "print(torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,"
@@ -207,23 +209,21 @@ def test_the_worker_turns_tf32_off():
 
 
 def test_every_stall_reason_has_a_meaning():
-    from convlab.profile import STALL_MEANING, STALL_REASONS
+    from convlab.measuring.cards import STALL_MEANING, STALL_REASONS
     assert set(STALL_MEANING) == set(STALL_REASONS)
     assert all(len(v.split()) >= 4 for v in STALL_MEANING.values())
 
 
 def test_a_lambda_cannot_be_sent_to_ncu():
-    from convlab.profile import _job
     with pytest.raises(ProfileUnavailable, match="instead of a lambda"):
-        _job(lambda x: x, (torch.ones(2),), {})
+        ncu.job(lambda x: x, (torch.ones(2),), {})
 
 
 def test_a_kernel_call_is_written_down_with_its_constants():
-    from convlab.profile import _job
     mod = cl.load_source("__constant__ float c[4];\n__global__ void k(float* y) { y[threadIdx.x] = c[threadIdx.x]; }\n",
                          name="profile_job_test")
     mod.set_constant("c", torch.arange(4, dtype=torch.float32))
-    job = _job(mod.kernel("k"), (cl.empty(4),), {"grid": 1, "block": 4})
+    job = ncu.job(mod.kernel("k"), (cl.empty(4),), {"grid": 1, "block": 4})
     assert job["kind"] == "kernel" and job["kernel"] == "k" and "__constant__ float c[4]" in job["text"]
     assert job["constants"]["c"] == torch.arange(4, dtype=torch.float32).numpy().tobytes()
     assert job["args"][0][0] == "__tensor__" and job["kwargs"] == {"grid": 1, "block": 4}
@@ -537,13 +537,12 @@ def test_ncu_counts_the_patterns_as_the_emulator_does(case):
 def test_the_worker_repeats_a_kernel_call_with_its_constants():
     """What the ncu subprocess runs, replayed here: the kernel recompiled from its source, the
     __constant__ values set again, the arguments back on their device."""
-    from convlab._profile_worker import prepare
-    from convlab.profile import _job
+    from convlab.measuring._profile_worker import prepare
     mod = cl.load_source("__constant__ float c[4];\n__global__ void k(float* y) { y[threadIdx.x] = 2.0f * c[threadIdx.x]; }\n",
                          name="profile_worker_test")
     c = cl.randn(4)
     mod.set_constant("c", c)
-    job = _job(mod.kernel("k"), (cl.empty(4),), {"grid": 1, "block": 4})
+    job = ncu.job(mod.kernel("k"), (cl.empty(4),), {"grid": 1, "block": 4})
     fn, args, kwargs = prepare(job)
     fn(*args, **kwargs)
     cl.sync()
@@ -551,11 +550,10 @@ def test_the_worker_repeats_a_kernel_call_with_its_constants():
 
 
 def test_the_worker_repeats_a_launcher_call():
-    from convlab._profile_worker import prepare
+    from convlab.measuring._profile_worker import prepare
     from convlab.ops import naive
-    from convlab.profile import _job
     x, w = cl.randn(1, 2, 7, 9), cl.randn(3, 2, 3, 3)
-    fn, args, kwargs = prepare(_job(naive.conv2d_naive_flat, (x, w), {}))
+    fn, args, kwargs = prepare(ncu.job(naive.conv2d_naive_flat, (x, w), {}))
     cl.check(fn(*args, **kwargs), cl.ref.conv2d(x, w))
 
 
@@ -597,7 +595,7 @@ def test_sass_falls_back_to_the_committed_disassembly(tmp_path, monkeypatch, cap
     d.mkdir(parents=True)
     (d / "coarse.sass").write_text((DATA / "sass" / "conv3d_coarse.sass").read_text())
     monkeypatch.setenv("CONVLAB_ROOT", str(tmp_path))
-    monkeypatch.setattr(sys.modules["convlab.sass"], "_tool", lambda name: None)   # no nvcc, no cuobjdump
+    monkeypatch.setattr(sys.modules["convlab.measuring.sass"], "_tool", lambda name: None)   # no nvcc, no cuobjdump
     s = cl.sass(book.repo_root() / "kernels" / "07_conv3d" / "conv3d_coarse.cu", name="coarse")
     assert s.counts()["FFMA"] == 500
     out = capsys.readouterr().out.strip().splitlines()
@@ -614,7 +612,7 @@ def test_sass_falls_back_to_the_committed_disassembly(tmp_path, monkeypatch, cap
     (lambda t: 4096 + 4 * t, 32),         # a tap per lane
 ])
 def test_constant_addresses_per_request(addr, addresses):
-    from convlab.profile import EMU_CONSTANT_ADDRESSES, EMU_CONSTANT_REQUESTS
+    from convlab.measuring.cards import EMU_CONSTANT_ADDRESSES, EMU_CONSTANT_REQUESTS
 
     r = count_trace(_warp("constant_ld", addr), 32)
     assert (r[EMU_CONSTANT_REQUESTS], r[EMU_CONSTANT_ADDRESSES]) == (1, addresses)
@@ -623,7 +621,7 @@ def test_constant_addresses_per_request(addr, addresses):
 
 @pytest.mark.emu_only
 def test_constant_reads_of_a_kernel_are_counted_and_its_other_counters_unchanged():
-    from convlab.profile import EMU_CONSTANT_ADDRESSES, EMU_CONSTANT_REQUESTS
+    from convlab.measuring.cards import EMU_CONSTANT_ADDRESSES, EMU_CONSTANT_REQUESTS
 
     mod = cl.load_source("""
 __constant__ float c[8];

@@ -1,6 +1,6 @@
-"""The warm-up puzzles (convlab/puzzles.py, puzzles/solutions/*.ipynb): every solution passes its
-check, the untouched stub of every puzzle says "not done yet", and a realistic mistake in each
-puzzle fails with the mistake named (the emulator's fault, or the puzzle's own diagnosis)."""
+"""The warm-up puzzles (convlab/teach/puzzle_set.py, checked by convlab/teach/puzzles.py;
+puzzles/solutions/*.ipynb): every solution passes its check, the untouched stub of every puzzle
+says "not done yet", and a realistic mistake in each puzzle fails with the mistake named (the emulator's fault, or the puzzle's own diagnosis)."""
 import importlib.util
 import re
 from pathlib import Path
@@ -9,7 +9,7 @@ import nbformat
 import pytest
 
 import convlab as cl
-import convlab.puzzles as pz
+import convlab.teach.puzzles as pz
 
 ROOT = Path(__file__).resolve().parent.parent
 spec = importlib.util.spec_from_file_location("make_exercises", ROOT / "scripts" / "make_exercises.py")
@@ -44,7 +44,7 @@ def _check(name: str, source: str, tag: str):
 
 
 def test_every_puzzle_has_a_solution_cell_and_a_check():
-    assert sorted(CELLS) == sorted(pz.PUZZLES), "each puzzle of convlab.puzzles has one %%cuda cell and its check"
+    assert sorted(CELLS) == sorted(pz.PUZZLES), "each puzzle of convlab.teach.puzzle_set has one %%cuda cell and its check"
     assert 15 <= len(pz.PUZZLES) <= 25
 
 
@@ -165,7 +165,7 @@ def test_an_unknown_puzzle_and_a_wrong_kernel_name_are_said():
 
 
 def test_a_cell_that_did_not_compile_is_said():
-    from convlab.magic import FailedModule
+    from convlab.gpu.magic import FailedModule
 
     verdict = pz.check("map", FailedModule("add_ten", "error: expected ';'"), draw=False)
     assert not verdict and "did not compile" in verdict.text

@@ -3,8 +3,8 @@
 kernel's own launches, allocates the kernel's outputs and workspaces, and has torch do nothing
 else where x (dy) comes in a layout the record says the kernel reads; from the other layout, the
 conversions the record implies (x in, y out) and nothing more. Counted per call on the active
-backend: our launches (convlab.bench.count_launches) and every aten op that is not a view
-(convlab.bench.Work: allocations, and torch's passes over memory by name). Then the drop-in as a
+backend: our launches (convlab.measuring.bench.count_launches) and every aten op that is not a view
+(convlab.measuring.bench.Work: allocations, and torch's passes over memory by name). Then the drop-in as a
 user calls it: a channels_last fp16 or bf16 layer launches only its kernels, forward and backward.
 
 The routes' results against fp64 are checked here too, for every routed record in both layouts."""
@@ -15,11 +15,11 @@ import torch
 import torch.nn.functional as F
 
 import convlab as cl
-from convlab.bench import work_of
+from convlab.measuring.bench import work_of
+from convlab.measuring.workloads import Workload
 from convlab.ops import FORMATS, dispatch, dropin, wgmma
 from convlab.ops.shapes import DTYPE
 from convlab.ops.tf32 import check_tf32
-from convlab.workloads import Workload
 
 #: The layers a record's route is counted on: the first one it takes.
 POOL = (
@@ -256,7 +256,7 @@ def test_the_count_sees_a_copy_of_x_made_before_the_kernel():
 
 def _stand_in_driver(nargs: int):
     """A C-callable cuLaunchKernel that records each launch's argument words (and no-op copy and
-    encode functions): what a convlab.native Route calls."""
+    encode functions): what a convlab.gpu.native Route calls."""
     import ctypes
 
     words = []
@@ -273,11 +273,11 @@ def test_a_kept_route_replays_its_recorded_call_with_the_calls_tensors(monkeypat
     """compiled(): the second call of a route is recorded (here by a stand-in backend, on the CPU);
     later calls write their own tensors' addresses (and a new output's) where the recorded ones
     were, at the same offsets into them, and return an output shaped as the route's."""
-    from convlab import backend_cuda, native, runtime
+    from convlab.gpu import backend_cuda, native, runtime
     from convlab.ops import _kernels
 
     if native.route_type() is None:
-        pytest.skip(f"convlab.native cannot be built here: {native.why_not()}")
+        pytest.skip(f"convlab.gpu.native cannot be built here: {native.why_not()}")
     words, keep, addresses = _stand_in_driver(5)
     HELD = torch.zeros(1)                     # a launcher's own tensor, kept from call to call
     HELD_AT_32 = bytes(32) + HELD.data_ptr().to_bytes(8, "little")
@@ -332,7 +332,7 @@ def test_a_kept_route_replays_its_recorded_call_with_the_calls_tensors(monkeypat
 
 
 class _StandInGpu:
-    """Real routes kept as convlab.native Routes on the CPU: the GPU backend as far as compiled() needs
+    """Real routes kept as convlab.gpu.native Routes on the CPU: the GPU backend as far as compiled() needs
     it, each kernel call of the emulator's launchers recorded as the GPU backend records a launch
     (pointers in 8-byte slots, tensor maps in 128-byte ones; nothing runs), and C stand-ins for the
     driver's launch and encode that note what a Route hands them: the kernel each launch names
@@ -341,12 +341,12 @@ class _StandInGpu:
     def __init__(self, monkeypatch):
         import ctypes
 
-        from convlab import backend_cuda, native, runtime
-        from convlab._tensor_map import TensorMap
+        from convlab.gpu import backend_cuda, native, runtime
+        from convlab.gpu._tensor_map import TensorMap
         from convlab.ops import _kernels
 
         if native.route_type() is None:
-            pytest.skip(f"convlab.native cannot be built here: {native.why_not()}")
+            pytest.skip(f"convlab.gpu.native cannot be built here: {native.why_not()}")
         self.kernels, self.launched, self.encodes = [], [], []
         launch = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, *[ctypes.c_uint] * 7, ctypes.c_void_p,
                                   ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_void_p))(
@@ -457,11 +457,11 @@ def test_a_kept_route_encodes_its_tensor_maps_with_their_element_strides(monkeyp
 @pytest.mark.parametrize("s, dtype, key, launches", CHANNELS_LAST_16BIT,
                          ids=[f"{s.name} {d}" for s, d, _, _ in CHANNELS_LAST_16BIT])
 def test_on_a_gpu_the_drop_ins_repeated_call_is_its_kept_route(s, dtype, key, launches):
-    """From the third call the drop-in runs a convlab.native Route: the same launches, the same result."""
-    from convlab import native
+    """From the third call the drop-in runs a convlab.gpu.native Route: the same launches, the same result."""
+    from convlab.gpu import native
 
     if native.route_type() is None:
-        pytest.skip(f"convlab.native cannot be built here: {native.why_not()}")
+        pytest.skip(f"convlab.gpu.native cannot be built here: {native.why_not()}")
     x, w, b = _model(s, "channels_last", dtype=dtype)
     kw = s.conv_kwargs()
     dropin._routes.clear()

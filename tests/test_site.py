@@ -33,7 +33,7 @@ def test_every_toc_page_is_built(page):
 def _current_results():
     """The chapters whose book/data CSV holds results of the current harness (an older file is
     rewritten by the next GPU run; until then its chapter says there are none)."""
-    from convlab import results
+    from convlab.measuring import results
 
     return [p for p in sorted((ROOT / "book" / "data").glob("[0-9]*.csv")) if results.load(p.stem, quiet=True) is not None]
 

@@ -3,7 +3,7 @@ tests/test_exercise_mutants.py's way: each mutant of the solution fails with its
 each correct alternative passes, and the untouched exercise is "not done yet"."""
 import pytest
 
-import convlab.exercise as ex
+from convlab.chapters import ch12_tf32 as ch12
 from test_exercise_mutants import _exercise, _exercise_cells, _fails_with, _passes
 
 pytestmark = pytest.mark.emu_only
@@ -14,7 +14,7 @@ CROSS = "        mma_1688_tf32(part, ah, bl);\n"
 
 
 def _split(cuda=()):
-    return _exercise("12_tf32_split", "split", cuda, launch_cell=("ex.check_tf32_split(split, 1)",))
+    return _exercise("12_tf32_split", "split", cuda, launch_cell=("ch12.check_tf32_split(split, 1)",))
 
 
 @pytest.mark.parametrize("cuda, part, words", [
@@ -29,7 +29,7 @@ def _split(cuda=()):
     ([(LO, "    lo = 0.0f;")], 2, "D is only a_hi * b_hi"),
 ])
 def test_12_mistakes_are_named(cuda, part, words, capsys):
-    _fails_with(ex.check_tf32_split(_split(cuda)["split"], part), capsys, words)
+    _fails_with(ch12.check_tf32_split(_split(cuda)["split"], part), capsys, words)
 
 
 @pytest.mark.parametrize("cuda", [
@@ -44,12 +44,12 @@ def test_12_mistakes_are_named(cuda, part, words, capsys):
 ])
 def test_12_solution_and_alternatives_pass(cuda, capsys):
     mod = _split(cuda)["split"]
-    _passes(ex.check_tf32_split(mod, 1), capsys)
-    _passes(ex.check_tf32_split(mod, 2), capsys)
+    _passes(ch12.check_tf32_split(mod, 1), capsys)
+    _passes(ch12.check_tf32_split(mod, 2), capsys)
 
 
 def test_12_untouched_is_not_done_yet(capsys):
-    mod = _exercise_cells("12_tf32_split", "split", ("ex.check_tf32_split(split, 1)",))["split"]
-    assert not ex.check_tf32_split(mod, 1) and not ex.check_tf32_split(mod, 2)
+    mod = _exercise_cells("12_tf32_split", "split", ("ch12.check_tf32_split(split, 1)",))["split"]
+    assert not ch12.check_tf32_split(mod, 1) and not ch12.check_tf32_split(mod, 2)
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 2 and all(line.startswith("not done yet: the TODO in cell split") for line in lines), lines

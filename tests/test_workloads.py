@@ -3,8 +3,8 @@ import math
 
 import pytest
 
-from convlab import roofline, workloads
-from convlab.workloads import WORKLOADS, WORKLOADS_2D, Workload
+from convlab.measuring import roofline, workloads
+from convlab.measuring.workloads import WORKLOADS, WORKLOADS_2D, Workload
 
 
 def test_the_design_table():
@@ -96,7 +96,7 @@ def test_reference_floor_of_lenet_c1():
 
 
 def test_result_rows():
-    from convlab import results
+    from convlab.measuring import results
 
     class Timing:
         ms, p25, p75 = 2.0, 1.9, 2.2

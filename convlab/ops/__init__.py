@@ -1,7 +1,7 @@
 """Launchers: the grid and block computation for each kernel of the course, in one place.
 
 Notebooks, tests and benchmarks call these, so a chapter's figure times exactly the launch its
-tests check. The package imports one way: shapes.py (the one shape type, convlab.workloads.Workload,
+tests check. The package imports one way: shapes.py (the one shape type, convlab.measuring.workloads.Workload,
 from torch's argument forms) -> one launcher module per kernel family (naive.py for chapter 2, ...,
 general.py, depthwise.py, igemm.py, tensor_core.py for chapter 9, layers.py for chapter 10) ->
 dispatch.py (which kernel runs a layer: forward, dX, dW) -> dropin.py (conv2d, Conv2d).
@@ -32,7 +32,7 @@ from typing import Callable
 
 import torch
 
-from .. import runtime
+from ..gpu import runtime
 from .shapes import conv2d_shapes, out_size  # noqa: F401 (the launchers' shape helpers, re-exported)
 
 
@@ -55,7 +55,7 @@ DW_OPS = ("conv2d_dw", "conv2d_dw_fp16")
 @dataclass(frozen=True)
 class Impl:
     """One implementation: called like its launcher. config(shape) gives the tunables it uses
-    for a convlab.workloads.Workload when none are passed (the same function pick() uses; the
+    for a convlab.measuring.workloads.Workload when none are passed (the same function pick() uses; the
     launcher fills in the same ones when none are passed).
 
     any_layer: the launcher takes every layer torch's conv2d takes (groups, dilation, non-square

@@ -18,7 +18,7 @@
 - Kept(route): a route (dispatch's, for one call signature) as its caller keeps it: kept.run(*args)
   runs it through Python for its first call; its second is recorded (compiled()), and on a GPU,
   where that call's work is only allocations, launches and copies into __constant__ memory, from
-  then on kept.run is a convlab.native Route: the allocations and launches in one C call, the
+  then on kept.run is a convlab.gpu.native Route: the allocations and launches in one C call, the
   call's tensors' addresses written into the recorded argument buffers. Such a Route answers
   NotImplemented where a tensor is not as recorded (strides, alignment) and every LOOK_EVERY_NS:
   kept.slow(*args) then runs the route through Python, and the Route goes on while no kernel
@@ -33,11 +33,11 @@ import time
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .. import native, runtime
-from .._paths import path as repo_path
-from .._tensor_map import SWIZZLES
+from ..gpu import native, runtime
+from ..gpu._limits import GRID_YZ_MAX
+from ..gpu._paths import path as repo_path
+from ..gpu._tensor_map import SWIZZLES
 from .shapes import plain_arg
-from .._limits import GRID_YZ_MAX
 
 EMULATED_SMS = 132      # H100/H200 SXM: the GPU the committed results and tuned choices come from
 #: A launcher looks at its kernel file at most this often: an edit (made by a person, seconds apart)
@@ -171,7 +171,7 @@ def batch_chunks(B: int, limit: int = GRID_YZ_MAX):
 
 # ---- routes kept as their GPU work ---------------------------------------------------------------
 
-#: Whether compiled() keeps a route as a convlab.native Route (False: every call runs through
+#: Whether compiled() keeps a route as a convlab.gpu.native Route (False: every call runs through
 #: Python; benchmarks/launch_overhead.py compares the two)
 NATIVE = True
 #: aten ops that only allocate: in a recorded call, the outputs and workspaces a Route allocates again
@@ -218,8 +218,8 @@ def recording_backend():
 
 
 def compiled(route, args: tuple):
-    """(route(*args), a convlab.native Route that does again what this call did on the GPU, or None
-    where it cannot: not a GPU, convlab.native not built, outputs poisoned, or a call that has torch
+    """(route(*args), a convlab.gpu.native Route that does again what this call did on the GPU, or None
+    where it cannot: not a GPU, convlab.gpu.native not built, outputs poisoned, or a call that has torch
     compute something, fills a __constant__ from the host, or copies from memory that is neither an
     argument's nor an allocation of the call's). Args: tensors or None (None stays None). A kernel
     handed a tensor that is neither (a launcher's own, kept from call to call) gets that same tensor
@@ -246,7 +246,7 @@ def compiled(route, args: tuple):
 
 
 def _route_of(Route, b, rec, made: list, args: tuple, out):
-    """The convlab.native Route of a recorded call (compiled()): its sources are the call's
+    """The convlab.gpu.native Route of a recorded call (compiled()): its sources are the call's
     arguments, then the allocations something reads (the result as the route returns it)."""
     sources = [(a.data_ptr(), _extent(a)) if isinstance(a, torch.Tensor) else None for a in args]
     sources += [(t.data_ptr(), _extent(t)) for t in made]

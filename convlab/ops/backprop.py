@@ -35,8 +35,8 @@ import functools
 
 import torch
 
-from .._limits import GRID_X_MAX, GRID_YZ_MAX, INT32_MAX, SHARED_DEFAULT_MAX
-from ..workloads import Workload
+from ..gpu._limits import GRID_X_MAX, GRID_YZ_MAX, INT32_MAX, SHARED_DEFAULT_MAX
+from ..measuring.workloads import Workload
 from . import Impl, ceil_div, fused, new_output, out_size, output
 from ._kernels import Launch, remember, sm_count
 

@@ -20,8 +20,8 @@ valid convolution, so only stride 1 and padding 0.
 """
 from __future__ import annotations
 
-from .._limits import SHARED_DEFAULT_MAX
-from ..workloads import Workload
+from ..gpu._limits import SHARED_DEFAULT_MAX
+from ..measuring.workloads import Workload
 from . import Impl, ceil_div, output
 from ._kernels import Launch, remember
 

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import torch
 
-from .._limits import GRID_X_MAX, GRID_YZ_MAX, SHARED_DEFAULT_MAX
-from ..workloads import Workload
+from ..gpu._limits import GRID_X_MAX, GRID_YZ_MAX, SHARED_DEFAULT_MAX
+from ..measuring.workloads import Workload
 from . import Impl, ceil_div, new_output, output
 from ._kernels import Launch, remember
 from .shapes import check_inputs, check_plane_sizes, check_tensor, layer, suffix

@@ -44,10 +44,10 @@ from typing import Callable
 
 import torch
 
-from .. import results, workloads
-from ..check import check
-from .._limits import INT32_MAX
-from ..workloads import Workload
+from ..gpu.check import check
+from ..gpu._limits import INT32_MAX
+from ..measuring import results, workloads
+from ..measuring.workloads import Workload
 from . import DW_OPS, DX_OPS, FORMATS, FORWARD_OPS, Impl
 from .backprop import pick_input_grad, pick_weight_grad
 from .fp16 import U16, fp16_tolerance

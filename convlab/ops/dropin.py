@@ -38,7 +38,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .. import runtime
+from ..gpu import runtime
 from . import dispatch
 from ._kernels import Kept
 from .shapes import DTYPE, DTYPE_NAME, TorchMustAnswer, plain_arg, plane_too_large, resolve

@@ -26,10 +26,10 @@ import math
 
 import torch
 
-from .._limits import SHARED_DEFAULT_MAX
-from ..check import check
-from .. import workloads
-from ..workloads import Workload
+from ..gpu.check import check
+from ..gpu._limits import SHARED_DEFAULT_MAX
+from ..measuring import workloads
+from ..measuring.workloads import Workload
 from . import Impl, ceil_div, conv2d_shapes, new_output, output
 from ._kernels import Launch, remember
 

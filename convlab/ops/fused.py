@@ -17,9 +17,9 @@
 """
 from __future__ import annotations
 
-from .._limits import SHARED_DEFAULT_MAX
-from .. import workloads
-from ..workloads import Workload
+from ..gpu._limits import SHARED_DEFAULT_MAX
+from ..measuring import workloads
+from ..measuring.workloads import Workload
 from . import Impl, ceil_div, conv2d_shapes, output
 from ._kernels import Launch, batch_chunks, remember
 

@@ -38,9 +38,9 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from .. import runtime
-from .._limits import INT32_MAX
-from ..workloads import Workload
+from ..gpu import runtime
+from ..gpu._limits import INT32_MAX
+from ..measuring.workloads import Workload
 from . import Impl, ceil_div, new_output
 from ._kernels import Launch, remember, sm_count
 from .shapes import layer, two

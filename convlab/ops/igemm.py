@@ -39,8 +39,8 @@ from math import gcd
 
 import torch
 
-from .._limits import GRID_YZ_MAX, INT32_MAX, SHARED_DEFAULT_MAX
-from ..workloads import Workload, pair
+from ..gpu._limits import GRID_YZ_MAX, INT32_MAX, SHARED_DEFAULT_MAX
+from ..measuring.workloads import Workload, pair
 from . import Impl, ceil_div, new_output, output
 from ._kernels import Launch, remember, sm_count
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from .._limits import GRID_YZ_MAX, INT32_MAX
+from ..gpu._limits import GRID_YZ_MAX, INT32_MAX
 from . import Impl, ceil_div, conv2d_shapes, out_size, output
 from . import _kernels
 from ._kernels import Launch, remember

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from ..workloads import Workload
+from ..measuring.workloads import Workload
 from . import Impl, _kernels, ceil_div, conv2d_shapes, fused, new_output, output
 from .igemm import conv2d_igemm_f32
 from ._kernels import Launch, remember, sm_count

@@ -9,7 +9,7 @@
 """
 from __future__ import annotations
 
-from .._limits import GRID_X_MAX, GRID_YZ_MAX
+from ..gpu._limits import GRID_X_MAX, GRID_YZ_MAX
 from . import Impl, ceil_div, conv2d_shapes, output
 from ._kernels import Launch, remember
 

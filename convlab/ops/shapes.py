@@ -1,4 +1,4 @@
-"""The bottom layer of the launchers: a layer's sizes as the one shape type, convlab.workloads.Workload,
+"""The bottom layer of the launchers: a layer's sizes as the one shape type, convlab.measuring.workloads.Workload,
 from the forms torch's conv2d takes its arguments in, and the checks every launcher makes of its
 tensors.
 
@@ -21,9 +21,9 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from .. import runtime
-from .._limits import INT32_MAX
-from ..workloads import Workload
+from ..gpu import runtime
+from ..gpu._limits import INT32_MAX
+from ..measuring.workloads import Workload
 
 #: The one dtype vocabulary of convlab.ops: records (Impl.dtypes), rule tables and result rows name
 #: a dtype by one of these strings; the torch dtype of each.

@@ -45,9 +45,9 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from .. import runtime
-from .._limits import GRID_X_MAX, INT32_MAX, SHARED_DEFAULT_MAX
-from ..workloads import Workload
+from ..gpu import runtime
+from ..gpu._limits import GRID_X_MAX, INT32_MAX, SHARED_DEFAULT_MAX
+from ..measuring.workloads import Workload
 from . import Impl, ceil_div, new_output
 from ._kernels import Launch, remember
 

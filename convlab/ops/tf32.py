@@ -37,13 +37,13 @@ from typing import NamedTuple
 
 import torch
 
-from .. import runtime
-from .._limits import GRID_YZ_MAX, INT32_MAX
-from ..check import check
-from ..workloads import Workload
+from ..gpu import runtime
+from ..gpu.check import check
+from ..gpu._limits import GRID_YZ_MAX, INT32_MAX
+from ..measuring.workloads import Workload
 from . import Impl, ceil_div, output
-from ._kernels import Launch, batch_chunks, module_ref, remember, sm_count
 from .fp16 import TOL_LAMBDA, U32
+from ._kernels import Launch, batch_chunks, module_ref, remember, sm_count
 from .shapes import layer
 from .wgmma import SHARED_OPTIN_MAX, box_shape
 

@@ -20,7 +20,7 @@ gridDim.z, so batches over 65,535 images are launched in chunks.
 """
 from __future__ import annotations
 
-from .._limits import GRID_YZ_MAX, SHARED_DEFAULT_MAX
+from ..gpu._limits import GRID_YZ_MAX, SHARED_DEFAULT_MAX
 from . import Impl, ceil_div, conv2d_shapes, output
 from ._kernels import Launch, batch_chunks, remember
 

@@ -16,9 +16,9 @@ from typing import NamedTuple
 
 import torch
 
-from .. import runtime
-from .._limits import GRID_X_MAX, INT32_MAX
-from ..workloads import Workload
+from ..gpu import runtime
+from ..gpu._limits import GRID_X_MAX, INT32_MAX
+from ..measuring.workloads import Workload
 from . import Impl, ceil_div
 from ._kernels import module_ref, remember, sm_count
 from .shapes import layer
