@@ -215,8 +215,8 @@ RULES = {
              "wmma_smallc", "fragments read straight from the input tile (06_fp16: lenet_c3)"),
         Rule("x channels_last, stride 1, no dilation or groups, C and M multiples of 8, C·Kh·Kw ≥ 128, "
              "an H100/H200", lambda s: _taps(s) >= 128, "wgmma",
-             "Hopper's warpgroup MMA fed by the copy engine: faster than mma.sync on every such layer measured, "
-             "0.80-1.01x torch best (benchmarks/hopper_layers.py, H100); a reduction of one 64-channel step "
+             "Hopper's warpgroup MMA fed by the copy engine: faster than mma.sync on every such layer measured "
+             "(benchmarks/results/hopper_layers_NVIDIA_H100_80GB_HBM3.csv); a reduction of one 64-channel step "
              "(a 1x1 layer from 64 channels) leaves its pipeline nothing to overlap, and mma.sync was faster",
              layouts=("channels_last",)),
         Rule(f"x channels_last, groups 1, C and M multiples of 8, C·Kh·Kw ≥ 128, {_ON_HOPPER}",
@@ -229,10 +229,11 @@ RULES = {
         Rule("x channels_last, groups 1, C pads to 8 cheaply",
              lambda s: s.groups == 1 and _pads_cheaply(s), "mma",
              "mma.sync fed by ldmatrix from a cp.async pipeline reads x channels_last as it lies (needs sm_80); "
-             "WMMA would convert x and y and add the bias in a pass of its own: on an H200 the 35 channels_last "
-             "fp16 layers of today's networks WMMA took ran at 0.58x torch best, the 13 mma.sync took at 1.41x "
-             "(geometric means of the caller's time, benchmarks/dropin_networks.py, forward, batch 32), few "
-             "channels (1x1 layers from 16 to 40) among the first",
+             "WMMA would convert x and y and add the bias in a pass of its own: on an H200, of the channels_last "
+             "fp16 layers of today's networks, those WMMA took ran slower than torch best, those mma.sync took "
+             "faster (geometric means of the caller's time, forward, batch 32: "
+             "benchmarks/results/dropin_networks_NVIDIA_H200.csv), few channels (1x1 layers from 16 to 40) "
+             "among the first",
              layouts=("channels_last",)),
         Rule("plain", lambda s: s.plain, "wmma",
              "tensor cores through WMMA (06_fp16: days100, resnet); the stem's 3 channels, an older GPU"),
