@@ -151,7 +151,7 @@ def test_picked_kernels_on_random_layers_match_the_reference(seed):
                 cl.check(y, ref0, name=name)
                 cl.check(y_dropin, ref, name="dispatch.forward: " + name)
             else:
-                acc = fp16.accumulation(impl)
+                acc = impl.accumulation_on()
                 assert dispatch.forward_accumulation(wl.x_shape, wl.w_shape, **kw) == acc
                 fp16.check_fp16(y, ref0, C=wl.reduction, K=1, accumulate=acc, rounded_inputs=True, name=name)
                 dispatch.check_fp16_forward(y_dropin, ref, wl.x_shape, wl.w_shape, b, **kw,

@@ -257,13 +257,13 @@ def conv2d_input_grad_forward(dy, w, dx=None, *, stride: int = 1, padding: int =
     _check_in(dy, "dy")
     _check_in(w, "w")
     x_shape = _x_shape(dy, w, stride, padding, input_size)
-    launcher, tunables, pad_t = _forward_plan(dy, w, stride, padding, x_shape)
+    impl, tunables, pad_t = _forward_plan(dy, w, stride, padding, x_shape)
     dx = output(dx, x_shape, dy, name="dx")
-    return launcher(dy, flip_transpose(w), dx, stride=1, padding=pad_t, **tunables)
+    return impl(dy, flip_transpose(w), dx, stride=1, padding=pad_t, **tunables)
 
 
 def _forward_plan(dy, w, stride, padding, x_shape):
-    """(chapter 5's launcher, its tunables, the padding) for the transposed layer, once per shape."""
+    """(chapter 5's pick() for the transposed layer, its tunables, the padding), once per shape."""
     def build():
         B, C, M, H, W, K, Ho, Wo = grad_shapes(x_shape, w, dy, stride, padding)
         if stride != 1:
@@ -274,7 +274,7 @@ def _forward_plan(dy, w, stride, padding, x_shape):
                              "gather kernel")
         shape = Workload("", B=B, C=M, M=C, H=Ho, W=Wo, K=K, stride=1, padding=K - 1 - padding)
         impl = fused.pick(shape)
-        return impl.launcher, impl.config(shape), K - 1 - padding
+        return impl, impl.config(shape), K - 1 - padding
 
     return remember(_plans, ("dx_forward", dy.shape, w.shape, stride, padding, x_shape), build)
 
@@ -534,9 +534,9 @@ def _input_grad_best_plan(dy, w, stride, padding, input_size):
     impl = pick_input_grad(shape)
     if impl is DX_GATHER:
         return x_shape, _gather_plan(dy, w, stride, padding, x_shape, **impl.config(shape)), None, None
-    launcher, tunables, pad_t = _forward_plan(dy, w, stride, padding, x_shape)
+    impl, tunables, pad_t = _forward_plan(dy, w, stride, padding, x_shape)
     wt = torch.empty((C, M, K, K), device="meta")         # only its shape is read
-    _, launch = fused._PLAN_OF[launcher](dy, wt, 1, pad_t, **tunables)
+    _, launch = fused.plan(impl, dy, wt, 1, pad_t, **tunables)
     return x_shape, launch, _flip_plan(w), (C, M, K, K)
 
 

@@ -660,11 +660,10 @@ def no_kernel(s: Workload, dtype: str, layout: str = "nchw", passes=("forward",)
 
 # ---- 16-bit: how the routed forward adds -------------------------------------------------------------
 
-def _accumulation(shape: Workload) -> str:
+def fp16_accumulation(shape: Workload) -> str:
+    """How the kernel pick() gives a 16-bit layer keeps its sums: the accumulation_of of a record
+    whose launcher runs the routes (picked(), a benchmark's forward and backward through the drop-in)."""
     return pick(shape, "fp16").accumulation
-
-
-forward.accumulation = _accumulation      # fp16.accumulation: how the kernel pick() runs adds (fp16)
 
 
 def _route_impl(x_shape, w_shape, stride, padding, dilation, groups, dtype: str, layout: str) -> Impl:
@@ -709,7 +708,8 @@ def check_fp16_forward(y, ref, x_shape, w_shape, bias=None, stride=1, padding=0,
 def picked(dtype: str = "fp32"):
     """An Impl labelled BEST that runs pick()'s kernel on any layer, for measure.run."""
     return Impl(BEST, forward, "conv2d_fp16" if dtype != "fp32" else "conv2d", any_layer=True, key=BEST_KEY,
-                dtypes=(dtype,), layouts=LAYOUTS, bias=True)
+                dtypes=(dtype,), layouts=LAYOUTS, bias=True,
+                accumulation_of=fp16_accumulation if dtype != "fp32" else None)
 
 
 # ---- the document -------------------------------------------------------------------------------

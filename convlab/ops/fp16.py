@@ -17,7 +17,6 @@ their own, so their cost is counted where it is paid:
 - conv2d_fp16: float32 in, float32 out: to_half, a convolution above, to_float (the whole cost).
 - pick(shape) / conv2d_fp16_best: which kernel and tunables a layer gets (tensor cores); HALF2 is
   the chapter's best without them.
-- accumulation(impl): 'half' or 'float', the sums a kernel keeps (for fp16_tolerance).
 - fp16_tolerance / check_fp16: the error bound the tests use, from the precision and C·K².
 """
 from __future__ import annotations
@@ -371,7 +370,7 @@ def pick(shape: Workload) -> Impl:
 _best: dict = {}
 
 
-_PLAN_OF = {conv2d_wmma_smallc: _smallc_plan, conv2d_wmma: _wmma_plan}
+_PLAN_OF = {"wmma_smallc": _smallc_plan, "wmma": _wmma_plan}      # by the Impl.key pick() gives
 
 
 def conv2d_fp16_best(xh, wh, y=None, *, stride: int = 1, padding: int = 0):
@@ -384,7 +383,7 @@ def conv2d_fp16_best(xh, wh, y=None, *, stride: int = 1, padding: int = 0):
     if hit is None:
         shape = Workload.of(xh, wh, stride=stride, padding=padding)
         impl = pick(shape)
-        hit = _best[key] = _PLAN_OF[impl.launcher](xh, wh, stride, padding, **impl.config(shape))
+        hit = _best[key] = _PLAN_OF[impl.key](xh, wh, stride, padding, **impl.config(shape))
     out_shape, prep, wb_shape, conv = hit
     y = _half_out(y, out_shape, xh)
     wb = _scratch(wb_shape, wh)
@@ -410,17 +409,6 @@ FP16_PATH = Impl("ours, float32 in and out: to_half + pick() + to_float", conv2d
 #: The chapter's implementations, by the name the figures use: the four kernels (half in and out),
 #: then the whole float32 path through the pick.
 IMPLEMENTATIONS = (HALF, HALF2, WMMA, WMMA_SMALLC, FP16_PATH)
-
-
-def accumulation(impl: Impl, shape=None) -> str:
-    """'half' or 'float', how an Impl's kernel keeps its sums (its record's accumulation): what
-    fp16_tolerance needs to know. A launcher that runs different kernels per shape (a dispatcher)
-    says it by an `accumulation(shape)` attribute; without a shape, such a one is taken to add in
-    half (the looser bound)."""
-    per_shape = getattr(impl.launcher, "accumulation", None)
-    if per_shape is not None:
-        return per_shape(shape) if shape is not None else "half"
-    return impl.accumulation
 
 
 # ---- accuracy ------------------------------------------------------------------------------------------
