@@ -31,6 +31,7 @@ from .. import workloads
 from ..workloads import Workload
 from . import Impl, ceil_div, conv2d_shapes, new_output, output
 from ._kernels import Launch, remember
+from .shapes import check_tensors
 
 CONVERT_FILE = "kernels/06_fp16/convert_fp16.cu"
 HALF_FILE = "kernels/06_fp16/conv2d_half.cu"
@@ -46,12 +47,6 @@ _plans: dict = {}
 
 
 # ---- tensors -------------------------------------------------------------------------------------
-
-def _need_half(**tensors):
-    for name, t in tensors.items():
-        if t.dtype != torch.float16:
-            raise TypeError(f"{name} must be float16 (convert it with fp16.to_half({name})), got {t.dtype}")
-
 
 def _half_out(y, shape, like):
     if y is not None:
@@ -99,7 +94,7 @@ def to_half(x, out=None):
 
 def to_float(xh, out=None):
     """float16 -> float32 on the device (exact)."""
-    _need_half(xh=xh)
+    check_tensors(("fp16",), layout=None, xh=xh)
     out = new_output(xh.shape, xh, torch.float32) if out is None else out
     if out.dtype != torch.float32 or out.shape != xh.shape:
         raise ValueError(f"out must be float32 of shape {tuple(xh.shape)}")
@@ -108,7 +103,7 @@ def to_float(xh, out=None):
 
 def mask_to_tap_major(wh, out=None):
     """The half mask (M, C, K, K) reordered to (M, K, K, C): conv2d_wmma's reduction order."""
-    _need_half(w=wh)
+    check_tensors(("fp16",), layout=None, w=wh)
     M, C, K, _ = (int(s) for s in wh.shape)
     out = _scratch((M, K, K, C), wh) if out is None else out
     _tap_major_plan(wh)(wh, out)
@@ -165,7 +160,7 @@ def _direct(path, kname, xh, wh, y, stride, padding, MT, ROWS, BLOCK):
                                       (B, H, W, padding), grid=(ceil_div(threads, block), ceil_div(M, mt), 1),
                                       block=(block, 1, 1))
 
-    _need_half(x=xh, w=wh)
+    check_tensors(("fp16",), layout=None, x=xh, w=wh)
     shape, launch = remember(_plans, (kname, xh.shape, wh.shape, stride, padding, MT, ROWS, BLOCK), build)
     y = _half_out(y, shape, xh)
     launch(xh, wh, y)
@@ -222,7 +217,7 @@ def conv2d_wmma(xh, wh, y=None, *, stride: int = 1, padding: int = 0, BM: int | 
                 WARPS_N: int | None = None):
     """Step 3: implicit GEMM on tensor cores. Runs mask_to_tap_major first (counted in its time).
     Tunables left out come from wmma_config(M, C, K)."""
-    _need_half(x=xh, w=wh)
+    check_tensors(("fp16",), layout=None, x=xh, w=wh)
     shape, tap_major, wt_shape, launch = _wmma_plan(xh, wh, stride, padding, BM, BN, BK, WARPS_M, WARPS_N)
     y = _half_out(y, shape, xh)
     wt = _scratch(wt_shape, wh)
@@ -298,7 +293,7 @@ def conv2d_wmma_smallc(xh, wh, y=None, *, stride: int = 1, padding: int = 0, WAR
     """Step 4: tensor cores straight from an input tile in shared memory (1 <= C <= 8, stride 1).
     Runs smallc_mask first (the mask as B matrices; counted in its time). WARPS and BAND left out
     come from smallc_config."""
-    _need_half(x=xh, w=wh)
+    check_tensors(("fp16",), layout=None, x=xh, w=wh)
     shape, mask, wb_shape, conv = _smallc_plan(xh, wh, stride, padding, WARPS, BAND)
     y = _half_out(y, shape, xh)
     wb = _scratch(wb_shape, xh)
@@ -377,7 +372,7 @@ def conv2d_fp16_best(xh, wh, y=None, *, stride: int = 1, padding: int = 0):
     """pick()'s kernel for this shape, launched with its tunables (half in, half out): the same
     launches as pick(shape)(xh, wh, ...), kept per shape, one lookup per call."""
     if xh.dtype is not torch.float16 or wh.dtype is not torch.float16:
-        _need_half(x=xh, w=wh)
+        check_tensors(("fp16",), layout=None, x=xh, w=wh)
     key = (xh.shape, wh.shape, stride, padding)
     hit = _best.get(key)
     if hit is None:
