@@ -46,15 +46,13 @@ def train(x, w, dy, *, stride=1, padding=0, dilation=1, groups=1):
     return y.detach(), dx, dw
 
 
-train.accumulation = dispatch.forward.accumulation     # its forward sums as pick()'s kernel does
-
-
 def impls(dtype: str, every: bool, backward: bool) -> list:
     out = [dispatch.picked(dtype)]
     if every:
         out = list(dispatch.implementations(dtype)) + out
     if backward:
-        out.append(Impl(TRAIN, train, "conv2d_train", any_layer=True, key="dropin_train"))
+        out.append(Impl(TRAIN, train, "conv2d_train", any_layer=True, key="dropin_train",
+                        accumulation_of=dispatch.fp16_accumulation))    # its forward adds as pick()'s kernel
     return out
 
 

@@ -50,8 +50,8 @@ def test_diff_of_two_small_files_emphasizes_exactly_the_changed_lines(tmp_path):
 def test_diff_of_two_real_kernels():
     old, new = ("kernels/03_tiled/conv2d_tiled_input_block.cu", "kernels/03_tiled/conv2d_tiled_cached_halo.cu")
     d = book.diff(old, new)
-    new_lines = (ROOT / new).read_text().splitlines()
-    old_lines = set((ROOT / old).read_text().splitlines())
+    new_lines = book.Source(new).all_lines       # as shown: without the listing markers
+    old_lines = set(book.Source(old).all_lines)
     shown = blocks(d["text/markdown"])
     assert len(shown) == len(d["hunks"]) >= 1
     for (start, emph, code, _), (first, last, changed) in zip(shown, d["hunks"]):
@@ -67,7 +67,7 @@ def test_function_extraction_is_brace_matched():
     src = book.Source("kernels/03_tiled/conv2d_tiled_cached_halo.cu::conv2d_tiled_cached_halo")
     assert src.lines[0].startswith("__global__ void conv2d_tiled_cached_halo(")
     assert src.lines[-1] == "}" and sum(ln.count("{") - ln.count("}") for ln in src.lines) == 0
-    with pytest.raises(ValueError, match="no __global__"):
+    with pytest.raises(ValueError, match="no marked region or function named 'no_such_kernel'"):
         book.Source("kernels/03_tiled/conv2d_tiled_cached_halo.cu::no_such_kernel")
 
 
@@ -79,10 +79,11 @@ def test_function_extraction_skips_braces_in_comments_and_strings(tmp_path):
 
 
 def test_listing_keeps_real_line_numbers_and_folds():
-    b = book.listing("kernels/03_tiled/conv2d_tiled_cached_halo.cu:39-50", emphasize=[43, 44])
-    assert b["text/markdown"].startswith("::::{dropdown} conv2d_tiled_cached_halo.cu, lines 39–50")
+    b = book.listing("kernels/03_tiled/conv2d_tiled_cached_halo.cu::conv2d_tiled_cached_halo",
+                     emphasize=["__shared__ float tile", "const int Ho ="])
+    assert b["text/markdown"].startswith("::::{dropdown} conv2d_tiled_cached_halo.cu, lines 39–87")
     (start, emph, code, _), = blocks(b["text/markdown"], folded=True)
-    assert start == 39 and emph == [5, 6] and len(code) == 12
+    assert start == 39 and emph == [5, 7] and len(code) == 49
     assert b["text/plain"].splitlines()[1].startswith("39  __global__")
     whole = book.listing("kernels/03_tiled/conv2d_tiled_cached_halo.cu", fold=False)
     assert not whole["text/markdown"].startswith("::::") and ":caption: conv2d_tiled_cached_halo.cu" in whole["text/markdown"]

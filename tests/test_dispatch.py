@@ -5,6 +5,8 @@ ones too) matches the fp64 reference in float32 and float16."""
 from __future__ import annotations
 
 import random
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -30,6 +32,19 @@ def test_every_rule_names_a_registered_kernel_and_the_last_takes_any_layer(dtype
     kernel = dispatch.by_key(last.kernel)
     for wl in [*workloads.WORKLOADS_2D, *workloads.LAYERS]:
         assert last.holds(wl) and kernel.takes(wl), f"the last {dtype} {direction} rule must take {wl}"
+
+
+def test_the_rules_reasons_hold_claims_and_their_data_files_the_numbers():
+    """The reasons are printed on chapter 9a's page: a measured figure typed into one would drift
+    from the data it came from, so a reason names the data file and keeps no ratio or decimal; every
+    results file it names is committed."""
+    root = Path(__file__).resolve().parent.parent
+    rows = [r for table in (*dispatch.TABLES.values(), dispatch.PRECISION_RULES) for rules in table.values()
+            for r in rules]
+    for r in rows:
+        assert not re.search(r"\d\.\d|\b\d+(\.\d+)?x\b", r.why), (r.kernel, r.why)
+        for name in re.findall(r"(?:benchmarks|book)/[\w/.-]+\.(?:csv|py)", r.why):
+            assert (root / name).is_file(), (r.kernel, name)
 
 
 @pytest.mark.parametrize("precision", list(dispatch.PRECISION_RULES))
@@ -136,7 +151,7 @@ def test_picked_kernels_on_random_layers_match_the_reference(seed):
                 cl.check(y, ref0, name=name)
                 cl.check(y_dropin, ref, name="dispatch.forward: " + name)
             else:
-                acc = fp16.accumulation(impl)
+                acc = impl.accumulation_on()
                 assert dispatch.forward_accumulation(wl.x_shape, wl.w_shape, **kw) == acc
                 fp16.check_fp16(y, ref0, C=wl.reduction, K=1, accumulate=acc, rounded_inputs=True, name=name)
                 dispatch.check_fp16_forward(y_dropin, ref, wl.x_shape, wl.w_shape, b, **kw,

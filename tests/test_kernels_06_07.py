@@ -264,7 +264,7 @@ def test_pick_rules_for_the_course_layers():
     cfg = fp16.smallc_config(4, 7, 40, 40)
     assert cfg == {"RP": 40, "BAND": 34, "WARPS": 4}                # lenet_c3: the whole image per block
     assert fp16.smallc_shared(4, 7, **cfg) <= 48 * 1024
-    assert [fp16.accumulation(i) for i in fp16.IMPLEMENTATIONS[:4]] == ["half", "half", "float", "float"]
+    assert [i.accumulation_on() for i in fp16.IMPLEMENTATIONS[:4]] == ["half", "half", "float", "float"]
 
 
 @pytest.mark.parametrize("name", ["lenet_c1", "lenet_c3", "fa17", "days100", "resnet"])
@@ -276,7 +276,7 @@ def test_best_at_the_small_twins(name, best):
     x, w, xh, wh, y, s, p = _case(shape)
     impl = fp16.pick(wl) if best == "pick" else fp16.HALF2
     assert (fp16.conv2d_fp16_best if best == "pick" else impl)(xh, wh, y, stride=s, padding=p) is y
-    fp16.check_fp16(y, cl.ref.conv2d(x, w, stride=s, padding=p), wl.C, wl.K, fp16.accumulation(impl))
+    fp16.check_fp16(y, cl.ref.conv2d(x, w, stride=s, padding=p), wl.C, wl.K, impl.accumulation_on())
 
 
 # ==== chapter 7 ======================================================================================

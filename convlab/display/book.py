@@ -25,6 +25,7 @@ from ..gpu import runtime
 from ..gpu._paths import path, repo_root
 from ..measuring.cards import card_value, column_head
 from ..measuring.tables import Table, sig, table, table_html  # noqa: F401 - re-exported for the notebooks
+from .listings import Source
 
 
 def progress(iterable, desc: str = "", **kwargs):
@@ -142,78 +143,6 @@ def glue(name: str, value, fmt: str | None = None):
 # and text/plain (what nbval and a terminal see).
 
 
-class Source:
-    """Lines of a workbook file: `lines[i]` is line `first + i` of `file`."""
-
-    def __init__(self, spec: str):
-        file, start, end, function = _parse_spec(spec)
-        text = path(file).read_text()
-        all_lines = text.splitlines()
-        if function:
-            start, end = _function_lines(text, function, file)
-        self.file = Path(file).name
-        self.whole = function is None and start is None
-        self.first = start or 1
-        self.last = end or len(all_lines)
-        if not 1 <= self.first <= self.last <= len(all_lines):
-            raise ValueError(f"{spec}: lines {self.first}-{self.last} are not in the file "
-                             f"({len(all_lines)} lines)")
-        self.lines = all_lines[self.first - 1:self.last]
-
-    def describe(self) -> str:
-        return f"{self.file}, lines {self.first}–{self.last}"
-
-
-def _parse_spec(spec) -> tuple:
-    """'file', 'file:START-END' or 'file::function' -> (file, start, end, function)."""
-    spec = Path(spec).as_posix() if isinstance(spec, os.PathLike) else str(spec)
-    if "::" in spec:
-        file, function = spec.split("::", 1)
-        return file, None, None, function
-    m = re.fullmatch(r"(.+):(\d+)-(\d+)", spec)
-    if m:
-        return m.group(1), int(m.group(2)), int(m.group(3)), None
-    return spec, None, None, None
-
-
-def _function_lines(text: str, name: str, file: str) -> tuple[int, int]:
-    """First and last line (1-based) of the __global__/__device__ function `name`, from its
-    qualifier (and a `template <...>` line just above) to its matching closing brace."""
-    head = re.search(r"(?:__global__|__device__)[^;{}]*?\b" + re.escape(name) + r"\s*\(", text)
-    if head is None:
-        raise ValueError(f"{file}: no __global__ or __device__ function named {name}")
-    start = head.start()
-    line_start = text.rfind("\n", 0, start) + 1
-    before = text[:line_start].rstrip("\n").rsplit("\n", 1)[-1]
-    if before.lstrip().startswith("template"):
-        line_start = text.rfind("\n", 0, line_start - 1) + 1
-    open_brace = text.index("{", head.end())
-    depth, i = 0, open_brace
-    while i < len(text):
-        if text.startswith("//", i):
-            i = text.find("\n", i)
-            i = len(text) if i < 0 else i
-            continue
-        if text.startswith("/*", i):
-            i = text.find("*/", i) + 2
-            continue
-        c = text[i]
-        if c in "\"'":   # a string or character literal: skip to its closing quote
-            j = i + 1
-            while text[j] != c:
-                j += 2 if text[j] == "\\" else 1
-            i = j
-        elif c == "{":
-            depth += 1
-        elif c == "}":
-            depth -= 1
-            if depth == 0:
-                break
-        i += 1
-    first = text.count("\n", 0, line_start) + 1
-    return first, text.count("\n", 0, i) + 1
-
-
 def _fence(lines: list[str]) -> str:
     """A backtick fence longer than any run of backticks in the code."""
     longest = max((len(m) for ln in lines for m in re.findall(r"`+", ln)), default=0)
@@ -250,8 +179,9 @@ def _show(markdown: str, plain: str) -> None:
 def listing(path_spec, *, emphasize=(), fold: bool = True, caption: str | None = None) -> dict:
     """show_listing's output as a mime bundle {"text/markdown": ..., "text/plain": ...}."""
     src = Source(path_spec)
-    caption = caption or (src.file if src.whole else src.describe())
-    block = _code_block(src.lines, src.first, emphasize, None if fold else caption, _language(src.file))
+    caption = (caption or (src.file if src.whole else "{where}")).replace("{where}", src.describe())
+    block = _code_block(src.lines, src.first, src.emphasized(emphasize), None if fold else caption,
+                        _language(src.file))
     markdown = _dropdown(caption, block) if fold else block
     width = len(str(src.last))
     plain = "\n".join([f"// {caption}"] + [f"{src.first + i:>{width}}  {ln}" for i, ln in enumerate(src.lines)])
@@ -259,14 +189,16 @@ def listing(path_spec, *, emphasize=(), fold: bool = True, caption: str | None =
 
 
 def show_listing(path_spec, *, emphasize=(), fold: bool = True, caption: str | None = None) -> None:
-    """Show a workbook file, or part of it, highlighted with its own line numbers.
+    """Show a workbook file, or part of it by name, highlighted with its own line numbers.
 
-    path_spec: "kernels/03_tiled/conv2d_tiled_cached_halo.cu" (the whole file),
-    "...cu:31-44" (lines 31 to 44, 1-based, inclusive) or "...cu::conv2d_tiled_cached_halo" (the
-    __global__/__device__ function of that name, brace-matched). emphasize: file line numbers to
-    highlight. fold=True puts it in a closed dropdown titled with the file name (the whole file one
-    click away); fold=False shows it open with the caption above. The copy button copies the code
-    without the line numbers."""
+    path_spec: "kernels/03_tiled/conv2d_tiled_cached_halo.cu" (the whole file) or "...cu::NAME":
+    the region marked NAME in the file (`// listing: NAME` ... `// end listing: NAME` at the ends of
+    its first and last lines), else its __global__/__device__ function NAME, brace-matched ("...py::NAME":
+    a def or class, Class.method). Never line numbers: convlab.display.listings. emphasize: what to highlight,
+    "::NAME" (a marked region or function) or texts (every line shown that contains one).
+    fold=True puts it in a closed dropdown titled with the file name (the whole file one click away);
+    fold=False shows it open with the caption above; "{where}" in a caption reads "file, lines a–b".
+    The copy button copies the code without the line numbers."""
     b = listing(path_spec, emphasize=emphasize, fold=fold, caption=caption)
     _show(b["text/markdown"], b["text/plain"])
 
@@ -309,7 +241,7 @@ def diff(old, new, *, context: int = 2, caption: str | None = None) -> dict:
 def show_diff(old, new, *, context: int = 2, caption: str | None = None) -> None:
     """Show what changed from kernel `old` to kernel `new`: each hunk of the new file highlighted with
     its own line numbers, the changed lines emphasised, and the lines they replace from the old file
-    in a folded dropdown. Specs as in show_listing (a file, "file:START-END", "file::function").
+    in a folded dropdown. Specs as in show_listing (a file, or "file::NAME": a marked region or function).
     Changes less than 2*context lines apart share a hunk. The plain text is a unified diff."""
     b = diff(old, new, context=context, caption=caption)
     _show(b["text/markdown"], b["text/plain"])

@@ -70,7 +70,9 @@ class Impl:
     copy of its own ("nchw", "channels_last"; the first is what a route converts another layout to);
     out_layout: the memory format of what it returns. bias: it takes bias= and adds it in its
     epilogue; activations: the epilogue's activations it takes as keywords (relu=True). accumulation:
-    how its sums are kept ("half" or "float"; fp16.fp16_tolerance's bound depends on it). precision:
+    how its sums are kept ("half" or "float"; fp16.fp16_tolerance's bound depends on it);
+    accumulation_of: a dispatcher's (one launcher, a kernel per shape), Workload -> "half" or "float"
+    (accumulation_on reads both). precision:
     None where it computes in its dtype's own precision; "tf32" or "3xtf32" for a float32 kernel whose
     products are TF32's (or the split's, convlab.ops.tf32): the dispatcher runs it only where
     dispatch.fp32_precision() asks for that precision (dispatch.PRECISION_RULES)."""
@@ -92,6 +94,7 @@ class Impl:
     bias: bool = False
     activations: tuple = ()
     accumulation: str = "float"
+    accumulation_of: Callable | None = None
     precision: str | None = None
 
     def __post_init__(self):
@@ -109,6 +112,13 @@ class Impl:
 
     def __call__(self, *args, **kwargs):
         return self.launcher(*args, **kwargs)
+
+    def accumulation_on(self, shape=None) -> str:
+        """'half' or 'float': how the kernel it runs on shape keeps its sums (fp16.fp16_tolerance's
+        bound depends on it). A dispatcher's (accumulation_of) without a shape: 'half', the looser."""
+        if self.accumulation_of is None:
+            return self.accumulation
+        return self.accumulation_of(shape) if shape is not None else "half"
 
     def takes(self, shape) -> bool:
         """Whether it can run this Workload: a plain layer (or any, for an any_layer Impl) it applies to."""

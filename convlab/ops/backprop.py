@@ -39,6 +39,7 @@ from ..gpu._limits import GRID_X_MAX, GRID_YZ_MAX, INT32_MAX, SHARED_DEFAULT_MAX
 from ..measuring.workloads import Workload
 from . import Impl, ceil_div, fused, new_output, out_size, output
 from ._kernels import Launch, remember, sm_count
+from .shapes import check_tensors
 
 DX_SCATTER_FILE = "kernels/08_backprop/conv2d_dx_scatter.cu"
 DX_GATHER_FILE = "kernels/08_backprop/conv2d_dx_gather.cu"
@@ -106,16 +107,6 @@ def _w_shape(x, dy, stride, padding, kernel_size):
     return (M, C, K, K)
 
 
-def _check_in(t, name):
-    """The course's chapter-8 kernels are fp32: a float32 tensor, contiguous (a kept launch checks
-    the device as it launches)."""
-    if not isinstance(t, torch.Tensor) or t.dtype != torch.float32:
-        raise TypeError(f"{name} must be a float32 tensor (the course's kernels are fp32), got "
-                        f"{getattr(t, 'dtype', type(t).__name__)}")
-    if not t.is_contiguous():
-        raise ValueError(f"{name} must be contiguous (NCHW); call .contiguous() first")
-
-
 def reduce_partials(partial, out, nparts: int, n: int, PARTS_Y: int | None = None):
     """out[i] = sum over j < nparts of partial[j*n + i], in a fixed order (kernels/08_backprop/reduce_partials.cu).
     PARTS_Y rows are read at once: 32 (blocks of 1,024 threads) for many rows, 8 for a few."""
@@ -140,8 +131,7 @@ def conv2d_input_grad_scatter(dy, w, dx=None, *, stride: int = 1, padding: int =
         return Launch(DX_SCATTER_FILE, "conv2d_dx_scatter", {"BLOCK": block}, (B, C, M, H, W, K, padding, stride),
                       grid=(blocks,), block=(block,))
 
-    _check_in(dy, "dy")
-    _check_in(w, "w")
+    check_tensors(("fp32",), dy=dy, w=w)
     x_shape = _x_shape(dy, w, stride, padding, input_size)
     block = int(BLOCK or 256)
     launch = remember(_plans, ("dx_scatter", dy.shape, w.shape, stride, padding, x_shape, block), build)
@@ -193,8 +183,7 @@ def conv2d_input_grad_gather(dy, w, dx=None, *, stride: int = 1, padding: int = 
     """dx by gather, no atomics (kernels/08_backprop/conv2d_dx_gather.cu). Tunables left out come from
     gather_config; mchunk: maps whose mask slice shared memory holds at once (default: as many as fit
     in 48 KB)."""
-    _check_in(dy, "dy")
-    _check_in(w, "w")
+    check_tensors(("fp32",), dy=dy, w=w)
     x_shape = _x_shape(dy, w, stride, padding, input_size)
     launch = _gather_plan(dy, w, stride, padding, x_shape, CT, MV, ROWS, BLOCK, MIN_BLOCKS, mchunk)
     dx = output(dx, x_shape, dy, name="dx")
@@ -237,7 +226,7 @@ def _gather_plan(dy, w, stride, padding, x_shape, CT=None, MV=None, ROWS=None, B
 
 def flip_transpose(w, wt=None):
     """wt[c][m][ky][kx] = w[m][c][K-1-ky][K-1-kx] (kernels/08_backprop/mask_flip.cu)."""
-    _check_in(w, "w")
+    check_tensors(("fp32",), w=w)
     M, C, K, _ = (int(s) for s in w.shape)
     wt = output(wt, (C, M, K, K), w, name="wt")
     _flip_plan(w)(w, wt)
@@ -254,16 +243,15 @@ def conv2d_input_grad_forward(dy, w, dx=None, *, stride: int = 1, padding: int =
     """dx as a forward convolution: chapter 5's pick for the transposed layer (M channels in, C maps
     out, so fused.gemm_config(C)'s tile for a GEMM) on dy with the flipped, transposed mask and
     padding K-1-padding. Stride 1 and padding <= K-1 only."""
-    _check_in(dy, "dy")
-    _check_in(w, "w")
+    check_tensors(("fp32",), dy=dy, w=w)
     x_shape = _x_shape(dy, w, stride, padding, input_size)
-    launcher, tunables, pad_t = _forward_plan(dy, w, stride, padding, x_shape)
+    impl, tunables, pad_t = _forward_plan(dy, w, stride, padding, x_shape)
     dx = output(dx, x_shape, dy, name="dx")
-    return launcher(dy, flip_transpose(w), dx, stride=1, padding=pad_t, **tunables)
+    return impl(dy, flip_transpose(w), dx, stride=1, padding=pad_t, **tunables)
 
 
 def _forward_plan(dy, w, stride, padding, x_shape):
-    """(chapter 5's launcher, its tunables, the padding) for the transposed layer, once per shape."""
+    """(chapter 5's pick() for the transposed layer, its tunables, the padding), once per shape."""
     def build():
         B, C, M, H, W, K, Ho, Wo = grad_shapes(x_shape, w, dy, stride, padding)
         if stride != 1:
@@ -274,7 +262,7 @@ def _forward_plan(dy, w, stride, padding, x_shape):
                              "gather kernel")
         shape = Workload("", B=B, C=M, M=C, H=Ho, W=Wo, K=K, stride=1, padding=K - 1 - padding)
         impl = fused.pick(shape)
-        return impl.launcher, impl.config(shape), K - 1 - padding
+        return impl, impl.config(shape), K - 1 - padding
 
     return remember(_plans, ("dx_forward", dy.shape, w.shape, stride, padding, x_shape), build)
 
@@ -290,8 +278,7 @@ def conv2d_weight_grad_atomic(x, dy, dw=None, *, stride: int = 1, padding: int =
         return Launch(DW_ATOMIC_FILE, "conv2d_dw_atomic", {"BLOCK": block}, (B, C, M, H, W, K, padding, stride),
                       grid=(blocks,), block=(block,))
 
-    _check_in(x, "x")
-    _check_in(dy, "dy")
+    check_tensors(("fp32",), x=x, dy=dy)
     w_shape = _w_shape(x, dy, stride, padding, kernel_size)
     block = int(BLOCK or 256)
     launch = remember(_plans, ("dw_atomic", x.shape, dy.shape, stride, padding, w_shape, block), build)
@@ -346,8 +333,7 @@ def conv2d_weight_grad_direct(x, dy, dw=None, *, stride: int = 1, padding: int =
     """dw by reduction (kernels/08_backprop/conv2d_dw_direct.cu). final="partials" (default): per-block
     sums, then reduce_partials (deterministic); final="atomic": each block atomicAdds its sums into dw.
     Tunables left out come from direct_dw_config; chunks: about 4 waves of resident blocks."""
-    _check_in(x, "x")
-    _check_in(dy, "dy")
+    check_tensors(("fp32",), x=x, dy=dy)
     final_ = final or "partials"
     if final_ not in FINALS:
         raise ValueError(f"final must be one of {FINALS}, got {final!r}")
@@ -422,8 +408,7 @@ def conv2d_weight_grad_gemm(x, dy, dw=None, *, stride: int = 1, padding: int = 0
     """dw by split-K implicit GEMM (kernels/08_backprop/conv2d_dw_gemm.cu), then reduce_partials
     (final="partials", the default: deterministic) or block atomics (final="atomic"). Tiles left out
     come from gemm_dw_config; splits: about 2 x 2,048 resident threads per SM in all."""
-    _check_in(x, "x")
-    _check_in(dy, "dy")
+    check_tensors(("fp32",), x=x, dy=dy)
     final_ = final or "partials"
     if final_ not in FINALS:
         raise ValueError(f"final must be one of {FINALS}, got {final!r}")
@@ -508,8 +493,7 @@ _best: dict = {}
 def conv2d_input_grad_best(dy, w, dx=None, *, stride: int = 1, padding: int = 0, input_size=None):
     """pick_input_grad()'s kernel for this shape, launched with its tunables (the same launches as
     pick_input_grad(shape)(dy, w, ...), kept per shape: one lookup per call)."""
-    _check_in(dy, "dy")
-    _check_in(w, "w")
+    check_tensors(("fp32",), dy=dy, w=w)
     key = ("dx", dy.shape, w.shape, stride, padding, input_size)
     hit = _best.get(key)
     if hit is None:
@@ -534,17 +518,16 @@ def _input_grad_best_plan(dy, w, stride, padding, input_size):
     impl = pick_input_grad(shape)
     if impl is DX_GATHER:
         return x_shape, _gather_plan(dy, w, stride, padding, x_shape, **impl.config(shape)), None, None
-    launcher, tunables, pad_t = _forward_plan(dy, w, stride, padding, x_shape)
+    impl, tunables, pad_t = _forward_plan(dy, w, stride, padding, x_shape)
     wt = torch.empty((C, M, K, K), device="meta")         # only its shape is read
-    _, launch = fused._PLAN_OF[launcher](dy, wt, 1, pad_t, **tunables)
+    _, launch = fused.plan(impl, dy, wt, 1, pad_t, **tunables)
     return x_shape, launch, _flip_plan(w), (C, M, K, K)
 
 
 def conv2d_weight_grad_best(x, dy, dw=None, *, stride: int = 1, padding: int = 0, kernel_size=None):
     """pick_weight_grad()'s kernel for this shape, launched with its tunables (the same launches as
     pick_weight_grad(shape)(x, dy, ...), kept per shape: one lookup per call)."""
-    _check_in(x, "x")
-    _check_in(dy, "dy")
+    check_tensors(("fp32",), x=x, dy=dy)
     key = ("dw", x.shape, dy.shape, stride, padding, kernel_size)
     hit = _best.get(key)
     if hit is None:
@@ -570,8 +553,7 @@ class Conv2dFunction(torch.autograd.Function):
     def forward(ctx, x, w, bias=None, stride: int = 1, padding: int = 0):
         stride, padding = int(stride), int(padding)
         x, w = x.contiguous(), w.contiguous()
-        _check_in(x, "x")
-        _check_in(w, "w")
+        check_tensors(("fp32",), x=x, w=w)
         y = fused.conv2d_best(x, w, stride=stride, padding=padding)
         if bias is not None:
             y.add_(bias.view(1, -1, 1, 1))

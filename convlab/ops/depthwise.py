@@ -25,7 +25,7 @@ from ..gpu._limits import GRID_X_MAX, GRID_YZ_MAX, SHARED_DEFAULT_MAX
 from ..measuring.workloads import Workload
 from . import Impl, ceil_div, new_output, output
 from ._kernels import Launch, remember
-from .shapes import check_inputs, check_plane_sizes, check_tensor, layer, suffix
+from .shapes import DTYPE_NAME, check_inputs, check_plane_sizes, check_tensors, layer, suffix
 
 DEPTHWISE_FILE = "kernels/09_general/conv2d_depthwise.cu"
 NHWC_FILE = "kernels/09_general/conv2d_depthwise_nhwc.cu"
@@ -242,17 +242,14 @@ def conv2d_depthwise_nhwc(x, w, y=None, *, stride=1, padding=0, dilation=1, grou
         if tuple(y.shape) != s.y_shape or not y.is_contiguous(memory_format=torch.channels_last):
             raise ValueError(f"y must be a channels-last {s.y_shape} tensor, got {tuple(y.shape)}")
         yh = y.permute(0, 2, 3, 1)
-        check_tensor(yh, "y", x.dtype)
+        check_tensors((DTYPE_NAME[x.dtype],), y=yh, device=True)
     if launch is not None:
         launch(xh, w, w if bias is None else bias, yh)
     return yh.permute(0, 3, 1, 2)
 
 
 def _nhwc_plan(x, xh, w, bias, stride, padding, dilation, groups, OY, OX, vec, CB, PB):
-    check_tensor(xh, "x")
-    check_tensor(w, "w", x.dtype)
-    if bias is not None:
-        check_tensor(bias, "bias", x.dtype)
+    check_tensors(x=xh, w=w, bias=bias, device=True)
     s = layer(x.shape, w.shape, stride, padding, dilation, groups, None if bias is None else bias.shape)
     check_plane_sizes(s)
     if not nhwc_applies(s):

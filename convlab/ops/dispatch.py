@@ -215,8 +215,8 @@ RULES = {
              "wmma_smallc", "fragments read straight from the input tile (06_fp16: lenet_c3)"),
         Rule("x channels_last, stride 1, no dilation or groups, C and M multiples of 8, C·Kh·Kw ≥ 128, "
              "an H100/H200", lambda s: _taps(s) >= 128, "wgmma",
-             "Hopper's warpgroup MMA fed by the copy engine: faster than mma.sync on every such layer measured, "
-             "0.80-1.01x torch best (benchmarks/hopper_layers.py, H100); a reduction of one 64-channel step "
+             "Hopper's warpgroup MMA fed by the copy engine: faster than mma.sync on every such layer measured "
+             "(benchmarks/results/hopper_layers_NVIDIA_H100_80GB_HBM3.csv); a reduction of one 64-channel step "
              "(a 1x1 layer from 64 channels) leaves its pipeline nothing to overlap, and mma.sync was faster",
              layouts=("channels_last",)),
         Rule(f"x channels_last, groups 1, C and M multiples of 8, C·Kh·Kw ≥ 128, {_ON_HOPPER}",
@@ -229,10 +229,11 @@ RULES = {
         Rule("x channels_last, groups 1, C pads to 8 cheaply",
              lambda s: s.groups == 1 and _pads_cheaply(s), "mma",
              "mma.sync fed by ldmatrix from a cp.async pipeline reads x channels_last as it lies (needs sm_80); "
-             "WMMA would convert x and y and add the bias in a pass of its own: on an H200 the 35 channels_last "
-             "fp16 layers of today's networks WMMA took ran at 0.58x torch best, the 13 mma.sync took at 1.41x "
-             "(geometric means of the caller's time, benchmarks/dropin_networks.py, forward, batch 32), few "
-             "channels (1x1 layers from 16 to 40) among the first",
+             "WMMA would convert x and y and add the bias in a pass of its own: on an H200, of the channels_last "
+             "fp16 layers of today's networks, those WMMA took ran slower than torch best, those mma.sync took "
+             "faster (geometric means of the caller's time, forward, batch 32: "
+             "benchmarks/results/dropin_networks_NVIDIA_H200.csv), few channels (1x1 layers from 16 to 40) "
+             "among the first",
              layouts=("channels_last",)),
         Rule("plain", lambda s: s.plain, "wmma",
              "tensor cores through WMMA (06_fp16: days100, resnet); the stem's 3 channels, an older GPU"),
@@ -659,11 +660,10 @@ def no_kernel(s: Workload, dtype: str, layout: str = "nchw", passes=("forward",)
 
 # ---- 16-bit: how the routed forward adds -------------------------------------------------------------
 
-def _accumulation(shape: Workload) -> str:
+def fp16_accumulation(shape: Workload) -> str:
+    """How the kernel pick() gives a 16-bit layer keeps its sums: the accumulation_of of a record
+    whose launcher runs the routes (picked(), a benchmark's forward and backward through the drop-in)."""
     return pick(shape, "fp16").accumulation
-
-
-forward.accumulation = _accumulation      # fp16.accumulation: how the kernel pick() runs adds (fp16)
 
 
 def _route_impl(x_shape, w_shape, stride, padding, dilation, groups, dtype: str, layout: str) -> Impl:
@@ -708,7 +708,8 @@ def check_fp16_forward(y, ref, x_shape, w_shape, bias=None, stride=1, padding=0,
 def picked(dtype: str = "fp32"):
     """An Impl labelled BEST that runs pick()'s kernel on any layer, for measure.run."""
     return Impl(BEST, forward, "conv2d_fp16" if dtype != "fp32" else "conv2d", any_layer=True, key=BEST_KEY,
-                dtypes=(dtype,), layouts=LAYOUTS, bias=True)
+                dtypes=(dtype,), layouts=LAYOUTS, bias=True,
+                accumulation_of=fp16_accumulation if dtype != "fp32" else None)
 
 
 # ---- the document -------------------------------------------------------------------------------

@@ -17,7 +17,6 @@ their own, so their cost is counted where it is paid:
 - conv2d_fp16: float32 in, float32 out: to_half, a convolution above, to_float (the whole cost).
 - pick(shape) / conv2d_fp16_best: which kernel and tunables a layer gets (tensor cores); HALF2 is
   the chapter's best without them.
-- accumulation(impl): 'half' or 'float', the sums a kernel keeps (for fp16_tolerance).
 - fp16_tolerance / check_fp16: the error bound the tests use, from the precision and C·K².
 """
 from __future__ import annotations
@@ -32,6 +31,7 @@ from ..measuring import workloads
 from ..measuring.workloads import Workload
 from . import Impl, ceil_div, conv2d_shapes, new_output, output
 from ._kernels import Launch, remember
+from .shapes import check_tensors
 
 CONVERT_FILE = "kernels/06_fp16/convert_fp16.cu"
 HALF_FILE = "kernels/06_fp16/conv2d_half.cu"
@@ -47,12 +47,6 @@ _plans: dict = {}
 
 
 # ---- tensors -------------------------------------------------------------------------------------
-
-def _need_half(**tensors):
-    for name, t in tensors.items():
-        if t.dtype != torch.float16:
-            raise TypeError(f"{name} must be float16 (convert it with fp16.to_half({name})), got {t.dtype}")
-
 
 def _half_out(y, shape, like):
     if y is not None:
@@ -100,7 +94,7 @@ def to_half(x, out=None):
 
 def to_float(xh, out=None):
     """float16 -> float32 on the device (exact)."""
-    _need_half(xh=xh)
+    check_tensors(("fp16",), layout=None, xh=xh)
     out = new_output(xh.shape, xh, torch.float32) if out is None else out
     if out.dtype != torch.float32 or out.shape != xh.shape:
         raise ValueError(f"out must be float32 of shape {tuple(xh.shape)}")
@@ -109,7 +103,7 @@ def to_float(xh, out=None):
 
 def mask_to_tap_major(wh, out=None):
     """The half mask (M, C, K, K) reordered to (M, K, K, C): conv2d_wmma's reduction order."""
-    _need_half(w=wh)
+    check_tensors(("fp16",), layout=None, w=wh)
     M, C, K, _ = (int(s) for s in wh.shape)
     out = _scratch((M, K, K, C), wh) if out is None else out
     _tap_major_plan(wh)(wh, out)
@@ -166,7 +160,7 @@ def _direct(path, kname, xh, wh, y, stride, padding, MT, ROWS, BLOCK):
                                       (B, H, W, padding), grid=(ceil_div(threads, block), ceil_div(M, mt), 1),
                                       block=(block, 1, 1))
 
-    _need_half(x=xh, w=wh)
+    check_tensors(("fp16",), layout=None, x=xh, w=wh)
     shape, launch = remember(_plans, (kname, xh.shape, wh.shape, stride, padding, MT, ROWS, BLOCK), build)
     y = _half_out(y, shape, xh)
     launch(xh, wh, y)
@@ -223,7 +217,7 @@ def conv2d_wmma(xh, wh, y=None, *, stride: int = 1, padding: int = 0, BM: int | 
                 WARPS_N: int | None = None):
     """Step 3: implicit GEMM on tensor cores. Runs mask_to_tap_major first (counted in its time).
     Tunables left out come from wmma_config(M, C, K)."""
-    _need_half(x=xh, w=wh)
+    check_tensors(("fp16",), layout=None, x=xh, w=wh)
     shape, tap_major, wt_shape, launch = _wmma_plan(xh, wh, stride, padding, BM, BN, BK, WARPS_M, WARPS_N)
     y = _half_out(y, shape, xh)
     wt = _scratch(wt_shape, wh)
@@ -299,7 +293,7 @@ def conv2d_wmma_smallc(xh, wh, y=None, *, stride: int = 1, padding: int = 0, WAR
     """Step 4: tensor cores straight from an input tile in shared memory (1 <= C <= 8, stride 1).
     Runs smallc_mask first (the mask as B matrices; counted in its time). WARPS and BAND left out
     come from smallc_config."""
-    _need_half(x=xh, w=wh)
+    check_tensors(("fp16",), layout=None, x=xh, w=wh)
     shape, mask, wb_shape, conv = _smallc_plan(xh, wh, stride, padding, WARPS, BAND)
     y = _half_out(y, shape, xh)
     wb = _scratch(wb_shape, xh)
@@ -371,20 +365,20 @@ def pick(shape: Workload) -> Impl:
 _best: dict = {}
 
 
-_PLAN_OF = {conv2d_wmma_smallc: _smallc_plan, conv2d_wmma: _wmma_plan}
+_PLAN_OF = {"wmma_smallc": _smallc_plan, "wmma": _wmma_plan}      # by the Impl.key pick() gives
 
 
 def conv2d_fp16_best(xh, wh, y=None, *, stride: int = 1, padding: int = 0):
     """pick()'s kernel for this shape, launched with its tunables (half in, half out): the same
     launches as pick(shape)(xh, wh, ...), kept per shape, one lookup per call."""
     if xh.dtype is not torch.float16 or wh.dtype is not torch.float16:
-        _need_half(x=xh, w=wh)
+        check_tensors(("fp16",), layout=None, x=xh, w=wh)
     key = (xh.shape, wh.shape, stride, padding)
     hit = _best.get(key)
     if hit is None:
         shape = Workload.of(xh, wh, stride=stride, padding=padding)
         impl = pick(shape)
-        hit = _best[key] = _PLAN_OF[impl.launcher](xh, wh, stride, padding, **impl.config(shape))
+        hit = _best[key] = _PLAN_OF[impl.key](xh, wh, stride, padding, **impl.config(shape))
     out_shape, prep, wb_shape, conv = hit
     y = _half_out(y, out_shape, xh)
     wb = _scratch(wb_shape, wh)
@@ -410,17 +404,6 @@ FP16_PATH = Impl("ours, float32 in and out: to_half + pick() + to_float", conv2d
 #: The chapter's implementations, by the name the figures use: the four kernels (half in and out),
 #: then the whole float32 path through the pick.
 IMPLEMENTATIONS = (HALF, HALF2, WMMA, WMMA_SMALLC, FP16_PATH)
-
-
-def accumulation(impl: Impl, shape=None) -> str:
-    """'half' or 'float', how an Impl's kernel keeps its sums (its record's accumulation): what
-    fp16_tolerance needs to know. A launcher that runs different kernels per shape (a dispatcher)
-    says it by an `accumulation(shape)` attribute; without a shape, such a one is taken to add in
-    half (the looser bound)."""
-    per_shape = getattr(impl.launcher, "accumulation", None)
-    if per_shape is not None:
-        return per_shape(shape) if shape is not None else "half"
-    return impl.accumulation
 
 
 # ---- accuracy ------------------------------------------------------------------------------------------

@@ -249,7 +249,14 @@ def pick(shape: Workload) -> Impl:
 
 
 _best: dict = {}
-_PLAN_OF = {conv2d_direct_regtile: _regtile_plan, conv2d_implicit_gemm_reg: _reg_plan}
+_PLAN_OF = {"direct_regtile": _regtile_plan, "igemm_reg": _reg_plan}      # by the Impl.key pick() gives
+
+
+def plan(impl: Impl, x, w, stride: int, padding: int, **tunables) -> tuple:
+    """(y's shape, the Launch) of a kernel pick() gives, for tensors of x's and w's shapes (meta
+    tensors will do): the launch conv2d_best keeps per shape, for a caller that keeps its own
+    (chapter 8's dX through this forward)."""
+    return _PLAN_OF[impl.key](x, w, stride, padding, **tunables)
 
 
 def conv2d_best(x, w, y=None, *, stride: int = 1, padding: int = 0):
@@ -260,7 +267,7 @@ def conv2d_best(x, w, y=None, *, stride: int = 1, padding: int = 0):
     if hit is None:
         shape = Workload.of(x, w, stride=stride, padding=padding)
         impl = pick(shape)
-        hit = _best[key] = _PLAN_OF[impl.launcher](x, w, stride, padding, **impl.config(shape))
+        hit = _best[key] = plan(impl, x, w, stride, padding, **impl.config(shape))
     out_shape, launch = hit
     y = output(y, out_shape, x)
     launch(x, w, y)

@@ -22,7 +22,7 @@ from ..gpu._limits import GRID_X_MAX, GRID_YZ_MAX
 from ..measuring.workloads import Workload
 from . import Impl, ceil_div, new_output, output
 from ._kernels import Launch, remember, sm_count
-from .shapes import check_inputs, check_plane_sizes, check_tensor, layer, suffix, two
+from .shapes import check_inputs, check_plane_sizes, check_tensors, layer, suffix, two
 
 FWD_FILE = "kernels/09_general/conv2d_general.cu"
 DX_FILE = "kernels/09_general/conv2d_general_dx.cu"
@@ -85,8 +85,7 @@ def conv2d_general_dx(dy, w, dx=None, *, stride=1, padding=0, input_size, dilati
 
 
 def _dx_plan(dy, w, stride, padding, input_size, dilation, groups):
-    check_tensor(dy, "dy")
-    check_tensor(w, "w", dy.dtype)
+    check_tensors(dy=dy, w=w, device=True)
     if dy.dim() != 4:
         raise ValueError(f"dy must be (B, M, Ho, Wo), got {tuple(dy.shape)}")
     H, W = (int(v) for v in two(input_size))
@@ -132,8 +131,7 @@ def conv2d_general_dw(x, dy, dw=None, *, stride=1, padding=0, kernel_size, dilat
 
 
 def _dw_plan(x, dy, stride, padding, kernel_size, dilation, groups, splits):
-    check_tensor(x, "x")
-    check_tensor(dy, "dy", x.dtype)
+    check_tensors(x=x, dy=dy, device=True)
     if x.dim() != 4 or dy.dim() != 4:
         raise ValueError(f"x and dy must be 4-D, got {tuple(x.shape)} and {tuple(dy.shape)}")
     Kh, Kw = (int(k) for k in two(kernel_size))

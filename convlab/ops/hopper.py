@@ -43,7 +43,7 @@ from ..gpu._limits import INT32_MAX
 from ..measuring.workloads import Workload
 from . import Impl, ceil_div, new_output
 from ._kernels import Launch, remember, sm_count
-from .shapes import layer, two
+from .shapes import check_tensors, layer, two
 from .wgmma import BK, ROWS, SHARED_OPTIN_MAX, THREADS, box_shape, deepest, runs_here, shared_bytes, static_shared
 
 FILE = "kernels/11_hopper/conv2d_hopper.cu"
@@ -223,16 +223,6 @@ def _takes(op: str):
 
 # ---- tensors ------------------------------------------------------------------------------------------
 
-def _check_16bit(**tensors) -> torch.dtype:
-    """All float16 or all bfloat16 (None skipped); that dtype."""
-    dtypes = {n: t.dtype for n, t in tensors.items() if t is not None}
-    bad = [n for n, d in dtypes.items() if d not in DTYPES]
-    if bad or len(set(dtypes.values())) != 1:
-        raise TypeError("the Hopper kernels take float16 or bfloat16 tensors, all of one dtype; got "
-                        + ", ".join(f"{n} {d}" for n, d in dtypes.items()))
-    return next(iter(dtypes.values()))
-
-
 def _nhwc(t: torch.Tensor, C8: int | None = None) -> torch.Tensor:
     """t (N, C, H, W) as a contiguous, 16-byte aligned NHWC tensor of C8 channels (zeros past C): a
     view when t is channels_last already and needs no padding, else one copy."""
@@ -379,7 +369,7 @@ def _run(plan: _Plan, a, wn, out_nhwc, bias):
 def conv2d_hopper(x, w, y=None, *, stride=1, padding=0, dilation=1, groups=1, bias=None, relu=False, **tunables):
     """y = conv2d(x, w, bias) (then ReLU if relu) in fp16 or bf16 on Hopper's wgmma fed by TMA; see
     the module's docstring."""
-    dtype = _check_16bit(x=x, w=w, bias=bias)
+    dtype = check_tensors(("fp16", "bf16"), layout=None, x=x, w=w, bias=bias)
     if x.dim() != 4 or w.dim() != 4:
         raise ValueError(f"expected x (B, C, H, W) and w (M, C, Kh, Kw), got {tuple(x.shape)} and {tuple(w.shape)}")
     if bias is not None and tuple(bias.shape) != (w.shape[0],):
@@ -426,7 +416,7 @@ def conv2d_hopper_dx(dy, w, dx=None, *, stride=1, padding=0, input_size=None, di
     on dy with the mask read N-major, every stride phase in one launch. dy (B, M, Ho, Wo) and w
     (M, C, Kh, Kw), NCHW or channels_last (an NCHW dy converted in the call); input_size: x's (H, W)
     (None: the smallest that gives dy). Returns dx (B, C, H, W) channels_last."""
-    dtype = _check_16bit(dy=dy, w=w)
+    dtype = check_tensors(("fp16", "bf16"), layout=None, dy=dy, w=w)
     if dy.dim() != 4 or w.dim() != 4 or int(dy.shape[1]) != int(w.shape[0]):
         raise ValueError(f"expected dy (B, M, Ho, Wo) and w (M, C, Kh, Kw) with the same M, got {tuple(dy.shape)} "
                          f"and {tuple(w.shape)}")
@@ -500,7 +490,7 @@ def conv2d_hopper_dw(x, dy, dw=None, *, stride=1, padding=0, kernel_size, dilati
     over the output pixels, fp32 sums split over them (SPLIT_K) and added in order, rounded once.
     x (B, C, H, W) and dy (B, M, Ho, Wo), NCHW or channels_last (NCHW ones converted in the call);
     C not a multiple of 8: x padded with zeros (one copy). Returns dw (M, C, Kh, Kw) channels_last."""
-    dtype = _check_16bit(x=x, dy=dy)
+    dtype = check_tensors(("fp16", "bf16"), layout=None, x=x, dy=dy)
     if x.dim() != 4 or dy.dim() != 4 or int(dy.shape[0]) != int(x.shape[0]):
         raise ValueError(f"expected x (B, C, H, W) and dy (B, M, Ho, Wo), got {tuple(x.shape)} and {tuple(dy.shape)}")
     K = tuple(int(k) for k in two(kernel_size))

@@ -43,6 +43,7 @@ from ..gpu._limits import GRID_YZ_MAX, INT32_MAX, SHARED_DEFAULT_MAX
 from ..measuring.workloads import Workload, pair
 from . import Impl, ceil_div, new_output, output
 from ._kernels import Launch, remember, sm_count
+from .shapes import check_tensors
 
 FILE = "kernels/09_general/conv2d_igemm_f32.cu"
 TM = TN = 8            # the micro-tile: 64 accumulators, 16 shared loads per 64 FFMAs
@@ -353,7 +354,7 @@ def conv2d_igemm_f32(x, w, y=None, *, stride=1, padding=0, dilation=1, groups: i
     each element's (c, ky, kx) by divisions, on any layer) where igemm_mode would give the
     tap-per-step loader or the plain GEMM: what those loaders buy, measured on their own
     (benchmarks/igemm_ablation.py)."""
-    _check_f32(x=x, w=w, bias=bias)
+    check_tensors(("fp32",), x=x, w=w, bias=bias)
     if bias is not None and tuple(bias.shape) != (int(w.shape[0]),):
         raise ValueError(f"bias has shape {tuple(bias.shape)}, expected ({int(w.shape[0])},)")
     tunables = dict(BM=BM, BN=BN, BK=BK, WM=WM, WN=WN, SPLIT=SPLIT, MIN_BLOCKS=MIN_BLOCKS)
@@ -472,7 +473,7 @@ def conv2d_igemm_f32_dx(dy, w, dx=None, *, stride=1, padding=0, input_size=None,
     (None: the smallest input that gives dy): one stride-1 implicit GEMM per stride phase of dx, on
     dy with the phase's taps of the mask flipped and transposed per group. Tunables left out come
     from igemm_config(dx_workload(shape)), the same for every phase."""
-    _check_f32(dy=dy, w=w)
+    check_tensors(("fp32",), dy=dy, w=w)
     tunables = dict(BM=BM, BN=BN, BK=BK, WM=WM, WN=WN, SPLIT=SPLIT, MIN_BLOCKS=MIN_BLOCKS)
     shape, split, vec, launches, empty, reduce = _dx_plan(dy, tuple(w.shape), stride, padding, dilation, groups,
                                                           input_size, dy.data_ptr() % 16 == 0, tunables)
@@ -561,7 +562,7 @@ def conv2d_igemm_f32_dw(x, dy, dw=None, *, stride=1, padding=0, kernel_size=None
     strides) by dy (M/groups maps of B channels, Ho x Wo taps; dw_mask), with stride (dh, dw) and
     dilation (sh, sw), written into dw (M, C/groups, Kh, Kw). The reduction (B*Ho*Wo) is long and the
     output small, so igemm_config splits it. Tunables left out come from igemm_config(dw_workload(shape))."""
-    _check_f32(x=x, dy=dy)
+    check_tensors(("fp32",), x=x, dy=dy)
     tunables = dict(BM=BM, BN=BN, BK=BK, WM=WM, WN=WN, SPLIT=SPLIT, MIN_BLOCKS=MIN_BLOCKS)
     shape, mode, split, vec, gemm, reduce = _dw_plan(x, tuple(dy.shape), stride, padding, dilation, groups,
                                                      kernel_size, x.data_ptr() % 16 == 0, tunables)
@@ -574,16 +575,6 @@ def conv2d_igemm_f32_dw(x, dy, dw=None, *, stride=1, padding=0, kernel_size=None
         gemm(x, wt, wt, part, 0, vec)
         reduce(part, wt, dw, 0)
     return dw
-
-
-def _check_f32(**tensors) -> None:
-    for name, t in tensors.items():
-        if t is None:
-            continue
-        if t.dtype != torch.float32:
-            raise ValueError(f"{name} is {t.dtype}: conv2d_igemm_f32 takes float32 (convert with .float())")
-        if not t.is_contiguous():
-            raise ValueError(f"{name} must be contiguous NCHW: pass {name}.contiguous()")
 
 
 # ---- the implementation -------------------------------------------------------------------------

@@ -8,7 +8,9 @@ tensors.
   layer, with torch's argument forms resolved (ints, 1- and 2-sequences, 'same' and 'valid'); an
   argument torch rejects gives torch's own error. Cached by the arguments' values and types.
 - plain_arg(v): whether an argument's value alone says what torch makes of it (so it can key a cache).
-- check_tensor(t, name, dtype=None): float32/float16, on the backend's device, contiguous.
+- check_tensors(dtypes, layout="nchw", device=False, **tensors) -> torch dtype: the launchers' one
+  check of their tensors' dtypes (TypeError), layout and device (ValueError); check_inputs(x, w,
+  bias): a chapter-9 forward's.
 - plane_too_large(s) / check_plane_sizes(s): the kernels index inside a plane with int.
 - suffix(dtype): the entry point of a kernel file for a dtype (_f32, _f16).
 - DTYPE / DTYPE_NAME: the one dtype vocabulary ("fp32", "fp16", "bf16") and its torch dtypes.
@@ -29,7 +31,6 @@ from ..measuring.workloads import Workload
 #: a dtype by one of these strings; the torch dtype of each.
 DTYPE = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 DTYPE_NAME = {t: name for name, t in DTYPE.items()}
-DTYPES = (torch.float32, torch.float16)      # what the chapters' launchers check for (check_tensor)
 
 
 def out_size(n: int, K: int, stride: int = 1, padding: int = 0) -> int:
@@ -173,25 +174,40 @@ def check_plane_sizes(s: Workload) -> None:
 
 # ---- tensors -----------------------------------------------------------------------------------
 
-def check_tensor(t, name: str, dtype=None) -> None:
-    """t is a float32 or float16 tensor (of dtype, when given), on the backend's device, contiguous."""
-    if not isinstance(t, torch.Tensor) or t.dtype not in DTYPES:
-        raise TypeError(f"{name} must be a float32 or float16 tensor, got {getattr(t, 'dtype', type(t).__name__)}")
-    if dtype is not None and t.dtype != dtype:
-        raise TypeError(f"{name} is {t.dtype}, expected {dtype}: convert it with .to({dtype})")
-    if t.device.type not in (runtime.device().torch_device, "meta"):     # meta: launches recorded, nothing runs
-        raise ValueError(f"{name} is on {t.device}, the {runtime.backend()} backend runs on "
-                         f"{runtime.device().torch_device}: move it with cl.to_device({name})")
-    if not t.is_contiguous():
-        raise ValueError(f"{name} must be contiguous (NCHW): call {name}.contiguous() first")
+def _torch_name(dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def check_tensors(dtypes=("fp32", "fp16"), *, layout: str | None = "nchw", device: bool = False,
+                  **tensors) -> torch.dtype:
+    """The launchers' one check of their tensors: every one given (None skipped) a torch.Tensor, all
+    of one dtype among `dtypes` (names of DTYPE), else a TypeError naming each one's; with
+    layout="nchw", contiguous (None: a launcher that reads any layout, or copies); with device=True,
+    on the backend's device (a kept launch checks it as it launches). Both ValueErrors. Returns the
+    dtype."""
+    given = {n: t for n, t in tensors.items() if t is not None}
+    kinds = {t.dtype if isinstance(t, torch.Tensor) else None for t in given.values()}
+    dtype = next(iter(kinds))
+    if len(kinds) != 1 or DTYPE_NAME.get(dtype) not in dtypes:
+        want = " or ".join(_torch_name(DTYPE[d]) for d in dtypes)
+        got = ", ".join(f"{n} {_torch_name(t.dtype) if isinstance(t, torch.Tensor) else type(t).__name__}"
+                        for n, t in given.items())
+        one = ", all of one dtype" if len(given) > 1 else ""
+        raise TypeError(f"{', '.join(given)}: this launcher takes {want} tensors{one}; got {got} "
+                        f"(convert with .to(torch.{_torch_name(DTYPE[dtypes[0]])}))")
+    for n, t in given.items():
+        if device and t.device.type not in (runtime.device().torch_device, "meta"):   # meta: recorded, not run
+            raise ValueError(f"{n} is on {t.device}, the {runtime.backend()} backend runs on "
+                             f"{runtime.device().torch_device}: move it with cl.to_device({n})")
+        if layout == "nchw" and not t.is_contiguous():
+            raise ValueError(f"{n} must be contiguous (NCHW): call {n}.contiguous() first")
+    return dtype
 
 
 def check_inputs(x, w, bias=None) -> None:
-    """A forward's tensors: x 4-D, w and bias of x's dtype, each as check_tensor asks."""
-    check_tensor(x, "x")
-    check_tensor(w, "w", x.dtype)
-    if bias is not None:
-        check_tensor(bias, "bias", x.dtype)
+    """A forward's tensors: x 4-D; x, w and bias float32 or float16, of one dtype, on the device,
+    contiguous (check_tensors)."""
+    check_tensors(x=x, w=w, bias=bias, device=True)
     if x.dim() != 4:
         raise ValueError(f"x must be (B, C, H, W), got {tuple(x.shape)} (the drop-in takes unbatched inputs)")
 

@@ -26,8 +26,8 @@ kernels/09_general/tensor_core.cuh).
 - gemm_shape(shape): a layer's GEMM per group, (P, M/groups, K, C/groups, groups).
 - check_mma_tunables(...), check_dw_tunables(...): the kernels' static_asserts and shared memory,
   as a Python error.
-- check_halves(**tensors), channels_last_out(y, shape, like, name): the fp16 launchers' input
-  check and channels_last output (chapter 11's wgmma launcher shares them).
+- channels_last_out(y, shape, like, name): the fp16 launchers' channels_last output (chapter 11's
+  wgmma launcher shares it).
 - MMA: the Impl record, "mma.sync implicit GEMM (NHWC)"; MMA_DX, op "conv2d_dx_fp16"; MMA_DW, op
   "conv2d_dw_fp16".
 
@@ -50,6 +50,7 @@ from ..gpu._limits import GRID_X_MAX, INT32_MAX, SHARED_DEFAULT_MAX
 from ..measuring.workloads import Workload
 from . import Impl, ceil_div, new_output
 from ._kernels import Launch, remember
+from .shapes import check_tensors
 
 MMA_FILE = "kernels/09_general/conv2d_mma.cu"
 DW_FILE = "kernels/09_general/conv2d_mma_dw.cu"
@@ -346,12 +347,6 @@ def _nhwc(x: torch.Tensor, C8: int, groups: int = 1) -> torch.Tensor:
     return xp.clone(memory_format=torch.contiguous_format)      # cp.async reads 16-byte aligned chunks
 
 
-def check_halves(**tensors) -> None:
-    for name, t in tensors.items():
-        if t is not None and (not isinstance(t, torch.Tensor) or t.dtype != torch.float16):
-            raise TypeError(f"{name} must be a float16 tensor, got {getattr(t, 'dtype', type(t).__name__)}")
-
-
 def _check_tunables(tunables: dict, who: str) -> None:
     bad = [k for k in tunables if k not in TUNABLES]
     if bad:
@@ -400,7 +395,7 @@ def conv2d_mma(x, w, y=None, *, stride=1, padding=0, dilation=1, groups=1, bias=
     workspace (SPLIT_K, P, M) and a second, reducing kernel to the call. swizzle=False builds the
     kernel without its XOR swizzle (SWIZZLE=0): what the swizzle buys, measured on its own
     (benchmarks/mma_ablation.py)."""
-    check_halves(x=x, w=w, bias=bias)
+    check_tensors(("fp16",), layout=None, x=x, w=w, bias=bias)
     if x.dim() != 4 or w.dim() != 4:
         raise ValueError(f"expected x (B, C, H, W) and w (M, C/groups, Kh, Kw), got {tuple(x.shape)} and {tuple(w.shape)}")
     _check_groups(int(x.shape[1]), w, groups, f"x {tuple(x.shape)}")
@@ -432,7 +427,7 @@ def conv2d_mma_dx(dy, w, dx=None, *, stride=1, padding=0, input_size=None, dilat
 
     Returns dx of logical shape (B, C, H, W) in channels_last memory format (a given dx must be
     that). Tunables left out come from mma_dx_config, one tile for every phase."""
-    check_halves(dy=dy, w=w)
+    check_tensors(("fp16",), layout=None, dy=dy, w=w)
     if dy.dim() != 4 or w.dim() != 4 or int(dy.shape[1]) != int(w.shape[0]):
         raise ValueError(f"expected dy (B, M, Ho, Wo) and w (M, C/groups, Kh, Kw) with the same M, got "
                          f"{tuple(dy.shape)} and {tuple(w.shape)}")
@@ -467,7 +462,7 @@ def conv2d_mma_dw(x, dy, dw=None, *, stride=1, padding=0, kernel_size, dilation=
     of 8: padded with zeros per group (one copy). Returns dw of logical shape (M, C/groups, Kh, Kw)
     in channels_last memory format (a given dw must be that). Tunables (TUNABLES; SPLIT_K 1 to
     MAX_DW_SPLIT) left out come from mma_dw_config; SPLIT_K left out with a tile given: 1."""
-    check_halves(x=x, dy=dy)
+    check_tensors(("fp16",), layout=None, x=x, dy=dy)
     if x.dim() != 4 or dy.dim() != 4 or int(dy.shape[0]) != int(x.shape[0]):
         raise ValueError(f"expected x (B, C, H, W) and dy (B, M, Ho, Wo), got {tuple(x.shape)} and {tuple(dy.shape)}")
     C, M = int(x.shape[1]), int(dy.shape[1])

@@ -44,7 +44,7 @@ from ..measuring.workloads import Workload
 from . import Impl, ceil_div, output
 from .fp16 import TOL_LAMBDA, U32
 from ._kernels import Launch, batch_chunks, module_ref, remember, sm_count
-from .shapes import layer
+from .shapes import check_tensors, layer
 from .wgmma import SHARED_OPTIN_MAX, box_shape
 
 #: What a float32 convolution may be computed in: the drop-in's precision= and dispatch.fp32_precision
@@ -128,14 +128,8 @@ def check_tf32(y, ref, shape: Workload, impl: "Impl", name: str = "y", raise_on_
     return check(y, r, rtol=rtol, atol=atol_rms * max(rms, 1e-30), name=name, raise_on_error=raise_on_error)
 
 
-def _check_floats(**tensors) -> None:
-    for name, t in tensors.items():
-        if t is not None and (not isinstance(t, torch.Tensor) or t.dtype != torch.float32):
-            raise TypeError(f"{name} must be a float32 tensor, got {getattr(t, 'dtype', type(t).__name__)}")
-
-
 def _layer(x, w, bias, stride, padding, dilation, groups, who: str) -> Workload:
-    _check_floats(x=x, w=w, bias=bias)
+    check_tensors(("fp32",), layout=None, x=x, w=w, bias=bias)
     if x.dim() != 4 or w.dim() != 4:
         raise ValueError(f"{who}: expected x (B, C, H, W) and w (M, C, Kh, Kw), got {tuple(x.shape)} and "
                          f"{tuple(w.shape)}")
@@ -255,7 +249,7 @@ def conv2d_tf32_mma(x, w, y=None, *, stride=1, padding=0, dilation=1, groups=1, 
     plan = remember(_mma_plans, key, lambda: _mma_plan(
         _layer(x, w, bias, stride, padding, dilation, groups, "conv2d_tf32_mma"), products, tunables),
         (stride, padding, dilation, groups))
-    _check_floats(x=x, w=w, bias=bias)
+    check_tensors(("fp32",), layout=None, x=x, w=w, bias=bias)
     y = output(y, plan.out_shape, x)
     xn = x.permute(0, 2, 3, 1)
     if not (x.shape[1] % 4 == 0 and xn.is_contiguous() and xn.data_ptr() % 16 == 0):
@@ -397,7 +391,7 @@ def conv2d_wgmma_tf32(x, w, y=None, *, stride=1, padding=0, dilation=1, groups=1
     plan = remember(_wgmma_plans, key, lambda: _wgmma_plan(
         _layer(x, w, bias, stride, padding, dilation, groups, "conv2d_wgmma_tf32"), products, tunables),
         (stride, padding, dilation, groups))
-    _check_floats(x=x, w=w, bias=bias)
+    check_tensors(("fp32",), layout=None, x=x, w=w, bias=bias)
     y = output(y, plan.out_shape, x)
     mode = 2 if products == 3 else 1
     x_hi, x_lo = nhwc(x, mode)

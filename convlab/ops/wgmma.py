@@ -21,8 +21,8 @@ from ..gpu._limits import GRID_X_MAX, INT32_MAX
 from ..measuring.workloads import Workload
 from . import Impl, ceil_div
 from ._kernels import module_ref, remember, sm_count
-from .shapes import layer
-from .tensor_core import channels_last_out, check_halves
+from .shapes import check_tensors, layer
+from .tensor_core import channels_last_out
 
 FILE = "kernels/11_hopper/conv2d_wgmma.cu"
 TUNABLES = ("BN", "STAGES", "RINGS", "BW", "BH", "BI")
@@ -146,7 +146,7 @@ def refuses(s: Workload) -> str | None:
 def conv2d_wgmma(x, w, y=None, *, stride=1, padding=0, dilation=1, groups=1, bias=None, relu=False, **tunables):
     """y = conv2d(x, w, bias) (then ReLU if relu) in fp16 on Hopper's wgmma, fed by TMA; see the
     module's docstring."""
-    check_halves(x=x, w=w, bias=bias)
+    check_tensors(("fp16",), layout=None, x=x, w=w, bias=bias)
     if x.dim() != 4 or w.dim() != 4:
         raise ValueError(f"expected x (B, C, H, W) and w (M, C, Kh, Kw), got {tuple(x.shape)} and {tuple(w.shape)}")
     if bias is not None and tuple(bias.shape) != (w.shape[0],):

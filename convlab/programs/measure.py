@@ -28,7 +28,7 @@ from ..display.book import progress
 from ..gpu.check import DW_INDEX
 from ..measuring import baselines, results, roofline
 from ..measuring.bench import bench, time_caller, time_gpu, wall_per_call
-from ..ops.fp16 import accumulation, fp16_tolerance
+from ..ops.fp16 import fp16_tolerance
 
 SAMPLED_IMAGES = 4
 
@@ -129,13 +129,13 @@ ROUNDING = {"fp32": (2.0 ** -24, 1e-4), "fp16": (2.0 ** -11, 1e-2)}   # unit rou
 def _check(impl, wl, out, ref, what: str, dtype: str, length: int, derived: bool, index=None) -> None:
     """cl.check against ref (fp64 of the inputs as the kernel got them). fp16 forward and dX: chapter
     6's derived bound (fp16.fp16_tolerance: half inputs, sums of `length` terms in half or float as
-    the kernel keeps them (fp16.accumulation), the result rounded to half), far tighter than the
+    the kernel keeps them (Impl.accumulation_on), the result rounded to half), far tighter than the
     generic one for float sums. fp32, and dW: _atol's generic bound (dW sums over the whole batch,
     where the derived bound's term for a tensor core's truncating adds, length·2^-24, grows past it).
     index: the names of out's axes in messages (dW: DW_INDEX)."""
     if dtype == "fp16" and derived:
 
-        rtol, atol_rms = fp16_tolerance(max(length, 1), 1, accumulation(impl, wl), rounded_inputs=True)
+        rtol, atol_rms = fp16_tolerance(max(length, 1), 1, impl.accumulation_on(wl), rounded_inputs=True)
         rms = float(ref.pow(2).mean().sqrt()) if ref.numel() else 1.0
         cl.check(out, ref, name=what, rtol=rtol, atol=atol_rms * max(rms, 1e-30), index=index)
     else:

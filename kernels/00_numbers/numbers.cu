@@ -76,7 +76,7 @@ __global__ void chase_l1(const int* next, int start, int steps, int* end, long l
     end[0] = j;
 }
 
-// Through L2 only (__ldcg): a cycle that fits in L2 measures an L2 hit; one much larger, a DRAM access.
+// Through L2 only (__ldcg): a cycle that fits in L2 measures an L2 hit; one much larger, a DRAM access.  // listing: l2_chase
 __global__ void chase_l2(const int* next, int start, int steps, int* end, long long* cycles)
 {
     int j = start;
@@ -85,7 +85,7 @@ __global__ void chase_l2(const int* next, int start, int steps, int* end, long l
         j = __ldcg(next + j);
     cycles[0] = clock64() - t0;
     end[0] = j;
-}
+}  // end listing: l2_chase
 
 // In shared memory: the block copies next[0..n) in (n <= CHASE_SHARED), then thread 0 chases.
 #define CHASE_SHARED 8192   // ints: 32 KB

@@ -12,7 +12,7 @@ extern "C" void conv2d_cpu(const float* x, const float* k, float* y,
 {
     const int Ho = (H - K) / stride + 1;
     const int Wo = (W - K) / stride + 1;
-
+    // listing: loop_nest
     for (int b = 0; b < B; ++b)                    // for each image in the batch
         for (int m = 0; m < M; ++m)                // for each output feature map
             for (int h = 0; h < Ho; ++h)           // for each output pixel
@@ -23,6 +23,6 @@ extern "C" void conv2d_cpu(const float* x, const float* k, float* y,
                             for (int q = 0; q < K; ++q)
                                 acc += x[((b * C + c) * H + h * stride + p) * W + w * stride + q]
                                      * k[((m * C + c) * K + p) * K + q];
-                    y[((b * M + m) * Ho + h) * Wo + w] = acc;
+                    y[((b * M + m) * Ho + h) * Wo + w] = acc;  // end listing: loop_nest
                 }
 }

@@ -41,7 +41,7 @@ __global__ void conv2d_tiled_cached_halo(const float* __restrict__ x, const floa
                                          int K, int pad)
 {
     __shared__ float tile[TILE][TILE];
-
+    // listing: body
     const int Ho = H + 2 * pad - K + 1;
     const int Wo = W + 2 * pad - K + 1;
     const int tiles_x = (Wo + TILE - 1) / TILE;
@@ -84,4 +84,4 @@ __global__ void conv2d_tiled_cached_halo(const float* __restrict__ x, const floa
     }
     if (active)
         y[((b * M + m) * Ho + oy) * Wo + ox] = acc;
-}
+}  // end listing: body

@@ -41,7 +41,7 @@ __global__ void conv2d_tiled_early_return(const float* __restrict__ x, const flo
                                           int K, int pad)
 {
     __shared__ float tile[TILE][TILE];
-
+    // listing: body
     const int Ho = H + 2 * pad - K + 1;
     const int Wo = W + 2 * pad - K + 1;
     const int tiles_x = (Wo + TILE - 1) / TILE;
@@ -82,4 +82,4 @@ __global__ void conv2d_tiled_early_return(const float* __restrict__ x, const flo
         __syncthreads();
     }
     y[((b * M + m) * Ho + oy) * Wo + ox] = acc;
-}
+}  // end listing: body

@@ -61,7 +61,7 @@ __global__ void conv2d_tiled_halo_multi_pass(const float* __restrict__ x, const 
     const int tid = threadIdx.y * TILE + threadIdx.x;
     const bool active = oy < Ho && ox < Wo;             // edge tiles: some threads only load
 
-    float acc = 0.0f;
+    float acc = 0.0f;  // listing: channel_loop
     for (int c = 0; c < C; ++c) {
         const int xbase = (b * C + c) * H * W;
         // Several passes: the block has TILE*TILE threads for in_w*in_w values. Consecutive
@@ -85,4 +85,4 @@ __global__ void conv2d_tiled_halo_multi_pass(const float* __restrict__ x, const 
     }
     if (active)
         y[((b * M + m) * Ho + oy) * Wo + ox] = acc;
-}
+}  // end listing: channel_loop

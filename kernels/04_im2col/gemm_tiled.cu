@@ -34,7 +34,7 @@ __global__ void gemm_tiled(const float* __restrict__ A, const float* __restrict_
     // 64-bit offsets: a batch of unrolled matrices can exceed 2^31 elements in total.
     const long long a0 = z * strideA, b0 = z * strideB, c0 = z * strideC;
 
-    float acc = 0.0f;
+    float acc = 0.0f;  // listing: tile_loop
     for (int k0 = 0; k0 < K; k0 += TILE) {
         // Coalesced: consecutive tx read consecutive columns of a row, for A and for Bm.
         As[ty][tx] = (row < M && k0 + tx < K) ? A[a0 + (long long)row * K + k0 + tx] : 0.0f;
@@ -45,7 +45,7 @@ __global__ void gemm_tiled(const float* __restrict__ A, const float* __restrict_
         for (int k = 0; k < TILE; ++k)
             acc += As[ty][k] * Bs[k][tx];
         __syncthreads();
-    }
+    }  // end listing: tile_loop
     if (row < M && col < N)
         Cm[c0 + (long long)row * N + col] = acc;
 }

@@ -87,7 +87,7 @@ __global__ void conv2d_direct_regtile(const float* __restrict__ x, const float* 
 #pragma unroll
         for (int r = 0; r < ROWS; ++r) acc[m][r] = 0.0f;
 
-#pragma unroll 1
+#pragma unroll 1  // listing: channel_loop
     for (int c = 0; c < C_IN; ++c) {
         const int xbase = (b * C_IN + c) * H * W;
 #pragma unroll
@@ -96,30 +96,30 @@ __global__ void conv2d_direct_regtile(const float* __restrict__ x, const float* 
             // for every (row r, ky) with r*STRIDE + ky == j.
             const int ix = ix0 + kx;
             const bool col_in = ix >= 0 && ix < W;
-            float xv[XROWS];
+            float xv[XROWS];  // listing: input_column
 #pragma unroll
             for (int j = 0; j < XROWS; ++j) {
                 const int iy = iy0 + j;
-                xv[j] = (col_in && iy >= 0 && iy < H) ? __ldg(&x[xbase + iy * W + ix]) : 0.0f;
+                xv[j] = (col_in && iy >= 0 && iy < H) ? __ldg(&x[xbase + iy * W + ix]) : 0.0f;  // end listing: input_column
             }
 #pragma unroll
             for (int ky = 0; ky < KSIZE; ++ky) {
                 const float* wrow = &Ws[(c * KSIZE + ky) * KSIZE + kx][0];
 #pragma unroll
                 for (int q = 0; q < MT / 4; ++q) {
-                    const float4 wv = *(const float4*)&wrow[4 * q];   // broadcast: same address in every lane
+                    const float4 wv = *(const float4*)&wrow[4 * q];   // broadcast: same address in every lane  // listing: mask_broadcast
 #pragma unroll
                     for (int r = 0; r < ROWS; ++r) {
                         const float v = xv[r * STRIDE + ky];
                         acc[4 * q + 0][r] += wv.x * v;
                         acc[4 * q + 1][r] += wv.y * v;
                         acc[4 * q + 2][r] += wv.z * v;
-                        acc[4 * q + 3][r] += wv.w * v;
+                        acc[4 * q + 3][r] += wv.w * v;  // end listing: mask_broadcast
                     }
                 }
             }
         }
-    }
+    }  // end listing: channel_loop
 
     // For each (map, row) the warp stores consecutive columns: coalesced.
     const int P = Ho * Wo;

@@ -46,7 +46,7 @@ __global__ void conv2d_implicit_gemm(const float* __restrict__ x, const float* _
     const int p = blockIdx.x * TILE + tx;              // output pixel (column of the product)
     const int b = blockIdx.z;
 
-    // The column this thread loads is its own output pixel p, the same at every step of the loop:
+    // The column this thread loads is its own output pixel p, the same at every step of the loop:  // listing: tile_loop
     // its window's corner is computed once.
     const int oy = p / Wo, ox = p % Wo;
     const int iy0 = oy * stride - pad, ix0 = ox * stride - pad;
@@ -56,7 +56,7 @@ __global__ void conv2d_implicit_gemm(const float* __restrict__ x, const float* _
     for (int k0 = 0; k0 < KD; k0 += TILE) {
         Ws[ty][tx] = (m < M && k0 + tx < KD) ? w[m * KD + k0 + tx] : 0.0f;
 
-        // The fused unroll: element (k, p) of U[b], from x.
+        // The fused unroll: element (k, p) of U[b], from x.  // listing: fused_unroll
         const int k = k0 + ty;
         float v = 0.0f;
         if (k < KD && p < P) {
@@ -66,13 +66,13 @@ __global__ void conv2d_implicit_gemm(const float* __restrict__ x, const float* _
             if (iy >= 0 && iy < H && ix >= 0 && ix < W)
                 v = x[xbase + (c * H + iy) * W + ix];
         }
-        Us[ty][tx] = v;
+        Us[ty][tx] = v;  // end listing: fused_unroll
         __syncthreads();
 
         for (int kk = 0; kk < TILE; ++kk)
             acc += Ws[ty][kk] * Us[kk][tx];
         __syncthreads();
-    }
+    }  // end listing: tile_loop
     if (m < M && p < P)
         y[(b * M + m) * P + p] = acc;
 }

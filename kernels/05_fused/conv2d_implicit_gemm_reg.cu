@@ -129,14 +129,14 @@ __global__ void conv2d_implicit_gemm_reg(const float* __restrict__ x, const floa
                 }
             }
         }
-        if (t > 0) {
+        if (t > 0) {  // listing: reduction_step
             // (2) the arithmetic on the previous tile
             const int s = (t - 1) & 1;
 #pragma unroll
             for (int kk = 0; kk < BK; ++kk) {
                 float a[TM], bv[TN];
 #pragma unroll
-                for (int g = 0; g < TM / 4; ++g) {
+                for (int g = 0; g < TM / 4; ++g) {  // listing: micro_tile
                     const float4 v = *(const float4*)&As[s][kk][g * (BM / TM) * 4 + tm * 4];
                     a[4 * g] = v.x; a[4 * g + 1] = v.y; a[4 * g + 2] = v.z; a[4 * g + 3] = v.w;
                 }
@@ -149,8 +149,8 @@ __global__ void conv2d_implicit_gemm_reg(const float* __restrict__ x, const floa
                 for (int i = 0; i < TM; ++i)
 #pragma unroll
                     for (int j = 0; j < TN; ++j)
-                        acc[i][j] += a[i] * bv[j];
-            }
+                        acc[i][j] += a[i] * bv[j];  // end listing: micro_tile
+            }  // end listing: reduction_step
         }
         if (t < ntiles) {
             // (3) registers -> shared buffer t&1 (W transposed: As[k][m])

@@ -89,7 +89,7 @@ __global__ void conv2d_half(const half* __restrict__ x, const half* __restrict__
 #pragma unroll 1
     for (int c = 0; c < C_IN; ++c) {
         const int xbase = (b * C_IN + c) * H * W;
-#pragma unroll
+#pragma unroll  // listing: inner_loop
         for (int kx = 0; kx < KSIZE; ++kx) {
             const int ix = ix0 + kx;
             const bool col_in = ix >= 0 && ix < W;
@@ -119,7 +119,7 @@ __global__ void conv2d_half(const half* __restrict__ x, const half* __restrict__
                         for (int e = 0; e < VW; ++e)
                             acc[VW * q + e][r] = __hfma(wv.h[e], v, acc[VW * q + e][r]);
                     }
-                }
+                }  // end listing: inner_loop
             }
         }
     }

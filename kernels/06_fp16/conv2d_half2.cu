@@ -93,7 +93,7 @@ __global__ void conv2d_half2(const half* __restrict__ x, const half* __restrict_
         for (int kx = 0; kx < KSIZE; ++kx) {
             const int ix = ix0 + kx;
             const bool col_in = ix >= 0 && ix < W;
-            half2 xv[XROWS];                               // each input value in both lanes
+            half2 xv[XROWS];                               // each input value in both lanes  // listing: inner_loop
 #pragma unroll
             for (int j = 0; j < XROWS; ++j) {
                 const int iy = iy0 + j;
@@ -118,7 +118,7 @@ __global__ void conv2d_half2(const half* __restrict__ x, const half* __restrict_
 #pragma unroll
                         for (int e = 0; e < VW; ++e)
                             acc[VW * q + e][r] = __hfma2(wv.h[e], v, acc[VW * q + e][r]);
-                    }
+                    }  // end listing: inner_loop
                 }
             }
         }

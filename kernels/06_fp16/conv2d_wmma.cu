@@ -218,7 +218,7 @@ conv2d_wmma(const half* __restrict__ x, const half* __restrict__ wt, half* __res
 
     wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[FM][FN];
 #pragma unroll
-    for (int i = 0; i < FM; ++i)
+    for (int i = 0; i < FM; ++i)  // listing: main_loop
 #pragma unroll
         for (int j = 0; j < FN; ++j) wmma::fill_fragment(acc[i][j], 0.0f);
 
@@ -247,7 +247,7 @@ conv2d_wmma(const half* __restrict__ x, const half* __restrict__ wt, half* __res
         }
         if (t < ntiles) store_tiles(t & 1);
         __syncthreads();
-    }
+    }  // end listing: main_loop
 
     // ---- epilogue. The tile buffers are free after the loop's last barrier: each warp stages its
     // accumulators in its own slice of them, one row of fragments (16 maps x WTN pixels, float) at

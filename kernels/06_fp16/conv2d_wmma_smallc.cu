@@ -179,7 +179,7 @@ conv2d_wmma_smallc(const half* __restrict__ x, const half* __restrict__ wb, half
         wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[NPH];
 #pragma unroll
         for (int e = 0; e < NPH; ++e) wmma::fill_fragment(acc[e], 0.0f);
-#pragma unroll
+#pragma unroll  // listing: tap_loop
         for (int ky = 0; ky < KSIZE; ++ky) {
 #pragma unroll
             for (int jc = 0; jc < JC; ++jc) {
@@ -195,7 +195,7 @@ conv2d_wmma_smallc(const half* __restrict__ x, const half* __restrict__ wb, half
                     wmma::load_matrix_sync(a, &S[(e * NPOS + q0 + ky * RP) * CP + jc * 16], 8);
                     wmma::mma_sync(acc[e], a, bk, acc[e]);
                 }
-            }
+            }  // end listing: tap_loop
         }
         // acc[e] element (r, m) is output q0 + NPH*r + e of map m0 + m: staged column-major,
         // st[e][m][r].

@@ -181,7 +181,7 @@ __global__ void __launch_bounds__(NT) conv3d_coarse(const float* __restrict__ x,
                 v[q] = win[r * PITCH + q];
 #endif
             }
-#pragma unroll
+#pragma unroll  // listing: plane_into_accumulators
             for (int t = 0; t < TY; ++t) {
                 const int ky = r - t;                        // a compile-time constant after unrolling
                 if (ky < 0 || ky >= KY) continue;
@@ -192,7 +192,7 @@ __global__ void __launch_bounds__(NT) conv3d_coarse(const float* __restrict__ x,
 #pragma unroll
                         for (int i = 0; i < TX; ++i)
                             acc[j][t][i] = fmaf(MASK(((KZ - 1 - j) * KY + ky) * KX + kx), v[i + kx], acc[j][t][i]);
-            }
+            }  // end listing: plane_into_accumulators
         }
 
         // ---- acc[0] is output plane z0 + p - KZ + 1: complete once p >= KZ-1 (earlier planes
@@ -216,7 +216,7 @@ __global__ void __launch_bounds__(NT) conv3d_coarse(const float* __restrict__ x,
 #endif
             }
         }
-#pragma unroll
+#pragma unroll  // listing: window_rolls
         for (int j = 0; j < KZ - 1; ++j)
 #pragma unroll
             for (int t = 0; t < TY; ++t)
@@ -226,7 +226,7 @@ __global__ void __launch_bounds__(NT) conv3d_coarse(const float* __restrict__ x,
         for (int t = 0; t < TY; ++t)
 #pragma unroll
             for (int i = 0; i < TX; ++i) acc[KZ - 1][t][i] = 0.0f;
-
+        // end listing: window_rolls
         // ---- the next plane into the other buffer. That buffer was last read in step p-1, before
         // its barrier, so nothing still needs it.
         if (p + 1 < nplanes) commit((p + 1) & 1);

@@ -121,7 +121,7 @@ __global__ void __launch_bounds__(BLOCK, MIN_BLOCKS) conv2d_dw_direct(const floa
         }
     }
 
-    // ---- 2. the block: warp shuffles (every lane ends with the warp's sum), then shared memory
+    // ---- 2. the block: warp shuffles (every lane ends with the warp's sum), then shared memory  // listing: block_sum
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
@@ -150,5 +150,5 @@ __global__ void __launch_bounds__(BLOCK, MIN_BLOCKS) conv2d_dw_direct(const floa
             out[chunk * M * C * KSIZE * KSIZE + idx] = s;
 #endif
         }
-    }
+    }  // end listing: block_sum
 }

@@ -152,7 +152,7 @@ __global__ void __launch_bounds__(BLOCK, MIN_BLOCKS) conv2d_dx_gather(const floa
 #pragma unroll
                     for (int q = 0; q < VEC; ++q) wv[q] = wp[q];
 #endif
-#pragma unroll
+#pragma unroll  // listing: tap_product
                     for (int v = 0; v < MV; ++v)
 #pragma unroll
                         for (int r = 0; r < ROWS; ++r) {
@@ -160,13 +160,13 @@ __global__ void __launch_bounds__(BLOCK, MIN_BLOCKS) conv2d_dx_gather(const floa
 #pragma unroll
                             for (int ct = 0; ct < CT; ++ct)
                                 acc[ct][r] += wv[v * CT + ct] * d;
-                        }
+                        }  // end listing: tap_product
                 }
             }
         }
     }
 
-    if (!active) return;
+    if (!active) return;  // listing: store
     // Each dx element once, by this thread: for each (channel, row) the warp writes consecutive
     // columns (coalesced).
 #pragma unroll
@@ -180,5 +180,5 @@ __global__ void __launch_bounds__(BLOCK, MIN_BLOCKS) conv2d_dx_gather(const floa
                     dx[((b * C + c) * H + iy) * W + ix] = acc[ct][r];
             }
         }
-    }
+    }  // end listing: store
 }

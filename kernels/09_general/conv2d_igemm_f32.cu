@@ -205,7 +205,7 @@ conv2d_igemm_f32(const float* __restrict__ x, const float* __restrict__ wt, cons
     }
 #endif
 
-#if MODE == 1
+#if MODE == 1  // listing: first_tap
     // The filter tap and first channel of step t_begin, and the tap's dilated offsets (ky*dh, kx*dw);
     // advanced by a carry after each step.
     int c0, kx, off_y, off_x;
@@ -213,7 +213,7 @@ conv2d_igemm_f32(const float* __restrict__ x, const float* __restrict__ wt, cons
         const int k = t_begin * BK, pos = k / C, ky = pos / KW;
         c0 = k - pos * C; kx = pos - ky * KW;
         off_y = ky * dh; off_x = kx * dw;
-    }
+    }  // end listing: first_tap
 #endif
 
     float4 a_next[A_VECS];
@@ -245,7 +245,7 @@ conv2d_igemm_f32(const float* __restrict__ x, const float* __restrict__ wt, cons
             for (int j = 0; j < B_COLS; ++j)
                 b_next[r][j] = (col_ok[j] && c < C) ? x[col_x[j] + c * x_cs] : 0.0f;
         }
-#elif MODE == 1
+#elif MODE == 1  // listing: loader_step
         // one tap for the whole step: one bounds test and one address per pixel
 #pragma unroll
         for (int j = 0; j < B_COLS; ++j) {
@@ -255,12 +255,12 @@ conv2d_igemm_f32(const float* __restrict__ x, const float* __restrict__ wt, cons
 #pragma unroll
             for (int r = 0; r < B_ROWS; ++r)
                 b_next[r][j] = ok ? x[base + r * B_KSTEP * x_cs] : 0.0f;
-        }
+        }  // listing: tap_carry
         c0 += BK;                              // the next step's tap
         if (c0 == C) {
             c0 = 0; off_x += dw;
             if (++kx == KW) { kx = 0; off_x = 0; off_y += dh; }
-        }
+        }  // end listing: loader_step  // end listing: tap_carry
 #else
 #pragma unroll
         for (int r = 0; r < B_ROWS; ++r) {
@@ -295,7 +295,7 @@ conv2d_igemm_f32(const float* __restrict__ x, const float* __restrict__ wt, cons
 #endif
     };
 
-    // ---- this lane's place: warp (wm, wn) of the block tile, lane (lm, ln) of the warp tile
+    // ---- this lane's place: warp (wm, wn) of the block tile, lane (lm, ln) of the warp tile  // listing: main_loop
     const int warp = tid / 32, lane = tid % 32;
     const int wm = (warp / (BN / WN)) * WM, wn = (warp % (BN / WN)) * WN;
     const int lm = lane / (WN / TN), ln = lane % (WN / TN);
@@ -340,7 +340,7 @@ conv2d_igemm_f32(const float* __restrict__ x, const float* __restrict__ wt, cons
         }
         if (t + 1 < t_end) store(s ^ 1);
         __syncthreads();
-    }
+    }  // end listing: main_loop
 
     // ---- epilogue: column n is pixel p of image b, out[b*out_ns + m*out_ms + p]. With P % 4 == 0 a
     // group of 4 columns (4-aligned) lies in one image: one 16-byte store (vec_out: the launcher

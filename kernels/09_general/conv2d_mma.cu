@@ -105,7 +105,7 @@ static_assert(THREADS % CHUNKS == 0 && BM % ROWS_PER_PASS == 0 && BN % ROWS_PER_
 static_assert(STAGES >= 2, "at least two stages");
 static_assert(ROWS_PER_PASS % 8 == 0, "the swizzle repeats every 8 rows: a thread's copy rows, ROWS_PER_PASS "
               "apart, must share it (so their shared offsets differ by constants)");
-
+// listing: swizzle
 // The slot (in 16-byte chunks) of chunk `chunk` of shared row `row`. Rows are BK*2 bytes, so 128/(BK*2)
 // rows share one 128-byte line of the 32 banks; XOR-ing the chunk with the row's line index spreads
 // the 8 rows an ldmatrix phase reads over all 8 chunk positions of a line.
@@ -118,7 +118,7 @@ __device__ __forceinline__ int swz(int row, int chunk)
     return chunk;
 #endif
 }
-
+// end listing: swizzle
 __device__ __forceinline__ int at(int row, int chunk) { return row * BK + swz(row, chunk) * 8; }
 
 // The y pixel of GEMM row p = (n, oh, ow): y0 + n*y_img + oh*y_row + ow*y_col. A forward's y is
@@ -177,7 +177,7 @@ conv2d_mma(const half* __restrict__ x, const half* __restrict__ w, const half* _
     const int steps_all = (K + BK - 1) / BK, per_split = (steps_all + gridDim.y - 1) / gridDim.y;
     const int kt0 = blockIdx.y * per_split, steps = max(0, min(steps_all - kt0, per_split));
 
-    // The thread's chunk in K, column k = (r*Kw + s)*C + c of the mask: its tap (r, s), channel c,
+    // The thread's chunk in K, column k = (r*Kw + s)*C + c of the mask: its tap (r, s), channel c,  // listing: loader
     // and two pointers that move with it, xk (x plus the offset of (r, s, c) from a window's
     // top-left; a row adds its a_base) and wk (w plus k; a map adds its b_base). A BK step moves k
     // by dr rows, ds columns and dc channels of the mask (BK = (dr*Kw + ds)*C + dc), then carries c
@@ -211,7 +211,7 @@ conv2d_mma(const half* __restrict__ x, const half* __restrict__ w, const half* _
         if (s >= Kw) { s -= Kw; r++; move += carry_s; }
         xk += move;
         wk += BK;
-    };
+    };  // end listing: loader
 
     // ---- the warp's fragments ----
     const int wm = warp % WARPS_M, wn = warp / WARPS_M;
@@ -220,7 +220,7 @@ conv2d_mma(const half* __restrict__ x, const half* __restrict__ w, const half* _
         for (int j = 0; j < NI; j++)
             for (int e = 0; e < 4; e++) acc[i][j][e] = 0.f;
 
-    // The lane's ldmatrix row offsets for the step's first 16 columns (chunks 0 and 1); fragment i
+    // The lane's ldmatrix row offsets for the step's first 16 columns (chunks 0 and 1); fragment i  // listing: main_loop
     // is 16 rows (two whole swizzle periods) further, a constant. Columns 16kk.. are chunk 2kk + h
     // instead of h, and the swizzle XORs the chunk (2kk + h = 2kk ^ h): their offset is this one
     // XOR 16*kk halves (the row's and the stage's offsets are multiples of BK, no bits below it).
@@ -265,7 +265,7 @@ conv2d_mma(const half* __restrict__ x, const half* __restrict__ w, const half* _
         read = read == STAGES - 1 ? 0 : read + 1;
         a_at += next;
         b_at += next;
-    }
+    }  // end listing: main_loop
 
     if (gridDim.y > 1) {                         // split-K: the fp32 partial sums, no bias, to ws
         float* part = ws + blockIdx.y * P * MY;  // a quad's 4 lanes store 8 adjacent floats: whole sectors

@@ -121,7 +121,7 @@ __global__ void conv2d_bias_act_pool(const float* __restrict__ x, float* __restr
         }
     }
 
-    const bool in_y1 = oy0 + 1 < Ho, in_x1 = ox0 + 1 < Wo;     // the window's far row and column exist
+    const bool in_y1 = oy0 + 1 < Ho, in_x1 = ox0 + 1 < Wo;     // the window's far row and column exist  // listing: epilogue
 #pragma unroll
     for (int m = 0; m < MG; ++m) {
         float a[2][2];
@@ -154,5 +154,5 @@ __global__ void conv2d_bias_act_pool(const float* __restrict__ x, float* __restr
             y[plane * (Ho / 2) * (Wo / 2) + ph * (Wo / 2) + pw] = p;
         }
 #endif
-    }
+    }  // end listing: epilogue
 }

@@ -21,7 +21,7 @@ __device__ __forceinline__ float activate_grad(float a, int act)
     return act == 1 ? (a > 0.0f ? 1.0f : 0.0f) : act == 2 ? 1.0f - a * a : 1.0f;
 }
 
-__global__ void bias_act(const float* __restrict__ x, const float* __restrict__ bias, float* __restrict__ y,
+__global__ void bias_act(const float* __restrict__ x, const float* __restrict__ bias, float* __restrict__ y,  // listing: bias_act_pool
                          int B, int M, int P, int act)
 {
     const long long n = (long long)B * M * P;
@@ -41,7 +41,7 @@ __global__ void pool2x2(const float* __restrict__ x, float* __restrict__ y, int 
         y[i] = mode == 1 ? fmaxf(fmaxf(p[0], p[1]), fmaxf(p[W], p[W + 1]))
                          : 0.25f * (p[0] + p[1] + p[W] + p[W + 1]);
     }
-}
+}  // end listing: bias_act_pool
 
 // dz (planes, H, W) from the activations a (planes, H, W) and dp, the gradient of the pooled
 // output (planes, H/2, W/2). Max pooling sends each pooled gradient to the window's first largest

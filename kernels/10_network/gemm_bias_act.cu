@@ -59,7 +59,7 @@ __global__ void gemm_bias_act(const float* __restrict__ A, const float* __restri
     const int row0 = blockIdx.y * TILE, col0 = blockIdx.x * TILE;
     const int kbeg = blockIdx.z * kslice, kend = min(K, kbeg + kslice);   // this block's slice of K
 
-    float acc = 0.0f;
+    float acc = 0.0f;  // listing: tile_loop
     for (int k0 = kbeg; k0 < kend; k0 += TILE) {
 #if TRANS_A   // A stored K x M: consecutive tx read consecutive rows of op(A)
         As[tx][ty] = (row0 + tx < M && k0 + ty < kend) ? A[(size_t)(k0 + ty) * M + row0 + tx] : 0.0f;
@@ -76,7 +76,7 @@ __global__ void gemm_bias_act(const float* __restrict__ A, const float* __restri
         for (int k = 0; k < TILE; ++k)
             acc += As[ty][k] * Bs[k][tx];
         __syncthreads();
-    }
+    }  // end listing: tile_loop
     const int row = row0 + ty, col = col0 + tx;
     if (row < M && col < N) {
         if (gridDim.z > 1)

@@ -85,7 +85,7 @@ conv2d_wgmma(half* y, const half* bias, const __grid_constant__ CUtensorMap x_ma
     }
     __syncthreads();
 
-    if (wg == 0) {
+    if (wg == 0) {  // listing: producer
         setmaxnreg_dec<40>();                    // the producer needs few registers: give them to the consumers
         if (threadIdx.x % 32 == 0 && threadIdx.x / 32 < RINGS) {   // lane 0 of warp r feeds ring r
             int it = 0;                          // the ring's position, running on across tiles
@@ -102,7 +102,7 @@ conv2d_wgmma(half* y, const half* bias, const __grid_constant__ CUtensorMap x_ma
                     tma_load_4d(a + A_BYTES, &w_map, &full[ring][s], c0, kw, kh, m0);
                 }
             }
-        }
+        }  // end listing: producer
     } else {
         setmaxnreg_inc<232>();
         int t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
@@ -115,7 +115,7 @@ conv2d_wgmma(half* y, const half* bias, const __grid_constant__ CUtensorMap x_ma
             float acc[BN / 2];
 #pragma unroll
             for (int i = 0; i < BN / 2; i++) acc[i] = 0.f;
-            for (int k = 0; k < steps; k++, it++) {
+            for (int k = 0; k < steps; k++, it++) {  // listing: consumer_loop
                 int s = it % STAGES;
                 mbar_wait(&full[ring][s], (it / STAGES) & 1);
                 unsigned char* a = smem + (ring * STAGES + s) * STAGE_BYTES;
@@ -128,9 +128,9 @@ conv2d_wgmma(half* y, const half* bias, const __grid_constant__ CUtensorMap x_ma
                 if (k > 0 && t == 0) mbar_arrive(&empty[ring][(it - 1) % STAGES]);
             }
             wgmma_wait<0>();
-            if (t == 0) mbar_arrive(&empty[ring][(it - 1) % STAGES]);
+            if (t == 0) mbar_arrive(&empty[ring][(it - 1) % STAGES]);  // end listing: consumer_loop
 
-            // sums -> bias, ReLU, half -> the staging tile: lane l holds rows l/4 and l/4 + 8 of its
+            // sums -> bias, ReLU, half -> the staging tile: lane l holds rows l/4 and l/4 + 8 of its  // listing: epilogue
             // warp's 16, maps 8j + 2(l%4) and the next
 #pragma unroll
             for (int j = 0; j < BN / 8; j++) {
@@ -154,7 +154,7 @@ conv2d_wgmma(half* y, const half* bias, const __grid_constant__ CUtensorMap x_ma
                 if (bi < BI && n < B && oh < Ho && ow < Wo && m < M)
                     *(uint4*)(y + (((size_t)n * Ho + oh) * Wo + ow) * M + m) = *(const uint4*)(out + r * OUT_ROW + ch * 16);
             }
-            named_barrier_sync(wg, 128);         // read back before the next tile overwrites it
+            named_barrier_sync(wg, 128);         // read back before the next tile overwrites it  // end listing: epilogue
         }
     }
 }

@@ -147,7 +147,7 @@ conv2d_tf32_mma(const float* __restrict__ x, const float* __restrict__ w, const 
         const float* stage = smem + (kt % STAGES) * STAGE;
 
 #pragma unroll
-        for (int kk = 0; kk < BK / 8; kk++) {
+        for (int kk = 0; kk < BK / 8; kk++) {  // listing: step
             // the fragments, each split (or rounded) once
             unsigned ah[MI][4], bh[NI][2];
 #if PRODUCTS == 3
@@ -197,7 +197,7 @@ conv2d_tf32_mma(const float* __restrict__ x, const float* __restrict__ w, const 
 #endif
                     mma_1688_tf32(t, ah[i], bh[j]);
 #pragma unroll
-                    for (int e = 0; e < 4; e++) acc[i][j][e] += t[e];
+                    for (int e = 0; e < 4; e++) acc[i][j][e] += t[e];  // end listing: step
                 }
         }
     }

@@ -155,13 +155,13 @@ conv2d_wgmma_tf32(float* y, const float* bias, const __grid_constant__ CUtensorM
 #pragma unroll
             for (int i = 0; i < ACC; i++) acc[i] = 0.f;
 
-            for (int k = k0; k < k1; k++, it++) {
+            for (int k = k0; k < k1; k++, it++) {  // listing: consumer_loop
                 const int s = it % STAGES;
                 mbar_wait(&full[s], (it / STAGES) & 1);
                 mma_stage(part, smem + s * STAGE_BYTES, a_row, b_row);
                 wgmma_wait<0>();                     // the stage's sum is in: its buffers go back,
                 if (t == 0) mbar_arrive(&empty[s]);
-                add_to(acc, part);                   // and it is promoted
+                add_to(acc, part);                   // and it is promoted  // end listing: consumer_loop
             }
 
             // lane l holds maps 16*warp + l/4 (+8) and pixels 8j + 2(l%4) (+1) of its 64 x BN
