@@ -39,7 +39,7 @@ from ..gpu._limits import GRID_X_MAX, GRID_YZ_MAX, INT32_MAX, SHARED_DEFAULT_MAX
 from ..measuring.workloads import Workload
 from . import Impl, ceil_div, fused, new_output, out_size, output
 from ._kernels import Launch, remember, sm_count
-from .shapes import check_tensors
+from .shapes import check_tensors, conv2d_shapes, dims
 
 DX_SCATTER_FILE = "kernels/08_backprop/conv2d_dx_scatter.cu"
 DX_GATHER_FILE = "kernels/08_backprop/conv2d_dx_gather.cu"
@@ -56,36 +56,9 @@ _plans: dict = {}
 
 # ---- shapes ------------------------------------------------------------------------------------
 
-def _dims(t_or_shape):
-    return tuple(int(s) for s in (t_or_shape.shape if isinstance(t_or_shape, torch.Tensor) else t_or_shape))
-
-
-def grad_shapes(x_shape, w_shape, dy_shape, stride: int = 1, padding: int = 0):
-    """(B, C, M, H, W, K, Ho, Wo), checking that x, w and dy belong to one convolution."""
-    x_shape, w_shape, dy_shape = _dims(x_shape), _dims(w_shape), _dims(dy_shape)
-    if len(x_shape) != 4 or len(w_shape) != 4 or len(dy_shape) != 4:
-        raise ValueError(f"expected x (B,C,H,W), w (M,C,K,K), dy (B,M,Ho,Wo); got {x_shape}, {w_shape}, {dy_shape}")
-    B, C, H, W = x_shape
-    M, Cw, K, K2 = w_shape
-    if Cw != C or K2 != K:
-        raise ValueError(f"w {w_shape} does not fit x {x_shape}: need (M, {C}, K, K)")
-    if stride < 1 or padding < 0:
-        raise ValueError(f"stride {stride} and padding {padding}: need stride >= 1, padding >= 0")
-    Ho, Wo = out_size(H, K, stride, padding), out_size(W, K, stride, padding)
-    if Ho < 1 or Wo < 1:
-        raise ValueError(f"no output: input {H}x{W}, K={K}, stride {stride}, padding {padding}")
-    if dy_shape != (B, M, Ho, Wo):
-        raise ValueError(f"dy has shape {dy_shape}, but x {x_shape}, w {w_shape}, stride {stride}, padding "
-                         f"{padding} give y the shape {(B, M, Ho, Wo)}")
-    for name, n in (("x", B * C * H * W), ("dy", B * M * Ho * Wo)):
-        if n > INT32_MAX // 2:
-            raise ValueError(f"{name} has {n:,} elements: too many for int indices")
-    return B, C, M, H, W, K, Ho, Wo
-
-
 def _x_shape(dy, w, stride, padding, input_size):
     """x's shape for a dX launcher: (B from dy, C from w, input_size), which stride 1 implies."""
-    B, M, Ho, Wo = _dims(dy)
+    B, M, Ho, Wo = dims(dy)
     C, K = int(w.shape[1]), int(w.shape[2])
     if input_size is None:
         if stride != 1:
@@ -97,7 +70,7 @@ def _x_shape(dy, w, stride, padding, input_size):
 
 def _w_shape(x, dy, stride, padding, kernel_size):
     """w's shape for a dW launcher: (M from dy, C from x, kernel_size), which stride 1 implies."""
-    B, C, H, W = _dims(x)
+    B, C, H, W = dims(x)
     M, Ho = int(dy.shape[1]), int(dy.shape[2])
     if kernel_size is None:
         if stride != 1:
@@ -126,7 +99,7 @@ def conv2d_input_grad_scatter(dy, w, dx=None, *, stride: int = 1, padding: int =
                               BLOCK: int | None = None):
     """dx by scatter with atomics (kernels/08_backprop/conv2d_dx_scatter.cu); zeroes dx first."""
     def build():
-        B, C, M, H, W, K, Ho, Wo = grad_shapes(x_shape, w, dy, stride, padding)
+        B, C, M, H, W, K, Ho, Wo = conv2d_shapes(x_shape, w, stride, padding, dy=dy)
         blocks = min(ceil_div(B * M * Ho * Wo, block), GRID_X_MAX)
         return Launch(DX_SCATTER_FILE, "conv2d_dx_scatter", {"BLOCK": block}, (B, C, M, H, W, K, padding, stride),
                       grid=(blocks,), block=(block,))
@@ -195,7 +168,7 @@ def _gather_plan(dy, w, stride, padding, x_shape, CT=None, MV=None, ROWS=None, B
                  mchunk=None) -> Launch:
     """The Launch of conv2d_dx_gather, worked out once per shape and tunables."""
     def build():
-        B, C, M, H, W, K, Ho, Wo = grad_shapes(x_shape, w, dy, stride, padding)
+        B, C, M, H, W, K, Ho, Wo = conv2d_shapes(x_shape, w, stride, padding, dy=dy)
         cfg = gather_config(C, M, K, stride, H)
         ct, mv = int(CT or cfg["CT"]), int(MV or cfg["MV"])
         rows, block = int(ROWS or cfg["ROWS"]), int(BLOCK or cfg["BLOCK"])
@@ -253,7 +226,7 @@ def conv2d_input_grad_forward(dy, w, dx=None, *, stride: int = 1, padding: int =
 def _forward_plan(dy, w, stride, padding, x_shape):
     """(chapter 5's pick() for the transposed layer, its tunables, the padding), once per shape."""
     def build():
-        B, C, M, H, W, K, Ho, Wo = grad_shapes(x_shape, w, dy, stride, padding)
+        B, C, M, H, W, K, Ho, Wo = conv2d_shapes(x_shape, w, stride, padding, dy=dy)
         if stride != 1:
             raise ValueError("conv2d_input_grad_forward needs stride 1 (with stride s the transposed convolution "
                              "would need dy spread out with s-1 zeros between pixels): use the gather kernel")
@@ -273,7 +246,7 @@ def conv2d_weight_grad_atomic(x, dy, dw=None, *, stride: int = 1, padding: int =
                               BLOCK: int | None = None):
     """dw with one atomicAdd per product (kernels/08_backprop/conv2d_dw_atomic.cu); zeroes dw first."""
     def build():
-        B, C, M, H, W, K, Ho, Wo = grad_shapes(x, w_shape, dy, stride, padding)
+        B, C, M, H, W, K, Ho, Wo = conv2d_shapes(x, w_shape, stride, padding, dy=dy)
         blocks = min(ceil_div(B * M * Ho * Wo, block), GRID_X_MAX)
         return Launch(DW_ATOMIC_FILE, "conv2d_dw_atomic", {"BLOCK": block}, (B, C, M, H, W, K, padding, stride),
                       grid=(blocks,), block=(block,))
@@ -348,7 +321,7 @@ def _direct_dw_plan(x, dy, stride, padding, w_shape, MT=None, ROWS=None, BLOCK=N
                     final_="partials"):
     """(dw's elements, chunks, the Launch, its reduce_partials Launch) of conv2d_dw_direct, once per shape."""
     def build():
-        B, C, M, H, W, K, Ho, Wo = grad_shapes(x, w_shape, dy, stride, padding)
+        B, C, M, H, W, K, Ho, Wo = conv2d_shapes(x, w_shape, stride, padding, dy=dy)
         cfg = direct_dw_config(C, M, K, stride, Ho)
         mt, rows = int(MT or cfg["MT"]), int(ROWS or cfg["ROWS"])
         block, min_blocks = int(BLOCK or cfg["BLOCK"]), int(MIN_BLOCKS or cfg["MIN_BLOCKS"])
@@ -422,7 +395,7 @@ def _gemm_dw_plan(x, dy, stride, padding, w_shape, BM=None, BN=None, BK=None, TM
                   final_="partials"):
     """(dw's elements, splits, the Launch, its reduce_partials Launch) of conv2d_dw_gemm, once per shape."""
     def build():
-        B, C, M, H, W, K, Ho, Wo = grad_shapes(x, w_shape, dy, stride, padding)
+        B, C, M, H, W, K, Ho, Wo = conv2d_shapes(x, w_shape, stride, padding, dy=dy)
         cfg = gemm_dw_config(C, M, K)
         t = {k: int(v or cfg[k]) for k, v in (("BM", BM), ("BN", BN), ("BK", BK), ("TM", TM), ("TN", TN))}
         check_gemm_dw_tunables(**t)
@@ -532,7 +505,7 @@ def conv2d_weight_grad_best(x, dy, dw=None, *, stride: int = 1, padding: int = 0
     hit = _best.get(key)
     if hit is None:
         w_shape = M, C, K, _ = _w_shape(x, dy, stride, padding, kernel_size)
-        B, _, H, W = _dims(x)
+        B, _, H, W = dims(x)
         shape = Workload("", B=B, C=C, M=M, H=H, W=W, K=K, stride=stride, padding=padding)
         plan = _direct_dw_plan if pick_weight_grad(shape) is DW_DIRECT else _gemm_dw_plan
         hit = _best[key] = (w_shape, *plan(x, dy, stride, padding, w_shape, **pick_weight_grad(shape).config(shape)))

@@ -43,7 +43,7 @@ from ..gpu._limits import GRID_YZ_MAX, INT32_MAX, SHARED_DEFAULT_MAX
 from ..measuring.workloads import Workload, pair
 from . import Impl, ceil_div, new_output, output
 from ._kernels import Launch, remember, sm_count
-from .shapes import check_tensors
+from .shapes import check_tensors, layer
 
 FILE = "kernels/09_general/conv2d_igemm_f32.cu"
 TM = TN = 8            # the micro-tile: 64 accumulators, 16 shared loads per 64 FFMAs
@@ -303,28 +303,9 @@ def _check_size(**sizes: int) -> None:
             raise ValueError(f"{name} has {n:,} elements: too many for int indices")
 
 
-def _layer(x_shape, w_shape, stride, padding, dilation, groups) -> Workload:
-    """The Workload of x and w, checked: a layer torch's conv2d takes, with an output."""
-    if len(x_shape) != 4 or len(w_shape) != 4:
-        raise ValueError(f"expected x (B, C, H, W) and w (M, C/groups, Kh, Kw), got {tuple(x_shape)} and {tuple(w_shape)}")
-    s, p, d = pair(stride), pair(padding), pair(dilation)
-    if min(s) < 1 or min(p) < 0 or min(d) < 1 or groups < 1:
-        raise ValueError(f"stride {stride}, padding {padding}, dilation {dilation}, groups {groups}: need "
-                         "stride >= 1, padding >= 0, dilation >= 1, groups >= 1")
-    if int(x_shape[1]) % groups or int(w_shape[0]) % groups or int(w_shape[1]) * groups != int(x_shape[1]):
-        raise ValueError(f"w {tuple(w_shape)} does not fit x {tuple(x_shape)} with groups={groups}: need "
-                         f"(M, {int(x_shape[1])}/groups, Kh, Kw), M and C multiples of groups")
-    shape = Workload.of(torch.empty(x_shape, device="meta"), torch.empty(w_shape, device="meta"), s, p,
-                        dilation=d, groups=groups)
-    if shape.Ho < 1 or shape.Wo < 1:
-        raise ValueError(f"no output: input {shape.H}x{shape.W}, mask {shape.K}x{shape.Kw}, stride {s}, "
-                         f"padding {p}, dilation {d}")
-    return shape
-
-
 def _forward_plan(x, w_shape, stride, padding, dilation, groups, aligned, tunables, natural_order=False):
     def build():
-        shape = _layer(tuple(x.shape), w_shape, stride, padding, dilation, groups)
+        shape = layer(tuple(x.shape), w_shape, stride, padding, dilation, groups)
         B, C, M, H, W, Ho, Wo, G = shape.B, shape.C, shape.M, shape.H, shape.W, shape.Ho, shape.Wo, groups
         Cg, Mg, P = C // G, M // G, Ho * Wo
         _check_size(x=B * C * H * W, y=B * M * P)
@@ -399,7 +380,7 @@ def _dx_layer(dy_shape, w_shape, stride, padding, dilation, groups, input_size) 
     s, p, d = pair(stride), pair(padding), pair(dilation)
     smallest = ((Ho - 1) * s[0] + d[0] * (Kh - 1) + 1 - 2 * p[0], (Wo - 1) * s[1] + d[1] * (Kw - 1) + 1 - 2 * p[1])
     H, W = smallest if input_size is None else (int(v) for v in input_size)
-    shape = _layer((B, int(w_shape[1]) * groups, H, W), tuple(w_shape), s, p, d, groups)
+    shape = layer((B, int(w_shape[1]) * groups, H, W), tuple(w_shape), s, p, d, groups)
     if (shape.Ho, shape.Wo) != (Ho, Wo):
         raise ValueError(f"input_size {input_size}: an input of {H}x{W} gives a {shape.Ho}x{shape.Wo} output, "
                          f"not dy's {Ho}x{Wo} (stride {s}, padding {p}, dilation {d}, mask {Kh}x{Kw})")
@@ -510,7 +491,7 @@ def _dw_layer(x_shape, dy_shape, stride, padding, dilation, groups, kernel_size)
     if min(K) < 1:
         raise ValueError(f"x {tuple(x_shape)}, dy {tuple(dy_shape)}, padding {p}: no mask of kernel_size "
                          f"{kernel_size} maps the one to the other")
-    shape = _layer(x_shape, (M, C // max(1, groups), *K), s, p, d, groups)
+    shape = layer(x_shape, (M, C // max(1, groups), *K), s, p, d, groups)
     if (shape.Ho, shape.Wo) != (Ho, Wo):
         raise ValueError(f"x {tuple(x_shape)}, dy {tuple(dy_shape)}: a {K[0]}x{K[1]} mask (kernel_size "
                          f"{kernel_size}) gives a {shape.Ho}x{shape.Wo} output, not dy's")

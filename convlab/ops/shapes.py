@@ -2,8 +2,9 @@
 from the forms torch's conv2d takes its arguments in, and the checks every launcher makes of its
 tensors.
 
-- out_size(n, K, stride, padding): the output size along one axis (the one definition).
-- conv2d_shapes(x, w, stride, padding) -> (B, C, M, H, W, K, Ho, Wo): the chapters' plain layers.
+- out_size(n, K, stride, padding): the output size along one axis (convlab.gpu.tensors', re-exported).
+- conv2d_shapes(x, w, stride, padding, dy=None) -> (B, C, M, H, W, K, Ho, Wo): the chapters' plain
+  layers, a gradient's dy checked against them too.
 - layer(x_shape, w_shape, stride, padding, dilation, groups, bias_shape=None) -> Workload: any
   layer, with torch's argument forms resolved (ints, 1- and 2-sequences, 'same' and 'valid'); an
   argument torch rejects gives torch's own error. Cached by the arguments' values and types.
@@ -25,6 +26,7 @@ import torch.nn.functional as F
 
 from ..gpu import runtime
 from ..gpu._limits import INT32_MAX
+from ..gpu.tensors import out_size  # noqa: F401 (the launchers' shape helper, re-exported)
 from ..measuring.workloads import Workload
 
 #: The one dtype vocabulary of convlab.ops: records (Impl.dtypes), rule tables and result rows name
@@ -33,25 +35,31 @@ DTYPE = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 DTYPE_NAME = {t: name for name, t in DTYPE.items()}
 
 
-def out_size(n: int, K: int, stride: int = 1, padding: int = 0) -> int:
-    """(n + 2·padding − K) // stride + 1, the output size of a convolution along one axis."""
-    return (n + 2 * padding - K) // stride + 1
+def dims(t_or_shape) -> tuple:
+    """A tensor's shape, or a shape, as a tuple of ints."""
+    return tuple(int(v) for v in (t_or_shape.shape if isinstance(t_or_shape, torch.Tensor) else t_or_shape))
 
 
-def conv2d_shapes(x, w, stride: int = 1, padding: int = 0):
-    """(B, C, M, H, W, K, Ho, Wo) from an NCHW input and an MCKK mask; checks that they fit."""
-    if x.dim() != 4 or w.dim() != 4:
-        raise ValueError(f"expected x (B, C, H, W) and w (M, C, K, K), got {tuple(x.shape)} and {tuple(w.shape)}")
-    B, C, H, W = (int(s) for s in x.shape)
-    M, Cw, K, K2 = (int(s) for s in w.shape)
+def conv2d_shapes(x, w, stride: int = 1, padding: int = 0, dy=None):
+    """(B, C, M, H, W, K, Ho, Wo) of a chapters' plain layer from x (B, C, H, W) and w (M, C, K, K),
+    tensors or shapes; checks that they fit, that there is an output, that dy (a gradient's, when
+    given) has its shape, and that x and the output stay within int indices."""
+    x, w = dims(x), dims(w)
+    if len(x) != 4 or len(w) != 4:
+        raise ValueError(f"expected x (B, C, H, W) and w (M, C, K, K), got {x} and {w}")
+    B, C, H, W = x
+    M, Cw, K, K2 = w
     if Cw != C or K2 != K:
-        raise ValueError(f"w {tuple(w.shape)} does not fit x {tuple(x.shape)}: need (M, {C}, K, K)")
+        raise ValueError(f"w {w} does not fit x {x}: need (M, {C}, K, K)")
     if stride < 1 or padding < 0:
         raise ValueError(f"stride {stride} and padding {padding}: need stride >= 1, padding >= 0")
     Ho, Wo = out_size(H, K, stride, padding), out_size(W, K, stride, padding)
     if Ho < 1 or Wo < 1:
         raise ValueError(f"no output: input {H}×{W}, K={K}, stride {stride}, padding {padding}")
-    for name, n in (("x", B * C * H * W), ("y", B * M * Ho * Wo)):
+    if dy is not None and dims(dy) != (B, M, Ho, Wo):
+        raise ValueError(f"dy has shape {dims(dy)}, but x {x}, w {w}, stride {stride}, padding "
+                         f"{padding} give y the shape {(B, M, Ho, Wo)}")
+    for name, n in (("x", B * C * H * W), ("y" if dy is None else "dy", B * M * Ho * Wo)):
         if n > INT32_MAX // 2:  # the kernels index with int; keep headroom for the grid stride
             raise ValueError(f"{name} has {n:,} elements: too many for int indices")
     return B, C, M, H, W, K, Ho, Wo
