@@ -8,6 +8,7 @@ import pytest
 
 from convlab.display import ladder
 from convlab.measuring import results
+from convlab.ops import backprop, dispatch
 
 matplotlib.use("Agg")
 ALL_PASSES = [p for p in ladder.PASSES if ladder.rungs("10_network", p)]
@@ -21,8 +22,17 @@ def test_every_rung_is_in_the_committed_data(rung):
 
 
 def test_a_missing_rung_is_a_clear_error():
-    with pytest.raises(ladder.LadderError, match=r"'no such kernel'.*book/data/05_fused.csv"):
+    with pytest.raises(ladder.LadderError, match=r"'wgmma \+ TMA, any layer \(NHWC\)'.*book/data/05_fused.csv"):
+        ladder._rows(ladder.Rung("05_fused", "hopper"))          # a kernel chapter 5 did not measure
+    with pytest.raises(KeyError, match="no kernel with key 'no such kernel'"):
         ladder._rows(ladder.Rung("05_fused", "no such kernel"))
+
+
+def test_rungs_name_their_kernels_by_key():
+    """A rung names its kernel by Impl.key; the display name is only how the results files label it."""
+    keys = {i.key for i in dispatch.registered()} | {dispatch.BEST_KEY, backprop.AUTOGRAD_KEY}
+    assert {r.kernel for r in ladder.RUNGS} <= keys
+    assert ladder.label("igemm_f32") == dispatch.by_key("igemm_f32").name
 
 
 @pytest.mark.parametrize("pass_", ALL_PASSES)

@@ -1,8 +1,8 @@
 """The performance ladder: the steps of the course's kernels, chapter by chapter, on each workload.
 
 A rung is one kernel that is a step of the course (not every variant a chapter measures): its
-chapter, its display name (the `impl` of its rows in book/data/<chapter>.csv), its precision and
-its pass. Each chapter's page extends the ladder by its own rungs:
+chapter, its kernel by Impl.key (its display name, label(key), is only how the rows of
+book/data/<chapter>.csv call it), its precision and its pass. Each chapter's page extends the ladder by its own rungs:
 
     ladder.table("05_fused")            # every rung of chapters 2-5: one row per rung and workload
     ladder.show("05_fused")             # a compact table: x torch best per rung and workload
@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from ..measuring import results
 from ..measuring.baselines import TORCH_BEST
+from ..ops import backprop, dispatch
 
 # the course's workloads (convlab.measuring.workloads), in the order the chapters use them
 WORKLOADS_2D = ("lenet_c1", "lenet_c3", "fa17", "days100", "resnet")
@@ -36,7 +37,7 @@ class LadderError(LookupError):
 @dataclass(frozen=True)
 class Rung:
     chapter: str                    # "05_fused": the chapter whose page adds this step
-    impl: str                       # the kernel's display name, as in the results file
+    kernel: str                     # its kernel's Impl.key (pick: pick()'s, autograd: Conv2dFunction)
     dtype: str = "fp32"
     pass_: str = "forward"
     source: str = ""                # results file under book/data (the chapter's by default)
@@ -49,37 +50,47 @@ class Rung:
     def file(self) -> str:
         return self.source or self.chapter
 
+    @property
+    def impl(self) -> str:
+        """The kernel's display name: the `impl` of its rows in the results file."""
+        return label(self.kernel)
 
-_STAGE = "conv + bias + act + pool, one kernel"
+
+def label(key: str) -> str:
+    """The display name the results files give the kernel of that key (KeyError: no such kernel)."""
+    harness = {dispatch.BEST_KEY: dispatch.BEST, backprop.AUTOGRAD_KEY: backprop.AUTOGRAD}
+    return harness[key] if key in harness else dispatch.by_key(key).name
+
+
 _TORCH_STAGE = "torch: conv + bias + act + pool (cuDNN, NCHW)"
 
 RUNGS = (
-    Rung("02_naive", "naive flat (1D grid)", short="naive flat"),
+    Rung("02_naive", "naive_flat", short="naive flat"),
     # of the three tiled strategies, the fastest across the five workloads (geometric mean)
-    Rung("03_tiled", "tiled, multi-pass halo load", short="tiled, multi-pass"),
-    Rung("04_im2col", "im2col + tiled GEMM", short="im2col + GEMM"),
-    Rung("05_fused", "implicit GEMM", short="implicit GEMM"),
-    Rung("05_fused", "implicit GEMM, register-tiled", short="impl. GEMM, reg.-tiled"),
-    Rung("05_fused", "direct, register-tiled (mask in shared)", short="direct, reg.-tiled"),
-    Rung("05_fused", "best: pick()", short="pick()"),
-    Rung("06_fp16", "half2 (direct, register-tiled)", dtype="fp16", short="half2"),
-    Rung("06_fp16", "WMMA implicit GEMM", dtype="fp16", short="WMMA"),
-    Rung("06_fp16", "best: pick()", dtype="fp16", short="pick()"),
-    Rung("07_conv3d", "naive (one thread per output)", short="3D naive"),
-    Rung("07_conv3d", "shared tile with halo, const mask", short="3D shared tile"),
-    Rung("07_conv3d", "shared tile, a 2×2×2 cube per thread", short="3D 2×2×2 cube"),
-    Rung("07_conv3d", "coarsened along z (rolling window)", short="3D coarse in z"),
-    Rung("08_backprop", "dX scatter (atomics)", pass_="dX", short="dX scatter"),
-    Rung("08_backprop", "dX gather (transposed conv)", pass_="dX", short="dX gather"),
-    Rung("08_backprop", "dW direct (second pass)", pass_="dW", short="dW direct"),
-    Rung("08_backprop", "dW GEMM (block atomics)", pass_="dW", short="dW GEMM"),
-    Rung("08_backprop", "ours: autograd (Conv2dFunction)", pass_="forward+dX+dW", short="autograd"),
-    Rung("09_general", "implicit GEMM fp32, warp-tiled", short="impl. GEMM, warp-tiled"),
-    Rung("09_general", "best: pick()", short="pick()"),
+    Rung("03_tiled", "tiled_multi_pass", short="tiled, multi-pass"),
+    Rung("04_im2col", "im2col_gemm", short="im2col + GEMM"),
+    Rung("05_fused", "igemm", short="implicit GEMM"),
+    Rung("05_fused", "igemm_reg", short="impl. GEMM, reg.-tiled"),
+    Rung("05_fused", "direct_regtile", short="direct, reg.-tiled"),
+    Rung("05_fused", "pick", short="pick()"),
+    Rung("06_fp16", "half2", dtype="fp16", short="half2"),
+    Rung("06_fp16", "wmma", dtype="fp16", short="WMMA"),
+    Rung("06_fp16", "pick", dtype="fp16", short="pick()"),
+    Rung("07_conv3d", "conv3d_naive", short="3D naive"),
+    Rung("07_conv3d", "conv3d_tiled", short="3D shared tile"),
+    Rung("07_conv3d", "conv3d_cube", short="3D 2×2×2 cube"),
+    Rung("07_conv3d", "conv3d_coarse", short="3D coarse in z"),
+    Rung("08_backprop", "dx_scatter", pass_="dX", short="dX scatter"),
+    Rung("08_backprop", "dx_gather", pass_="dX", short="dX gather"),
+    Rung("08_backprop", "dw_direct", pass_="dW", short="dW direct"),
+    Rung("08_backprop", "dw_gemm_atomic", pass_="dW", short="dW GEMM"),
+    Rung("08_backprop", "autograd", pass_="forward+dX+dW", short="autograd"),
+    Rung("09_general", "igemm_f32", short="impl. GEMM, warp-tiled"),
+    Rung("09_general", "pick", short="pick()"),
     # from an NCHW input, its conversion to NHWC included (9b's timing from chapter 9a's run)
-    Rung("09b_tensor_cores", "mma.sync implicit GEMM (NHWC)", dtype="fp16", source="09_general", short="mma.sync"),
+    Rung("09b_tensor_cores", "mma", dtype="fp16", source="09_general", short="mma.sync"),
     # the fused stage does a convolution's work and its epilogue: compared with torch's stage
-    Rung("10_network", _STAGE, source="details/10_network_stages", torch_impl=_TORCH_STAGE,
+    Rung("10_network", "stage_fused", source="details/10_network_stages", torch_impl=_TORCH_STAGE,
          aliases=(("project_conv1", "lenet_c1"), ("project_conv2", "lenet_c3")), what="+ bias, act, pool",
          short="fused stage"),
 )

@@ -51,6 +51,10 @@ FLIP_FILE = "kernels/08_backprop/mask_flip.cu"
 
 FINALS = ("partials", "atomic")
 
+#: the row chapter 8 measures Conv2dFunction by (forward, dX and dW through autograd), and its key
+AUTOGRAD = "ours: autograd (Conv2dFunction)"
+AUTOGRAD_KEY = "autograd"
+
 _plans: dict = {}
 
 
