@@ -69,7 +69,7 @@ def test_on_a_gpu_without_ncu_and_nothing_committed_one_line(tmp_path, monkeypat
     monkeypatch.setattr(P, "_profiles_dir", lambda: tmp_path)
     from convlab.gpu import runtime
     monkeypatch.setattr(runtime, "backend", lambda: "cuda")     # as on a GPU machine
-    monkeypatch.setattr(P, "run_ncu", lambda job, metrics, **kw: ("", "ncu is not installed here"))
-    monkeypatch.setattr(P, "_job", lambda fn, args, kwargs: {})
+    monkeypatch.setattr(P.ncu, "run_ncu", lambda job, metrics, **kw: ("", "ncu is not installed here"))
+    monkeypatch.setattr(P.ncu, "job", lambda fn, args, kwargs: {})
     assert evidence.card("ch0_none", print) is None
     assert "ncu is not installed here" in capsys.readouterr().out

@@ -20,7 +20,7 @@ def _tools() -> set:
     makefile = (ROOT / "Makefile").read_text()
     tools = set(re.findall(r"command -v ([\w.+-]+)", makefile)) | {"make"}
     tools |= set(re.findall(r"^\t(python3) -m venv", makefile, re.M))
-    emu = (ROOT / "convlab" / "emu" / "__init__.py").read_text()
+    emu = (ROOT / "convlab" / "gpu" / "emu" / "__init__.py").read_text()
     tools |= set(re.findall(r'os\.environ\.get\("CXX", "([^"]+)"\)', emu))
     return tools
 
