@@ -19,7 +19,8 @@ PYTHON      ?= $(VENV_PYTHON)
 JOBS        ?= 2
 NVCC        ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 TEST_BACKEND ?= emu
-# CPU-bound processes beside the notebook stage (CI: 2, so a speed-dependent output fails there)
+# CPU-bound processes beside the notebook stage: `make test NOTEBOOK_LOAD=2` is the busy-machine
+# check (a speed-dependent output fails under it); CI runs without, to stay within its time
 NOTEBOOK_LOAD ?= 0
 
 # Only the default interpreter depends on the venv; a given PYTHON is used as it is.
