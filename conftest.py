@@ -9,6 +9,9 @@ import pytest
 # No progress line from long emulator launches: it appears only on a slow machine, so an output
 # that nbval compares would depend on the machine's speed (the notebooks' kernels inherit this).
 os.environ["CONVLAB_PROGRESS"] = "0"
+# One cache of compiled kernels for the suite and the notebooks (nbval), so a kernel the tests built
+# is not built again for a page.
+os.environ.setdefault("CONVLAB_CACHE", str(Path(__file__).resolve().parent / ".convlab-cache"))
 
 _spec = importlib.util.spec_from_file_location("page_data", Path(__file__).parent / "tests" / "page_data.py")
 page_data = importlib.util.module_from_spec(_spec)
