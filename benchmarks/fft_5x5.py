@@ -105,18 +105,15 @@ def main(argv=None) -> int:
             print(json.dumps(row))
         return 0
     import convlab as cl
+    from convlab.measuring import results
 
     if cl.backend() != "cuda" and not a.emu_smoke:
         print("fft_5x5 times cuDNN: run it on a GPU (or --emu-smoke on the emulator)")
         return 1
     df = measure(a.workload, 1 if a.emu_smoke else a.reps)
     print(df[["pass", "choice", "ms", "algorithm", "kernel"]].to_string(index=False))
-    folder = a.out or ROOT / "benchmarks" / "results"
     if cl.backend() == "cuda" or a.out:
-        folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"{NAME}_{str(df['gpu'].iloc[0]).replace(' ', '_')}.csv"
-        df.to_csv(path, index=False, float_format="%.6g")
-        print(f"wrote {path.name}")
+        results.write_benchmark(df, NAME, a.out)
     return 0
 
 

@@ -82,6 +82,7 @@ def main(argv=None) -> int:
     ap.add_argument("--emu-smoke", action="store_true", help="on the emulator: small twins, the code path only")
     a = ap.parse_args(argv)
     import convlab as cl
+    from convlab.measuring import results
 
     if cl.backend() != "cuda" and not a.emu_smoke:
         print("igemm_ablation times kernels: run it on a GPU (or --emu-smoke on the emulator)")
@@ -89,11 +90,7 @@ def main(argv=None) -> int:
     df = measure(a.layers[:1] if a.emu_smoke else a.layers, 1 if a.emu_smoke else a.reps)
     print(table(df).round(2).to_string())
     if cl.backend() == "cuda" or a.out:
-        folder = a.out or ROOT / "benchmarks" / "results"
-        folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"{NAME}_{str(df['gpu'].iloc[0]).replace(' ', '_')}.csv"
-        df.to_csv(path, index=False, float_format="%.6g")
-        print(f"wrote {path.name}")
+        results.write_benchmark(df, NAME, a.out)
     return 0
 
 

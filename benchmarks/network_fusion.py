@@ -70,6 +70,7 @@ def main(argv=None) -> int:
     ap.add_argument("--emu-smoke", action="store_true", help="on the emulator: the twins, the code path only")
     a = ap.parse_args(argv)
     import convlab as cl
+    from convlab.measuring import results
 
     if cl.backend() != "cuda" and not a.emu_smoke:
         print("network_fusion times kernels: run it on a GPU (or --emu-smoke on the emulator)")
@@ -77,11 +78,7 @@ def main(argv=None) -> int:
     df = measure(4 if a.emu_smoke else a.images, 1 if a.emu_smoke else a.reps)
     print(df[["network", "workload", "impl", "ms"]].to_string(index=False))
     if cl.backend() == "cuda" or a.out:
-        folder = a.out or ROOT / "benchmarks" / "results"
-        folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"{NAME}_{str(df['gpu'].iloc[0]).replace(' ', '_')}.csv"
-        df.to_csv(path, index=False, float_format="%.6g")
-        print(f"wrote {path.name}")
+        results.write_benchmark(df, NAME, a.out)
     return 0
 
 

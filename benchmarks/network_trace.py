@@ -133,6 +133,7 @@ def main(argv=None) -> int:
     ap.add_argument("--emu-smoke", action="store_true", help="on the emulator: a tiny twin, the code path only")
     a = ap.parse_args(argv)
     import convlab as cl
+    from convlab.measuring import results
 
     if cl.backend() != "cuda" and not a.emu_smoke:
         print("network_trace records a GPU's timeline: run it on a GPU (or --emu-smoke on the emulator)")
@@ -141,11 +142,7 @@ def main(argv=None) -> int:
     df = record(images, batch, warmup=1 if a.emu_smoke else 2)
     print(summary(df))
     if cl.backend() == "cuda" or a.out:
-        folder = a.out or ROOT / "benchmarks" / "results"
-        folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"{NAME}_{str(df['gpu'].iloc[0]).replace(' ', '_')}.csv"
-        df.to_csv(path, index=False, float_format="%.6g")
-        print(f"wrote {path.name}")
+        results.write_benchmark(df, NAME, a.out)
     return 0
 
 

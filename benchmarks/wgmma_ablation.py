@@ -69,6 +69,7 @@ def main(argv=None) -> int:
     ap.add_argument("--emu-smoke", action="store_true", help="on the emulator: a small twin, the code path only")
     a = ap.parse_args(argv)
     import convlab as cl
+    from convlab.measuring import results
 
     if cl.backend() != "cuda" and not a.emu_smoke:
         print("wgmma_ablation times kernels: run it on an H100 or H200 (or --emu-smoke on the emulator)")
@@ -77,11 +78,7 @@ def main(argv=None) -> int:
     ms = df.pivot_table(index="variant", columns="workload", values="ms", sort=False)
     print((ms / ms.loc[PERSISTENT]).round(2).to_string())
     if cl.backend() == "cuda" or a.out:
-        folder = a.out or ROOT / "benchmarks" / "results"
-        folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"{NAME}_{str(df['gpu'].iloc[0]).replace(' ', '_')}.csv"
-        df.to_csv(path, index=False, float_format="%.6g")
-        print(f"wrote {path.name}")
+        results.write_benchmark(df, NAME, a.out)
     return 0
 
 

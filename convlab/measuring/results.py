@@ -170,8 +170,12 @@ def save_benchmark(df, name: str, folder=None, say: bool = True) -> Path | None:
     """Write a benchmark script's rows to <folder>/<name>_<GPU>.csv (folder: benchmarks/results by
     default), on a GPU run only, as save(), and say so (say=True) by the file's name: a report names
     no path of the machine. The path written, or None."""
-    if not may_save():
-        return None
+    return write_benchmark(df, name, folder, say) if may_save() else None
+
+
+def write_benchmark(df, name: str, folder=None, say: bool = True) -> Path:
+    """save_benchmark's file, written wherever the script runs: a GPU script's --emu-smoke run writes
+    the CSV its page reads into the folder it is given."""
     folder = Path(folder) if folder else repo_root() / "benchmarks" / "results"
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / f"{name}_{str(df['gpu'].iloc[0]).replace(' ', '_')}.csv"
