@@ -44,6 +44,7 @@ from ..measuring.workloads import Workload
 from . import Impl, ceil_div, new_output
 from ._kernels import Launch, remember, sm_count
 from .shapes import check_tensors, layer, two
+from .tensor_core import channels_last_out
 from .wgmma import BK, ROWS, SHARED_OPTIN_MAX, THREADS, box_shape, deepest, runs_here, shared_bytes, static_shared
 
 FILE = "kernels/11_hopper/conv2d_hopper.cu"
@@ -234,19 +235,6 @@ def _nhwc(t: torch.Tensor, C8: int | None = None) -> torch.Tensor:
     return tn.contiguous()
 
 
-def _out(y, shape, like, name: str):
-    """A channels_last output of logical shape (N, C, H, W): the given one, checked, or a new one."""
-    if y is None:
-        N, C, H, W = shape
-        return new_output((N, H, W, C), like).permute(0, 3, 1, 2)
-    if (y.dtype != like.dtype or tuple(y.shape) != tuple(shape) or not y.permute(0, 2, 3, 1).is_contiguous()
-            or y.data_ptr() % 16):
-        raise ValueError(f"{name} must be {like.dtype} of shape {tuple(shape)} in channels_last memory format "
-                         f"(torch.empty(..., memory_format=torch.channels_last)), got {y.dtype} {tuple(y.shape)} "
-                         f"with strides {y.stride()}")
-    return y
-
-
 _unused: dict = {}      # device -> a float the kernels get for ws when there is no split (never touched)
 
 
@@ -379,7 +367,7 @@ def conv2d_hopper(x, w, y=None, *, stride=1, padding=0, dilation=1, groups=1, bi
     plan = remember(_plans, key, lambda: _fwd_plan(x.shape, w.shape, dtype, stride, padding, dilation, groups,
                                                    bias is not None, bool(relu), tunables),
                     (stride, padding, dilation, groups))
-    y = _out(y, plan.out_shape, x, "y")
+    y = channels_last_out(y, plan.out_shape, x, "y")
     xn, wn, yn = _nhwc(x, plan.C8), _nhwc(w, plan.C8), y.permute(0, 2, 3, 1)
     if plan.view is not None:
         xn, yn = xn.view(plan.view[0]), yn.view(plan.view[1])
@@ -424,7 +412,7 @@ def conv2d_hopper_dx(dy, w, dx=None, *, stride=1, padding=0, input_size=None, di
     key = (dy.shape, w.shape, dtype, stride, padding, dilation, groups, size, tuple(sorted(tunables.items())))
     plan = remember(_dx_plans, key, lambda: _dx_plan(dy.shape, w.shape, dtype, stride, padding, dilation, groups,
                                                      size, tunables), (stride, padding, dilation, groups))
-    dx = _out(dx, plan.out_shape, dy, "dx")
+    dx = channels_last_out(dx, plan.out_shape, dy, "dx")
     _run(plan, _nhwc(dy), _nhwc(w), dx.permute(0, 2, 3, 1), None)
     return dx
 
@@ -498,7 +486,7 @@ def conv2d_hopper_dw(x, dy, dw=None, *, stride=1, padding=0, kernel_size, dilati
     plan = remember(_dw_plans, key, lambda: _dw_plan(x.shape, dy.shape, dtype, K, stride, padding, dilation, groups,
                                                      tunables), (stride, padding, dilation, groups))
     M, C = int(dy.shape[1]), int(x.shape[1])
-    dw = _out(dw, (M, C, *K), x, "dw")
+    dw = channels_last_out(dw, (M, C, *K), x, "dw")
     dwn = dw.permute(0, 2, 3, 1)
     dy_map = runtime.tensor_map(_nhwc(dy), plan.dy_box)
     x_map = runtime.tensor_map(_nhwc(x, plan.C8), plan.x_box, 128, plan.x_steps)

@@ -26,8 +26,8 @@ kernels/09_general/tensor_core.cuh).
 - gemm_shape(shape): a layer's GEMM per group, (P, M/groups, K, C/groups, groups).
 - check_mma_tunables(...), check_dw_tunables(...): the kernels' static_asserts and shared memory,
   as a Python error.
-- channels_last_out(y, shape, like, name): the fp16 launchers' channels_last output (chapter 11's
-  wgmma launcher shares it).
+- channels_last_out(y, shape, like, name): the 16-bit launchers' channels_last output (chapter 11's
+  wgmma and Hopper launchers share it).
 - MMA: the Impl record, "mma.sync implicit GEMM (NHWC)"; MMA_DX, op "conv2d_dx_fp16"; MMA_DW, op
   "conv2d_dw_fp16".
 
@@ -364,13 +364,14 @@ def _check_groups(C: int, w, groups, what: str) -> None:
 
 
 def channels_last_out(y, shape, like, name: str):
-    """A given output checked (float16, shape, channels_last, 16-byte aligned), else a new one."""
+    """A channels_last output of logical shape (N, C, H, W) in like's dtype: the given one, checked
+    (dtype, shape, channels_last, 16-byte aligned), or a new one."""
     if y is None:
         B, C, H, W = shape
         return new_output((B, H, W, C), like).permute(0, 3, 1, 2)
-    if (y.dtype != torch.float16 or tuple(y.shape) != tuple(shape) or not y.permute(0, 2, 3, 1).is_contiguous()
+    if (y.dtype != like.dtype or tuple(y.shape) != tuple(shape) or not y.permute(0, 2, 3, 1).is_contiguous()
             or y.data_ptr() % 16):
-        raise ValueError(f"{name} must be float16 of shape {tuple(shape)} in channels_last memory format "
+        raise ValueError(f"{name} must be {like.dtype} of shape {tuple(shape)} in channels_last memory format "
                          f"(torch.empty(..., memory_format=torch.channels_last)), got {y.dtype} {tuple(y.shape)} "
                          f"with strides {y.stride()}")
     return y
